@@ -1,0 +1,132 @@
+"""OutboxConfig: every setting of the outbox, validated once and frozen.
+
+Settings come from the keywords of ``Outbox(app, **settings)`` and from ``app.conf.outbox_<name>``
+(keywords win). Durations are ``timedelta``; a plain number is read as seconds. An unknown
+setting fails loudly with its name and the known ones. Source: DESIGN.md section 2.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from celery_outbox.errors import ConfigurationError
+
+PREFIX = "outbox_"
+
+
+class OutboxConfig(BaseModel):
+    """The validated, frozen settings of one :class:`~celery_outbox.Outbox`.
+
+    Attributes (defaults in brackets):
+
+    - ``sweep_schedule`` [60 s]: how often beat runs the sweep: a timedelta or a cron expression.
+    - ``trim_schedule`` ["0 * * * *"]: how often beat runs the trim.
+    - ``stale_after`` [5 min]: a pending row last dispatched longer ago is dispatched again.
+    - ``lease`` [30 min]: how long a running row may go without a heartbeat; a job's ``timeout``
+      makes it 2 x timeout. The heartbeat renews leases every lease / 3.
+    - ``max_eta`` [5 min]: scheduled rows due within this get a Celery ``eta``; later ones wait
+      in the database for the sweep.
+    - ``keep_succeeded`` / ``keep_failed`` [10 / 10]: rows the trim keeps per job.
+    - ``log_max_entries`` [100]: log records kept per execution.
+    - ``drain_timeout`` [30 s]: how long a stopping worker waits for running handlers.
+    - ``batch_size`` [500]: rows per batch in sweep and trim.
+    - ``dispatch_chunk_size`` [50]: execution ids carried by one Celery message at most.
+    - ``cron_catchup`` [5 min]: a cron tick missed by less than this runs once when beat
+      starts; older missed ticks are skipped and logged.
+    - ``table_name`` ["celery_outbox_executions"]: the outbox table.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sweep_schedule: timedelta | str = timedelta(seconds=60)
+    trim_schedule: timedelta | str = "0 * * * *"
+    stale_after: timedelta = timedelta(minutes=5)
+    lease: timedelta = timedelta(minutes=30)
+    max_eta: timedelta = timedelta(minutes=5)
+    keep_succeeded: int = 10
+    keep_failed: int = 10
+    log_max_entries: int = 100
+    drain_timeout: timedelta = timedelta(seconds=30)
+    batch_size: int = 500
+    dispatch_chunk_size: int = 50
+    cron_catchup: timedelta = timedelta(minutes=5)
+    table_name: str = "celery_outbox_executions"
+
+    @field_validator("stale_after", "lease", "max_eta", "drain_timeout", "cron_catchup")
+    @classmethod
+    def _non_negative(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must be a duration >= 0")
+        return value
+
+    @field_validator("lease")
+    @classmethod
+    def _positive_lease(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be a duration > 0")
+        return value
+
+    @field_validator("keep_succeeded", "keep_failed", "log_max_entries")
+    @classmethod
+    def _count(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be >= 0")
+        return value
+
+    @field_validator("batch_size", "dispatch_chunk_size")
+    @classmethod
+    def _batch(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be >= 1")
+        return value
+
+    @field_validator("sweep_schedule", "trim_schedule")
+    @classmethod
+    def _schedule(cls, value: timedelta | str) -> timedelta | str:
+        if isinstance(value, timedelta):
+            if value <= timedelta(0):
+                raise ValueError("must be a duration > 0 or a cron expression")
+            return value
+        from croniter import croniter
+
+        if not croniter.is_valid(value):
+            raise ValueError(f"{value!r} is not a valid cron expression")
+        return value
+
+    @field_validator("table_name")
+    @classmethod
+    def _table_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", value):
+            raise ValueError("must be a plain SQL identifier (letters, digits, underscore)")
+        return value
+
+    @classmethod
+    def load(
+        cls, overrides: Mapping[str, Any], conf: Mapping[str, Any] | None = None
+    ) -> OutboxConfig:
+        """Build the config from ``app.conf.outbox_*`` (``conf``) and keyword ``overrides``.
+
+        Raises :class:`ConfigurationError` naming the setting when one is unknown or invalid.
+        """
+        values: dict[str, Any] = {}
+        for key in conf.keys() if conf is not None else ():
+            if isinstance(key, str) and key.startswith(PREFIX):
+                values[key[len(PREFIX) :]] = conf[key]
+        values.update(overrides)
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            known = ", ".join(sorted(cls.model_fields))
+            raise ConfigurationError(f"unknown outbox setting(s) {unknown}; known settings: {known}")
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = ".".join(str(p) for p in first["loc"])
+            raise ConfigurationError(
+                f"invalid outbox setting {name!r}: {first['msg']} (got {first.get('input')!r})"
+            ) from exc

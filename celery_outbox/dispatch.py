@@ -1,0 +1,356 @@
+"""Dispatch: publish execution ids through Celery, only after the rows are committed.
+
+- :class:`Dispatcher` is the seam (a Protocol): ``dispatch(items)`` hands ids over without
+  blocking the caller; ``flush(timeout)`` waits until everything handed over was published.
+- :class:`CeleryDispatcher` publishes from one background thread per process, so the caller's
+  commit never waits on the broker. Whatever has queued up meanwhile goes out together: ids of
+  one job, priority and eta share a message (up to ``dispatch_chunk_size`` ids each), so a batch
+  of 10,000 pushes costs a few hundred publishes, not 10,000. A failed publish is logged, never
+  raised; the rows stay pending and the sweep dispatches them again after ``stale_after``.
+- :class:`InlineDispatcher` runs executions in the calling thread, for tests and eager mode.
+- :func:`defer_to_commit` queues a dispatch on the caller's Session or Connection: it goes out
+  after the outermost commit; a rollback, or a rolled-back savepoint, drops it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+from uuid import UUID
+
+from sqlalchemy import Connection, event
+from sqlalchemy.orm import Session, SessionTransaction
+
+from celery_outbox.registry import JobRegistry
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger(__name__)
+
+RUN_TASK = "celery_outbox.run"
+"""The one internal Celery task: ``run(job_name, [execution_id, ...])``."""
+
+# Celery message priority per outbox priority (0 critical .. 3 low). RabbitMQ serves higher
+# numbers first; Redis (kombu's priority_steps 0, 3, 6, 9) serves lower numbers first.
+_AMQP_PRIORITY = {0: 9, 1: 6, 2: 3, 3: 0}
+_LOW_FIRST_PRIORITY = {0: 0, 1: 3, 2: 6, 3: 9}
+_MAX_DRAIN = 20_000
+
+
+@dataclass(frozen=True)
+class DispatchItem:
+    """One execution to publish: its id, job, priority (0..3) and optional ``eta``."""
+
+    execution_id: UUID
+    job_name: str
+    priority: int
+    eta: datetime | None = None
+
+
+class Dispatcher(Protocol):
+    """Publishes execution ids to workers. Never raises for a broker failure."""
+
+    def dispatch(self, items: Sequence[DispatchItem]) -> None:
+        """Hand ``items`` over for publishing; returns without waiting on the broker."""
+
+    def flush(self, timeout: timedelta) -> bool:
+        """Wait up to ``timeout`` until everything handed over was published (or failed and
+        was logged). True when nothing is left."""
+
+
+class CeleryDispatcher:
+    """Publishes through Celery from a background thread (one per process).
+
+    ``chunk_size`` caps the ids one message carries. ``publish_retries`` is how many times
+    one publish is retried against a failing broker before it is logged and left to the sweep.
+    """
+
+    def __init__(
+        self, app: Celery, registry: JobRegistry, *, chunk_size: int, publish_retries: int = 1
+    ) -> None:
+        self.app = app
+        self.registry = registry
+        self.chunk_size = chunk_size
+        self.publish_retries = publish_retries
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._outstanding = 0
+        self._pid: int | None = None
+        self._queue: queue.SimpleQueue[list[DispatchItem] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._priority_map: dict[int, int] | None = None
+        atexit.register(self._at_exit, weakref.ref(self))
+
+    # -- the caller's side ------------------------------------------------------------------
+
+    def dispatch(self, items: Sequence[DispatchItem]) -> None:
+        if not items:
+            return
+        with self._lock:
+            self._ensure_thread()
+            self._outstanding += len(items)
+        self._queue.put(list(items))
+
+    def flush(self, timeout: timedelta) -> bool:
+        deadline = timeout.total_seconds()
+        with self._idle:
+            return self._idle.wait_for(lambda: self._outstanding == 0, timeout=deadline)
+
+    # -- the publishing thread --------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid and self._thread is not None and self._thread.is_alive():
+            return
+        if self._pid != pid:  # forked: the parent's queue and thread are not ours
+            self._queue = queue.SimpleQueue()
+            self._outstanding = 0
+            self._pid = pid
+        self._thread = threading.Thread(
+            target=self._loop, name="celery-outbox-dispatch", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        q = self._queue
+        while True:
+            first = q.get()
+            if first is None:
+                return
+            items = first
+            while len(items) < _MAX_DRAIN:
+                try:
+                    more = q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    q.put(None)
+                    break
+                items.extend(more)
+            try:
+                self.publish(items)
+            except Exception:  # publish() logs per group; this is the last guard of the thread
+                log.exception("celery_outbox: dispatch of %d execution(s) failed", len(items))
+            finally:
+                with self._idle:
+                    self._outstanding -= len(items)
+                    self._idle.notify_all()
+
+    def publish(self, items: Sequence[DispatchItem]) -> int:
+        """Publish ``items`` now, in the calling thread. Returns the number of ids published.
+
+        Ids of one (job, priority, eta) share messages of up to ``chunk_size`` ids. A failing
+        group is logged with its count and first ids, and the others still go out.
+        """
+        groups: dict[tuple[str, int, datetime | None], list[str]] = defaultdict(list)
+        for item in items:
+            groups[(item.job_name, item.priority, item.eta)].append(str(item.execution_id))
+        task = self.app.tasks[RUN_TASK]
+        published = 0
+        with self.app.producer_or_acquire() as producer:
+            for (job_name, priority, eta), ids in groups.items():
+                options = self._options(job_name, priority, eta)
+                for start in range(0, len(ids), self.chunk_size):
+                    chunk = ids[start : start + self.chunk_size]
+                    try:
+                        task.apply_async(
+                            args=(job_name, chunk), producer=producer, **options,
+                        )
+                        published += len(chunk)
+                    except Exception as exc:
+                        log.error(
+                            "celery_outbox: could not publish %d execution(s) of %r (%s); "
+                            "they stay pending and the sweep will dispatch them: %s",
+                            len(ids) - start, job_name, exc, ", ".join(ids[start : start + 3]),
+                        )
+                        break
+        return published
+
+    def _options(self, job_name: str, priority: int, eta: datetime | None) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "priority": self._broker_priority(priority),
+            "retry": self.publish_retries > 0,
+            "retry_policy": {
+                "max_retries": self.publish_retries,
+                "interval_start": 0,
+                "interval_step": 0.2,
+                "interval_max": 0.2,
+            },
+        }
+        spec = self.registry.jobs.get(job_name)
+        if spec is not None and spec.queue:
+            options["queue"] = spec.queue
+        if eta is not None:
+            options["eta"] = eta
+        return options
+
+    def _broker_priority(self, priority: int) -> int:
+        if self._priority_map is None:
+            with self.app.connection_for_write() as conn:
+                driver = conn.transport.driver_type
+            self._priority_map = _AMQP_PRIORITY if driver == "amqp" else _LOW_FIRST_PRIORITY
+        return self._priority_map[priority]
+
+    @staticmethod
+    def _at_exit(ref: weakref.ReferenceType[CeleryDispatcher]) -> None:
+        dispatcher = ref()
+        if dispatcher is not None and dispatcher._pid == os.getpid():
+            if not dispatcher.flush(timedelta(seconds=10)):
+                log.warning(
+                    "celery_outbox: exiting with executions not yet published; "
+                    "the sweep will dispatch them"
+                )
+
+
+class InlineDispatcher:
+    """Runs each dispatched execution at once, in the calling thread (tests, eager mode).
+
+    ``run(job_name, ids)`` is the runner's entry point. Items whose ``eta`` lies in the future
+    are left for the sweep (they are not claimable before then).
+    """
+
+    def __init__(self, run: Callable[[str, list[UUID]], object]) -> None:
+        self.run = run
+
+    def dispatch(self, items: Sequence[DispatchItem]) -> None:
+        groups: dict[str, list[UUID]] = defaultdict(list)
+        for item in items:
+            groups[item.job_name].append(item.execution_id)
+        for job_name, ids in groups.items():
+            self.run(job_name, ids)
+
+    def flush(self, timeout: timedelta) -> bool:
+        return True
+
+
+# -- after commit ---------------------------------------------------------------------------
+
+_SESSION_KEY = "celery_outbox.after_commit"
+_Deferred = tuple[Dispatcher, list[DispatchItem]]
+
+
+def defer_to_commit(
+    target: Session | Connection, dispatcher: Dispatcher, items: list[DispatchItem]
+) -> None:
+    """Dispatch ``items`` after ``target``'s outermost transaction commits.
+
+    A rollback of that transaction, or of the savepoint that was innermost when the items were
+    queued, drops them. ``target`` must be inside the transaction that wrote the rows.
+    """
+    if not items:
+        return
+    if isinstance(target, Session):
+        _SessionHook.get(target).add(target, dispatcher, items)
+    else:
+        _ConnectionHook.get(target).add(dispatcher, items)
+
+
+def _send(deferred: list[_Deferred]) -> None:
+    for dispatcher, items in deferred:
+        try:
+            dispatcher.dispatch(items)
+        except Exception:  # after commit the rows are safe; never fail the caller here
+            log.exception("celery_outbox: dispatch after commit failed; the sweep will retry")
+
+
+class _SessionHook:
+    """Per-Session queue of dispatches, tagged with the (nested) transaction that made them."""
+
+    def __init__(self, session: Session) -> None:
+        self.entries: list[tuple[SessionTransaction, _Deferred]] = []
+        event.listen(session, "after_commit", self.on_commit)
+        event.listen(session, "after_soft_rollback", self.on_soft_rollback)
+
+    @classmethod
+    def get(cls, session: Session) -> _SessionHook:
+        hook = session.info.get(_SESSION_KEY)
+        if hook is None:
+            hook = session.info[_SESSION_KEY] = cls(session)
+        return hook  # type: ignore[no-any-return]
+
+    def add(self, session: Session, dispatcher: Dispatcher, items: list[DispatchItem]) -> None:
+        tx = session.get_nested_transaction() or session.get_transaction()
+        if tx is None:
+            raise RuntimeError("push(session=...) needs the session inside a transaction")
+        self.entries.append((tx, (dispatcher, items)))
+
+    def on_commit(self, session: Session) -> None:
+        entries, self.entries = self.entries, []
+        _send([deferred for _, deferred in entries])
+
+    def on_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
+        def inside(tx: SessionTransaction | None) -> bool:
+            while tx is not None:
+                if tx is previous:
+                    return True
+                tx = tx.parent
+            return False
+
+        self.entries = [(tx, d) for tx, d in self.entries if not inside(tx)]
+
+
+class _ConnectionHook:
+    """Per-Connection queue of dispatches, one frame per open savepoint.
+
+    SQLAlchemy's Connection has no after-commit event, only ``commit`` fired just before the
+    DBAPI commit. The hook commits the DBAPI connection itself there, then dispatches; the
+    commit SQLAlchemy issues next is a no-op on an idle DBAPI connection. If that commit fails,
+    the error propagates from the caller's ``commit()`` and nothing is dispatched.
+    """
+
+    _hooks: weakref.WeakKeyDictionary[Connection, _ConnectionHook] = weakref.WeakKeyDictionary()
+
+    def __init__(self, conn: Connection) -> None:
+        self.frames: list[tuple[str | None, list[_Deferred]]] = [(None, [])]
+        event.listen(conn, "commit", self.on_commit)
+        event.listen(conn, "rollback", self.on_rollback)
+        event.listen(conn, "savepoint", self.on_savepoint)
+        event.listen(conn, "rollback_savepoint", self.on_rollback_savepoint)
+        event.listen(conn, "release_savepoint", self.on_release_savepoint)
+
+    @classmethod
+    def get(cls, conn: Connection) -> _ConnectionHook:
+        hook = cls._hooks.get(conn)
+        if hook is None:
+            hook = cls._hooks[conn] = cls(conn)
+        return hook
+
+    def add(self, dispatcher: Dispatcher, items: list[DispatchItem]) -> None:
+        self.frames[-1][1].append((dispatcher, items))
+
+    def on_commit(self, conn: Connection) -> None:
+        frames, self.frames = self.frames, [(None, [])]
+        deferred = [d for _, ds in frames for d in ds]
+        if not deferred:
+            return
+        conn.connection.dbapi_connection.commit()  # type: ignore[union-attr]
+        _send(deferred)
+
+    def on_rollback(self, conn: Connection) -> None:
+        self.frames = [(None, [])]
+
+    def on_savepoint(self, conn: Connection, name: str) -> None:
+        self.frames.append((name, []))
+
+    def on_rollback_savepoint(self, conn: Connection, name: str, context: object) -> None:
+        while len(self.frames) > 1:
+            frame_name, _ = self.frames.pop()
+            if frame_name == name:
+                break
+
+    def on_release_savepoint(self, conn: Connection, name: str, context: object) -> None:
+        while len(self.frames) > 1:
+            frame_name, deferred = self.frames.pop()
+            self.frames[-1][1].extend(deferred)
+            if frame_name == name:
+                break

@@ -1,0 +1,119 @@
+"""The error tree of celery_outbox.
+
+::
+
+    OutboxError
+    ├── ConfigurationError      bad option, setting, cron expression or timezone
+    ├── JobNotRegistered        no job of that name in the registry
+    ├── PayloadInvalid          the payload failed the job's pydantic schema
+    ├── ExecutionNotFound       no execution row with that id
+    ├── InvalidTransition       the row's status forbids the asked transition (admin path)
+    └── StorageError            the database failed or could not be reached
+
+    RetryLater(delay)           raised by a handler: retry after ``delay`` (counts an attempt)
+    DoNotRetry(reason)          raised by a handler: fail now, whatever the retry policy says
+
+Driver errors are wrapped with ``raise StorageError(...) from exc`` so the original stays
+reachable through ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+
+class OutboxError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+class ConfigurationError(OutboxError, ValueError):
+    """An option, setting, cron expression or timezone is invalid; the message names it."""
+
+
+class JobNotRegistered(OutboxError, LookupError):
+    """No job of that name is registered.
+
+    Attributes: ``job_name``.
+    """
+
+    def __init__(self, job_name: str) -> None:
+        self.job_name = job_name
+        super().__init__(f"no outbox job named {job_name!r} is registered")
+
+
+class PayloadInvalid(OutboxError, ValueError):
+    """The payload does not validate against the job's schema; nothing was written.
+
+    Attributes: ``job_name``, ``errors`` (pydantic's ``errors()`` list: dicts with ``loc``,
+    ``msg``, ``type``).
+    """
+
+    def __init__(self, job_name: str, errors: list[dict[str, Any]]) -> None:
+        self.job_name = job_name
+        self.errors = errors
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())) or '<payload>'}: {e.get('msg')}"
+            for e in errors
+        )
+        super().__init__(f"invalid payload for job {job_name!r}: {details}")
+
+
+class ExecutionNotFound(OutboxError, LookupError):
+    """No execution row has that id. Attributes: ``execution_id``."""
+
+    def __init__(self, execution_id: object) -> None:
+        self.execution_id = execution_id
+        super().__init__(f"no execution with id {execution_id}")
+
+
+class InvalidTransition(OutboxError):
+    """The row's current status does not allow the asked transition.
+
+    Attributes: ``execution_id``, ``status`` (the current one), ``transition``.
+    """
+
+    def __init__(self, execution_id: object, status: str, transition: str) -> None:
+        self.execution_id = execution_id
+        self.status = status
+        self.transition = transition
+        super().__init__(f"cannot {transition} execution {execution_id}: it is {status}")
+
+
+class StorageError(OutboxError):
+    """The database failed or could not be reached; the driver error is ``__cause__``."""
+
+
+class RetryLater(Exception):  # noqa: N818 - a control-flow signal, named as users read it
+    """Raised by a handler to retry after ``delay`` instead of the policy's backoff.
+
+    The attempt counts; when no attempts are left the execution fails.
+    """
+
+    def __init__(self, delay: timedelta, reason: str = "") -> None:
+        if not isinstance(delay, timedelta) or delay < timedelta(0):
+            raise ConfigurationError(f"RetryLater delay must be a timedelta >= 0, got {delay!r}")
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason or f"retry later in {delay}")
+
+
+class DoNotRetry(Exception):  # noqa: N818 - a control-flow signal, named as users read it
+    """Raised by a handler to fail the execution now, whatever its retry policy says."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class ExecutionCancelled(OutboxError):
+    """Raised by ``ctx.raise_if_cancelled()`` once the execution was cancelled or timed out.
+
+    Attributes: ``execution_id``, ``reason`` (``"cancelled"``, ``"timed out"`` or
+    ``"worker shutdown"``).
+    """
+
+    def __init__(self, execution_id: object, reason: str = "cancelled") -> None:
+        self.execution_id = execution_id
+        self.reason = reason
+        super().__init__(f"execution {execution_id} {reason}")

@@ -1,0 +1,133 @@
+"""Lease heartbeat: one thread per worker process renews its running executions' leases.
+
+Every ``lease / 3`` (the shortest lease held) it extends all held leases in one UPDATE per
+lease length. A held execution missing from the UPDATE's result was cancelled or rescued: its
+``on_lost`` callback fires, which sets the handler's ``ctx.cancelled``. A failed write is
+logged and tried again at the next interval; it never ends the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from celery_outbox.store import ExecutionStore, Fence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Held:
+    fence: Fence
+    lease: timedelta
+    on_lost: Callable[[], None]
+
+
+class Heartbeat:
+    """Renews the leases of this process's running executions.
+
+    ``clock()`` returns an aware UTC datetime. ``idle_interval`` is how long the thread sleeps
+    when nothing is held.
+    """
+
+    def __init__(
+        self,
+        store: ExecutionStore,
+        clock: Callable[[], datetime],
+        idle_interval: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.idle_interval = idle_interval
+        self._held: dict[UUID, _Held] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+
+    def track(self, fence: Fence, lease: timedelta, on_lost: Callable[[], None]) -> None:
+        """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`."""
+        with self._lock:
+            self._ensure_thread()
+            shorter = not self._held or lease < min(h.lease for h in self._held.values())
+            self._held[fence.id] = _Held(fence, lease, on_lost)
+        if shorter:
+            self._wake.set()
+
+    def untrack(self, execution_id: UUID) -> None:
+        """Stop renewing ``execution_id``'s lease."""
+        with self._lock:
+            self._held.pop(execution_id, None)
+
+    def held(self) -> list[Fence]:
+        """The fences currently held by this process."""
+        with self._lock:
+            return [h.fence for h in self._held.values()]
+
+    def stop(self) -> None:
+        """Stop the thread (held leases then expire unless released)."""
+        self._stop.set()
+        self._wake.set()
+
+    def _ensure_thread(self) -> None:
+        pid = os.getpid()
+        if self._pid == pid and self._thread is not None and self._thread.is_alive():
+            return
+        if self._pid != pid:
+            self._held = {}
+            self._pid = pid
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="celery-outbox-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _interval(self) -> float:
+        with self._lock:
+            if not self._held:
+                return self.idle_interval.total_seconds()
+            return min(h.lease for h in self._held.values()).total_seconds() / 3
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._interval())
+            if self._wake.is_set():
+                self._wake.clear()
+                continue  # a shorter lease arrived: recompute the interval first
+            if self._stop.is_set():
+                return
+            self.beat()
+
+    def beat(self) -> int:
+        """Renew every held lease now. Returns how many were lost (cancelled or rescued)."""
+        with self._lock:
+            held = list(self._held.values())
+        if not held:
+            return 0
+        by_lease: dict[timedelta, list[_Held]] = defaultdict(list)
+        for h in held:
+            by_lease[h.lease].append(h)
+        lost = 0
+        now = self.clock()
+        for lease, group in by_lease.items():
+            worker = group[0].fence.claimed_by
+            try:
+                kept = self.store.heartbeat(worker, [h.fence for h in group], now, now + lease)
+            except Exception as exc:
+                log.warning("celery_outbox: heartbeat write failed (%s); retrying next interval",
+                            exc)
+                continue
+            for h in group:
+                if h.fence.id not in kept:
+                    with self._lock:
+                        still_tracked = self._held.pop(h.fence.id, None) is not None
+                    if still_tracked:
+                        lost += 1
+                        h.on_lost()
+        return lost

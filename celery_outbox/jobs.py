@@ -1,0 +1,169 @@
+"""``@outbox_job`` and the :class:`OutboxJob` handle it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Generic, Literal, TypeVar, overload
+from uuid import UUID
+
+from pydantic import BaseModel
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from celery_outbox.context import JobContext
+from celery_outbox.errors import ConfigurationError
+from celery_outbox.outbox import Outbox
+from celery_outbox.registry import JobRegistry, JobSpec, default_registry
+from celery_outbox.retry import RetryPolicy
+
+P = TypeVar("P")
+
+
+class OutboxJob(Generic[P]):
+    """A registered job. Push executions with :meth:`push` / :meth:`push_many`.
+
+    Calling the handle calls the handler directly (for unit tests): ``job(ctx)``.
+    """
+
+    def __init__(self, spec: JobSpec, registry: JobRegistry) -> None:
+        self.spec = spec
+        self.registry = registry
+
+    @property
+    def name(self) -> str:
+        """The stable job name: ``name=`` or ``module.function``."""
+        return self.spec.name
+
+    @property
+    def outbox(self) -> Outbox:
+        """The Outbox this job pushes through. Raises ConfigurationError when none is installed."""
+        if self.registry.outbox is None:
+            raise ConfigurationError(
+                f"job {self.name!r}: no Outbox is installed; call Outbox(app, ...) first"
+            )
+        return self.registry.outbox
+
+    def __call__(self, ctx: JobContext[P]) -> Any:
+        return self.spec.handler(ctx)
+
+    def __repr__(self) -> str:
+        return f"<OutboxJob {self.name} ({self.spec.mode})>"
+
+    def push(
+        self,
+        payload: P | dict[str, Any] | None = None,
+        *,
+        session: Session | None = None,
+        connection: Connection | None = None,
+        key: str | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> UUID:
+        """Create one execution; returns its id (or the id of the active one holding ``key``).
+
+        ``payload`` is a dict or an instance of the job's schema. With ``session`` /
+        ``connection`` the row is written in the caller's transaction and dispatched after it
+        commits; without, the outbox commits its own transaction. ``delay`` (timedelta) or
+        ``scheduled_at`` (aware datetime) make a scheduled execution.
+
+        Raises :class:`PayloadInvalid` before anything is written, :class:`ConfigurationError`
+        on a bad argument, :class:`StorageError` when the database fails.
+        """
+        self._queue_mode("push")
+        return self.outbox.push_many(
+            self.spec, [payload], session=session, connection=connection, keys=[key],
+            delay=delay, scheduled_at=scheduled_at, priority=priority,
+            organization_id=organization_id, triggered_by=triggered_by,
+            triggered_by_name=triggered_by_name,
+        )[0]
+
+    def push_many(
+        self,
+        items: Sequence[P | dict[str, Any]],
+        *,
+        session: Session | None = None,
+        connection: Connection | None = None,
+        keys: Sequence[str | None] | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> list[UUID]:
+        """Create one execution per item with one batched INSERT; ids in input order.
+
+        ``keys`` (optional) gives one unique key (or None) per item. Dispatch is batched too:
+        ids share Celery messages. Errors as :meth:`push`; an invalid item fails the whole
+        call before anything is written, naming the item's index.
+        """
+        self._queue_mode("push_many")
+        return self.outbox.push_many(
+            self.spec, list(items), session=session, connection=connection, keys=keys,
+            delay=delay, scheduled_at=scheduled_at, priority=priority,
+            organization_id=organization_id, triggered_by=triggered_by,
+            triggered_by_name=triggered_by_name,
+        )
+
+    def cancel(self, execution_id: UUID, *, by: str | None = None,
+               by_name: str | None = None) -> bool:
+        """Cancel an active execution of this job. False when it is not active."""
+        return self.outbox.cancel(execution_id, by=by, by_name=by_name)
+
+    def _queue_mode(self, what: str) -> None:
+        if self.spec.mode != "queue":
+            raise ConfigurationError(
+                f"job {self.name!r} is a cron job; use trigger() instead of {what}()"
+            )
+
+
+@overload
+def outbox_job(
+    *, schema: type[BaseModel], name: str | None = ..., cron: None = ...,
+    timezone: str | None = ..., retry: RetryPolicy | None = ...,
+    timeout: timedelta | None = ..., priority: str | int = ..., queue: str | None = ...,
+    lock: bool = ..., record: Literal["errors", "all", "none"] | None = ...,
+    keep: dict[str, int] | None = ..., description: str | None = ...,
+    registry: JobRegistry | None = ..., **unknown: Any,
+) -> Callable[[Callable[[JobContext[Any]], Any]], OutboxJob[Any]]: ...
+
+
+@overload
+def outbox_job(
+    *, cron: str, name: str | None = ..., schema: None = ...,
+    timezone: str | None = ..., retry: RetryPolicy | None = ...,
+    timeout: timedelta | None = ..., priority: str | int = ..., queue: str | None = ...,
+    lock: bool = ..., record: Literal["errors", "all", "none"] | None = ...,
+    keep: dict[str, int] | None = ..., description: str | None = ...,
+    registry: JobRegistry | None = ..., **unknown: Any,
+) -> Callable[[Callable[[JobContext[None]], Any]], OutboxJob[None]]: ...
+
+
+def outbox_job(
+    *, registry: JobRegistry | None = None, **options: Any
+) -> Callable[[Callable[[JobContext[Any]], Any]], OutboxJob[Any]]:
+    """Declare a job: ``@outbox_job(schema=Model, ...)`` (queue mode) or
+    ``@outbox_job(cron="0 3 * * *", ...)`` (cron mode).
+
+    Options (DESIGN.md section 2): ``name``, ``schema``, ``cron``, ``timezone``, ``retry``
+    (RetryPolicy), ``timeout`` (timedelta), ``priority`` ("critical" | "high" | "normal" |
+    "low"), ``queue``, ``lock``, ``record`` ("errors" | "all" | "none"), ``keep``
+    ({"succeeded": n, "failed": n}), ``description``. ``registry`` defaults to the process-wide
+    registry that ``Outbox(app)`` serves.
+
+    Raises :class:`ConfigurationError` at decoration time, naming the option, on any bad
+    option.
+    """
+    target = registry if registry is not None else default_registry
+
+    def decorate(fn: Callable[[JobContext[Any]], Any]) -> OutboxJob[Any]:
+        spec = JobSpec.create(fn, **options)
+        target.add(spec)
+        return OutboxJob(spec, target)
+
+    return decorate

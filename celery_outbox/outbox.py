@@ -1,0 +1,340 @@
+"""The Outbox facade: wires a Celery app, an engine, the config, the registry and a dispatcher.
+
+``Outbox(app, database_url=...)`` installs the extension on the app: the internal ``run`` task,
+the worker signal handlers, and (through the maintenance and cron modules) the beat entries.
+It owns push, cancel and the schema; the SQL itself lives in :mod:`celery_outbox.store`.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+from celery import Celery
+from celery import signals as celery_signals
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import Connection, Engine, MetaData, create_engine, event
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from celery_outbox import signals
+from celery_outbox.config import OutboxConfig
+from celery_outbox.dispatch import (
+    RUN_TASK,
+    CeleryDispatcher,
+    Dispatcher,
+    DispatchItem,
+    InlineDispatcher,
+    defer_to_commit,
+)
+from celery_outbox.errors import ConfigurationError, PayloadInvalid, StorageError
+from celery_outbox.models import DEFAULT_TABLE, TABLES, build_tables
+from celery_outbox.registry import JobRegistry, JobSpec, default_registry
+from celery_outbox.runner import Runner, utcnow
+from celery_outbox.states import Priority, Status
+from celery_outbox.store import ExecutionStore, NewExecution
+
+log = logging.getLogger(__name__)
+
+_outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url`` tuned for the outbox.
+
+    PostgreSQL: ``connect_timeout`` 5 s and ``pool_pre_ping`` (a killed connection is replaced,
+    not reused). SQLite: WAL journal, 30 s busy timeout, so a worker and a producer can write
+    the same file.
+    """
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    connect_args: dict[str, Any] = {}
+    if url.startswith("postgresql"):
+        connect_args["connect_timeout"] = 5
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+
+
+class Outbox:
+    """The outbox of one Celery app.
+
+    - ``app``: the Celery app to install on.
+    - ``database_url`` or ``engine``: where the outbox table lives (also read from
+      ``app.conf.outbox_database_url``). PostgreSQL (psycopg 3) or SQLite.
+    - ``registry``: the jobs to serve (default: those declared with ``@outbox_job``).
+    - ``dispatcher``: how ids reach workers (default: Celery; inline when
+      ``task_always_eager``).
+    - ``**settings``: see :class:`~celery_outbox.config.OutboxConfig`, also read from
+      ``app.conf.outbox_<name>``.
+
+    Raises :class:`ConfigurationError` on an unknown or invalid setting, no database, or an
+    unsupported dialect.
+    """
+
+    def __init__(
+        self,
+        app: Celery,
+        *,
+        database_url: str | None = None,
+        engine: Engine | None = None,
+        registry: JobRegistry | None = None,
+        dispatcher: Dispatcher | None = None,
+        **settings: Any,
+    ) -> None:
+        self.app = app
+        conf = {k: v for k, v in app.conf.items() if k != "outbox_database_url"}
+        self.config = OutboxConfig.load(settings, conf)
+        url = database_url or app.conf.get("outbox_database_url")
+        if engine is None and not url:
+            raise ConfigurationError(
+                "Outbox needs a database: pass database_url=... or engine=..., "
+                "or set app.conf.outbox_database_url"
+            )
+        self.engine = engine if engine is not None else make_engine(str(url))
+        name = self.config.table_name
+        self.tables = TABLES if name == DEFAULT_TABLE else build_tables(MetaData(), name)
+        self.store = ExecutionStore(self.engine, self.tables)
+        self.registry = registry if registry is not None else default_registry
+        self.registry.outbox = self
+        self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher)
+        self.dispatcher: Dispatcher = dispatcher or (
+            InlineDispatcher(self.runner.run)
+            if app.conf.task_always_eager
+            else CeleryDispatcher(app, self.registry, chunk_size=self.config.dispatch_chunk_size)
+        )
+        self._install_task()
+        self._connect_worker_signals()
+        _outboxes[app] = self
+
+    @classmethod
+    def of(cls, app: Celery) -> Outbox:
+        """The Outbox installed on ``app``. Raises ConfigurationError when there is none."""
+        try:
+            return _outboxes[app]
+        except KeyError:
+            raise ConfigurationError(
+                f"no Outbox is installed on Celery app {app.main!r}: call Outbox(app, ...)"
+            ) from None
+
+    # -- installation -----------------------------------------------------------------------
+
+    def _install_task(self) -> None:
+        runner = self.runner
+
+        @self.app.task(name=RUN_TASK, ignore_result=True, shared=False, acks_late=False)
+        def run(job_name: str, ids: list[str]) -> None:
+            runner.run(job_name, ids)
+
+        self.run_task = run
+
+    def _connect_worker_signals(self) -> None:
+        engine = self.engine
+
+        def after_fork(**_: Any) -> None:
+            # The parent's pooled connections must not be shared with a forked child.
+            engine.dispose(close=False)
+
+        celery_signals.worker_process_init.connect(after_fork, weak=False)
+        self._after_fork = after_fork
+
+    def create_schema(self) -> None:
+        """Create the outbox tables and indexes if they do not exist (idempotent).
+
+        Raises :class:`StorageError` when the database cannot be reached.
+        """
+        try:
+            self.tables.executions.metadata.create_all(
+                self.engine, tables=[self.tables.executions, self.tables.cron_ticks]
+            )
+        except DBAPIError as exc:
+            raise StorageError(f"create_schema failed: {exc.orig}") from exc
+
+    def drop_schema(self) -> None:
+        """Drop the outbox tables (for tests and teardown)."""
+        self.tables.executions.metadata.drop_all(
+            self.engine, tables=[self.tables.cron_ticks, self.tables.executions]
+        )
+
+    # -- push -------------------------------------------------------------------------------
+
+    def push_many(
+        self,
+        spec: JobSpec,
+        payloads: Sequence[Any],
+        *,
+        session: Session | None = None,
+        connection: Connection | None = None,
+        keys: Sequence[str | None] | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> list[UUID]:
+        """Create one execution per payload; dispatch them after the transaction commits.
+
+        With ``session`` or ``connection`` the rows join the caller's transaction (dispatch on
+        its commit; dropped on rollback); without, the outbox commits its own. Returns ids in
+        input order; a keyed payload whose key is held by an active execution of the job
+        returns that execution's id and writes nothing.
+
+        Raises :class:`PayloadInvalid` (naming the item and field) or
+        :class:`ConfigurationError` (bad argument) before anything is written, and
+        :class:`StorageError` when the database fails.
+        """
+        if session is not None and connection is not None:
+            raise ConfigurationError("push: pass session= or connection=, not both")
+        keys = list(keys) if keys is not None else [None] * len(payloads)
+        if len(keys) != len(payloads):
+            raise ConfigurationError(
+                f"push_many: {len(keys)} keys for {len(payloads)} payloads; give one per payload"
+            )
+        now = utcnow()
+        run_at = _run_at(now, delay, scheduled_at)
+        rows = self._rows(spec, payloads, keys, now, run_at, priority, organization_id,
+                          triggered_by, triggered_by_name)
+        if session is not None:
+            results = self._insert_in(session.connection(), rows)
+            defer_to_commit(session, self.dispatcher, self._to_dispatch(rows, results, now))
+        elif connection is not None:
+            results = self._insert_in(connection, rows)
+            defer_to_commit(connection, self.dispatcher, self._to_dispatch(rows, results, now))
+        else:
+            with self.store.begin() as conn:
+                results = self.store.insert(conn, rows)
+            self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
+        return [execution_id for execution_id, _ in results]
+
+    def _insert_in(self, conn: Connection, rows: list[NewExecution]) -> list[tuple[UUID, bool]]:
+        try:
+            return self.store.insert(conn, rows)
+        except DBAPIError as exc:
+            raise StorageError(f"push failed: {exc.orig}") from exc
+
+    def _rows(
+        self,
+        spec: JobSpec,
+        payloads: Sequence[Any],
+        keys: Sequence[str | None],
+        now: datetime,
+        run_at: datetime | None,
+        priority: str | int | None,
+        organization_id: str | None,
+        triggered_by: str | None,
+        triggered_by_name: str | None,
+    ) -> list[NewExecution]:
+        try:
+            prio = spec.priority if priority is None else Priority.parse(priority)
+        except ValueError as exc:
+            raise ConfigurationError(f"push: option 'priority': {exc}") from exc
+        due_later = run_at is not None and run_at > now
+        status = Status.SCHEDULED if due_later else Status.PENDING
+        eta_ok = not due_later or (run_at is not None and run_at - now <= self.config.max_eta)
+        many = len(payloads) > 1
+        rows = []
+        for index, (payload, key) in enumerate(zip(payloads, keys, strict=True)):
+            if key is not None and (not isinstance(key, str) or not key):
+                raise ConfigurationError(f"push: key must be a non-empty string, got {key!r}")
+            rows.append(NewExecution(
+                id=uuid4(),
+                job_name=spec.name,
+                status=status,
+                priority=int(prio),
+                max_attempts=spec.retry.max_attempts,
+                payload=_validate(spec, payload, index if many else None),
+                created_at=now,
+                scheduled_at=run_at if due_later else None,
+                dispatched_at=now if eta_ok else None,
+                unique_key=key,
+                organization_id=organization_id,
+                triggered_by=triggered_by,
+                triggered_by_name=triggered_by_name,
+            ))
+        return rows
+
+    @staticmethod
+    def _to_dispatch(
+        rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime
+    ) -> list[DispatchItem]:
+        return [
+            DispatchItem(row.id, row.job_name, row.priority, row.scheduled_at)
+            for row, (_, inserted) in zip(rows, results, strict=True)
+            if inserted and row.dispatched_at is not None
+        ]
+
+    # -- steer ------------------------------------------------------------------------------
+
+    def cancel(
+        self, execution_id: UUID, *, by: str | None = None, by_name: str | None = None
+    ) -> bool:
+        """cancel: any active status -> cancelled. False when the row is not active.
+
+        A handler running in this process sees ``ctx.cancelled`` at once; on another host,
+        within one heartbeat interval. Sends ``job_cancel``.
+        """
+        job_name = self.store.cancel(execution_id, utcnow(), by=by, by_name=by_name)
+        if job_name is None:
+            return False
+        self.runner.cancel_local(execution_id)
+        signals.job_cancel.send(sender=job_name, execution_id=execution_id, cancelled_by=by)
+        return True
+
+    def flush(self, timeout: timedelta = timedelta(seconds=10)) -> bool:
+        """Wait up to ``timeout`` for dispatches handed over to be published. True when done."""
+        return self.dispatcher.flush(timeout)
+
+    def run_now(self, job_name: str, ids: Sequence[UUID]) -> Any:
+        """Claim and run ``ids`` in this process now (what a worker does on a message)."""
+        return self.runner.run(job_name, ids)
+
+
+def _run_at(now: datetime, delay: timedelta | None, scheduled_at: datetime | None) -> datetime | None:
+    if delay is not None and scheduled_at is not None:
+        raise ConfigurationError("push: pass delay= or scheduled_at=, not both")
+    if delay is not None:
+        if not isinstance(delay, timedelta) or delay < timedelta(0):
+            raise ConfigurationError(f"push: delay must be a timedelta >= 0, got {delay!r}")
+        return now + delay
+    if scheduled_at is not None:
+        if not isinstance(scheduled_at, datetime) or scheduled_at.tzinfo is None:
+            raise ConfigurationError(
+                f"push: scheduled_at must be an aware datetime, got {scheduled_at!r}"
+            )
+        return scheduled_at
+    return None
+
+
+def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:
+    """The payload as JSON-ready data, validated against the job's schema."""
+    if spec.schema is None:
+        if payload is not None:
+            raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}")
+        return None
+    try:
+        if isinstance(payload, spec.schema):
+            model = payload
+        elif isinstance(payload, BaseModel):
+            model = spec.schema.model_validate(payload.model_dump())
+        else:
+            model = spec.schema.model_validate(payload)
+    except ValidationError as exc:
+        errors: list[dict[str, Any]] = [dict(e) for e in exc.errors()]
+        if index is not None:
+            for e in errors:
+                e["loc"] = (f"items[{index}]", *e.get("loc", ()))
+        raise PayloadInvalid(spec.name, errors) from None
+    return model.model_dump(mode="json")

@@ -1,0 +1,213 @@
+"""JobSpec (one job's validated options) and JobRegistry (jobs by name).
+
+Options are checked when the job is defined, so a typo or a bad value fails at import time with
+the option's name and the allowed values (STYLE.md habit 7).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel
+
+from celery_outbox.config import OutboxConfig
+from celery_outbox.errors import ConfigurationError, JobNotRegistered
+from celery_outbox.retry import NO_RETRY, RetryPolicy
+from celery_outbox.states import Priority
+
+if TYPE_CHECKING:
+    from celery_outbox.outbox import Outbox
+
+Mode = Literal["queue", "cron"]
+Record = Literal["errors", "all", "none"]
+RECORD_MODES: tuple[Record, ...] = ("errors", "all", "none")
+KEEP_KEYS = ("succeeded", "failed")
+
+OPTIONS = (
+    "name", "schema", "cron", "timezone", "retry", "timeout", "priority", "queue", "lock",
+    "record", "keep", "description",
+)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One registered job: its handler and validated options.
+
+    ``timeout`` is a timedelta or None; ``keep`` maps ``"succeeded"`` / ``"failed"`` to the
+    rows the trim keeps for this job (None: the config's ``keep_succeeded`` / ``keep_failed``).
+    """
+
+    name: str
+    handler: Callable[..., Any]
+    mode: Mode
+    schema: type[BaseModel] | None = None
+    cron: str | None = None
+    timezone: str | None = None
+    retry: RetryPolicy = NO_RETRY
+    timeout: timedelta | None = None
+    priority: Priority = Priority.NORMAL
+    queue: str | None = None
+    lock: bool = True
+    record: Record = "errors"
+    keep: Mapping[str, int] | None = None
+    description: str | None = None
+
+    @classmethod
+    def create(cls, handler: Callable[..., Any], **options: Any) -> JobSpec:
+        """Validate ``options`` (the ``@outbox_job`` keywords) and build the spec.
+
+        Raises :class:`ConfigurationError` naming the option on an unknown option, schema and
+        cron together or neither, a bad cron expression or timezone, a negative timeout, an
+        unknown priority or record mode, or a malformed ``keep``.
+        """
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) {unknown} for @outbox_job on {_qualname(handler)}; "
+                f"known options: {', '.join(OPTIONS)}"
+            )
+        if not callable(handler):
+            raise ConfigurationError(f"@outbox_job needs a function, got {handler!r}")
+        name = options.get("name") or _qualname(handler)
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigurationError(f"job name must be a non-empty string, got {name!r}")
+
+        def bad(option: str, message: str) -> ConfigurationError:
+            return ConfigurationError(f"job {name!r}: option {option!r} {message}")
+
+        schema, cron = options.get("schema"), options.get("cron")
+        if (schema is None) == (cron is None):
+            raise bad("schema/cron", "exactly one of 'schema' (queue mode) and 'cron' "
+                      "(cron mode) must be given")
+        if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise bad("schema", f"must be a pydantic BaseModel subclass, got {schema!r}")
+        if cron is not None:
+            _check_cron(name, cron)
+        tz = options.get("timezone")
+        if tz is not None:
+            if cron is None:
+                raise bad("timezone", "only applies to cron jobs")
+            try:
+                ZoneInfo(tz)
+            except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+                raise bad("timezone", f"names no known time zone: {tz!r}") from exc
+        retry = options.get("retry") or NO_RETRY
+        if not isinstance(retry, RetryPolicy):
+            raise bad("retry", f"must be a RetryPolicy, got {retry!r}")
+        timeout = options.get("timeout")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise bad("timeout", f"must be a timedelta > 0, got {timeout!r}")
+        try:
+            priority = Priority.parse(options.get("priority", "normal"))
+        except ValueError as exc:
+            raise bad("priority", str(exc)) from exc
+        queue = options.get("queue")
+        if queue is not None and (not isinstance(queue, str) or not queue):
+            raise bad("queue", f"must be a non-empty string, got {queue!r}")
+        mode: Mode = "cron" if cron is not None else "queue"
+        record = options.get("record") or ("all" if mode == "cron" else "errors")
+        if record not in RECORD_MODES:
+            raise bad("record", f"must be one of {RECORD_MODES}, got {record!r}")
+        keep = options.get("keep")
+        if keep is not None:
+            keep = _check_keep(name, keep)
+        elif mode == "cron" and options.get("record") is None:
+            keep = {"succeeded": 1}
+        lock = options.get("lock", True)
+        if not isinstance(lock, bool):
+            raise bad("lock", f"must be True or False, got {lock!r}")
+        return cls(
+            name=name, handler=handler, mode=mode, schema=schema, cron=cron, timezone=tz,
+            retry=retry, timeout=timeout, priority=priority, queue=queue, lock=lock,
+            record=record, keep=keep, description=options.get("description"),
+        )
+
+    def lease(self, config: OutboxConfig) -> timedelta:
+        """How long one attempt may go without a heartbeat: 2 x timeout, else ``config.lease``."""
+        return 2 * self.timeout if self.timeout is not None else config.lease
+
+    def keeps(self, config: OutboxConfig) -> tuple[int, int]:
+        """(succeeded rows, failed rows) the trim keeps for this job."""
+        keep = self.keep or {}
+        return (keep.get("succeeded", config.keep_succeeded), keep.get("failed", config.keep_failed))
+
+    def keep_succeeded_row(self, config: OutboxConfig) -> bool:
+        """Whether a success leaves a ``succeeded`` row (else the row is deleted)."""
+        return self.record == "all" and self.keeps(config)[0] > 0
+
+    def keep_failed_row(self) -> bool:
+        """Whether a final failure leaves a ``failed`` row (else the row is deleted)."""
+        return self.record != "none"
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _check_cron(name: str, cron: Any) -> None:
+    from croniter import croniter
+
+    if not isinstance(cron, str) or not croniter.is_valid(cron):
+        raise ConfigurationError(
+            f"job {name!r}: option 'cron' is not a valid cron expression: {cron!r}"
+        )
+
+
+def _check_keep(name: str, keep: Any) -> dict[str, int]:
+    if not isinstance(keep, Mapping):
+        raise ConfigurationError(f"job {name!r}: option 'keep' must be a mapping, got {keep!r}")
+    unknown = sorted(set(keep) - set(KEEP_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"job {name!r}: option 'keep' has unknown key(s) {unknown}; known: {KEEP_KEYS}"
+        )
+    for k, v in keep.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigurationError(f"job {name!r}: option 'keep[{k!r}]' must be an int >= 0")
+    return dict(keep)
+
+
+@dataclass
+class JobRegistry:
+    """Jobs by name, and the :class:`Outbox` they push through (``bind``)."""
+
+    jobs: dict[str, JobSpec] = field(default_factory=dict)
+    outbox: Outbox | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, spec: JobSpec) -> None:
+        """Register ``spec``. Raises ConfigurationError when another job has the same name."""
+        with self._lock:
+            old = self.jobs.get(spec.name)
+            if old is not None and old.handler is not spec.handler:
+                if _qualname(old.handler) != _qualname(spec.handler):
+                    raise ConfigurationError(
+                        f"job name {spec.name!r} is already registered by "
+                        f"{_qualname(old.handler)}"
+                    )
+            self.jobs[spec.name] = spec
+
+    def get(self, name: str) -> JobSpec:
+        """The job named ``name``. Raises :class:`JobNotRegistered`."""
+        try:
+            return self.jobs[name]
+        except KeyError:
+            raise JobNotRegistered(name) from None
+
+    def __iter__(self) -> Iterator[JobSpec]:
+        return iter(list(self.jobs.values()))
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.jobs
+
+
+default_registry = JobRegistry()
+"""Where ``@outbox_job`` registers jobs unless told otherwise (as ``@shared_task`` does)."""

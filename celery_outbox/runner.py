@@ -1,0 +1,268 @@
+"""The Celery task body: claim -> heartbeat -> handler -> complete / retry / fail.
+
+A message carries ``(job_name, [execution_id, ...])``. The runner claims all of them with one
+statement (rows already claimed, finished, cancelled or not yet due are skipped), runs each
+claimed execution's handler in order, and records each outcome with a write fenced by
+``claimed_by`` and ``attempt``: a late write from an attempt that was cancelled or rescued
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from celery_outbox import signals
+from celery_outbox.config import OutboxConfig
+from celery_outbox.context import JobContext
+from celery_outbox.dispatch import Dispatcher, DispatchItem
+from celery_outbox.errors import DoNotRetry, ExecutionCancelled, JobNotRegistered, RetryLater
+from celery_outbox.heartbeat import Heartbeat
+from celery_outbox.registry import JobRegistry, JobSpec
+from celery_outbox.states import Status
+from celery_outbox.store import Claimed, ExecutionStore, Fence
+
+log = logging.getLogger(__name__)
+
+
+def utcnow() -> datetime:
+    """The current time as an aware UTC datetime."""
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Counts of one :meth:`Runner.run`: claimed, succeeded, retried, failed, lost (fenced out)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+
+
+@dataclass
+class _Outcome:
+    status: Status | None  # None: the write was fenced out (cancelled or rescued)
+    error: BaseException | None = None
+
+
+class Runner:
+    """Runs executions of registered jobs in this process.
+
+    ``dispatcher`` publishes retries due within ``config.max_eta`` (with a Celery ``eta``);
+    ``clock()`` returns an aware UTC datetime.
+    """
+
+    def __init__(
+        self,
+        store: ExecutionStore,
+        registry: JobRegistry,
+        config: OutboxConfig,
+        dispatcher: Callable[[], Dispatcher],
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.config = config
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.heartbeat = Heartbeat(store, clock)
+        self._worker_id: tuple[int, str] | None = None
+        self._contexts: dict[UUID, JobContext[Any]] = {}
+        self._contexts_lock = threading.Lock()
+
+    @property
+    def worker_id(self) -> str:
+        """``host:pid:nonce``, the ``claimed_by`` of this process (new after a fork)."""
+        pid = os.getpid()
+        if self._worker_id is None or self._worker_id[0] != pid:
+            self._worker_id = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
+        return self._worker_id[1]
+
+    def run(self, job_name: str, ids: Sequence[UUID | str]) -> RunResult:
+        """Claim and run the executions ``ids`` of ``job_name``.
+
+        An unknown job is logged and skipped (the message is acknowledged; rows untouched).
+        Never raises for a handler's error; raises :class:`StorageError` when the claim fails.
+        """
+        try:
+            spec = self.registry.get(job_name)
+        except JobNotRegistered:
+            log.error("celery_outbox: received %d execution(s) of unregistered job %r; "
+                      "rows left untouched", len(ids), job_name)
+            return RunResult()
+        uuids = [i if isinstance(i, UUID) else UUID(str(i)) for i in ids]
+        now = self.clock()
+        worker = self.worker_id
+        lease = spec.lease(self.config)
+        claimed = self.store.claim(uuids, job_name, worker, now, now + lease)
+        if len(claimed) < len(uuids):
+            log.debug("celery_outbox: %d of %d id(s) of %r not claimable (already claimed, "
+                      "finished or not due)", len(uuids) - len(claimed), len(uuids), job_name)
+        contexts = [self._context(spec, row, now) for row in claimed]
+        for row, ctx in zip(claimed, contexts, strict=True):
+            self.heartbeat.track(Fence(row.id, worker, row.attempt), lease,
+                                 lambda c=ctx: c.cancel("cancelled"))
+        counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0}
+        try:
+            for row, ctx in zip(claimed, contexts, strict=True):
+                outcome = self._execute(spec, row, ctx, Fence(row.id, worker, row.attempt))
+                key = {
+                    Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
+                    Status.FAILED: "failed",
+                }.get(outcome.status, "lost") if outcome.status else "lost"
+                counts[key] += 1
+        finally:
+            for row in claimed:
+                self.heartbeat.untrack(row.id)
+        return RunResult(claimed=len(claimed), **counts)
+
+    # -- one execution ----------------------------------------------------------------------
+
+    def _context(self, spec: JobSpec, row: Claimed, now: datetime) -> JobContext[Any]:
+        return JobContext(
+            payload=row.payload,
+            execution_id=row.id,
+            job_name=spec.name,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            now=now,
+            log=logging.getLogger(f"celery_outbox.job.{spec.name}"),
+        )
+
+    def _execute(
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence
+    ) -> _Outcome:
+        if ctx.cancelled.is_set():
+            return _Outcome(None)
+        with self._contexts_lock:
+            self._contexts[row.id] = ctx
+        timer = self._start_timer(spec, ctx)
+        started = self.clock()
+        signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                               max_attempts=row.max_attempts)
+        try:
+            if spec.schema is not None:
+                ctx.payload = self._payload(spec, row)
+            spec.handler(ctx)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                raise
+            outcome = self._on_error(spec, row, ctx, fence, exc)
+        else:
+            outcome = self._on_success(spec, row, fence, started)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self._contexts_lock:
+                self._contexts.pop(row.id, None)
+        status = outcome.status.value if outcome.status else Status.CANCELLED.value
+        signals.job_end.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                             status=status)
+        return outcome
+
+    def _payload(self, spec: JobSpec, row: Claimed) -> Any:
+        assert spec.schema is not None
+        try:
+            return spec.schema.model_validate(row.payload)
+        except ValidationError as exc:
+            raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: {exc}")\
+                from exc
+
+    def _start_timer(self, spec: JobSpec, ctx: JobContext[Any]) -> threading.Timer | None:
+        if spec.timeout is None:
+            return None
+        timer = threading.Timer(spec.timeout.total_seconds(), ctx.cancel, args=("timed out",))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _on_success(
+        self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime
+    ) -> _Outcome:
+        now = self.clock()
+        signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                                 duration=now - started)
+        keep = spec.keep_succeeded_row(self.config)
+        if self.store.complete(fence, now, keep=keep, logs=None):
+            return _Outcome(Status.SUCCEEDED)
+        return _Outcome(None)
+
+    def _on_error(
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception
+    ) -> _Outcome:
+        if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
+            # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
+            signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                                   exception=exc, will_retry=False)
+            return _Outcome(None, exc)
+        now = self.clock()
+        error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
+        delay = self._retry_delay(spec, row, exc)
+        signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                               exception=exc, will_retry=delay is not None)
+        if delay is None:
+            log.warning("celery_outbox: %s %s failed on attempt %d/%d: %s", spec.name, row.id,
+                        row.attempt, row.max_attempts, error.splitlines()[0])
+            if self.store.fail(fence, now, error=error, logs=None, keep=spec.keep_failed_row()):
+                return _Outcome(Status.FAILED, exc)
+            return _Outcome(None, exc)
+        run_at = now + delay
+        soon = delay <= self.config.max_eta
+        log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
+                 row.id, row.attempt, row.max_attempts, delay.total_seconds(),
+                 error.splitlines()[0])
+        if not self.store.retry(fence, now, run_at, error=error, logs=None, dispatched=soon):
+            return _Outcome(None, exc)
+        if soon:
+            self.dispatcher().dispatch(
+                [DispatchItem(row.id, spec.name, row.priority, run_at if delay else None)]
+            )
+        return _Outcome(Status.SCHEDULED, exc)
+
+    def _retry_delay(self, spec: JobSpec, row: Claimed, exc: Exception) -> timedelta | None:
+        """The wait before the next attempt, or None to fail now."""
+        if isinstance(exc, DoNotRetry) or row.attempt >= row.max_attempts:
+            return None
+        if isinstance(exc, RetryLater):
+            return exc.delay
+        if not spec.retry.should_retry(exc, row.attempt, row.max_attempts):
+            return None
+        return spec.retry.delay(row.attempt)
+
+    # -- cancel / shutdown ------------------------------------------------------------------
+
+    def running(self) -> list[JobContext[Any]]:
+        """The contexts of handlers running in this process now."""
+        with self._contexts_lock:
+            return list(self._contexts.values())
+
+    def cancel_local(self, execution_id: UUID, reason: str = "cancelled") -> bool:
+        """Set ``cancelled`` on a handler of this process at once. True if it was running here."""
+        with self._contexts_lock:
+            ctx = self._contexts.get(execution_id)
+        if ctx is None:
+            return False
+        ctx.cancel(reason)
+        return True
+
+
+def describe(exc: BaseException, *, timed_out: bool = False) -> str:
+    """``"ExcType: message"`` then the traceback; prefixed ``"timed out: "`` for a timeout."""
+    head = f"{type(exc).__name__}: {exc}"
+    if timed_out:
+        head = f"timed out: {head}"
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return f"{head}\n\n{tb}"

@@ -1,0 +1,445 @@
+"""ExecutionStore: the only module that issues SQL. One method per transition.
+
+Every method's docstring starts with the transition it performs (``from -> to``), then its
+guard, what a guard miss returns, and the unit of its time arguments. Every write names the
+status it expects; writes on a running row are also fenced by ``claimed_by`` and ``attempt``,
+so a zombie worker whose lease was rescued cannot overwrite the row.
+
+Times are aware UTC datetimes passed in by the caller (``now``); the database clock is never
+read, so tests freeze time by passing it. Driver errors become :class:`StorageError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from sqlalchemy import Connection, Engine, and_, delete, insert, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.models import Tables
+from celery_outbox.states import ACTIVE, Status
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+SUPPORTED_DIALECTS = ("postgresql", "sqlite")
+_MAX_DEDUP_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class NewExecution:
+    """One row to insert by :meth:`ExecutionStore.insert` (push)."""
+
+    id: UUID
+    job_name: str
+    status: Status
+    priority: int
+    max_attempts: int
+    payload: Any
+    created_at: datetime
+    scheduled_at: datetime | None = None
+    dispatched_at: datetime | None = None
+    unique_key: str | None = None
+    organization_id: str | None = None
+    triggered_by: str | None = None
+    triggered_by_name: str | None = None
+
+    def values(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "job_name": self.job_name,
+            "unique_key": self.unique_key,
+            "organization_id": self.organization_id,
+            "status": self.status.value,
+            "priority": self.priority,
+            "attempt": 0,
+            "max_attempts": self.max_attempts,
+            "payload": self.payload,
+            "created_at": self.created_at,
+            "updated_at": self.created_at,
+            "scheduled_at": self.scheduled_at,
+            "dispatched_at": self.dispatched_at,
+            "triggered_by": self.triggered_by,
+            "triggered_by_name": self.triggered_by_name,
+        }
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A row this worker now holds (``running``), as returned by :meth:`ExecutionStore.claim`."""
+
+    id: UUID
+    job_name: str
+    attempt: int
+    max_attempts: int
+    payload: Any
+    priority: int
+    unique_key: str | None
+    organization_id: str | None
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a write on a running row must still match: the holder and its attempt."""
+
+    id: UUID
+    claimed_by: str
+    attempt: int
+
+
+class ExecutionStore:
+    """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
+
+    ``engine`` is used for the store's own short transactions; push methods take the caller's
+    ``Connection`` instead, so the row commits or rolls back with the caller's work.
+    Raises :class:`ConfigurationError` for a dialect other than PostgreSQL or SQLite.
+    """
+
+    def __init__(self, engine: Engine, tables: Tables) -> None:
+        if engine.dialect.name not in SUPPORTED_DIALECTS:
+            raise ConfigurationError(
+                f"database dialect {engine.dialect.name!r} is not supported; "
+                f"use one of {', '.join(SUPPORTED_DIALECTS)}"
+            )
+        self.engine = engine
+        self.tables = tables
+        self.t = tables.executions
+        self.dialect = engine.dialect.name
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A short transaction of the store's own; driver errors become StorageError."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except DBAPIError as exc:
+            raise StorageError(f"database error on {self._where()}: {exc.orig}") from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self._where()}: {exc}") from exc
+
+    def _where(self) -> str:
+        url = self.engine.url
+        return f"{url.drivername}://{url.host or ''}/{url.database or ''}"
+
+    def _insert(self) -> Any:
+        if self.dialect == "postgresql":
+            return postgresql.insert(self.t)
+        return sqlite.insert(self.t)
+
+    def _active(self) -> Any:
+        return self.t.c.status.in_(sorted(s.value for s in ACTIVE))
+
+    def _fenced(self, fence: Fence) -> Any:
+        return and_(
+            self.t.c.id == fence.id,
+            self.t.c.status == Status.RUNNING.value,
+            self.t.c.claimed_by == fence.claimed_by,
+            self.t.c.attempt == fence.attempt,
+        )
+
+    # -- push -------------------------------------------------------------------------------
+
+    def insert(self, conn: Connection, rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
+        """push: none -> pending (or scheduled), in the caller's transaction on ``conn``.
+
+        Guard: a row's ``unique_key`` must be free among the job's active rows. A keyed row
+        whose key is taken is not inserted (``INSERT ... ON CONFLICT DO NOTHING`` on the partial
+        unique index, so the caller's transaction is never aborted); the id of the active row
+        holding the key is returned instead.
+
+        Returns ``[(execution_id, inserted)]`` in the order of ``rows``.
+        """
+        if not rows:
+            return []
+        plain = [r.values() for r in rows if r.unique_key is None]
+        if plain:
+            conn.execute(insert(self.t), plain)
+        keyed = [r for r in rows if r.unique_key is not None]
+        existing = self._insert_keyed(conn, keyed) if keyed else {}
+        out: list[tuple[UUID, bool]] = []
+        for r in rows:
+            if r.unique_key is None:
+                out.append((r.id, True))
+            else:
+                holder = existing[(r.job_name, r.unique_key)]
+                out.append((holder, holder == r.id))
+        return out
+
+    def _insert_keyed(
+        self, conn: Connection, rows: Sequence[NewExecution]
+    ) -> dict[tuple[str, str], UUID]:
+        """Insert keyed rows; map each (job, key) to the id of the active row holding it."""
+        holders: dict[tuple[str, str], UUID] = {}
+        todo = list(rows)
+        for _ in range(_MAX_DEDUP_ROUNDS):
+            # The first row of each key in the batch is the one that may be inserted.
+            first: dict[tuple[str, str], NewExecution] = {}
+            for r in todo:
+                first.setdefault((r.job_name, r.unique_key or ""), r)
+            stmt = (
+                self._insert()
+                .values([r.values() for r in first.values()])
+                .on_conflict_do_nothing(
+                    index_elements=[self.t.c.job_name, self.t.c.unique_key],
+                    index_where=text(self.tables.active_key_where),
+                )
+                .returning(self.t.c.id)
+            )
+            inserted = {row[0] for row in conn.execute(stmt)}
+            for k, r in first.items():
+                if r.id in inserted:
+                    holders[k] = r.id
+            missing = [k for k in first if k not in holders]
+            if missing:
+                # Another transaction holds these keys; read which row, in a new statement
+                # (READ COMMITTED sees the row once its transaction committed).
+                for job_name, key, row_id in conn.execute(
+                    select(self.t.c.job_name, self.t.c.unique_key, self.t.c.id).where(
+                        self._active(),
+                        or_(*(and_(self.t.c.job_name == j, self.t.c.unique_key == k)
+                              for j, k in missing)),
+                    )
+                ):
+                    holders[(job_name, key)] = row_id
+            # A key whose holder finished between the two statements is tried again.
+            todo = [r for r in todo if (r.job_name, r.unique_key or "") not in holders]
+            if not todo:
+                return holders
+        raise StorageError(
+            f"could not settle unique keys after {_MAX_DEDUP_ROUNDS} rounds: "
+            f"{sorted({r.unique_key or '' for r in todo})}"
+        )
+
+    # -- worker -----------------------------------------------------------------------------
+
+    def claim(
+        self,
+        ids: Sequence[UUID],
+        job_name: str,
+        worker: str,
+        now: datetime,
+        lease_until: datetime,
+    ) -> list[Claimed]:
+        """claim: pending (or scheduled and due) -> running, attempt + 1, lease set.
+
+        Guard: status pending, or scheduled with ``scheduled_at <= now``; ``job_name`` matches.
+        One UPDATE ... RETURNING for all ``ids``: a row another worker claimed first, or that is
+        not due, finished, cancelled or gone, is simply not returned (a normal outcome).
+        ``now`` and ``lease_until`` are aware datetimes. Returns the claimed rows in ``ids`` order.
+        """
+        t = self.t
+        stmt = (
+            update(t)
+            .where(
+                t.c.id.in_(list(ids)),
+                t.c.job_name == job_name,
+                or_(
+                    t.c.status == Status.PENDING.value,
+                    and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= now),
+                ),
+            )
+            .values(
+                status=Status.RUNNING.value,
+                attempt=t.c.attempt + 1,
+                claimed_by=worker,
+                started_at=now,
+                updated_at=now,
+                lease_expires_at=lease_until,
+            )
+            .returning(
+                t.c.id, t.c.job_name, t.c.attempt, t.c.max_attempts, t.c.payload, t.c.priority,
+                t.c.unique_key, t.c.organization_id, t.c.lease_expires_at,
+            )
+        )
+        with self.begin() as conn:
+            rows = {r.id: Claimed(**r._mapping) for r in conn.execute(stmt)}
+        return [rows[i] for i in ids if i in rows]
+
+    def complete(
+        self, fence: Fence, now: datetime, *, keep: bool, logs: list[dict[str, Any]] | None
+    ) -> bool:
+        """complete: running -> succeeded (``keep``), or the row is deleted.
+
+        Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``. A miss (the row
+        was cancelled or rescued meanwhile) returns False. ``now`` is an aware datetime.
+        """
+        with self.begin() as conn:
+            if keep:
+                result = conn.execute(
+                    update(self.t)
+                    .where(self._fenced(fence))
+                    .values(
+                        status=Status.SUCCEEDED.value, finished_at=now, updated_at=now,
+                        lease_expires_at=None, logs=logs,
+                    )
+                )
+            else:
+                result = conn.execute(delete(self.t).where(self._fenced(fence)))
+        return self._hit(result.rowcount, "complete", fence.id)
+
+    def retry(
+        self,
+        fence: Fence,
+        now: datetime,
+        run_at: datetime,
+        *,
+        error: str,
+        logs: list[dict[str, Any]] | None,
+        dispatched: bool,
+    ) -> bool:
+        """retry: running -> scheduled at ``run_at``.
+
+        Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss returns
+        False. ``dispatched`` records that a message with an ``eta`` goes out now (so the sweep
+        does not stage it again); else ``dispatched_at`` is cleared and the sweep stages it.
+        """
+        with self.begin() as conn:
+            result = conn.execute(
+                update(self.t)
+                .where(self._fenced(fence))
+                .values(
+                    status=Status.SCHEDULED.value, scheduled_at=run_at, updated_at=now,
+                    claimed_by=None, lease_expires_at=None, last_error=error, logs=logs,
+                    dispatched_at=now if dispatched else None,
+                )
+            )
+        return self._hit(result.rowcount, "retry", fence.id)
+
+    def fail(
+        self,
+        fence: Fence,
+        now: datetime,
+        *,
+        error: str,
+        logs: list[dict[str, Any]] | None,
+        keep: bool = True,
+    ) -> bool:
+        """fail: running -> failed (``keep``), or the row is deleted (``record="none"``).
+
+        Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss returns
+        False. ``now`` is an aware datetime.
+        """
+        with self.begin() as conn:
+            if keep:
+                result = conn.execute(
+                    update(self.t)
+                    .where(self._fenced(fence))
+                    .values(
+                        status=Status.FAILED.value, finished_at=now, updated_at=now,
+                        lease_expires_at=None, last_error=error, logs=logs,
+                    )
+                )
+            else:
+                result = conn.execute(delete(self.t).where(self._fenced(fence)))
+        return self._hit(result.rowcount, "fail", fence.id)
+
+    def heartbeat(
+        self, worker: str, fences: Sequence[Fence], now: datetime, lease_until: datetime
+    ) -> set[UUID]:
+        """heartbeat: running -> running, ``lease_expires_at = lease_until``, in one UPDATE.
+
+        Guard per row: status running, claimed by ``worker`` at the fence's attempt. Returns the
+        ids still held; a fence missing from the result was cancelled, rescued or deleted.
+        """
+        if not fences:
+            return set()
+        t = self.t
+        stmt = (
+            update(t)
+            .where(
+                t.c.status == Status.RUNNING.value,
+                t.c.claimed_by == worker,
+                or_(*(and_(t.c.id == f.id, t.c.attempt == f.attempt) for f in fences)),
+            )
+            .values(lease_expires_at=lease_until, updated_at=now)
+            .returning(t.c.id)
+        )
+        with self.begin() as conn:
+            return {row[0] for row in conn.execute(stmt)}
+
+    def release(self, fences: Sequence[Fence], now: datetime) -> list[UUID]:
+        """release: running -> pending, attempt - 1, dispatched now (graceful shutdown).
+
+        The interrupted attempt does not count. Guard per row: status running, ``claimed_by``
+        and ``attempt`` as in the fence. Returns the ids released (to dispatch at once).
+        """
+        if not fences:
+            return []
+        t = self.t
+        stmt = (
+            update(t)
+            .where(or_(*(self._fenced(f) for f in fences)))
+            .values(
+                status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
+                lease_expires_at=None, started_at=None, updated_at=now, dispatched_at=now,
+            )
+            .returning(t.c.id)
+        )
+        with self.begin() as conn:
+            return [row[0] for row in conn.execute(stmt)]
+
+    # -- admin ------------------------------------------------------------------------------
+
+    def cancel(
+        self, execution_id: UUID, now: datetime, *, by: str | None, by_name: str | None
+    ) -> str | None:
+        """cancel: pending / scheduled / running -> cancelled.
+
+        Guard: status active. Returns the job name of the cancelled row, or None on a miss
+        (no such row, or already terminal). ``now`` is an aware datetime.
+        """
+        t = self.t
+        stmt = (
+            update(t)
+            .where(t.c.id == execution_id, self._active())
+            .values(
+                status=Status.CANCELLED.value, finished_at=now, updated_at=now,
+                lease_expires_at=None, cancelled_by=by, cancelled_by_name=by_name,
+            )
+            .returning(t.c.job_name)
+        )
+        with self.begin() as conn:
+            row = conn.execute(stmt).first()
+        if row is None:
+            log.debug("cancel: %s is not active; nothing written", execution_id)
+            return None
+        return str(row[0])
+
+    def get(self, execution_id: UUID) -> dict[str, Any] | None:
+        """Read one row as a dict of its columns, or None."""
+        with self.begin() as conn:
+            row = conn.execute(select(self.t).where(self.t.c.id == execution_id)).first()
+        return dict(row._mapping) if row is not None else None
+
+    def status_of(self, execution_id: UUID) -> str | None:
+        """Read one row's status, or None when there is no such row."""
+        with self.begin() as conn:
+            return conn.execute(
+                select(self.t.c.status).where(self.t.c.id == execution_id)
+            ).scalar_one_or_none()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _hit(rowcount: int, transition: str, execution_id: UUID) -> bool:
+        if rowcount == 1:
+            return True
+        log.debug("%s: %s no longer held by this attempt; nothing written", transition,
+                  execution_id)
+        return False
+
+    def run(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` in a short transaction of the store's own."""
+        with self.begin() as conn:
+            return fn(conn)
