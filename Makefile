@@ -1,0 +1,27 @@
+# The two set-up commands of the README: `make example` and `make test`.
+# Both create .venv from this project's own files the first time.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test,lint]"
+	touch $@
+
+.PHONY: example test lint bench
+example: $(BIN)/.installed
+	$(BIN)/python -m example_project
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check celery_outbox tests example_project bench
+	$(BIN)/mypy celery_outbox
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check celery_outbox tests example_project bench
+	$(BIN)/mypy celery_outbox
+
+bench: $(BIN)/.installed
+	$(BIN)/python -m bench

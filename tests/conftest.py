@@ -1,0 +1,88 @@
+"""Shared fixtures: real servers, a fresh PostgreSQL database per test session, SQLite files.
+
+A test that needs a server skips when the server is absent locally and FAILS when ``CI`` is
+set, so CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+CI = bool(os.environ.get("CI"))
+PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS", "redis://127.0.0.1:6379")
+AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def require(name: str, host: str, port: int) -> None:
+    """Skip (locally) or fail (CI) when ``name`` does not answer on host:port."""
+    if port_open(host, port):
+        return
+    message = f"{name} is not reachable on {host}:{port}"
+    if CI:
+        pytest.fail(f"{message} (CI is set: server tests must not skip)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    require("PostgreSQL", "127.0.0.1", 5432)
+    from sqlalchemy import create_engine, text
+
+    name = f"outbox_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: object) -> str:
+    """A SQLite database file of this test's own."""
+    return f"sqlite:///{tmp_path}/outbox.sqlite3"  # type: ignore[str-bytes-safe]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each test using it runs on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    require("Redis", "127.0.0.1", 6379)
+    return REDIS_URL + "/0"
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> str:
+    require("RabbitMQ", "127.0.0.1", 5672)
+    return AMQP_URL
+
+
+@pytest.fixture
+def queue_name() -> str:
+    """A Celery queue of this test's own, so tests sharing a broker never see each other."""
+    return f"outbox-test-{uuid.uuid4().hex[:10]}"
