@@ -113,15 +113,18 @@ class OutboxConfig(BaseModel):
 
         Raises :class:`ConfigurationError` naming the setting when one is unknown or invalid.
         """
-        values: dict[str, Any] = {}
-        for key in conf.keys() if conf is not None else ():
-            if isinstance(key, str) and key.startswith(PREFIX):
-                values[key[len(PREFIX) :]] = conf[key]
+        values: dict[str, Any] = {
+            key[len(PREFIX) :]: value
+            for key, value in (conf or {}).items()
+            if isinstance(key, str) and key.startswith(PREFIX)
+        }
         values.update(overrides)
         unknown = sorted(set(values) - set(cls.model_fields))
         if unknown:
             known = ", ".join(sorted(cls.model_fields))
-            raise ConfigurationError(f"unknown outbox setting(s) {unknown}; known settings: {known}")
+            raise ConfigurationError(
+                f"unknown outbox setting(s) {unknown}; known settings: {known}"
+            )
         try:
             return cls(**values)
         except ValidationError as exc:

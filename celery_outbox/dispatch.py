@@ -204,8 +204,11 @@ class CeleryDispatcher:
     @staticmethod
     def _at_exit(ref: weakref.ReferenceType[CeleryDispatcher]) -> None:
         dispatcher = ref()
-        if dispatcher is not None and dispatcher._pid == os.getpid():
-            if not dispatcher.flush(timedelta(seconds=10)):
+        if (
+            dispatcher is not None
+            and dispatcher._pid == os.getpid()
+            and not dispatcher.flush(timedelta(seconds=10))
+        ):
                 log.warning(
                     "celery_outbox: exiting with executions not yet published; "
                     "the sweep will dispatch them"
@@ -276,7 +279,7 @@ class _SessionHook:
         hook = session.info.get(_SESSION_KEY)
         if hook is None:
             hook = session.info[_SESSION_KEY] = cls(session)
-        return hook  # type: ignore[no-any-return]
+        return hook
 
     def add(self, session: Session, dispatcher: Dispatcher, items: list[DispatchItem]) -> None:
         tx = session.get_nested_transaction() or session.get_transaction()
@@ -333,7 +336,9 @@ class _ConnectionHook:
         deferred = [d for _, ds in frames for d in ds]
         if not deferred:
             return
-        conn.connection.dbapi_connection.commit()  # type: ignore[union-attr]
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None:
+            dbapi.commit()
         _send(deferred)
 
     def on_rollback(self, conn: Connection) -> None:

@@ -84,7 +84,7 @@ class StorageError(OutboxError):
     """The database failed or could not be reached; the driver error is ``__cause__``."""
 
 
-class RetryLater(Exception):  # noqa: N818 - a control-flow signal, named as users read it
+class RetryLater(Exception):
     """Raised by a handler to retry after ``delay`` instead of the policy's backoff.
 
     The attempt counts; when no attempts are left the execution fails.
@@ -98,7 +98,7 @@ class RetryLater(Exception):  # noqa: N818 - a control-flow signal, named as use
         super().__init__(reason or f"retry later in {delay}")
 
 
-class DoNotRetry(Exception):  # noqa: N818 - a control-flow signal, named as users read it
+class DoNotRetry(Exception):
     """Raised by a handler to fail the execution now, whatever its retry policy says."""
 
     def __init__(self, reason: str = "") -> None:

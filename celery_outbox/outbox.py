@@ -134,7 +134,9 @@ class Outbox:
     def _install_task(self) -> None:
         runner = self.runner
 
-        @self.app.task(name=RUN_TASK, ignore_result=True, shared=False, acks_late=False)
+        @self.app.task(  # type: ignore[untyped-decorator]
+            name=RUN_TASK, ignore_result=True, shared=False, acks_late=False
+        )
         def run(job_name: str, ids: list[str]) -> None:
             runner.run(job_name, ids)
 
@@ -302,7 +304,9 @@ class Outbox:
         return self.runner.run(job_name, ids)
 
 
-def _run_at(now: datetime, delay: timedelta | None, scheduled_at: datetime | None) -> datetime | None:
+def _run_at(
+    now: datetime, delay: timedelta | None, scheduled_at: datetime | None
+) -> datetime | None:
     if delay is not None and scheduled_at is not None:
         raise ConfigurationError("push: pass delay= or scheduled_at=, not both")
     if delay is not None:

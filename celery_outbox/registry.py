@@ -134,7 +134,10 @@ class JobSpec:
     def keeps(self, config: OutboxConfig) -> tuple[int, int]:
         """(succeeded rows, failed rows) the trim keeps for this job."""
         keep = self.keep or {}
-        return (keep.get("succeeded", config.keep_succeeded), keep.get("failed", config.keep_failed))
+        return (
+            keep.get("succeeded", config.keep_succeeded),
+            keep.get("failed", config.keep_failed),
+        )
 
     def keep_succeeded_row(self, config: OutboxConfig) -> bool:
         """Whether a success leaves a ``succeeded`` row (else the row is deleted)."""
@@ -184,12 +187,11 @@ class JobRegistry:
         """Register ``spec``. Raises ConfigurationError when another job has the same name."""
         with self._lock:
             old = self.jobs.get(spec.name)
-            if old is not None and old.handler is not spec.handler:
-                if _qualname(old.handler) != _qualname(spec.handler):
-                    raise ConfigurationError(
-                        f"job name {spec.name!r} is already registered by "
-                        f"{_qualname(old.handler)}"
-                    )
+            # The same function imported twice (e.g. as __main__ and by name) re-registers.
+            if old is not None and _qualname(old.handler) != _qualname(spec.handler):
+                raise ConfigurationError(
+                    f"job name {spec.name!r} is already registered by {_qualname(old.handler)}"
+                )
             self.jobs[spec.name] = spec
 
     def get(self, name: str) -> JobSpec:

@@ -36,7 +36,9 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
-            raise ConfigurationError(f"RetryPolicy.retries must be an int >= 0, got {self.retries!r}")
+            raise ConfigurationError(
+                f"RetryPolicy.retries must be an int >= 0, got {self.retries!r}"
+            )
         for field in ("backoff", "backoff_max"):
             value = getattr(self, field)
             if not isinstance(value, timedelta) or value < timedelta(0):

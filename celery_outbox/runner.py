@@ -113,8 +113,7 @@ class Runner:
                       "finished or not due)", len(uuids) - len(claimed), len(uuids), job_name)
         contexts = [self._context(spec, row, now) for row in claimed]
         for row, ctx in zip(claimed, contexts, strict=True):
-            self.heartbeat.track(Fence(row.id, worker, row.attempt), lease,
-                                 lambda c=ctx: c.cancel("cancelled"))
+            self.heartbeat.track(Fence(row.id, worker, row.attempt), lease, _on_lost(ctx))
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0}
         try:
             for row, ctx in zip(claimed, contexts, strict=True):
@@ -257,6 +256,11 @@ class Runner:
             return False
         ctx.cancel(reason)
         return True
+
+
+def _on_lost(ctx: JobContext[Any]) -> Callable[[], None]:
+    """What the heartbeat calls when the row is no longer this attempt's: cancel the handler."""
+    return lambda: ctx.cancel("cancelled")
 
 
 def describe(exc: BaseException, *, timed_out: bool = False) -> str:
