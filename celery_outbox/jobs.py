@@ -79,7 +79,7 @@ class OutboxJob(Generic[P]):
             self.spec, [payload], session=session, connection=connection, keys=[key],
             delay=delay, scheduled_at=scheduled_at, priority=priority,
             organization_id=organization_id, triggered_by=triggered_by,
-            triggered_by_name=triggered_by_name,
+            triggered_by_name=triggered_by_name, index_items=False,
         )[0]
 
     def push_many(

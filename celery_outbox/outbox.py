@@ -186,6 +186,7 @@ class Outbox:
         organization_id: str | None = None,
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
+        index_items: bool = True,
     ) -> list[UUID]:
         """Create one execution per payload; dispatch them after the transaction commits.
 
@@ -194,7 +195,8 @@ class Outbox:
         input order; a keyed payload whose key is held by an active execution of the job
         returns that execution's id and writes nothing.
 
-        Raises :class:`PayloadInvalid` (naming the item and field) or
+        Raises :class:`PayloadInvalid` (naming the field, and the item's index unless
+        ``index_items`` is False, as for a single push) or
         :class:`ConfigurationError` (bad argument) before anything is written, and
         :class:`StorageError` when the database fails.
         """
@@ -208,7 +210,7 @@ class Outbox:
         now = utcnow()
         run_at = _run_at(now, delay, scheduled_at)
         rows = self._rows(spec, payloads, keys, now, run_at, priority, organization_id,
-                          triggered_by, triggered_by_name)
+                          triggered_by, triggered_by_name, index_items)
         if session is not None:
             results = self._insert_in(session.connection(), rows)
             defer_to_commit(session, self.dispatcher, self._to_dispatch(rows, results, now))
@@ -238,6 +240,7 @@ class Outbox:
         organization_id: str | None,
         triggered_by: str | None,
         triggered_by_name: str | None,
+        many: bool,
     ) -> list[NewExecution]:
         try:
             prio = spec.priority if priority is None else Priority.parse(priority)
@@ -246,7 +249,6 @@ class Outbox:
         due_later = run_at is not None and run_at > now
         status = Status.SCHEDULED if due_later else Status.PENDING
         eta_ok = not due_later or (run_at is not None and run_at - now <= self.config.max_eta)
-        many = len(payloads) > 1
         rows = []
         for index, (payload, key) in enumerate(zip(payloads, keys, strict=True)):
             if key is not None and (not isinstance(key, str) or not key):
