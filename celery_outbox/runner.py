@@ -29,6 +29,7 @@ from celery_outbox.context import JobContext
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import DoNotRetry, ExecutionCancelled, JobNotRegistered, RetryLater
 from celery_outbox.heartbeat import Heartbeat
+from celery_outbox.logs import LogCapture
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
 from celery_outbox.store import Claimed, ExecutionStore, Fence
@@ -149,19 +150,22 @@ class Runner:
         with self._contexts_lock:
             self._contexts[row.id] = ctx
         timer = self._start_timer(spec, ctx)
+        capture = LogCapture(ctx.log.name, self.config.log_max_entries)
+        ctx.log = capture.logger
         started = self.clock()
         signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                max_attempts=row.max_attempts)
         try:
             if spec.schema is not None:
                 ctx.payload = self._payload(spec, row)
-            spec.handler(ctx)
+            with capture:
+                spec.handler(ctx)
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 raise
-            outcome = self._on_error(spec, row, ctx, fence, exc)
+            outcome = self._on_error(spec, row, ctx, fence, exc, capture.entries())
         else:
-            outcome = self._on_success(spec, row, fence, started)
+            outcome = self._on_success(spec, row, fence, started, capture.entries())
         finally:
             if timer is not None:
                 timer.cancel()
@@ -189,18 +193,20 @@ class Runner:
         return timer
 
     def _on_success(
-        self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime
+        self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime,
+        logs: list[dict[str, Any]],
     ) -> _Outcome:
         now = self.clock()
         signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                  duration=now - started)
         keep = spec.keep_succeeded_row(self.config)
-        if self.store.complete(fence, now, keep=keep, logs=None):
+        if self.store.complete(fence, now, keep=keep, logs=logs):
             return _Outcome(Status.SUCCEEDED)
         return _Outcome(None)
 
     def _on_error(
-        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
+        logs: list[dict[str, Any]],
     ) -> _Outcome:
         if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
@@ -215,7 +221,7 @@ class Runner:
         if delay is None:
             log.warning("celery_outbox: %s %s failed on attempt %d/%d: %s", spec.name, row.id,
                         row.attempt, row.max_attempts, error.splitlines()[0])
-            if self.store.fail(fence, now, error=error, logs=None, keep=spec.keep_failed_row()):
+            if self.store.fail(fence, now, error=error, logs=logs, keep=spec.keep_failed_row()):
                 return _Outcome(Status.FAILED, exc)
             return _Outcome(None, exc)
         run_at = now + delay
@@ -223,7 +229,7 @@ class Runner:
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
                  row.id, row.attempt, row.max_attempts, delay.total_seconds(),
                  error.splitlines()[0])
-        if not self.store.retry(fence, now, run_at, error=error, logs=None, dispatched=soon):
+        if not self.store.retry(fence, now, run_at, error=error, logs=logs, dispatched=soon):
             return _Outcome(None, exc)
         if soon:
             self.dispatcher().dispatch(
