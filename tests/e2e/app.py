@@ -1,0 +1,97 @@
+"""The Celery app that e2e workers run: ``celery -A tests.e2e.app worker``.
+
+A worker reads its settings from the environment at import:
+
+- ``OUTBOX_E2E_BROKER``: the broker URL (Redis, RabbitMQ, ...).
+- ``OUTBOX_E2E_DB``: the database URL; it holds the outbox table (:data:`TABLE`) and the
+  output of the jobs, the :data:`RUNS` table (one row per handler call).
+- ``OUTBOX_E2E_QUEUE``: the queue executions are routed to (``task_default_queue``).
+
+The test process builds the same app with :func:`build` and pushes through it. Jobs live in a
+registry of their own (:data:`REGISTRY`) so they never mix with jobs other tests declare.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+from celery import Celery
+from pydantic import BaseModel
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+
+from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
+
+TABLE = "e2e_outbox"
+REGISTRY = JobRegistry()
+RUNS = Table(
+    "e2e_runs",
+    MetaData(),
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("marker", String(100), nullable=False, index=True),
+    Column("job_name", String(200), nullable=False),
+    Column("execution_id", String(36), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("at", Float, nullable=False),  # time.time() when the handler ran, seconds
+)
+
+
+class Mark(BaseModel):
+    marker: str
+    sleep_seconds: float = 0.0
+
+
+class Flaky(BaseModel):
+    marker: str
+    fail_times: int
+
+
+def record_run(ctx: JobContext[Mark] | JobContext[Flaky]) -> None:
+    """Write one RUNS row for this handler call (its own transaction)."""
+    outbox = REGISTRY.outbox
+    assert outbox is not None, "no Outbox installed in this process"
+    with outbox.engine.begin() as conn:
+        conn.execute(insert(RUNS).values(
+            marker=ctx.payload.marker, job_name=ctx.job_name, execution_id=str(ctx.execution_id),
+            attempt=ctx.attempt, pid=os.getpid(), at=time.time(),
+        ))
+
+
+@outbox_job(name="e2e.record", schema=Mark, record="all", registry=REGISTRY)
+def record(ctx: JobContext[Mark]) -> None:
+    """Record the call; ``sleep_seconds`` first keeps the row running a little (races)."""
+    if ctx.payload.sleep_seconds:
+        time.sleep(ctx.payload.sleep_seconds)
+    record_run(ctx)
+
+
+@outbox_job(
+    name="e2e.flaky", schema=Flaky, record="all", registry=REGISTRY,
+    retry=RetryPolicy(retries=2, backoff=timedelta(milliseconds=300), jitter=False),
+)
+def flaky(ctx: JobContext[Flaky]) -> None:
+    """Record the call, then fail while ``attempt <= fail_times``."""
+    record_run(ctx)
+    if ctx.attempt <= ctx.payload.fail_times:
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+
+
+def build(broker: str, database_url: str, queue: str) -> tuple[Celery, Outbox]:
+    """A Celery app on ``broker`` routing to ``queue``, with the outbox on ``database_url``."""
+    app = Celery("e2e", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=2,
+        worker_hijack_root_logger=True,
+    )
+    outbox = Outbox(app, database_url=database_url, registry=REGISTRY, table_name=TABLE)
+    return app, outbox
+
+
+if os.environ.get("OUTBOX_E2E_BROKER"):
+    app, outbox = build(
+        os.environ["OUTBOX_E2E_BROKER"], os.environ["OUTBOX_E2E_DB"], os.environ["OUTBOX_E2E_QUEUE"]
+    )

@@ -1,0 +1,162 @@
+"""Real Celery workers on Redis + PostgreSQL: commit, rollback, savepoints, duplicates, races,
+unknown jobs and retries, end to end.
+
+Two worker processes serve the module: both consume the main queue; ``w1`` (2 prefork
+children) also consumes ``<queue>.w1`` and ``w2`` (1 child) ``<queue>.w2``, so a test can hand
+one message to a chosen worker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+from sqlalchemy.orm import Session
+
+from celery_outbox.states import Status
+from tests.e2e.app import Flaky, Mark, flaky, record
+from tests.e2e.harness import (
+    Stack,
+    Worker,
+    check_commit_runs_once,
+    check_duplicate_message,
+    check_rollback_never_runs,
+    insert_pending,
+    marker,
+    published,
+    queued,
+    stack,
+    wait_done,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+@pytest.fixture(scope="module")
+def redis_stack(
+    pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    queue = f"e2e-redis-{uuid.uuid4().hex[:8]}"
+    logs = tmp_path_factory.mktemp("redis-workers")
+    workers = [
+        Worker("w1", f"{queue},{queue}.w1", logs / "w1.log", concurrency=2),
+        Worker("w2", f"{queue},{queue}.w2", logs / "w2.log", concurrency=1),
+    ]
+    try:
+        with stack(redis_url, pg_url, queue, workers) as s:
+            yield s
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        client.delete(*(f"{prefix}.{q}" for q in (queue, f"{queue}.w1", f"{queue}.w2")
+                        for prefix in ("_kombu.binding", "_kombu.binding_permanent")))
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def _bound(redis_stack: Stack) -> None:
+    redis_stack.bind()
+
+
+def test_commit_runs_once_in_a_worker(redis_stack: Stack) -> None:
+    check_commit_runs_once(redis_stack)
+
+
+def test_rollback_no_row_no_message_no_call(redis_stack: Stack) -> None:
+    check_rollback_never_runs(redis_stack)
+
+
+@pytest.mark.parametrize("through", ["session", "connection"])
+def test_rolled_back_savepoint_drops_only_its_push(redis_stack: Stack, through: str) -> None:
+    s = redis_stack
+    before, gone_marker, after = marker(), marker(), marker()
+    with published() as pub:
+        if through == "session":
+            with Session(s.outbox.engine) as session, session.begin():
+                first = record.push(Mark(marker=before), session=session)
+                nested = session.begin_nested()
+                gone = record.push(Mark(marker=gone_marker), session=session)
+                nested.rollback()
+                last = record.push(Mark(marker=after), session=session)
+        else:
+            with s.outbox.engine.connect() as conn, conn.begin():
+                first = record.push(Mark(marker=before), connection=conn)
+                nested = conn.begin_nested()
+                gone = record.push(Mark(marker=gone_marker), connection=conn)
+                nested.rollback()
+                last = record.push(Mark(marker=after), connection=conn)
+        s.wait_runs(before, 1)
+        s.wait_runs(after, 1)
+        s.wait_status(first, Status.SUCCEEDED.value)
+        s.wait_status(last, Status.SUCCEEDED.value)
+    assert {str(first), str(last)} <= pub.ids()
+    assert str(gone) not in pub.ids()
+    assert s.row(gone) is None
+    assert s.runs(gone_marker) == []
+
+
+def test_same_message_twice_runs_once(redis_stack: Stack) -> None:
+    w1 = redis_stack.workers[0]
+    check_duplicate_message(redis_stack, w1, f"{redis_stack.queue}.w1")
+
+
+def test_two_worker_processes_racing_one_id_run_it_once(redis_stack: Stack) -> None:
+    s = redis_stack
+    w1, w2 = s.workers
+    markers = [marker() for _ in range(3)]
+    ids = [insert_pending(s, record.name, {"marker": m, "sleep_seconds": 0.2}) for m in markers]
+    sent: dict[str, list[str]] = {w1.name: [], w2.name: []}
+    for execution_id in ids:  # the same id to each worker, back to back
+        for w in (w1, w2):
+            sent[w.name].append(s.send_run(record.name, [execution_id], f"{s.queue}.{w.name}"))
+    wait_done(w1, sent[w1.name])
+    wait_done(w2, sent[w2.name])
+    for execution_id, m in zip(ids, markers, strict=True):
+        row = s.wait_status(execution_id, Status.SUCCEEDED.value)
+        assert row["attempt"] == 1
+        assert [r.attempt for r in s.runs(m)] == [1], f"{m} ran more than once"
+
+
+def test_unregistered_job_is_logged_acked_and_left_untouched(
+    redis_stack: Stack, redis_url: str
+) -> None:
+    s = redis_stack
+    w1 = s.workers[0]
+    execution_id = insert_pending(s, "e2e.ghost", {"marker": marker()})
+    before = s.row(execution_id)
+    task_id = s.send_run("e2e.ghost", [execution_id], f"{s.queue}.w1")
+    wait_done(w1, [task_id])
+    assert "unregistered job 'e2e.ghost'" in w1.text()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert queued(client, f"{s.queue}.w1") == 0, "the message is still queued"
+        unacked = client.hvals("unacked")
+        assert not any(task_id.encode() in v for v in unacked), "the message was not acked"
+    finally:
+        client.close()
+    assert s.row(execution_id) == before
+
+
+def test_flaky_job_retries_through_the_worker_then_succeeds(redis_stack: Stack) -> None:
+    s = redis_stack
+    m = marker()
+    execution_id = flaky.push(Flaky(marker=m, fail_times=2))
+    row = s.wait_status(execution_id, Status.SUCCEEDED.value)
+    runs = s.runs(m)
+    assert [r.attempt for r in runs] == [1, 2, 3]
+    assert row["attempt"] == 3
+    # backoff 0.3 s doubling, no jitter: the next attempt is never claimed before it is due
+    assert runs[1].at - runs[0].at >= 0.3
+    assert runs[2].at - runs[1].at >= 0.6
+
+
+def test_job_out_of_retries_fails_with_message_and_traceback(redis_stack: Stack) -> None:
+    s = redis_stack
+    m = marker()
+    execution_id = flaky.push(Flaky(marker=m, fail_times=5))
+    row = s.wait_status(execution_id, Status.FAILED.value)
+    assert [r.attempt for r in s.runs(m)] == [1, 2, 3]
+    assert row["attempt"] == 3
+    assert row["last_error"].startswith("RuntimeError: flaky failure on attempt 3")
+    assert "Traceback (most recent call last)" in row["last_error"]
