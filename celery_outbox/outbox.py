@@ -11,6 +11,7 @@ import logging
 import weakref
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -22,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from celery_outbox import signals
+from celery_outbox.admin import OutboxAdmin
 from celery_outbox.config import OutboxConfig
 from celery_outbox.dispatch import (
     RUN_TASK,
@@ -296,6 +298,28 @@ class Outbox:
         self.runner.cancel_local(execution_id)
         signals.job_cancel.send(sender=job_name, execution_id=execution_id, cancelled_by=by)
         return True
+
+    def trigger(
+        self,
+        spec: JobSpec,
+        payload: Any = None,
+        *,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> UUID:
+        """Create one execution of ``spec`` now in a transaction of its own; returns its id.
+
+        What the admin's and the CLI's ``trigger`` call. A queue job needs a payload; a cron
+        job takes none. Errors as :meth:`push_many`.
+        """
+        return self.push_many(
+            spec, [payload], triggered_by=triggered_by, triggered_by_name=triggered_by_name
+        )[0]
+
+    @cached_property
+    def admin(self) -> OutboxAdmin:
+        """The admin service: list jobs and executions, trigger, retry, cancel (section 5)."""
+        return OutboxAdmin(self)
 
     def flush(self, timeout: timedelta = timedelta(seconds=10)) -> bool:
         """Wait up to ``timeout`` for dispatches handed over to be published. True when done."""
