@@ -288,6 +288,11 @@ class _SessionHook:
         self.entries.append((tx, (dispatcher, items)))
 
     def on_commit(self, session: Session) -> None:
+        if session.in_nested_transaction():
+            # SQLAlchemy fires after_commit for a released savepoint too: nothing is durable
+            # yet. Its entries stay, tagged with the savepoint, whose parents a later
+            # rollback still reaches.
+            return
         entries, self.entries = self.entries, []
         _send([deferred for _, deferred in entries])
 

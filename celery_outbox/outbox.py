@@ -50,18 +50,25 @@ def make_engine(url: str) -> Engine:
 
     PostgreSQL: ``connect_timeout`` 5 s and ``pool_pre_ping`` (a killed connection is replaced,
     not reused). SQLite: WAL journal, 30 s busy timeout, so a worker and a producer can write
-    the same file.
+    the same file; and an explicit BEGIN per transaction (SQLAlchemy's documented pysqlite
+    recipe), without which a SAVEPOINT opened first starts, and its release commits, a
+    transaction of its own.
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # pysqlite must not BEGIN / COMMIT on its own
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN")
 
         return engine
     connect_args: dict[str, Any] = {}
@@ -220,7 +227,8 @@ class Outbox:
             results = self._insert_in(connection, rows)
             defer_to_commit(connection, self.dispatcher, self._to_dispatch(rows, results, now))
         else:
-            with self.store.begin() as conn:
+            # One row: each statement of the insert is a whole push, so it may commit alone.
+            with self.store.begin(autocommit=len(rows) == 1) as conn:
                 results = self.store.insert(conn, rows)
             self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
