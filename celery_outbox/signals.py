@@ -1,16 +1,28 @@
 """Signals sent around each execution (Celery's ``Signal`` class, as ``celery.signals``).
 
-Every signal is sent with ``sender`` = the job name and these keyword arguments:
+Every signal is sent with ``sender`` = the job name (a ``str``; ``connect(fn, sender="name")``
+filters on it) and these keyword arguments:
 
-- ``job_begin(execution_id, attempt, max_attempts)``: the handler is about to run.
+- ``job_begin(execution_id, attempt, max_attempts)``: the handler is about to run;
+  ``execution_id`` is a UUID, ``attempt`` 1-based.
 - ``job_success(execution_id, attempt, duration)``: the handler returned; ``duration`` is a
   timedelta.
-- ``job_error(execution_id, attempt, exception, will_retry)``: the handler raised.
+- ``job_error(execution_id, attempt, exception, will_retry)``: the handler raised
+  ``exception``; ``will_retry`` is True when a retry was scheduled.
 - ``job_end(execution_id, attempt, status)``: after success or error; ``status`` is the row's
-  new status (``succeeded``, ``scheduled`` for a retry, ``failed``, or ``cancelled``).
-- ``job_cancel(execution_id, cancelled_by)``: an execution was cancelled.
+  new status value: ``"succeeded"`` (also when the row was deleted, ``record="errors"``),
+  ``"scheduled"`` for a retry, ``"failed"``, or ``"cancelled"`` (cancelled meanwhile, or the
+  lease was rescued, so this attempt's write did not apply).
+- ``job_cancel(execution_id, cancelled_by)``: an active execution was cancelled;
+  ``cancelled_by`` is the ``by`` given to cancel (a str or None).
 
-A receiver that raises is logged by Celery and does not break the run.
+Order, for every execution a worker claims: ``job_begin``, then ``job_success`` or
+``job_error``, then ``job_end``. Those four are sent in the worker process, on the thread
+running the handler; ``job_cancel`` is sent in the process that cancelled (the admin, the CLI,
+``job.cancel``), on its thread. Records logged by receivers are not captured on the row.
+
+A receiver that raises is logged by Celery (logger ``celery.utils.dispatch.signal``, level
+ERROR) and does not break the run or the other receivers.
 """
 
 from __future__ import annotations
