@@ -273,6 +273,39 @@ def test_key_dedup_returns_the_active_execution(
     assert other_key != first
 
 
+def test_key_pushed_twice_in_one_transaction_is_one_row(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    with Session(outbox.engine) as session, session.begin():
+        first = receipt.push({"order_id": 1}, key="k", session=session)
+        again = receipt.push({"order_id": 2}, key="k", session=session)
+    assert again == first
+    assert list(rows(outbox)) == [first]
+    assert recording.ids == [first]
+
+
+@pytest.mark.parametrize("status", ["scheduled", "running"])
+def test_scheduled_or_running_rows_hold_their_key(
+    outbox: Outbox, receipt: OutboxJob[Order], status: str
+) -> None:
+    delay = timedelta(hours=1) if status == "scheduled" else None
+    first = receipt.push({"order_id": 1}, key="k", delay=delay)
+    if status == "running":
+        now = datetime.now(timezone.utc)
+        assert outbox.store.claim([first], receipt.name, "w", now, now + timedelta(minutes=1))
+    assert rows(outbox)[first]["status"] == status
+    assert receipt.push({"order_id": 2}, key="k") == first
+    assert list(rows(outbox)) == [first]
+
+
+def test_push_many_of_nothing_writes_nothing(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    assert receipt.push_many([]) == []
+    assert rows(outbox) == {}
+    assert recording.items == []
+
+
 def test_key_is_per_job(
     outbox: Outbox, registry: JobRegistry, receipt: OutboxJob[Order]
 ) -> None:

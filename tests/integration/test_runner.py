@@ -8,6 +8,7 @@ dispatches and drives a frozen runner clock, so it sees every wait exactly.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -288,3 +289,50 @@ def test_runner_task_runs_ids_as_a_message_carries_them(
     assert outbox.run_task.apply(args=(job.name, [str(i) for i in ids])).successful()
     assert [c.execution_id for c in attempts.seen] == ids
     assert [c.payload for c in attempts.seen] == [Order(order_id=0), Order(order_id=1)]
+
+
+def test_timeout_cancels_the_attempt_and_counts_as_a_failure(
+    eager: Outbox, registry: JobRegistry
+) -> None:
+    def slow(ctx: JobContext[Order]) -> None:
+        assert ctx.cancelled.wait(10), "the timeout never fired"
+        ctx.raise_if_cancelled()
+
+    job = declare(registry, slow, timeout=timedelta(milliseconds=200))
+    row = eager.store.get(job.push({"order_id": 1}))
+    assert row is not None
+    assert row["status"] == "failed"
+    assert row["last_error"].startswith("timed out: ExecutionCancelled")
+
+
+@pytest.mark.parametrize("obeys", [True, False])
+def test_cancel_reaches_a_running_handler_and_its_late_outcome_is_dropped(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox,
+    recording: RecordingDispatcher, obeys: bool,
+) -> None:
+    started, cancelled_seen = threading.Event(), threading.Event()
+
+    def long_running(ctx: JobContext[Order]) -> None:
+        started.set()
+        if ctx.cancelled.wait(10):
+            cancelled_seen.set()
+        if obeys:
+            ctx.raise_if_cancelled()
+        # Otherwise it returns as if it had succeeded: the fenced complete must miss.
+
+    job = declare(registry, long_running, record="all")
+    outbox = make_outbox(db_url, registry, recording)
+    execution_id = job.push({"order_id": 1})
+    results: list[RunResult] = []
+    runner = threading.Thread(target=lambda: results.append(
+        outbox.run_now(job.name, [execution_id])))
+    runner.start()
+    assert started.wait(10)
+    assert job.cancel(execution_id, by="u1")
+    runner.join(10)
+    assert cancelled_seen.is_set()
+    assert results == [RunResult(claimed=1, lost=1)]
+    row = outbox.store.get(execution_id)
+    assert row is not None
+    assert (row["status"], row["cancelled_by"]) == ("cancelled", "u1")
+    assert not job.cancel(execution_id)
