@@ -273,6 +273,7 @@ class _SessionHook:
         self.entries: list[tuple[SessionTransaction, _Deferred]] = []
         event.listen(session, "after_commit", self.on_commit)
         event.listen(session, "after_soft_rollback", self.on_soft_rollback)
+        event.listen(session, "after_transaction_end", self.on_transaction_end)
 
     @classmethod
     def get(cls, session: Session) -> _SessionHook:
@@ -305,6 +306,13 @@ class _SessionHook:
             return False
 
         self.entries = [(tx, d) for tx, d in self.entries if not inside(tx)]
+
+    def on_transaction_end(self, session: Session, transaction: SessionTransaction) -> None:
+        if transaction.parent is None:
+            # The root transaction ended. After a commit, on_commit has sent its entries
+            # already; any left were never committed: close() and reset() roll back without
+            # an after_soft_rollback event, and must not leave them for the next commit.
+            self.entries = []
 
 
 class _ConnectionHook:

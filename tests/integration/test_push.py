@@ -107,6 +107,23 @@ def test_session_used_again_after_a_rollback_dispatches_only_the_new_push(
     assert first != second
 
 
+@pytest.mark.parametrize("end", ["close", "reset"])
+def test_session_closed_without_commit_then_reused_dispatches_only_the_new_push(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, end: str
+) -> None:
+    session = Session(outbox.engine)
+    session.begin()
+    with session.begin_nested():
+        receipt.push({"order_id": 1}, session=session)
+    receipt.push({"order_id": 2}, session=session)
+    getattr(session, end)()  # rolls back without an after_soft_rollback event
+    with session.begin():
+        real = receipt.push({"order_id": 3}, session=session)
+    session.close()
+    assert list(rows(outbox)) == [real]
+    assert recording.ids == [real]
+
+
 # -- in the caller's Connection ----------------------------------------------------------------
 
 
