@@ -175,9 +175,9 @@ def test_list_executions_limit_is_1_to_200(box: Outbox, limit: Any) -> None:
 
 def test_list_executions_misses(box: Outbox) -> None:
     assert box.admin.list_executions("shop.mail", limit=MAX_LIMIT) == []
-    with pytest.raises(JobNotRegistered, match="'shop.nope'"):
+    with pytest.raises(JobNotRegistered, match=r"'shop\.nope'"):
         box.admin.list_executions("shop.nope")
-    with pytest.raises(ConfigurationError, match="unknown status 'done'.*pending"):
+    with pytest.raises(ConfigurationError, match=r"unknown status 'done'.*pending"):
         box.admin.list_executions("shop.mail", status="done")
 
 
@@ -230,7 +230,7 @@ def test_trigger_queue_and_cron_jobs(
 
 
 def test_trigger_misses(box: Outbox) -> None:
-    with pytest.raises(JobNotRegistered, match="'shop.nope'"):
+    with pytest.raises(JobNotRegistered, match=r"'shop\.nope'"):
         box.admin.trigger("shop.nope")
     with pytest.raises(PayloadInvalid, match="order_id"):
         box.admin.trigger("shop.mail", {"order": 1})
@@ -323,7 +323,7 @@ def test_retry_misses(box: Outbox, registry: JobRegistry,
     # The job is gone from this process's registry (renamed or removed since).
     other = OutboxAdmin(box)
     other.registry = JobRegistry()
-    with pytest.raises(JobNotRegistered, match="'shop.flaky'"):
+    with pytest.raises(JobNotRegistered, match=r"'shop\.flaky'"):
         other.retry(failed)
 
 

@@ -1,0 +1,344 @@
+"""``celery -A proj outbox ...``: the admin service as a Celery sub-command.
+
+Registered through the ``celery.commands`` entry point, so Celery loads the app (``-A``) and
+passes it in click's context (``ctx.obj.app``); the Outbox is the one installed on that app
+(:meth:`Outbox.of`). Formatting only: every operation is a call to
+:class:`~celery_outbox.admin.OutboxAdmin` or the Outbox.
+
+Sub-commands: ``jobs``, ``executions JOB [--status S] [--limit N] [--organization-id ORG]``,
+``show ID``, ``trigger JOB [--payload JSON]``, ``retry ID``, ``cancel ID``, ``sweep``,
+``trim``, ``create-schema``. Each prints tables for people, or JSON with ``--json``. A miss
+(unknown job or id, a status that forbids the action) or bad input exits with status 1 and a
+one-line ``Error: ...`` on stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import getpass
+import json
+import os
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from celery_outbox.admin import ExecutionDetail, ExecutionView, JobView
+from celery_outbox.errors import OutboxError
+from celery_outbox.outbox import Outbox
+
+P = ParamSpec("P")
+R = TypeVar("R")
+TRIGGERED_BY = "cli"
+"""``triggered_by`` / ``cancelled_by`` of what the CLI writes; the ``*_name`` is the OS user."""
+
+
+class _BadInput(click.ClickException):
+    exit_code = 2  # click's status for a usage error
+
+
+class _OutboxGroup(click.Group):
+    """A group whose sub-commands report bad arguments in one line (no usage block)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            name = exc.ctx.command_path if exc.ctx is not None else "celery outbox"
+            raise _BadInput(f"{exc.format_message()} (see '{name} --help')") from exc
+
+
+@click.group(name="outbox", cls=_OutboxGroup)
+@click.pass_context
+def outbox(ctx: click.Context) -> None:
+    """See and steer celery_outbox executions of the app given with -A."""
+    app = getattr(ctx.obj, "app", None)
+    if app is not None:
+        # Import the app's task modules (``imports`` / ``include`` / autodiscovery), as a
+        # worker would, so jobs declared there are registered.
+        try:
+            app.loader.import_default_modules()
+        except Exception as exc:
+            raise click.ClickException(f"could not import the app's modules: {exc}") from exc
+
+
+def _outbox(ctx: click.Context) -> Outbox:
+    app = getattr(ctx.obj, "app", None)
+    if app is None:
+        raise click.ClickException("no Celery app: run it as `celery -A proj outbox ...`")
+    return Outbox.of(app)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def admin_command(
+    fn: Callable[Concatenate[Outbox, P], R],
+) -> Callable[P, R | None]:
+    """Pass the app's Outbox as first argument; an OutboxError exits 1 with one line."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
+        ctx = click.get_current_context()
+        try:
+            return fn(_outbox(ctx), *args, **kwargs)
+        except OutboxError as exc:
+            raise click.ClickException(_one_line(exc)) from exc
+
+    return wrapper
+
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of a table."
+)
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return None
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@outbox.command("jobs")
+@json_option
+@admin_command
+def jobs_command(box: Outbox, as_json: bool) -> None:
+    """Every registered job with its recent succeeded / failed counts and last run."""
+    jobs = box.admin.list_jobs()
+    if as_json:
+        _print_json([j.to_dict() for j in jobs])
+        return
+    _console().print(_jobs_table(jobs))
+
+
+@outbox.command("executions")
+@click.argument("job")
+@click.option("--status", default=None, help="Only this status (pending, scheduled, running, "
+              "succeeded, failed, cancelled).")
+@click.option("--limit", default=20, show_default=True, type=int,
+              help="How many, newest first (1..200).")
+@click.option("--organization-id", default=None, help="Only this organization (tenant).")
+@json_option
+@admin_command
+def executions_command(box: Outbox, job: str, status: str | None, limit: int,
+                       organization_id: str | None, as_json: bool) -> None:
+    """The executions of JOB, newest first."""
+    rows = box.admin.list_executions(job, status=status, limit=limit,
+                                     organization_id=organization_id)
+    if as_json:
+        _print_json([r.to_dict() for r in rows])
+        return
+    _console().print(_executions_table(job, rows))
+
+
+@outbox.command("show")
+@click.argument("execution_id")
+@json_option
+@admin_command
+def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
+    """One execution with its payload, captured logs and error traceback."""
+    detail = box.admin.get_execution(execution_id)
+    if as_json:
+        _print_json(detail.to_dict())
+        return
+    _print_detail(detail)
+
+
+@outbox.command("trigger")
+@click.argument("job")
+@click.option("--payload", default=None, help="The payload as a JSON object (queue jobs).")
+@json_option
+@admin_command
+def trigger_command(box: Outbox, job: str, payload: str | None, as_json: bool) -> None:
+    """Create one execution of JOB now."""
+    data = _parse_payload(payload)
+    execution_id = box.admin.trigger(job, data, triggered_by=TRIGGERED_BY,
+                                     triggered_by_name=_user())
+    box.flush(timedelta(seconds=10))
+    if as_json:
+        _print_json({"id": str(execution_id), "job_name": job})
+        return
+    click.echo(f"triggered {job}: execution {execution_id}")
+
+
+@outbox.command("retry")
+@click.argument("execution_id")
+@json_option
+@admin_command
+def retry_command(box: Outbox, execution_id: str, as_json: bool) -> None:
+    """Retry a failed or cancelled execution (a new one, same payload, key and priority)."""
+    new_id = box.admin.retry(execution_id, triggered_by=TRIGGERED_BY, triggered_by_name=_user())
+    box.flush(timedelta(seconds=10))
+    if as_json:
+        _print_json({"id": str(new_id), "retried": execution_id})
+        return
+    click.echo(f"retried {execution_id}: execution {new_id}")
+
+
+@outbox.command("cancel")
+@click.argument("execution_id")
+@json_option
+@admin_command
+def cancel_command(box: Outbox, execution_id: str, as_json: bool) -> None:
+    """Cancel a pending, scheduled or running execution."""
+    view = box.admin.cancel(execution_id, cancelled_by=TRIGGERED_BY, cancelled_by_name=_user())
+    if as_json:
+        _print_json(view.to_dict())
+        return
+    click.echo(f"cancelled {view.id} ({view.job_name})")
+
+
+@outbox.command("sweep")
+@json_option
+@admin_command
+def sweep_command(box: Outbox, as_json: bool) -> None:
+    """Run one sweep now: stage due rows, re-dispatch stale ones, rescue expired leases."""
+    result = box.sweep()
+    box.flush(timedelta(seconds=10))
+    _print_counts("sweep", result, as_json)
+
+
+@outbox.command("trim")
+@json_option
+@admin_command
+def trim_command(box: Outbox, as_json: bool) -> None:
+    """Run one trim now: delete finished rows beyond each job's keep-last-N."""
+    _print_counts("trim", box.trim(), as_json)
+
+
+@outbox.command("create-schema")
+@json_option
+@admin_command
+def create_schema_command(box: Outbox, as_json: bool) -> None:
+    """Create the outbox tables if they do not exist (for those not using Alembic)."""
+    box.create_schema()
+    tables = [box.tables.executions.name, box.tables.cron_ticks.name]
+    if as_json:
+        _print_json({"tables": tables})
+        return
+    click.echo(f"schema ready: {', '.join(tables)}")
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 160  # piped: no terminal to fit, keep rows on one line when possible
+    return console
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _parse_payload(payload: str | None) -> Any:
+    if payload is None:
+        return None
+    try:
+        return json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"--payload is not valid JSON: {exc}") from None
+
+
+def _print_counts(what: str, result: Any, as_json: bool) -> None:
+    is_counts = dataclasses.is_dataclass(result) and not isinstance(result, type)
+    counts = dataclasses.asdict(result) if is_counts else result
+    if as_json:
+        _print_json(counts)
+        return
+    if isinstance(counts, dict):
+        click.echo(f"{what}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    else:
+        click.echo(f"{what}: {counts}")
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%SZ") if value is not None else "-"
+
+
+def _cell(value: object) -> Text:
+    """A table cell as plain text (no rich markup: ``[x]`` in a message stays as typed)."""
+    if value is None:
+        return Text("-")
+    if isinstance(value, datetime):
+        return Text(_when(value))
+    if isinstance(value, timedelta):
+        return Text(f"{value.total_seconds():g}s")
+    return Text(str(value))
+
+
+def _table(title: str, headers: Iterable[str], rows: Iterable[Iterable[object]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for header in headers:
+        if header == "id":  # whole, on one line, so it can be copied
+            table.add_column(header, no_wrap=True, min_width=36)
+        else:
+            table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    return table
+
+
+def _jobs_table(jobs: list[JobView]) -> Table:
+    def schedule(j: JobView) -> str:
+        if j.cron is None:
+            return j.mode
+        return f"cron {j.cron}" + (f" ({j.timezone})" if j.timezone else "")
+
+    def last(j: JobView) -> str:
+        return f"{_when(j.last_run_at)} {j.last_status}" if j.last_run_at else "-"
+
+    return _table(
+        f"{len(jobs)} job(s)",
+        ["job", "mode", "priority", "retries", "timeout", "queue", "succeeded", "failed",
+         "last run"],
+        ([j.name, schedule(j), j.priority, j.retries, j.timeout, j.queue, j.succeeded,
+          j.failed, last(j)] for j in jobs),
+    )
+
+
+def _executions_table(job: str, rows: list[ExecutionView]) -> Table:
+    return _table(
+        f"{len(rows)} execution(s) of {job}, newest first",
+        ["id", "status", "priority", "attempt", "created", "finished", "key", "error"],
+        ([str(r.id), r.status, r.priority, f"{r.attempt}/{r.max_attempts}", r.created_at,
+          r.finished_at, r.unique_key, r.error] for r in rows),
+    )
+
+
+def _print_detail(d: ExecutionDetail) -> None:
+    console = _console()
+    fields = [
+        ("id", d.id), ("job", d.job_name), ("status", d.status), ("priority", d.priority),
+        ("attempt", f"{d.attempt}/{d.max_attempts}"), ("key", d.unique_key),
+        ("organization", d.organization_id), ("created", d.created_at),
+        ("scheduled", d.scheduled_at), ("started", d.started_at), ("finished", d.finished_at),
+        ("claimed by", d.claimed_by), ("triggered by", d.triggered_by_name or d.triggered_by),
+        ("cancelled by", d.cancelled_by_name or d.cancelled_by),
+        ("can retry", d.can_retry), ("can cancel", d.can_cancel),
+        ("payload", json.dumps(d.payload, default=str)),
+    ]
+    table = _table(f"execution {d.id}", ["field", "value"], fields)
+    console.print(table)
+    console.print(Text(f"logs ({len(d.logs)} entries):" if d.logs else "logs: none captured",
+                       style="bold"))
+    for e in d.logs:
+        console.print(Text(f"{_when(e.time)} {e.level:<8} {e.logger}: {e.message}"),
+                      soft_wrap=True)
+        if e.exception:
+            console.print(Text(e.exception), soft_wrap=True)
+    if d.traceback:
+        console.print(Text("error:", style="bold"))
+        console.print(Text(d.traceback), soft_wrap=True)

@@ -1,0 +1,216 @@
+"""``celery -A tests.cli_app outbox ...`` on PostgreSQL.
+
+A few commands run through a REAL ``celery`` process (the console script, so the
+``celery.commands`` entry point is what finds the sub-command); the rest go through click's
+CliRunner with the app in ``ctx.obj`` as Celery passes it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from uuid import UUID
+
+import pytest
+from click.testing import CliRunner, Result
+
+from celery_outbox.cli import outbox as outbox_group
+from tests.procs import ROOT
+
+JOBS = {"cli.greet", "cli.fail", "cli.nightly"}
+
+
+@pytest.fixture(scope="module")
+def cli_env(pg_url: str) -> dict[str, str]:
+    return {
+        "OUTBOX_CLI_DATABASE_URL": pg_url,
+        "OUTBOX_CLI_TABLE": f"cli_{uuid.uuid4().hex[:10]}",
+    }
+
+
+@pytest.fixture(scope="module")
+def cli_app(cli_env: dict[str, str]) -> Iterator[ModuleType]:
+    """tests.cli_app imported with this module's database and table; schema created."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in cli_env.items():
+            mp.setenv(key, value)
+        sys.modules.pop("tests.cli_app", None)
+        module = importlib.import_module("tests.cli_app")
+    module.outbox.create_schema()
+    yield module
+    module.outbox.drop_schema()
+    module.outbox.engine.dispose()
+    sys.modules.pop("tests.cli_app", None)
+
+
+def celery(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``celery`` console script of this venv as a real process (killed on timeout)."""
+    exe = Path(sys.executable).with_name("celery")
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "celery"]
+    return subprocess.run(
+        [*command, "-A", "tests.cli_app", "outbox", *args],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def invoke(cli_app: ModuleType, *args: str) -> Result:
+    return CliRunner().invoke(outbox_group, list(args), obj=SimpleNamespace(app=cli_app.app))
+
+
+def failed_execution(cli_app: ModuleType, name: str = "Bob") -> UUID:
+    execution_id: UUID = cli_app.fail.push({"name": name})
+    cli_app.outbox.run_now("cli.fail", [execution_id])
+    assert cli_app.outbox.store.status_of(execution_id) == "failed"
+    return execution_id
+
+
+def one_line_error(result: Result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+# -- through a real celery process ---------------------------------------------------------------
+
+
+def test_real_celery_jobs_json_lists_every_job(cli_app: ModuleType,
+                                               cli_env: dict[str, str]) -> None:
+    done = celery(cli_env, "jobs", "--json")
+    assert done.returncode == 0, done.stderr
+    jobs = json.loads(done.stdout)
+    assert {j["name"] for j in jobs} == JOBS
+    greet = next(j for j in jobs if j["name"] == "cli.greet")
+    assert (greet["mode"], greet["priority"], greet["retries"], greet["queue"]) == (
+        "queue", "high", 2, "greetings")
+    assert greet["timeout_seconds"] == 20.0
+
+
+def test_real_celery_show_of_a_failed_execution_and_of_an_unknown_id(
+    cli_app: ModuleType, cli_env: dict[str, str]
+) -> None:
+    execution_id = failed_execution(cli_app, "Carol")
+
+    shown = celery(cli_env, "show", str(execution_id))
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert str(execution_id) in out and "failed" in out
+    assert "trying to greet Carol [twice]" in out  # brackets are text, not rich markup
+    assert "the greeter is broken" in out and "cli_app.helper" in out
+    assert "Traceback (most recent call last)" in out
+    assert "RuntimeError: cannot greet Carol" in out
+
+    unknown = uuid.uuid4()
+    missing = celery(cli_env, "show", str(unknown))
+    assert missing.returncode != 0
+    assert missing.stderr.strip().splitlines() == [f"Error: no execution with id {unknown}"]
+
+
+# -- through click's CliRunner -----------------------------------------------------------------
+
+
+def test_jobs_table_and_json(cli_app: ModuleType) -> None:
+    table = invoke(cli_app, "jobs")
+    assert table.exit_code == 0, table.output
+    for name in JOBS:
+        assert name in table.stdout
+    assert "0 3 * * *" in table.stdout
+    as_json = invoke(cli_app, "jobs", "--json")
+    assert {j["name"] for j in json.loads(as_json.stdout)} == JOBS
+
+
+def test_show_json_has_logs_and_traceback(cli_app: ModuleType) -> None:
+    execution_id = failed_execution(cli_app, "Dan")
+    result = invoke(cli_app, "show", str(execution_id), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["id"], data["status"], data["can_retry"]) == (str(execution_id), "failed", True)
+    assert [e["message"] for e in data["logs"]] == [
+        "trying to greet Dan [twice]", "the greeter is broken"]
+    assert "RuntimeError: cannot greet Dan" in data["traceback"]
+
+
+def test_executions_with_filters_and_bad_input(cli_app: ModuleType) -> None:
+    failed = failed_execution(cli_app, "Eve")
+    table = invoke(cli_app, "executions", "cli.fail", "--status", "failed")
+    assert table.exit_code == 0, table.output
+    assert str(failed) in table.stdout and "RuntimeError: cannot greet Eve" in table.stdout
+
+    listed = json.loads(invoke(cli_app, "executions", "cli.fail", "--json", "--limit", "1").stdout)
+    assert [row["id"] for row in listed] == [str(failed)]
+    assert json.loads(invoke(cli_app, "executions", "cli.greet", "--status", "running",
+                             "--json").stdout) == []
+
+    assert "limit must be an integer from 1 to 200, got 0" in one_line_error(
+        invoke(cli_app, "executions", "cli.fail", "--limit", "0"))
+    assert "unknown status 'done'" in one_line_error(
+        invoke(cli_app, "executions", "cli.fail", "--status", "done"))
+    assert "'cli.nope'" in one_line_error(invoke(cli_app, "executions", "cli.nope"))
+    not_a_number = invoke(cli_app, "executions", "cli.fail", "--limit", "ten")
+    assert not_a_number.exit_code == 2  # click's usage error status, in one line
+    assert not_a_number.stderr.strip().splitlines() == [
+        "Error: Invalid value for '--limit': 'ten' is not a valid integer. "
+        "(see 'outbox executions --help')"]
+
+
+def test_trigger_queue_and_cron_jobs(cli_app: ModuleType) -> None:
+    result = invoke(cli_app, "trigger", "cli.greet", "--payload", '{"name": "Fay"}', "--json")
+    assert result.exit_code == 0, result.output
+    execution_id = json.loads(result.stdout)["id"]
+    row = cli_app.outbox.admin.get_execution(execution_id)
+    assert (row.status, row.payload, row.triggered_by) == ("pending", {"name": "Fay"}, "cli")
+
+    cron = invoke(cli_app, "trigger", "cli.nightly")
+    assert cron.exit_code == 0, cron.output
+    assert cron.stdout.startswith("triggered cli.nightly: execution ")
+
+    assert "--payload is not valid JSON" in one_line_error(
+        invoke(cli_app, "trigger", "cli.greet", "--payload", "{name"))
+    assert "invalid payload for job 'cli.greet'" in one_line_error(
+        invoke(cli_app, "trigger", "cli.greet", "--payload", '{"nom": 1}'))
+    assert "'cli.nope'" in one_line_error(invoke(cli_app, "trigger", "cli.nope"))
+
+
+def test_retry_and_cancel(cli_app: ModuleType) -> None:
+    failed = failed_execution(cli_app, "Gus")
+    retried = invoke(cli_app, "retry", str(failed), "--json")
+    assert retried.exit_code == 0, retried.output
+    new_id = json.loads(retried.stdout)["id"]
+    assert cli_app.outbox.admin.get_execution(new_id).payload == {"name": "Gus"}
+
+    assert f"cannot retry execution {new_id}: it is pending" in one_line_error(
+        invoke(cli_app, "retry", new_id))
+
+    cancelled = invoke(cli_app, "cancel", new_id)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert cancelled.stdout.strip() == f"cancelled {new_id} (cli.fail)"
+    view = cli_app.outbox.admin.get_execution(new_id)
+    assert (view.status, view.cancelled_by) == ("cancelled", "cli")
+    assert f"cannot cancel execution {new_id}: it is cancelled" in one_line_error(
+        invoke(cli_app, "cancel", new_id))
+    assert "no execution with id nope" in one_line_error(invoke(cli_app, "cancel", "nope"))
+
+
+def test_create_schema_is_idempotent(cli_app: ModuleType, cli_env: dict[str, str]) -> None:
+    result = invoke(cli_app, "create-schema", "--json")
+    assert result.exit_code == 0, result.output
+    table = cli_env["OUTBOX_CLI_TABLE"]
+    assert json.loads(result.stdout) == {"tables": [table, f"{table}_cron"]}
+
+
+def test_without_an_app_or_outbox_exits_with_one_line(cli_app: ModuleType) -> None:
+    from celery import Celery
+
+    no_app = CliRunner().invoke(outbox_group, ["jobs"], obj=None)
+    assert "no Celery app" in one_line_error(no_app)
+    bare = CliRunner().invoke(outbox_group, ["jobs"], obj=SimpleNamespace(app=Celery("bare")))
+    assert "no Outbox is installed on Celery app 'bare'" in one_line_error(bare)
+
