@@ -316,7 +316,7 @@ class _SessionHook:
 
 
 class _ConnectionHook:
-    """Per-Connection queue of dispatches, one frame per open savepoint.
+    """Per-Connection queue of dispatches, one frame per savepoint opened since the first push.
 
     SQLAlchemy's Connection has no after-commit event, only ``commit`` fired just before the
     DBAPI commit. The hook commits the DBAPI connection itself there, then dispatches; the
@@ -357,18 +357,29 @@ class _ConnectionHook:
     def on_rollback(self, conn: Connection) -> None:
         self.frames = [(None, [])]
 
-    def on_savepoint(self, conn: Connection, name: str) -> None:
+    def on_savepoint(self, conn: Connection, name: str | None) -> None:
+        # SQLAlchemy passes None here for the names it generates (the usual case): such a
+        # frame is matched by position, as the innermost open savepoint.
         self.frames.append((name, []))
 
     def on_rollback_savepoint(self, conn: Connection, name: str, context: object) -> None:
-        while len(self.frames) > 1:
-            frame_name, _ = self.frames.pop()
-            if frame_name == name:
-                break
+        if len(self.frames) == 1:
+            # A savepoint opened before this hook existed: all queued so far is inside it.
+            self.frames = [(None, [])]
+            return
+        self._pop(name)
 
     def on_release_savepoint(self, conn: Connection, name: str, context: object) -> None:
+        if len(self.frames) > 1:
+            released = self._pop(name)
+            self.frames[-1][1].extend(released)
+
+    def _pop(self, name: str) -> list[_Deferred]:
+        """Pop the frame of savepoint ``name`` and those opened after it; their dispatches."""
+        popped: list[_Deferred] = []
         while len(self.frames) > 1:
             frame_name, deferred = self.frames.pop()
-            self.frames[-1][1].extend(deferred)
-            if frame_name == name:
+            popped[:0] = deferred
+            if frame_name is None or frame_name == name:
                 break
+        return popped

@@ -81,6 +81,20 @@ def test_rolled_back_savepoint_drops_only_its_push(
     assert all(s == "pending" for c in recording.calls for s in c.committed_status.values())
 
 
+def test_released_savepoint_inside_a_rolled_back_savepoint_is_dropped(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    with Session(outbox.engine) as session, session.begin():
+        with pytest.raises(Boom), session.begin_nested():
+            with session.begin_nested():
+                inner = receipt.push({"order_id": 1}, session=session)
+            raise Boom
+        kept = receipt.push({"order_id": 2}, session=session)
+    assert list(rows(outbox)) == [kept]
+    assert recording.ids == [kept]
+    assert inner not in recording.ids
+
+
 def test_released_savepoint_inside_a_rolled_back_transaction_dispatches_nothing(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
 ) -> None:
@@ -156,6 +170,50 @@ def test_connection_rollback_leaves_no_row_and_no_dispatch(
             pass  # a later commit must not resurrect the dropped dispatches
     assert rows(outbox) == {}
     assert recording.calls == []
+
+
+def test_connection_released_savepoint_inside_a_rolled_back_one_is_dropped(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    with outbox.engine.connect() as conn, conn.begin():
+        with pytest.raises(Boom), conn.begin_nested():
+            with conn.begin_nested():
+                receipt.push({"order_id": 1}, connection=conn)
+            raise Boom
+        kept = receipt.push({"order_id": 2}, connection=conn)
+    assert list(rows(outbox)) == [kept]
+    assert recording.ids == [kept]
+
+
+def test_connection_rolled_back_inner_savepoint_keeps_the_outer_ones_push(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    with outbox.engine.connect() as conn, conn.begin():
+        first = receipt.push({"order_id": 0}, connection=conn)
+        with conn.begin_nested():
+            outer = receipt.push({"order_id": 1}, connection=conn)
+            with pytest.raises(Boom), conn.begin_nested():
+                receipt.push({"order_id": 2}, connection=conn)
+                raise Boom
+    assert set(rows(outbox)) == {first, outer}
+    assert sorted(recording.ids) == sorted([first, outer])
+
+
+def test_connection_first_push_inside_a_savepoint_that_rolls_back(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    with outbox.engine.connect() as conn, conn.begin():
+        with conn.begin_nested():
+            with pytest.raises(Boom), conn.begin_nested():
+                receipt.push({"order_id": 1}, connection=conn)  # the first push on conn
+                raise Boom
+            kept = receipt.push({"order_id": 2}, connection=conn)
+        with pytest.raises(Boom), conn.begin_nested():
+            with conn.begin_nested():
+                receipt.push({"order_id": 3}, connection=conn)
+            raise Boom
+    assert list(rows(outbox)) == [kept]
+    assert recording.ids == [kept]
 
 
 def test_connection_savepoints(
