@@ -49,6 +49,7 @@ def make_outbox() -> Iterator[MakeOutbox]:
 
     yield make
     for outbox in made:
+        outbox.runner.heartbeat.stop()
         outbox.drop_schema()
         outbox.engine.dispose()
 
