@@ -71,9 +71,10 @@ def created_by_outbox(url: str) -> None:
         box.engine.dispose()
 
 
-def schema(url: str) -> dict[str, Any]:
+def schema(url: str, tables: list[str] | None = None) -> dict[str, Any]:
     """Columns, indexes (with predicates) and constraints of the outbox tables, from the
     PostgreSQL catalog, in a comparable form."""
+    names = sorted(tables or OUTBOX_TABLES)
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -82,16 +83,16 @@ def schema(url: str) -> dict[str, Any]:
                 "character_maximum_length FROM information_schema.columns "
                 "WHERE table_schema = 'public' AND table_name = ANY(:tables) "
                 "ORDER BY table_name, ordinal_position"
-            ), {"tables": sorted(OUTBOX_TABLES)}).all()
+            ), {"tables": names}).all()
             indexes = conn.execute(text(
                 "SELECT indexname, indexdef FROM pg_indexes "
                 "WHERE schemaname = 'public' AND tablename = ANY(:tables) ORDER BY indexname"
-            ), {"tables": sorted(OUTBOX_TABLES)}).all()
+            ), {"tables": names}).all()
             constraints = conn.execute(text(
                 "SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid) "
                 "FROM pg_constraint WHERE conrelid::regclass::text = ANY(:tables) "
                 "ORDER BY 1, 2"
-            ), {"tables": sorted(OUTBOX_TABLES)}).all()
+            ), {"tables": names}).all()
     finally:
         engine.dispose()
     return {
@@ -147,6 +148,25 @@ def test_upgrade_from_each_shipped_revision(
     upgrade(url, start)
     upgrade(url, "head")
     assert schema(url) == reference_schema
+
+
+def test_a_custom_table_name_through_the_config_option(
+    new_database: Callable[[], str]
+) -> None:
+    url, reference = new_database(), new_database()
+    config = standalone_config(url)
+    config.set_main_option(migrations.TABLE_OPTION, "shop_outbox")
+    command.upgrade(config, "head")
+    box = Outbox(Celery("mig"), database_url=reference, registry=JobRegistry(),
+                 table_name="shop_outbox")
+    try:
+        box.create_schema()
+    finally:
+        box.engine.dispose()
+
+    tables = ["shop_outbox", "shop_outbox_cron"]
+    assert schema(url, tables) == schema(reference, tables)
+    assert {t for t, *_ in schema(url, tables)["columns"]} == set(tables)  # not two empties
 
 
 def test_downgrade_to_base_removes_the_tables_and_upgrade_again(
