@@ -14,6 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from uuid import UUID
@@ -197,6 +198,37 @@ def test_retry_and_cancel(cli_app: ModuleType) -> None:
     assert f"cannot cancel execution {new_id}: it is cancelled" in one_line_error(
         invoke(cli_app, "cancel", new_id))
     assert "no execution with id nope" in one_line_error(invoke(cli_app, "cancel", "nope"))
+
+
+def test_sweep_rescues_an_expired_lease(cli_app: ModuleType) -> None:
+    now = datetime.now(timezone.utc)
+    execution_id = cli_app.fail.push({"name": "Hal"})
+    # A worker claimed it and died: the lease ran out a second ago.
+    [claimed] = cli_app.outbox.store.claim([execution_id], "cli.fail", "dead-worker",
+                                          now, now - timedelta(seconds=1))
+    result = invoke(cli_app, "sweep", "--json")
+    assert result.exit_code == 0, result.output
+    counts = json.loads(result.stdout)
+    assert set(counts) >= {"staged", "rescued", "failed", "redispatched"}
+    assert counts["failed"] >= 1  # no retries left: the rescuer fails it
+    row = cli_app.outbox.admin.get_execution(claimed.id)
+    assert row.status == "failed" and "lease expired" in (row.traceback or "")
+
+    table = invoke(cli_app, "sweep")
+    assert table.exit_code == 0 and table.stdout.startswith("sweep: staged ")
+
+
+def test_trim_keeps_the_last_10_failed_rows(cli_app: ModuleType) -> None:
+    for n in range(11):
+        failed_execution(cli_app, f"n{n}")
+    total = len(cli_app.outbox.admin.list_executions("cli.fail", status="failed", limit=200))
+
+    result = invoke(cli_app, "trim", "--json")
+
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["deleted"] >= total - 10
+    left = cli_app.outbox.admin.list_executions("cli.fail", status="failed", limit=200)
+    assert len(left) == 10
 
 
 def test_create_schema_is_idempotent(cli_app: ModuleType, cli_env: dict[str, str]) -> None:
