@@ -8,7 +8,8 @@
     ├── PayloadInvalid          the payload failed the job's pydantic schema
     ├── ExecutionNotFound       no execution row with that id
     ├── InvalidTransition       the row's status forbids the asked transition (admin path)
-    └── StorageError            the database failed or could not be reached
+    ├── StorageError            the database failed or could not be reached
+    └── LeaseExpired            an attempt's worker stopped renewing its lease (the rescuer)
 
     RetryLater(delay)           raised by a handler: retry after ``delay`` (counts an attempt)
     DoNotRetry(reason)          raised by a handler: fail now, whatever the retry policy says
@@ -104,6 +105,21 @@ class DoNotRetry(Exception):
     def __init__(self, reason: str = "") -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class LeaseExpired(OutboxError):
+    """An attempt's lease expired before it finished: its worker died or stopped renewing it.
+
+    The rescuer passes it to the job's ``RetryPolicy.when`` to decide whether to retry.
+    Attributes: ``execution_id``, ``attempt``, ``claimed_by`` (the worker that held it).
+    """
+
+    def __init__(self, execution_id: object, attempt: int, claimed_by: str) -> None:
+        self.execution_id = execution_id
+        self.attempt = attempt
+        self.claimed_by = claimed_by
+        super().__init__(f"lease expired: attempt {attempt} of execution {execution_id}, "
+                         f"held by {claimed_by}, stopped renewing its lease")
 
 
 class ExecutionCancelled(OutboxError):

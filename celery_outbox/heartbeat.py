@@ -66,6 +66,16 @@ class Heartbeat:
         with self._lock:
             self._held.pop(execution_id, None)
 
+    def drop(self, execution_id: UUID) -> bool:
+        """Stop renewing ``execution_id`` and fire its ``on_lost`` now (its handler's
+        ``ctx.cancelled`` is set). True when it was held (shutdown hands the row back)."""
+        with self._lock:
+            held = self._held.pop(execution_id, None)
+        if held is None:
+            return False
+        held.on_lost()
+        return True
+
     def held(self) -> list[Fence]:
         """The fences currently held by this process."""
         with self._lock:
@@ -102,7 +112,10 @@ class Heartbeat:
                 continue  # a shorter lease arrived: recompute the interval first
             if self._stop.is_set():
                 return
-            self.beat()
+            try:
+                self.beat()
+            except Exception:  # beat() logs a failed write itself; this keeps the thread alive
+                log.exception("celery_outbox: heartbeat failed; retrying next interval")
 
     def beat(self) -> int:
         """Renew every held lease now. Returns how many were lost (cancelled or rescued)."""

@@ -34,9 +34,19 @@ from celery_outbox.dispatch import (
     defer_to_commit,
 )
 from celery_outbox.errors import ConfigurationError, PayloadInvalid, StorageError
+from celery_outbox.maintenance import (
+    Pruner,
+    PrunerConfig,
+    PruneResult,
+    Sweeper,
+    SweepResult,
+    beat,
+)
+from celery_outbox.maintenance.service import check_now
 from celery_outbox.models import DEFAULT_TABLE, TABLES, build_tables
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.runner import Runner, utcnow
+from celery_outbox.shutdown import Drain
 from celery_outbox.states import Priority, Status
 from celery_outbox.store import ExecutionStore, NewExecution
 
@@ -126,6 +136,7 @@ class Outbox:
         )
         self._install_task()
         self._connect_worker_signals()
+        self._install_maintenance()
         _outboxes[app] = self
 
     @classmethod
@@ -160,6 +171,30 @@ class Outbox:
 
         celery_signals.worker_process_init.connect(after_fork, weak=False)
         self._after_fork = after_fork
+
+    def _install_maintenance(self) -> None:
+        self.sweeper = Sweeper.create(self.store, self.registry, self.config,
+                                      lambda: self.dispatcher)
+        self.pruner = Pruner(self.store, self.registry, PrunerConfig.from_outbox(self.config))
+        self.drain = Drain(self.runner, self.config.drain_timeout)
+        self.drain.connect()
+        app = self.app
+        beat.install(app, self.config, lambda: Outbox.of(app).sweep(),
+                     lambda: Outbox.of(app).trim())
+
+    def sweep(self, now: datetime | None = None) -> SweepResult:
+        """One sweep: stage due rows, rescue expired leases, redispatch stale pending rows.
+
+        ``now`` (aware datetime, default the current time) is the instant every comparison of
+        the pass uses. What the pass stages, rescues into a retry or redispatches is dispatched
+        by it. Returns the counts; raises :class:`StorageError` when the database fails.
+        """
+        return self.sweeper.run_once(check_now(now) if now is not None else utcnow())
+
+    def trim(self, now: datetime | None = None) -> PruneResult:
+        """One trim: per job, delete finished rows beyond the newest keep_succeeded /
+        keep_failed (a job's ``keep`` overrides). Returns the counts (``deleted``, ``jobs``)."""
+        return self.pruner.run_once(check_now(now) if now is not None else utcnow())
 
     def create_schema(self) -> None:
         """Create the outbox tables and indexes if they do not exist (idempotent).

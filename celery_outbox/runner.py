@@ -29,6 +29,7 @@ from celery_outbox.context import JobContext
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import DoNotRetry, ExecutionCancelled, JobNotRegistered, RetryLater
 from celery_outbox.heartbeat import Heartbeat
+from celery_outbox.interrupts import HandlerScope
 from celery_outbox.logs import LogCapture
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
@@ -149,7 +150,6 @@ class Runner:
             return _Outcome(None)
         with self._contexts_lock:
             self._contexts[row.id] = ctx
-        timer = self._start_timer(spec, ctx)
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
         started = self.clock()
@@ -158,7 +158,7 @@ class Runner:
         try:
             if spec.schema is not None:
                 ctx.payload = self._payload(spec, row)
-            with capture:
+            with capture, HandlerScope(ctx, spec.timeout):
                 spec.handler(ctx)
         except BaseException as exc:
             if not isinstance(exc, Exception):
@@ -167,8 +167,6 @@ class Runner:
         else:
             outcome = self._on_success(spec, row, fence, started, capture.entries())
         finally:
-            if timer is not None:
-                timer.cancel()
             with self._contexts_lock:
                 self._contexts.pop(row.id, None)
         status = outcome.status.value if outcome.status else Status.CANCELLED.value
@@ -183,14 +181,6 @@ class Runner:
         except ValidationError as exc:
             raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: {exc}")\
                 from exc
-
-    def _start_timer(self, spec: JobSpec, ctx: JobContext[Any]) -> threading.Timer | None:
-        if spec.timeout is None:
-            return None
-        timer = threading.Timer(spec.timeout.total_seconds(), ctx.cancel, args=("timed out",))
-        timer.daemon = True
-        timer.start()
-        return timer
 
     def _on_success(
         self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime,

@@ -29,6 +29,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -120,6 +121,47 @@ class Fence:
     id: UUID
     claimed_by: str
     attempt: int
+
+
+@dataclass(frozen=True)
+class Due:
+    """A row the sweep just staged, redispatched or rescued into a retry: dispatch it now.
+
+    ``priority`` is 0 (critical) .. 3 (low); ``eta`` is the retry's run time when a rescue
+    scheduled it later than the sweep's ``now`` (an aware datetime), else None.
+    """
+
+    id: UUID
+    job_name: str
+    priority: int
+    eta: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A running row whose lease expired, as :meth:`ExecutionStore.rescue` took it."""
+
+    id: UUID
+    job_name: str
+    claimed_by: str
+    attempt: int
+    max_attempts: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class RescueVerdict:
+    """What the rescuer does with one :class:`Expired` row.
+
+    ``run_at`` (aware datetime): retry then (running -> scheduled); None: fail it (running ->
+    failed, or the row is deleted when ``keep`` is False). ``dispatched``: a message with an
+    ``eta`` goes out now, so the stager leaves the row alone. ``error`` becomes ``last_error``.
+    """
+
+    error: str
+    run_at: datetime | None = None
+    dispatched: bool = False
+    keep: bool = True
 
 
 class ExecutionStore:
@@ -414,6 +456,177 @@ class ExecutionStore:
         )
         with self.begin() as conn:
             return [row[0] for row in conn.execute(stmt)]
+
+    # -- sweep and trim ---------------------------------------------------------------------
+
+    def _pick(self, *where: Any, order_by: Sequence[Any], limit: int) -> Any:
+        """The ids of at most ``limit`` rows matching ``where``, for one batch of the sweep.
+
+        PostgreSQL locks them FOR UPDATE SKIP LOCKED: a concurrent sweep skips them and takes
+        the next rows, never waits. SQLite has no row locks (it compiles no FOR UPDATE); the
+        UPDATE this feeds takes the database's write lock first, so sweeps there run one
+        after the other with the same outcome.
+        """
+        return (
+            select(self.t.c.id).where(*where).order_by(*order_by).limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+
+    def stage(
+        self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int
+    ) -> list[Due]:
+        """stage: scheduled -> pending, ``dispatched_at = now``, for at most ``limit`` rows.
+
+        Guard: status scheduled, due (``scheduled_at <= now``), ``job_name`` in ``job_names``,
+        and no Celery ``eta`` message on its way: never dispatched (delayed beyond
+        ``max_eta``), or its eta passed before ``stale_before`` (that message was lost).
+        Highest priority first, then earliest ``scheduled_at``; rows a concurrent sweep holds
+        are skipped, and the UPDATE re-checks the guard, so each row is staged once. Returns
+        the staged rows ([] when none is due). ``now`` and ``stale_before`` are aware
+        datetimes.
+        """
+        t = self.t
+        pick = self._pick(
+            t.c.status == Status.SCHEDULED.value,
+            t.c.scheduled_at <= now,
+            t.c.job_name.in_(list(job_names)),
+            or_(t.c.dispatched_at.is_(None), t.c.scheduled_at < stale_before),
+            order_by=(t.c.priority, t.c.scheduled_at), limit=limit,
+        )
+        stmt = (
+            update(t)
+            .where(t.c.id.in_(pick), t.c.status == Status.SCHEDULED.value,
+                   t.c.scheduled_at <= now)
+            .values(status=Status.PENDING.value, dispatched_at=now, updated_at=now)
+            .returning(t.c.id, t.c.job_name, t.c.priority)
+        )
+        return self._moved(stmt, job_names)
+
+    def redispatch(
+        self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int
+    ) -> list[Due]:
+        """redispatch: pending -> pending, ``dispatched_at = now``, for at most ``limit`` rows.
+
+        Guard: status pending, ``job_name`` in ``job_names``, last dispatched before
+        ``stale_before`` (the sweep's ``now - stale_after``: the message was lost, or the
+        broker was down) or never. Highest priority first, then the longest waiting; rows a
+        concurrent sweep holds are skipped, and the UPDATE re-checks the guard. Returns the
+        rows to dispatch again ([] when none is stale). Times are aware datetimes.
+        """
+        t = self.t
+        stale = or_(t.c.dispatched_at.is_(None), t.c.dispatched_at < stale_before)
+        pick = self._pick(
+            t.c.status == Status.PENDING.value, stale, t.c.job_name.in_(list(job_names)),
+            order_by=(t.c.priority, t.c.dispatched_at), limit=limit,
+        )
+        stmt = (
+            update(t)
+            .where(t.c.id.in_(pick), t.c.status == Status.PENDING.value, stale)
+            .values(dispatched_at=now, updated_at=now)
+            .returning(t.c.id, t.c.job_name, t.c.priority)
+        )
+        return self._moved(stmt, job_names)
+
+    def _moved(self, stmt: Any, job_names: Sequence[str]) -> list[Due]:
+        if not job_names:
+            return []
+        with self.begin() as conn:
+            rows = [Due(r.id, r.job_name, r.priority) for r in conn.execute(stmt)]
+        return sorted(rows, key=lambda r: r.priority)
+
+    def rescue(
+        self,
+        now: datetime,
+        *,
+        job_names: Sequence[str],
+        limit: int,
+        decide: Callable[[Expired], RescueVerdict],
+    ) -> list[tuple[Expired, RescueVerdict]]:
+        """rescue: running -> scheduled (a retry at ``verdict.run_at``) or failed (or deleted,
+        when the verdict does not keep it), for at most ``limit`` rows, in one transaction.
+
+        Guard: status running, ``lease_expires_at < now`` (the holder stopped renewing it),
+        ``job_name`` in ``job_names``. The first statement takes the batch (SKIP LOCKED on
+        PostgreSQL; SQLite's write lock), clearing the lease; then each row gets the verdict
+        of ``decide(row)`` with a write fenced by ``claimed_by`` and ``attempt``, so a row that
+        finished, was cancelled or renewed meanwhile is left alone and the zombie attempt's
+        later writes miss. Returns the rescued rows with their verdicts. ``now`` is aware.
+        """
+        if not job_names:
+            return []
+        t = self.t
+        pick = self._pick(
+            t.c.status == Status.RUNNING.value, t.c.lease_expires_at < now,
+            t.c.job_name.in_(list(job_names)),
+            order_by=(t.c.lease_expires_at,), limit=limit,
+        )
+        take = (
+            update(t)
+            .where(t.c.id.in_(pick), t.c.status == Status.RUNNING.value,
+                   t.c.lease_expires_at < now)
+            .values(lease_expires_at=None, updated_at=now)
+            .returning(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
+                       t.c.priority)
+        )
+        rescued: list[tuple[Expired, RescueVerdict]] = []
+        with self.begin() as conn:
+            for row in [Expired(**r._mapping) for r in conn.execute(take)]:
+                verdict = decide(row)
+                fenced = self._fenced(Fence(row.id, row.claimed_by, row.attempt))
+                if verdict.run_at is not None:
+                    stmt: Any = update(t).where(fenced).values(
+                        status=Status.SCHEDULED.value, scheduled_at=verdict.run_at,
+                        claimed_by=None, last_error=verdict.error, updated_at=now,
+                        dispatched_at=now if verdict.dispatched else None,
+                    )
+                elif verdict.keep:
+                    stmt = update(t).where(fenced).values(
+                        status=Status.FAILED.value, finished_at=now, updated_at=now,
+                        last_error=verdict.error,
+                    )
+                else:
+                    stmt = delete(t).where(fenced)
+                if conn.execute(stmt).rowcount == 1:
+                    rescued.append((row, verdict))
+        return rescued
+
+    def trim(self, job_name: str, *, keep_succeeded: int, keep_failed: int) -> int:
+        """trim: succeeded and failed rows of ``job_name`` beyond the newest ``keep_succeeded``
+        / ``keep_failed`` of each -> deleted, in ONE statement however many there are.
+
+        Guard: status succeeded or failed (active and cancelled rows are never trimmed).
+        Newest means latest ``finished_at``, then highest id, so exactly ``keep_*`` rows of
+        each status remain (fewer when there were fewer). Returns the number of rows deleted.
+        """
+        t = self.t
+
+        def surplus(status: Status, keep: int) -> Any:
+            newest_first = (
+                select(t.c.id)
+                .where(t.c.job_name == job_name, t.c.status == status.value)
+                .order_by(t.c.finished_at.desc(), t.c.id.desc())
+                .offset(keep)
+                .subquery()
+            )
+            return select(newest_first.c.id)
+
+        doomed = union_all(surplus(Status.SUCCEEDED, keep_succeeded),
+                           surplus(Status.FAILED, keep_failed))
+        with self.begin() as conn:
+            return int(conn.execute(delete(t).where(t.c.id.in_(doomed))).rowcount)
+
+    def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
+        """Read the job and priority of the pending rows among ``ids`` (released rows, to
+        dispatch them at once). Ids not pending are left out."""
+        if not ids:
+            return []
+        t = self.t
+        with self.begin() as conn:
+            rows = conn.execute(
+                select(t.c.id, t.c.job_name, t.c.priority)
+                .where(t.c.id.in_(list(ids)), t.c.status == Status.PENDING.value)
+            )
+            return [Due(r.id, r.job_name, r.priority) for r in rows]
 
     # -- admin ------------------------------------------------------------------------------
 

@@ -1,0 +1,52 @@
+"""The sweep and trim as Celery tasks, and their beat entries.
+
+:func:`install` registers the internal tasks ``celery_outbox.sweep`` and ``celery_outbox.trim``
+on the app, and adds a beat entry for each: ``sweep_schedule`` (default every 60 s) and
+``trim_schedule`` (default ``"0 * * * *"``, hourly). A schedule is a ``timedelta`` or a cron
+expression (:class:`~celery_outbox.cron.CronSchedule`). A sweep message not consumed within
+one interval expires, so a backlog of sweeps never piles up behind a stopped worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+
+from celery_outbox.config import OutboxConfig
+from celery_outbox.cron import CronSchedule
+
+SWEEP_TASK = "celery_outbox.sweep"
+TRIM_TASK = "celery_outbox.trim"
+
+
+def schedule_of(value: timedelta | str) -> timedelta | CronSchedule:
+    """A beat schedule for a setting: the timedelta itself, or a CronSchedule."""
+    return value if isinstance(value, timedelta) else CronSchedule(value)
+
+
+def install(
+    app: Celery, config: OutboxConfig, sweep: Callable[[], Any], trim: Callable[[], Any]
+) -> None:
+    """Register the two tasks (bodies ``sweep()`` / ``trim()``, each returning a dataclass of
+    counts) and their beat entries on ``app``."""
+
+    @app.task(name=SWEEP_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def sweep_task() -> dict[str, int]:
+        return dataclasses.asdict(sweep())
+
+    @app.task(name=TRIM_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+    def trim_task() -> dict[str, int]:
+        return dataclasses.asdict(trim())
+
+    for name, task, setting in (
+        (SWEEP_TASK, sweep_task, config.sweep_schedule),
+        (TRIM_TASK, trim_task, config.trim_schedule),
+    ):
+        options: dict[str, Any] = {}
+        if isinstance(setting, timedelta):
+            options["expires"] = setting.total_seconds()
+        app.add_periodic_task(schedule_of(setting), task.s(), name=name, **options)

@@ -1,0 +1,86 @@
+"""Pruner (the trim): per job, keep the newest N succeeded and N failed rows, delete the rest.
+
+Each job's surplus goes in ONE statement, whatever its size, so a table that grew while the
+trim was off is back to size after one run; the next runs only delete what finished since.
+Active and cancelled rows are never trimmed. A job's ``keep={"succeeded": n, "failed": n}``
+overrides the defaults (as :meth:`JobSpec.keeps <celery_outbox.registry.JobSpec.keeps>`).
+
+Example::
+
+    Pruner(outbox.store, outbox.registry).run_once(now)  # PruneResult(deleted=4990, jobs=3)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from celery_outbox.config import OutboxConfig
+from celery_outbox.errors import ConfigurationError
+from celery_outbox.maintenance.service import check_now, log
+from celery_outbox.registry import JobRegistry, JobSpec
+from celery_outbox.store import ExecutionStore
+
+
+@dataclass(frozen=True)
+class PrunerConfig:
+    """Options of the :class:`Pruner` (defaults in brackets).
+
+    - ``keep_succeeded`` [10]: succeeded rows kept per job, unless the job's ``keep`` says.
+    - ``keep_failed`` [10]: failed rows kept per job, unless the job's ``keep`` says.
+
+    Raises :class:`ConfigurationError` naming the option when a value is out of range.
+    """
+
+    keep_succeeded: int = 10
+    keep_failed: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("keep_succeeded", "keep_failed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigurationError(f"PrunerConfig.{name} must be an int >= 0, "
+                                         f"got {value!r}")
+
+    @classmethod
+    def from_outbox(cls, config: OutboxConfig) -> PrunerConfig:
+        return cls(keep_succeeded=config.keep_succeeded, keep_failed=config.keep_failed)
+
+    def keeps(self, spec: JobSpec) -> tuple[int, int]:
+        """(succeeded, failed) rows kept for ``spec``: its ``keep``, else these defaults."""
+        keep = spec.keep or {}
+        return (keep.get("succeeded", self.keep_succeeded),
+                keep.get("failed", self.keep_failed))
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """Counts of one :meth:`Pruner.run_once`: rows ``deleted``, over ``jobs`` jobs trimmed."""
+
+    deleted: int = 0
+    jobs: int = 0
+
+
+class Pruner:
+    """Trims the finished rows of every job in the registry."""
+
+    def __init__(
+        self, store: ExecutionStore, registry: JobRegistry, config: PrunerConfig | None = None
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.config = config or PrunerConfig()
+
+    def run_once(self, now: datetime) -> PruneResult:
+        """Trim every job once; ``now`` (aware) only dates the log line. Returns the counts."""
+        check_now(now)
+        deleted = jobs = 0
+        for spec in self.registry:
+            succeeded, failed = self.config.keeps(spec)
+            count = self.store.trim(spec.name, keep_succeeded=succeeded, keep_failed=failed)
+            deleted += count
+            jobs += 1 if count else 0
+        if deleted:
+            log.info("celery_outbox: trim at %s deleted %d finished execution(s) of %d job(s)",
+                     now.isoformat(timespec="seconds"), deleted, jobs)
+        return PruneResult(deleted=deleted, jobs=jobs)

@@ -1,0 +1,100 @@
+"""Redispatcher: pending executions whose message was lost are dispatched again.
+
+A row is pending from its push (or release, or staging) until a worker claims it. If its
+last dispatch is older than ``stale_after``, the message was lost: the broker was down at
+commit, the message was purged, or it went to a queue nobody reads. The redispatcher
+publishes such rows again and refreshes ``dispatched_at``; it judges by the last dispatch,
+not by the row's age, so a row is re-sent at most once per ``stale_after``. A duplicate
+message is harmless: the claim is one guarded UPDATE, so only one attempt runs.
+
+Example::
+
+    Redispatcher(outbox.store, outbox.registry, lambda: outbox.dispatcher).run_once(now)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from celery_outbox.config import OutboxConfig
+from celery_outbox.dispatch import Dispatcher
+from celery_outbox.maintenance.service import (
+    batches,
+    check_batch_size,
+    check_duration,
+    check_now,
+    dispatch,
+    log,
+    wait_published,
+)
+from celery_outbox.registry import JobRegistry
+from celery_outbox.store import ExecutionStore
+
+
+@dataclass(frozen=True)
+class RedispatcherConfig:
+    """Options of the :class:`Redispatcher` (defaults in brackets).
+
+    - ``batch_size`` [500]: rows redispatched per statement.
+    - ``stale_after`` [5 min]: a pending row last dispatched longer ago is dispatched again.
+
+    Raises :class:`ConfigurationError` naming the option when a value is out of range.
+    """
+
+    batch_size: int = 500
+    stale_after: timedelta = timedelta(minutes=5)
+
+    def __post_init__(self) -> None:
+        check_batch_size("RedispatcherConfig", self.batch_size)
+        check_duration("RedispatcherConfig", "stale_after", self.stale_after)
+
+    @classmethod
+    def from_outbox(cls, config: OutboxConfig) -> RedispatcherConfig:
+        return cls(batch_size=config.batch_size, stale_after=config.stale_after)
+
+
+@dataclass(frozen=True)
+class RedispatchResult:
+    """Counts of one :meth:`Redispatcher.run_once`: ``redispatched`` rows."""
+
+    redispatched: int = 0
+
+
+class Redispatcher:
+    """Dispatches again the registry's pending rows last dispatched before ``now - stale_after``.
+
+    ``dispatcher()`` returns the dispatcher to publish through (read at each run).
+    """
+
+    def __init__(
+        self,
+        store: ExecutionStore,
+        registry: JobRegistry,
+        dispatcher: Callable[[], Dispatcher],
+        config: RedispatcherConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.config = config or RedispatcherConfig()
+
+    def run_once(self, now: datetime) -> RedispatchResult:
+        """Redispatch every row stale at ``now`` (aware), in batches; their count."""
+        check_now(now)
+        names = [spec.name for spec in self.registry]
+        size = self.config.batch_size
+        stale_before = now - self.config.stale_after
+        sent = 0
+        for batch in batches(lambda: self.store.redispatch(
+            now, job_names=names, stale_before=stale_before, limit=size,
+        ), size):
+            dispatch(self.dispatcher(), batch)
+            sent += len(batch)
+        if sent:
+            wait_published(self.dispatcher(), "redispatcher")
+            log.warning("celery_outbox: dispatched again %d pending execution(s) whose last "
+                        "dispatch was more than %s ago (message lost or broker down)",
+                        sent, self.config.stale_after)
+        return RedispatchResult(redispatched=sent)

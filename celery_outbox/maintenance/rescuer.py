@@ -1,0 +1,126 @@
+"""Rescuer: running executions whose lease expired are retried or failed.
+
+A worker renews the lease of each execution it runs every ``lease / 3``. A lease that expired
+means the worker died (killed, out of memory, host lost) or hung: the rescuer treats the
+attempt as failed with :class:`~celery_outbox.errors.LeaseExpired`. Per the job's
+:class:`~celery_outbox.retry.RetryPolicy` it schedules a retry after the policy's backoff
+(dispatched with an ``eta`` when due within ``max_eta``, else left for the stager), or fails
+the row with ``"lease expired"`` in ``last_error``. Each write is fenced by ``claimed_by`` and
+``attempt``: should the old worker come back, its writes miss and change nothing.
+
+Example::
+
+    Rescuer(outbox.store, outbox.registry, lambda: outbox.dispatcher).run_once(now)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from celery_outbox.config import OutboxConfig
+from celery_outbox.dispatch import Dispatcher
+from celery_outbox.errors import LeaseExpired
+from celery_outbox.maintenance.service import (
+    check_batch_size,
+    check_duration,
+    check_now,
+    dispatch,
+    log,
+    wait_published,
+)
+from celery_outbox.registry import JobRegistry
+from celery_outbox.store import Due, ExecutionStore, Expired, RescueVerdict
+
+
+@dataclass(frozen=True)
+class RescuerConfig:
+    """Options of the :class:`Rescuer` (defaults in brackets).
+
+    - ``batch_size`` [500]: rows rescued per transaction.
+    - ``max_eta`` [5 min]: a retry due within this goes out at once with a Celery ``eta``;
+      a later one waits in the table for the stager.
+
+    Raises :class:`ConfigurationError` naming the option when a value is out of range.
+    """
+
+    batch_size: int = 500
+    max_eta: timedelta = timedelta(minutes=5)
+
+    def __post_init__(self) -> None:
+        check_batch_size("RescuerConfig", self.batch_size)
+        check_duration("RescuerConfig", "max_eta", self.max_eta)
+
+    @classmethod
+    def from_outbox(cls, config: OutboxConfig) -> RescuerConfig:
+        return cls(batch_size=config.batch_size, max_eta=config.max_eta)
+
+
+@dataclass(frozen=True)
+class RescueResult:
+    """Counts of one :meth:`Rescuer.run_once`: rows ``retried`` (scheduled) and ``failed``."""
+
+    retried: int = 0
+    failed: int = 0
+
+
+class Rescuer:
+    """Retries or fails the registry's running rows whose lease expired before ``now``.
+
+    ``dispatcher()`` returns the dispatcher to publish retries through (read at each run).
+    """
+
+    def __init__(
+        self,
+        store: ExecutionStore,
+        registry: JobRegistry,
+        dispatcher: Callable[[], Dispatcher],
+        config: RescuerConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.config = config or RescuerConfig()
+
+    def run_once(self, now: datetime) -> RescueResult:
+        """Rescue every row whose lease expired before ``now`` (aware), in batches."""
+        check_now(now)
+        names = [spec.name for spec in self.registry]
+        size = self.config.batch_size
+        retried = failed = 0
+        while True:
+            batch = self.store.rescue(now, job_names=names, limit=size,
+                                      decide=lambda row: self.decide(row, now))
+            due = [
+                Due(row.id, row.job_name, row.priority,
+                    verdict.run_at if verdict.run_at and verdict.run_at > now else None)
+                for row, verdict in batch if verdict.run_at is not None and verdict.dispatched
+            ]
+            if due:
+                dispatch(self.dispatcher(), due)
+            retried += sum(1 for _, verdict in batch if verdict.run_at is not None)
+            failed += sum(1 for _, verdict in batch if verdict.run_at is None)
+            if len(batch) < size:
+                break
+        if retried or failed:
+            wait_published(self.dispatcher(), "rescuer")
+            log.warning("celery_outbox: rescued %d execution(s) whose lease expired: "
+                        "%d retried, %d failed", retried + failed, retried, failed)
+        return RescueResult(retried=retried, failed=failed)
+
+    def decide(self, row: Expired, now: datetime) -> RescueVerdict:
+        """Retry ``row`` per its job's policy (the error is :class:`LeaseExpired`) or fail it."""
+        error = LeaseExpired(row.id, row.attempt, row.claimed_by)
+        spec = self.registry.get(row.job_name)
+        try:
+            retry = spec.retry.should_retry(error, row.attempt, row.max_attempts)
+        except Exception:
+            log.exception("celery_outbox: %s: RetryPolicy.when raised; failing %s",
+                          row.job_name, row.id)
+            retry = False
+        if not retry:
+            return RescueVerdict(str(error), keep=spec.keep_failed_row())
+        delay = spec.retry.delay(row.attempt)
+        return RescueVerdict(str(error), run_at=now + delay,
+                             dispatched=delay <= self.config.max_eta)
