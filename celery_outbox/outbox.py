@@ -60,25 +60,27 @@ def make_engine(url: str) -> Engine:
 
     PostgreSQL: ``connect_timeout`` 5 s and ``pool_pre_ping`` (a killed connection is replaced,
     not reused). SQLite: WAL journal, 30 s busy timeout, so a worker and a producer can write
-    the same file; and an explicit BEGIN per transaction (SQLAlchemy's documented pysqlite
-    recipe), without which a SAVEPOINT opened first starts, and its release commits, a
-    transaction of its own.
+    the same file; and a BEGIN sent before a SAVEPOINT that would otherwise open the transaction
+    (pysqlite begins one only before DML, so that SAVEPOINT's release would commit).
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # pysqlite must not BEGIN / COMMIT on its own
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        @event.listens_for(engine, "begin")
-        def _begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN")
+        @event.listens_for(engine, "savepoint")
+        def _begin_first(conn: Connection, name: str | None) -> None:
+            # pysqlite begins a transaction only before DML: a SAVEPOINT sent first would
+            # start one of its own, which its RELEASE commits and the outer ROLLBACK misses.
+            dbapi: Any = conn.connection.dbapi_connection
+            if dbapi is not None and not dbapi.in_transaction:
+                dbapi.execute("BEGIN")
 
         return engine
     connect_args: dict[str, Any] = {}

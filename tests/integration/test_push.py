@@ -138,6 +138,20 @@ def test_session_closed_without_commit_then_reused_dispatches_only_the_new_push(
     assert recording.ids == [real]
 
 
+def test_read_then_push_after_another_commit(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    # On SQLite a transaction that read before another connection committed must still be
+    # able to write (no "database is locked" from a stale read snapshot).
+    t = outbox.tables.executions
+    with Session(outbox.engine) as session, session.begin():
+        assert session.execute(select(t.c.id)).all() == []
+        other = receipt.push({"order_id": 1})
+        mine = receipt.push({"order_id": 2}, session=session)
+    assert set(rows(outbox)) == {other, mine}
+    assert recording.ids == [other, mine]
+
+
 # -- in the caller's Connection ----------------------------------------------------------------
 
 
