@@ -115,6 +115,30 @@ def test_real_celery_show_of_a_failed_execution_and_of_an_unknown_id(
     assert missing.stderr.strip().splitlines() == [f"Error: no execution with id {unknown}"]
 
 
+def test_real_celery_jobs_json_of_the_example_project(tmp_path: Path) -> None:
+    """``celery -A example_project outbox jobs --json`` on its embedded SQLite defaults."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHOP_DATA_DIR": str(tmp_path)}
+    env.pop("SHOP_DATABASE_URL", None)
+    env.pop("SHOP_BROKER_URL", None)
+    exe = str(Path(sys.executable).with_name("celery"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, "-A", "example_project", "outbox", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=60)
+
+    assert run("create-schema").returncode == 0
+    done = run("jobs", "--json")
+    assert done.returncode == 0, done.stderr
+    listed = {j["name"] for j in json.loads(done.stdout)}
+    registered = subprocess.run(
+        [sys.executable, "-c", "import example_project; from celery_outbox import Outbox; "
+         "print('\\n'.join(s.name for s in Outbox.of(example_project.app).registry))"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert registered.returncode == 0, registered.stderr
+    assert listed == set(registered.stdout.split()) and listed
+
+
 # -- through click's CliRunner -----------------------------------------------------------------
 
 
