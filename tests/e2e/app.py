@@ -24,6 +24,7 @@ from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
 
 TABLE = "e2e_outbox"
+LEASE = timedelta(seconds=3)  # the heartbeat renews it (and hears a cancel) every 1 s
 REGISTRY = JobRegistry()
 RUNS = Table(
     "e2e_runs",
@@ -78,6 +79,16 @@ def flaky(ctx: JobContext[Flaky]) -> None:
         raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
 
 
+@outbox_job(name="e2e.until_cancelled", schema=Mark, record="all", registry=REGISTRY)
+def until_cancelled(ctx: JobContext[Mark]) -> None:
+    """Record the start, wait (at most 20 s) for a cancel, record that it was seen, stop."""
+    record_run(ctx)
+    if ctx.cancelled.wait(20):
+        ctx.payload = Mark(marker=f"{ctx.payload.marker}-cancel-seen")
+        record_run(ctx)
+    ctx.raise_if_cancelled()
+
+
 def build(broker: str, database_url: str, queue: str) -> tuple[Celery, Outbox]:
     """A Celery app on ``broker`` routing to ``queue``, with the outbox on ``database_url``."""
     app = Celery("e2e", broker=broker, set_as_current=False)
@@ -87,7 +98,8 @@ def build(broker: str, database_url: str, queue: str) -> tuple[Celery, Outbox]:
         broker_connection_timeout=2,
         worker_hijack_root_logger=True,
     )
-    outbox = Outbox(app, database_url=database_url, registry=REGISTRY, table_name=TABLE)
+    outbox = Outbox(app, database_url=database_url, registry=REGISTRY, table_name=TABLE,
+                    lease=LEASE)
     return app, outbox
 
 

@@ -7,7 +7,9 @@ says it is ready. Every worker is stopped by its PID when the block ends.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -145,6 +147,9 @@ def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker])
             yield s
         finally:
             outbox.flush(timedelta(seconds=5))
+            for proc in started:  # all shut down together; each is then awaited (and killed)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
     outbox.engine.dispose()
 
 

@@ -8,6 +8,7 @@ one message to a chosen worker.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ import redis
 from sqlalchemy.orm import Session
 
 from celery_outbox.states import Status
-from tests.e2e.app import Flaky, Mark, flaky, record
+from tests.e2e.app import LEASE, Flaky, Mark, flaky, record, until_cancelled
 from tests.e2e.harness import (
     Stack,
     Worker,
@@ -160,3 +161,20 @@ def test_job_out_of_retries_fails_with_message_and_traceback(redis_stack: Stack)
     assert row["attempt"] == 3
     assert row["last_error"].startswith("RuntimeError: flaky failure on attempt 3")
     assert "Traceback (most recent call last)" in row["last_error"]
+
+
+def test_cancel_reaches_a_handler_in_a_worker_process_within_one_heartbeat(
+    redis_stack: Stack,
+) -> None:
+    s = redis_stack
+    m = marker()
+    execution_id = until_cancelled.push(Mark(marker=m))
+    s.wait_runs(m, 1)  # the handler is running in a worker
+    start = time.monotonic()
+    assert until_cancelled.cancel(execution_id, by="e2e")
+    s.wait_runs(f"{m}-cancel-seen", 1, timeout=10)
+    heard_after = time.monotonic() - start
+    assert heard_after < LEASE.total_seconds() / 3 + 1.0  # one heartbeat interval, plus slack
+    row = s.row(execution_id)
+    assert row is not None
+    assert (row["status"], row["cancelled_by"], row["attempt"]) == ("cancelled", "e2e", 1)
