@@ -465,12 +465,16 @@ class ExecutionStore:
         PostgreSQL locks them FOR UPDATE SKIP LOCKED: a concurrent sweep skips them and takes
         the next rows, never waits. SQLite has no row locks (it compiles no FOR UPDATE); the
         UPDATE this feeds takes the database's write lock first, so sweeps there run one
-        after the other with the same outcome.
+        after the other with the same outcome. A MATERIALIZED CTE, evaluated once: as a
+        plain ``IN (subquery)`` PostgreSQL may run the subquery again per row, and the
+        LIMIT then bounds nothing.
         """
-        return (
+        picked = (
             select(self.t.c.id).where(*where).order_by(*order_by).limit(limit)
             .with_for_update(skip_locked=True)
+            .cte("picked").prefix_with("MATERIALIZED")
         )
+        return select(picked.c.id)
 
     def stage(
         self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int
@@ -481,8 +485,8 @@ class ExecutionStore:
         and no Celery ``eta`` message on its way: never dispatched (delayed beyond
         ``max_eta``), or its eta passed before ``stale_before`` (that message was lost).
         Highest priority first, then earliest ``scheduled_at``; rows a concurrent sweep holds
-        are skipped, and the UPDATE re-checks the guard, so each row is staged once. Returns
-        the staged rows ([] when none is due). ``now`` and ``stale_before`` are aware
+        are skipped, and taking a row's lock re-checks the guard, so each row is staged once.
+        Returns the staged rows ([] when none is due). ``now`` and ``stale_before`` are aware
         datetimes.
         """
         t = self.t
@@ -495,8 +499,7 @@ class ExecutionStore:
         )
         stmt = (
             update(t)
-            .where(t.c.id.in_(pick), t.c.status == Status.SCHEDULED.value,
-                   t.c.scheduled_at <= now)
+            .where(t.c.id.in_(pick))
             .values(status=Status.PENDING.value, dispatched_at=now, updated_at=now)
             .returning(t.c.id, t.c.job_name, t.c.priority)
         )
@@ -510,8 +513,8 @@ class ExecutionStore:
         Guard: status pending, ``job_name`` in ``job_names``, last dispatched before
         ``stale_before`` (the sweep's ``now - stale_after``: the message was lost, or the
         broker was down) or never. Highest priority first, then the longest waiting; rows a
-        concurrent sweep holds are skipped, and the UPDATE re-checks the guard. Returns the
-        rows to dispatch again ([] when none is stale). Times are aware datetimes.
+        concurrent sweep holds are skipped, and taking a row's lock re-checks the guard.
+        Returns the rows to dispatch again ([] when none is stale). Times are aware datetimes.
         """
         t = self.t
         stale = or_(t.c.dispatched_at.is_(None), t.c.dispatched_at < stale_before)
@@ -521,7 +524,7 @@ class ExecutionStore:
         )
         stmt = (
             update(t)
-            .where(t.c.id.in_(pick), t.c.status == Status.PENDING.value, stale)
+            .where(t.c.id.in_(pick))
             .values(dispatched_at=now, updated_at=now)
             .returning(t.c.id, t.c.job_name, t.c.priority)
         )
@@ -562,8 +565,7 @@ class ExecutionStore:
         )
         take = (
             update(t)
-            .where(t.c.id.in_(pick), t.c.status == Status.RUNNING.value,
-                   t.c.lease_expires_at < now)
+            .where(t.c.id.in_(pick))
             .values(lease_expires_at=None, updated_at=now)
             .returning(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
                        t.c.priority)
