@@ -77,8 +77,9 @@ class Drain:
         """Connect to Celery's worker signals (see the module docstring)."""
         celery_signals.worker_init.connect(_install_handler, weak=False)
         celery_signals.worker_process_init.connect(_install_handler, weak=False)
-        celery_signals.worker_shutting_down.connect(self._on_shutting_down, weak=False)
-        celery_signals.worker_process_shutdown.connect(self._on_process_shutdown, weak=False)
+        # Weak: an Outbox that is gone (tests make many) takes its drain's receivers along.
+        celery_signals.worker_shutting_down.connect(self._on_shutting_down)
+        celery_signals.worker_process_shutdown.connect(self._on_process_shutdown)
 
     def _on_shutting_down(self, **_: Any) -> None:
         self.start()
