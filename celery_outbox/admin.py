@@ -207,9 +207,11 @@ class OutboxAdmin:
     ) -> UUID:
         """Create one execution of ``job_name`` now; returns its id.
 
-        A queue job needs its ``payload`` (a dict or a schema instance); a cron job takes none.
-        Raises :class:`JobNotRegistered`, :class:`PayloadInvalid` (nothing written),
-        :class:`ConfigurationError` (a payload given to a cron job).
+        A queue job needs its ``payload`` (a dict or a schema instance); a cron job takes none
+        and respects its lock. Raises :class:`JobNotRegistered`, :class:`PayloadInvalid`
+        (nothing written), :class:`ConfigurationError` (a payload given to a cron job),
+        :class:`JobLocked` (a ``lock=True`` cron job whose earlier execution is still active;
+        nothing written).
         """
         spec = self.registry.get(job_name)
         return self.outbox.trigger(

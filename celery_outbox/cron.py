@@ -1,11 +1,29 @@
-"""Cron expressions for Celery beat: :class:`CronSchedule`, a croniter-backed schedule.
+"""Cron expressions for Celery beat: :func:`expression_problem` and :class:`CronSchedule`.
 
 ``CronSchedule("0 3 * * *", timezone="Europe/Paris")`` is a ``celery.schedules.BaseSchedule``
 subclass: beat asks it ``is_due(last_run_at)`` and ``remaining_estimate(last_run_at)``, and it
 reads the current time from ``now()`` (``nowfun`` when given, else the app's clock), as
-Celery's own ``crontab`` does, so tests drive it with a frozen clock. Ticks are computed in the
-schedule's time zone (wall-clock times across DST changes) and returned as aware UTC
+Celery's own ``crontab`` does, so tests drive it with a frozen clock. Ticks are computed by
+croniter in the schedule's time zone, from tz-aware start times, and returned as aware UTC
 datetimes. It pickles (beat's schedule file stores it) when ``nowfun`` does.
+
+Meaning of an expression: croniter's (``croniter.croniter``, default options). Five fields,
+``minute hour day-of-month month day-of-week``; names (``MON``, ``JAN``), ranges, lists and
+steps (``*/15``); Sunday is ``0`` or ``7``; when day-of-month and day-of-week are both
+restricted a day matching EITHER runs (``0 0 13 * 5``: the 13th and every Friday), as in
+cron(8); the aliases ``@hourly``, ``@daily`` / ``@midnight``, ``@weekly``, ``@monthly``,
+``@yearly`` / ``@annually``. A cron *job* refuses croniter's 6th (seconds) and 7th (year)
+fields: Quartz users write seconds first, which croniter would silently read as minutes.
+
+Daylight saving time, as cron(8) (vixie cron / cronie) handles it:
+
+- Spring forward: a wall-clock time that does not exist that day (02:30 in Paris on the last
+  Sunday of March) fires once, at the first instant after the gap (03:00 local).
+- Fall back: a *fixed-time* schedule (no ``*`` in the minute or hour field, e.g.
+  ``30 2 * * *``) fires once, at the first occurrence of a repeated wall-clock time; a
+  *wildcard* schedule (``0 * * * *``, ``*/15 * * * *``) keeps firing by real time, so an
+  hourly job runs 25 times that day, one hour apart, and 23 times on the spring-forward day:
+  it neither skips nor doubles a real hour.
 """
 
 from __future__ import annotations
@@ -16,11 +34,50 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from celery.schedules import BaseSchedule, schedstate
-from croniter import croniter
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from celery_outbox.errors import ConfigurationError
 
 UTC = timezone.utc
+ZERO = timedelta(0)
+ON_TIME = timedelta(seconds=30)
+"""A tick fired within this of its time is on time, whatever ``cron_catchup`` says."""
+
+_FIXED_ALIASES = frozenset({"@daily", "@midnight", "@weekly", "@monthly", "@yearly",
+                            "@annually"})
+_MAX_COUNT = 1_000
+
+
+def expression_problem(expression: object, *, seconds: bool = True) -> str | None:
+    """What is wrong with ``expression`` as a cron expression, or None when it is usable.
+
+    ``seconds=False`` (cron jobs) also refuses a 6th (seconds) or 7th (year) field. An
+    expression croniter accepts but that never fires (``0 0 30 2 *``) is refused too.
+    """
+    if not isinstance(expression, str):
+        return f"must be a string, got {expression!r}"
+    fields = expression.split()
+    if not seconds and len(fields) > 5:
+        return (f"has {len(fields)} fields; a cron job takes 5 (minute hour day-of-month "
+                f"month day-of-week) and ticks once a minute at most")
+    try:
+        croniter(expression, datetime(2000, 1, 1, tzinfo=UTC)).get_next(datetime)
+    except CroniterBadDateError:
+        return "never fires (no date matches it)"
+    except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
+        return f"is not a valid cron expression ({exc})"
+    return None
+
+
+def zone_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as an IANA time zone, or None when it is known."""
+    if not isinstance(name, str) or not name:
+        return f"must be an IANA time zone name, got {name!r}"
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        return f"names no known time zone: {name!r}"
+    return None
 
 
 class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type stubs
@@ -30,6 +87,12 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
     - ``timezone``: an IANA name (``"Europe/Paris"``); None uses the Celery app's timezone.
     - ``nowfun``: ``() -> datetime`` for the current time (naive means UTC); None uses the
       app's ``now()``.
+    - ``catchup``: None (the sweep's and the trim's schedules) or the window of a cron job's
+      start-up catch-up (a timedelta): until the first tick fired in this process (see
+      :meth:`fired`), ``is_due`` is also true for an entry that has not run since this process
+      first asked, when the latest tick lies within ``max(catchup, ON_TIME)`` of now. That
+      covers a beat started with an empty schedule file; the database decides whether that
+      tick was fired already.
 
     Raises :class:`ConfigurationError` naming the bad expression or time zone.
     """
@@ -40,17 +103,24 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
         timezone: str | None = None,
         nowfun: Callable[[], datetime] | None = None,
         app: Any = None,
+        catchup: timedelta | None = None,
     ) -> None:
-        if not isinstance(expression, str) or not croniter.is_valid(expression):
-            raise ConfigurationError(f"not a valid cron expression: {expression!r}")
-        if timezone is not None:
-            try:
-                ZoneInfo(timezone)
-            except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
-                raise ConfigurationError(f"unknown time zone {timezone!r}") from exc
+        problem = expression_problem(expression)
+        if problem is not None:
+            raise ConfigurationError(f"cron expression {expression!r} {problem}")
+        if timezone is not None and zone_problem(timezone) is not None:
+            raise ConfigurationError(f"unknown time zone {timezone!r}")
+        if catchup is not None and (not isinstance(catchup, timedelta) or catchup < ZERO):
+            raise ConfigurationError(f"catchup must be a timedelta >= 0, got {catchup!r}")
         super().__init__(nowfun=nowfun, app=app)
         self.expression = expression
         self.timezone = timezone
+        self.catchup = catchup
+        self.fixed_time = _fixed_time(expression)
+        self._first_check: datetime | None = None
+        self._fired = False
+        self.due_since: datetime | None = None
+        """The ``last_run_at`` of the latest due answer: the ticks after it were due."""
 
     @property
     def zone(self) -> tzinfo:
@@ -58,19 +128,39 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
         zone: tzinfo = ZoneInfo(self.timezone) if self.timezone else self.tz
         return zone
 
+    @property
+    def window(self) -> timedelta:
+        """How late a tick may still run: ``max(catchup, ON_TIME)`` (``ON_TIME`` without)."""
+        return max(self.catchup or ZERO, ON_TIME)
+
     def current(self) -> datetime:
         """``now()`` as an aware UTC datetime."""
         return _aware(self.now())
 
     def next_after(self, moment: datetime) -> datetime:
         """The first tick strictly after ``moment`` (naive means UTC), aware UTC."""
-        local = _aware(moment).astimezone(self.zone)
-        return _aware(croniter(self.expression, local).get_next(datetime))
+        ticks = croniter(self.expression, _aware(moment).astimezone(self.zone))
+        while True:
+            tick = ticks.get_next(datetime)
+            if not (self.fixed_time and _repeated(tick)):
+                return _aware(tick)
 
     def last_at_or_before(self, moment: datetime) -> datetime:
         """The latest tick at or before ``moment`` (naive means UTC), aware UTC."""
-        local = _aware(moment).astimezone(self.zone) + timedelta(microseconds=1)
-        return _aware(croniter(self.expression, local).get_prev(datetime))
+        # + 1 µs in UTC: local arithmetic would drop the fold of a repeated wall-clock time.
+        local = (_aware(moment) + timedelta(microseconds=1)).astimezone(self.zone)
+        ticks = croniter(self.expression, local)
+        while True:
+            tick = ticks.get_prev(datetime)
+            if not (self.fixed_time and _repeated(tick)):
+                return _aware(tick)
+
+    def count_between(self, start: datetime, end: datetime) -> int:
+        """How many ticks lie strictly between ``start`` and ``end`` (counting stops at 1,000)."""
+        count, moment = 0, self.next_after(start)
+        while moment < _aware(end) and count < _MAX_COUNT:
+            count, moment = count + 1, self.next_after(moment)
+        return count
 
     def remaining_estimate(self, last_run_at: datetime) -> timedelta:
         """Time from now until the first tick after ``last_run_at`` (negative when overdue)."""
@@ -78,12 +168,29 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
 
     def is_due(self, last_run_at: datetime) -> schedstate:
         """``(due, seconds until beat should ask again)``: due when a tick passed since
-        ``last_run_at``; then the wait runs to the tick after now."""
-        remaining = self.remaining_estimate(last_run_at).total_seconds()
-        if remaining <= 0:
-            now = self.current()
+        ``last_run_at`` (or, with ``catchup``, on start-up as the class says); then the wait
+        runs to the tick after now."""
+        now = self.current()
+        last = _aware(last_run_at)
+        if self._first_check is None:
+            self._first_check = now
+        remaining = (self.next_after(last) - now).total_seconds()
+        if remaining <= 0 or self._catching_up(last, now):
+            self.due_since = last
             return schedstate(True, (self.next_after(now) - now).total_seconds())
         return schedstate(False, remaining)
+
+    def _catching_up(self, last: datetime, now: datetime) -> bool:
+        if self.catchup is None or self._fired or self._first_check is None:
+            return False
+        if last > self._first_check:  # the entry ran since this process started
+            return False
+        return now - self.last_at_or_before(now) <= self.window
+
+    def fired(self) -> None:
+        """Note that a tick of this schedule was fired (or decided) in this process: the
+        start-up catch-up is over."""
+        self._fired = True
 
     def __repr__(self) -> str:
         zone = f", timezone={self.timezone!r}" if self.timezone else ""
@@ -91,15 +198,34 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, CronSchedule):
-            return (self.expression, self.timezone, self.nowfun) == (
-                other.expression, other.timezone, other.nowfun)
+            return (self.expression, self.timezone, self.catchup, self.nowfun) == (
+                other.expression, other.timezone, other.catchup, other.nowfun)
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self.expression, self.timezone))
+        return hash((self.expression, self.timezone, self.catchup))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (self.__class__, (self.expression, self.timezone, self.nowfun))
+        return (self.__class__, (self.expression, self.timezone, self.nowfun, None,
+                                 self.catchup))
+
+
+def _fixed_time(expression: str) -> bool:
+    """True for a fixed-time schedule: no wildcard in the minute or hour field (cron(8))."""
+    fields = expression.split()
+    if len(fields) == 1:
+        return fields[0].lower() in _FIXED_ALIASES
+    return not any(mark in field for field in fields[:2] for mark in "*?")
+
+
+def _repeated(moment: datetime) -> bool:
+    """True when ``moment`` is the second occurrence of its wall-clock time (the hour a
+    fall-back repeats). ``moment`` is aware, in the schedule's zone."""
+    wall, zone = moment.replace(tzinfo=None), moment.tzinfo
+    first = wall.replace(tzinfo=zone, fold=0)
+    second = wall.replace(tzinfo=zone, fold=1)
+    ambiguous = (first.utcoffset() or ZERO) > (second.utcoffset() or ZERO)
+    return ambiguous and moment.astimezone(UTC) == second.astimezone(UTC)
 
 
 def _aware(moment: datetime) -> datetime:

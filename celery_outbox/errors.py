@@ -8,6 +8,7 @@
     ├── PayloadInvalid          the payload failed the job's pydantic schema
     ├── ExecutionNotFound       no execution row with that id
     ├── InvalidTransition       the row's status forbids the asked transition (admin path)
+    ├── JobLocked               a cron job's earlier execution is still active (admin trigger)
     ├── StorageError            the database failed or could not be reached
     └── LeaseExpired            an attempt's worker stopped renewing its lease (the rescuer)
 
@@ -79,6 +80,20 @@ class InvalidTransition(OutboxError):
         self.status = status
         self.transition = transition
         super().__init__(f"cannot {transition} execution {execution_id}: it is {status}")
+
+
+class JobLocked(OutboxError):
+    """A cron job with ``lock=True`` was not triggered: an earlier execution is still active.
+
+    Attributes: ``job_name``, ``execution_id`` (the active execution, when known).
+    """
+
+    def __init__(self, job_name: str, execution_id: object = None) -> None:
+        self.job_name = job_name
+        self.execution_id = execution_id
+        held = f"execution {execution_id}" if execution_id is not None else "an execution"
+        super().__init__(f"job {job_name!r} was not triggered: {held} of it is still active "
+                         f"(lock=True); wait for it to finish or cancel it")
 
 
 class StorageError(OutboxError):

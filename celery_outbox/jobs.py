@@ -12,7 +12,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from celery_outbox.context import JobContext
-from celery_outbox.errors import ConfigurationError
+from celery_outbox.errors import ConfigurationError, JobLocked
 from celery_outbox.outbox import Outbox
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.retry import RetryPolicy
@@ -109,6 +109,26 @@ class OutboxJob(Generic[P]):
             organization_id=organization_id, triggered_by=triggered_by,
             triggered_by_name=triggered_by_name,
         )
+
+    def trigger(
+        self,
+        payload: P | dict[str, Any] | None = None,
+        *,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> UUID | None:
+        """Run the job now, in a transaction of its own; returns the execution id.
+
+        A cron job takes no payload and goes the way of its ticks without spending one: with
+        ``lock=True`` (default) it returns None, writing nothing, while an earlier execution
+        of the job is still active. A queue job pushes ``payload``. Raises as :meth:`push`
+        (:class:`StorageError` when the database fails).
+        """
+        try:
+            return self.outbox.trigger(self.spec, payload, triggered_by=triggered_by,
+                                       triggered_by_name=triggered_by_name)
+        except JobLocked:
+            return None
 
     def cancel(self, execution_id: UUID, *, by: str | None = None,
                by_name: str | None = None) -> bool:

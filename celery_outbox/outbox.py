@@ -33,7 +33,7 @@ from celery_outbox.dispatch import (
     InlineDispatcher,
     defer_to_commit,
 )
-from celery_outbox.errors import ConfigurationError, PayloadInvalid, StorageError
+from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
 from celery_outbox.maintenance import (
     Pruner,
     PrunerConfig,
@@ -49,6 +49,8 @@ from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain
 from celery_outbox.states import Priority, Status
 from celery_outbox.store import ExecutionStore, NewExecution
+from celery_outbox.ticker import CronTicker, TickOutcome
+from celery_outbox.ticker import install as install_cron_task
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,7 @@ class Outbox:
         self._install_task()
         self._connect_worker_signals()
         self._install_maintenance()
+        self._install_cron()
         _outboxes[app] = self
 
     @classmethod
@@ -183,6 +186,21 @@ class Outbox:
         app = self.app
         beat.install(app, self.config, lambda: Outbox.of(app).sweep(),
                      lambda: Outbox.of(app).trim())
+
+    def _install_cron(self) -> None:
+        self.ticker = CronTicker(self.store, self.registry, self.config, lambda: self.dispatcher)
+        app = self.app
+        install_cron_task(app, lambda job_name: Outbox.of(app).ticker.fire(job_name))
+        for spec in self.registry:
+            self.install_job(spec)
+
+    def install_job(self, spec: JobSpec) -> None:
+        """Install what ``spec`` needs on the app: a cron job's beat entry (see
+        :mod:`celery_outbox.ticker`). Called for each job when the Outbox is created, and by
+        the registry for a job declared later."""
+        ticker: CronTicker | None = getattr(self, "ticker", None)
+        if spec.mode == "cron" and ticker is not None:
+            ticker.add_entry(self.app, spec)
 
     def sweep(self, now: datetime | None = None) -> SweepResult:
         """One sweep: stage due rows, rescue expired leases, redispatch stale pending rows.
@@ -354,9 +372,20 @@ class Outbox:
     ) -> UUID:
         """Create one execution of ``spec`` now in a transaction of its own; returns its id.
 
-        What the admin's and the CLI's ``trigger`` call. A queue job needs a payload; a cron
-        job takes none. Errors as :meth:`push_many`.
+        What ``job.trigger()`` and the admin's and the CLI's ``trigger`` call. A queue job
+        needs a payload (a push). A cron job takes none and goes the way of its ticks, without
+        spending one (:meth:`CronTicker.trigger`): raises :class:`JobLocked`, writing nothing,
+        while an earlier execution of a ``lock=True`` job is active. Errors as
+        :meth:`push_many`.
         """
+        if spec.mode == "cron":
+            if payload is not None:
+                raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}")
+            result = self.ticker.trigger(spec, triggered_by=triggered_by,
+                                         triggered_by_name=triggered_by_name)
+            if result.outcome is not TickOutcome.CREATED or result.execution_id is None:
+                raise JobLocked(spec.name, result.execution_id)
+            return result.execution_id
         return self.push_many(
             spec, [payload], triggered_by=triggered_by, triggered_by_name=triggered_by_name
         )[0]

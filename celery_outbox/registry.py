@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel
 
 from celery_outbox.config import OutboxConfig
+from celery_outbox.cron import expression_problem, zone_problem
 from celery_outbox.errors import ConfigurationError, JobNotRegistered
 from celery_outbox.retry import NO_RETRY, RetryPolicy
 from celery_outbox.states import Priority
@@ -92,10 +92,9 @@ class JobSpec:
         if tz is not None:
             if cron is None:
                 raise bad("timezone", "only applies to cron jobs")
-            try:
-                ZoneInfo(tz)
-            except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
-                raise bad("timezone", f"names no known time zone: {tz!r}") from exc
+            problem = zone_problem(tz)
+            if problem is not None:
+                raise bad("timezone", f"{problem} (cron {cron!r})")
         retry = options.get("retry") or NO_RETRY
         if not isinstance(retry, RetryPolicy):
             raise bad("retry", f"must be a RetryPolicy, got {retry!r}")
@@ -116,8 +115,9 @@ class JobSpec:
         keep = options.get("keep")
         if keep is not None:
             keep = _check_keep(name, keep)
-        elif mode == "cron" and options.get("record") is None:
-            keep = {"succeeded": 1}
+        if mode == "cron" and options.get("record") is None:
+            # A cron job keeps its last success by default, so its last run stays visible.
+            keep = {"succeeded": 1, **(keep or {})}
         lock = options.get("lock", True)
         if not isinstance(lock, bool):
             raise bad("lock", f"must be True or False, got {lock!r}")
@@ -153,12 +153,9 @@ def _qualname(fn: Any) -> str:
 
 
 def _check_cron(name: str, cron: Any) -> None:
-    from croniter import croniter
-
-    if not isinstance(cron, str) or not croniter.is_valid(cron):
-        raise ConfigurationError(
-            f"job {name!r}: option 'cron' is not a valid cron expression: {cron!r}"
-        )
+    problem = expression_problem(cron, seconds=False)
+    if problem is not None:
+        raise ConfigurationError(f"job {name!r}: option 'cron' {cron!r} {problem}")
 
 
 def _check_keep(name: str, keep: Any) -> dict[str, int]:
@@ -193,6 +190,9 @@ class JobRegistry:
                     f"job name {spec.name!r} is already registered by {_qualname(old.handler)}"
                 )
             self.jobs[spec.name] = spec
+            outbox = self.outbox
+        if outbox is not None:
+            outbox.install_job(spec)  # e.g. the beat entry of a cron job declared late
 
     def get(self, name: str) -> JobSpec:
         """The job named ``name``. Raises :class:`JobNotRegistered`."""

@@ -1,0 +1,248 @@
+"""Cron ticks: each tick of a cron job becomes one execution, decided in the database.
+
+How a tick travels:
+
+1. ``Outbox`` adds one beat entry per cron job (``celery_outbox.cron:<job name>``, schedule a
+   :class:`~celery_outbox.cron.CronSchedule`, task ``celery_outbox.cron_tick``), through
+   ``app.add_periodic_task`` as for the sweep and the trim, so the default beat scheduler and
+   its schedule file serve it like any entry.
+2. When the entry is due, beat calls the task's ``apply_async``. That task does not publish a
+   message: :meth:`CronTicker.fire` runs right there, in the beat process, so the tick is the
+   latest tick at or before beat's own ``now()``, the instant every beat process agrees on.
+3. One transaction: :meth:`ExecutionStore.advance_tick` moves the job's ``last_tick`` forward
+   (``INSERT ... ON CONFLICT DO UPDATE ... WHERE last_tick < tick``), and only if that row
+   moved, the execution is inserted. N beat processes firing one tick: one execution.
+4. After commit the execution id is dispatched like any push; claim, lease, retry, rescue and
+   the sweep then treat it like any other execution.
+
+Lock: with ``lock=True`` (default) the execution carries the unique key ``"cron-lock"``, so the
+partial unique index over active rows admits one active execution of the job at a time: a
+tick that finds an earlier execution still pending, scheduled (a retry) or running is
+consumed and skipped, logged. ``lock=False`` inserts without a key; runs may overlap.
+
+Missed ticks: a tick fired later than ``max(cron_catchup, 30 s)`` after its time (beat was
+down or stalled) is skipped and logged; within that window it runs once, the latest missed
+tick only, and earlier missed ticks are skipped (logged with their count). That also holds on
+a beat start with an empty schedule file (:class:`~celery_outbox.cron.CronSchedule`'s
+start-up catch-up). A tick already in the database (fired by another beat, or before a
+restart) never runs twice. When the database cannot decide (unreachable, locked), the tick
+is skipped and logged, never run blindly.
+
+``job.trigger()`` and the admin's ``trigger`` take the same path without consuming a tick.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID, uuid4
+
+from celery import Celery, Task
+
+from celery_outbox.config import OutboxConfig
+from celery_outbox.cron import CronSchedule
+from celery_outbox.dispatch import Dispatcher, DispatchItem
+from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.registry import JobRegistry, JobSpec
+from celery_outbox.states import Status
+from celery_outbox.store import ExecutionStore, NewExecution
+
+log = logging.getLogger(__name__)
+
+CRON_TASK = "celery_outbox.cron_tick"
+"""The task of every cron entry: ``cron_tick(job_name)``."""
+ENTRY_PREFIX = "celery_outbox.cron:"
+"""A cron job's beat entry is named ``celery_outbox.cron:<job name>``."""
+LOCK_KEY = "cron-lock"
+"""The unique key of a ``lock=True`` cron job's executions: one active at a time."""
+TICK_TRIGGER = "cron"
+"""``triggered_by`` of an execution a tick created (``triggered_by_name``: the tick)."""
+
+
+class TickOutcome(str, enum.Enum):
+    """What one firing (or trigger) of a cron job did."""
+
+    CREATED = "created"
+    """One execution was inserted, to be dispatched."""
+    LOCKED = "locked"
+    """``lock=True`` and an earlier execution is still active: skipped (the tick is spent)."""
+    FIRED_ALREADY = "fired_already"
+    """The database holds this tick or a later one: another beat fired it, or this one did
+    before a restart."""
+    LATE = "late"
+    """The tick is older than the catch-up window: skipped."""
+    UNAVAILABLE = "unavailable"
+    """The database could not decide (unreachable, locked): skipped, never run blindly."""
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """The outcome of :meth:`CronTicker.fire` or :meth:`CronTicker.trigger`.
+
+    ``tick`` is the tick's time (aware UTC; None for a trigger). ``execution_id`` is the new
+    execution (CREATED) or the active one that held the lock (LOCKED), else None.
+    """
+
+    job_name: str
+    tick: datetime | None
+    outcome: TickOutcome
+    execution_id: UUID | None = None
+
+
+class CronTicker:
+    """Turns cron ticks and triggers into executions, one transaction each.
+
+    ``schedules`` maps each cron job's name to the :class:`CronSchedule` of its beat entry
+    (filled by :meth:`add_entry`); :meth:`fire` reads beat's clock from it.
+    """
+
+    def __init__(
+        self,
+        store: ExecutionStore,
+        registry: JobRegistry,
+        config: OutboxConfig,
+        dispatcher: Callable[[], Dispatcher],
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.config = config
+        self.dispatcher = dispatcher
+        self.schedules: dict[str, CronSchedule] = {}
+
+    def add_entry(self, app: Celery, spec: JobSpec) -> CronSchedule:
+        """Add (or replace) the beat entry of cron job ``spec`` on ``app``; returns its
+        schedule. Raises ConfigurationError for a queue job."""
+        if spec.cron is None:
+            raise ConfigurationError(f"job {spec.name!r} is not a cron job")
+        schedule = CronSchedule(spec.cron, spec.timezone, app=app,
+                                catchup=self.config.cron_catchup)
+        self.schedules[spec.name] = schedule
+        app.add_periodic_task(schedule, app.signature(CRON_TASK, (spec.name,)),
+                              name=ENTRY_PREFIX + spec.name)
+        return schedule
+
+    def fire(self, job_name: str, *, now: datetime | None = None) -> TickResult:
+        """Fire the latest tick of ``job_name`` at or before ``now`` (aware; default: the
+        schedule's ``now()``, beat's clock): one execution at most, decided in the database.
+
+        Never raises for the database (UNAVAILABLE, logged); raises JobNotRegistered or
+        ConfigurationError when ``job_name`` is no cron job with a beat entry here.
+        """
+        spec = self.registry.get(job_name)
+        schedule = self.schedules.get(job_name)
+        if spec.cron is None or schedule is None:
+            raise ConfigurationError(f"job {job_name!r} has no cron entry in this process")
+        now = schedule.current() if now is None else _utc(now)
+        tick = schedule.last_at_or_before(now)
+        since, schedule.due_since = schedule.due_since, None
+        schedule.fired()
+        missed = schedule.count_between(since, tick) if since is not None else 0
+        late = now - tick
+        if late > schedule.window:
+            log.warning(
+                "celery_outbox: cron job %s: missed tick %s skipped: %s late, beyond the "
+                "catch-up window of %s (cron_catchup); %d earlier missed tick(s) skipped too",
+                job_name, _local(tick, schedule), _short(late), schedule.window, missed)
+            return TickResult(job_name, tick, TickOutcome.LATE)
+        if missed:
+            log.warning(
+                "celery_outbox: cron job %s: %d missed tick(s) since %s skipped; the latest, "
+                "%s, runs now (%s late, within cron_catchup)", job_name, missed,
+                _local(since, schedule), _local(tick, schedule), _short(late))
+        try:
+            return self._create(spec, tick, TICK_TRIGGER, f"tick {_local(tick, schedule)}")
+        except StorageError as exc:
+            log.error("celery_outbox: cron job %s: tick %s skipped: the database could not "
+                      "decide it (%s)", job_name, _local(tick, schedule), exc)
+            return TickResult(job_name, tick, TickOutcome.UNAVAILABLE)
+
+    def trigger(
+        self,
+        spec: JobSpec,
+        *,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> TickResult:
+        """Create one execution of cron job ``spec`` now, through the tick path but without
+        spending a tick; its lock applies (LOCKED, with the active execution's id).
+
+        Raises :class:`StorageError` when the database fails (the caller asked).
+        """
+        if spec.cron is None:
+            raise ConfigurationError(f"job {spec.name!r} is not a cron job")
+        return self._create(spec, None, triggered_by, triggered_by_name)
+
+    def _create(
+        self,
+        spec: JobSpec,
+        tick: datetime | None,
+        triggered_by: str | None,
+        triggered_by_name: str | None,
+    ) -> TickResult:
+        """advance the tick (when given) + insert the execution, in ONE transaction; then
+        dispatch it. The insert's key dedup is the lock."""
+        now = datetime.now(timezone.utc)
+        row = NewExecution(
+            id=uuid4(), job_name=spec.name, status=Status.PENDING, priority=int(spec.priority),
+            max_attempts=spec.retry.max_attempts, payload=None, created_at=now,
+            dispatched_at=now, unique_key=LOCK_KEY if spec.lock else None,
+            triggered_by=triggered_by, triggered_by_name=triggered_by_name,
+        )
+        with self.store.begin() as conn:
+            if tick is not None and not self.store.advance_tick(conn, spec.name, tick, now):
+                return TickResult(spec.name, tick, TickOutcome.FIRED_ALREADY)
+            [(execution_id, inserted)] = self.store.insert(conn, [row])
+        what = f"tick {tick.isoformat()}" if tick is not None else "trigger"
+        if not inserted:
+            log.info("celery_outbox: cron job %s: %s skipped: execution %s is still active "
+                     "(lock=True)", spec.name, what, execution_id)
+            return TickResult(spec.name, tick, TickOutcome.LOCKED, execution_id)
+        self.dispatcher().dispatch([DispatchItem(row.id, spec.name, row.priority)])
+        log.info("celery_outbox: cron job %s: %s -> execution %s", spec.name, what, row.id)
+        return TickResult(spec.name, tick, TickOutcome.CREATED, row.id)
+
+
+def install(app: Celery, fire: Callable[[str], Any]) -> Any:
+    """Register the task ``celery_outbox.cron_tick(job_name)`` on ``app``; returns it.
+
+    Its ``apply_async`` (what beat calls for a due entry, and ``delay``) runs ``fire(job_name)``
+    in the calling process and returns None instead of publishing. A ``cron_tick`` message
+    that reaches a worker anyway (sent by name) fires the same way there.
+    """
+
+    class CronTickTask(Task):  # type: ignore[misc]  # celery ships no type stubs
+        def apply_async(self, args: Any = None, kwargs: Any = None, **_: Any) -> None:
+            fire(_job_name(args, kwargs))
+
+    @app.task(name=CRON_TASK, base=CronTickTask, shared=False,  # type: ignore[untyped-decorator]
+              ignore_result=True)
+    def cron_tick(job_name: str) -> None:
+        fire(job_name)
+
+    return cron_tick
+
+
+def _job_name(args: Any, kwargs: Any) -> str:
+    if args:
+        return str(args[0])
+    if kwargs and "job_name" in kwargs:
+        return str(kwargs["job_name"])
+    raise ConfigurationError(f"{CRON_TASK} needs a job name, got args={args!r} kwargs={kwargs!r}")
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        raise ConfigurationError(f"now must be an aware datetime, got {moment!r}")
+    return moment.astimezone(timezone.utc)
+
+
+def _local(moment: datetime | None, schedule: CronSchedule) -> str:
+    return moment.astimezone(schedule.zone).isoformat() if moment is not None else "?"
+
+
+def _short(delta: timedelta) -> str:
+    return str(delta - timedelta(microseconds=delta.microseconds))
