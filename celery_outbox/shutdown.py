@@ -14,11 +14,12 @@ waits for running tasks. In each process that runs handlers, :class:`Drain` then
 
 So a stopped worker's executions run again within seconds, not after a whole lease.
 
-Wiring (:meth:`Drain.connect`): ``worker_init`` installs a ``SIGUSR2`` handler in the worker's
-main process (prefork children inherit it; ``worker_process_init`` installs it again);
-``worker_shutting_down`` starts the drain there (the solo and threads pools run handlers in
-the main process) and sends ``SIGUSR2`` to each prefork child, which starts its own drain;
-``worker_process_shutdown`` lets a child's drain finish before the child exits.
+Wiring (:meth:`Drain.connect`): ``worker_init`` installs a handler of :data:`DRAIN_SIGNAL` in
+the worker's main process (prefork children inherit it; ``worker_process_init`` installs it
+again); ``worker_shutting_down`` starts the drain there (the solo and threads pools run
+handlers in the main process) and sends :data:`DRAIN_SIGNAL` to each prefork child, which
+starts its own drain; ``worker_process_shutdown`` lets a child's drain finish before the
+child exits.
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ from celery_outbox.store import Fence
 log = logging.getLogger(__name__)
 
 SHUTDOWN = "worker shutdown"
-DRAIN_SIGNAL = signal.SIGUSR2
+# A real-time signal where there is one: billiard's pool children (the threaded pool Celery
+# uses for brokers without async I/O, e.g. kombu's SQLAlchemy transport) turn SIGUSR2, like
+# every signal in billiard's TERMSIGS_FULL, into "exit now" after worker_process_init ran,
+# which killed them mid-drain and left the worker's main process hanging in pool.join().
+_RTMIN = getattr(signal, "SIGRTMIN", None)
+DRAIN_SIGNAL: int = _RTMIN + 2 if _RTMIN is not None else signal.SIGUSR2
 PUBLISH_WAIT = timedelta(seconds=5)
 _POLL = 0.05  # seconds between looks at the running handlers while draining
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -99,17 +100,17 @@ def start_worker(log: IO[bytes]) -> subprocess.Popen[bytes]:
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the worker's process group (warm shutdown), SIGKILL it after 15 s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
+    """Warm shutdown: SIGTERM to the worker's main process, which stops its pool children
+    (a SIGTERM to every child at once can leave the pool waiting on a dead child's lock).
+    SIGKILL the whole process group after 15 s, and whatever is left of it once it exited."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(15)
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-    except ProcessLookupError:
-        pass
+    proc.wait(5)
 
 
 # -- the flow -------------------------------------------------------------------------------

@@ -30,19 +30,21 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
 
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL it if it has not exited after ``grace`` s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
+    """SIGTERM the process, SIGKILL its group if it has not exited after ``grace`` s, and
+    SIGKILL whatever is left of the group once it has.
+
+    SIGTERM goes to the leader only: a Celery worker's main process stops its pool children
+    itself; a SIGTERM to the whole group kills them mid-write and can leave billiard's pool
+    waiting forever on a lock a dead child held.
+    """
+    if proc.poll() is None:
         with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
+            proc.send_signal(signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(grace)
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(5)
 
 
 @contextmanager

@@ -149,7 +149,7 @@ def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker])
             outbox.flush(timedelta(seconds=5))
             for proc in started:  # all shut down together; each is then awaited (and killed)
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.send_signal(signal.SIGTERM)
     outbox.engine.dispose()
 
 
