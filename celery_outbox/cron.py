@@ -40,8 +40,6 @@ from celery_outbox.errors import ConfigurationError
 
 UTC = timezone.utc
 ZERO = timedelta(0)
-ON_TIME = timedelta(seconds=30)
-"""A tick fired within this of its time is on time, whatever ``cron_catchup`` says."""
 
 _FIXED_ALIASES = frozenset({"@daily", "@midnight", "@weekly", "@monthly", "@yearly",
                             "@annually"})
@@ -87,13 +85,8 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
     - ``timezone``: an IANA name (``"Europe/Paris"``); None uses the Celery app's timezone.
     - ``nowfun``: ``() -> datetime`` for the current time (naive means UTC); None uses the
       app's ``now()``.
-    - ``catchup``: None (the sweep's and the trim's schedules) or the window of a cron job's
-      start-up catch-up (a timedelta): until the first tick fired in this process (see
-      :meth:`fired`), ``is_due`` is also true for an entry that has not run since this process
-      first asked, when the latest tick lies within ``max(catchup, ON_TIME)`` of now. That
-      covers a beat started with an empty schedule file; the database decides whether that
-      tick was fired already.
 
+    It keeps no state between calls: beat's persistent scheduler works on unpickled copies.
     Raises :class:`ConfigurationError` naming the bad expression or time zone.
     """
 
@@ -103,35 +96,22 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
         timezone: str | None = None,
         nowfun: Callable[[], datetime] | None = None,
         app: Any = None,
-        catchup: timedelta | None = None,
     ) -> None:
         problem = expression_problem(expression)
         if problem is not None:
             raise ConfigurationError(f"cron expression {expression!r} {problem}")
         if timezone is not None and zone_problem(timezone) is not None:
             raise ConfigurationError(f"unknown time zone {timezone!r}")
-        if catchup is not None and (not isinstance(catchup, timedelta) or catchup < ZERO):
-            raise ConfigurationError(f"catchup must be a timedelta >= 0, got {catchup!r}")
         super().__init__(nowfun=nowfun, app=app)
         self.expression = expression
         self.timezone = timezone
-        self.catchup = catchup
         self.fixed_time = _fixed_time(expression)
-        self._first_check: datetime | None = None
-        self._fired = False
-        self.due_since: datetime | None = None
-        """The ``last_run_at`` of the latest due answer: the ticks after it were due."""
 
     @property
     def zone(self) -> tzinfo:
         """The time zone ticks are computed in."""
         zone: tzinfo = ZoneInfo(self.timezone) if self.timezone else self.tz
         return zone
-
-    @property
-    def window(self) -> timedelta:
-        """How late a tick may still run: ``max(catchup, ON_TIME)`` (``ON_TIME`` without)."""
-        return max(self.catchup or ZERO, ON_TIME)
 
     def current(self) -> datetime:
         """``now()`` as an aware UTC datetime."""
@@ -168,29 +148,12 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
 
     def is_due(self, last_run_at: datetime) -> schedstate:
         """``(due, seconds until beat should ask again)``: due when a tick passed since
-        ``last_run_at`` (or, with ``catchup``, on start-up as the class says); then the wait
-        runs to the tick after now."""
+        ``last_run_at``; then the wait runs to the tick after now."""
         now = self.current()
-        last = _aware(last_run_at)
-        if self._first_check is None:
-            self._first_check = now
-        remaining = (self.next_after(last) - now).total_seconds()
-        if remaining <= 0 or self._catching_up(last, now):
-            self.due_since = last
+        remaining = (self.next_after(last_run_at) - now).total_seconds()
+        if remaining <= 0:
             return schedstate(True, (self.next_after(now) - now).total_seconds())
         return schedstate(False, remaining)
-
-    def _catching_up(self, last: datetime, now: datetime) -> bool:
-        if self.catchup is None or self._fired or self._first_check is None:
-            return False
-        if last > self._first_check:  # the entry ran since this process started
-            return False
-        return now - self.last_at_or_before(now) <= self.window
-
-    def fired(self) -> None:
-        """Note that a tick of this schedule was fired (or decided) in this process: the
-        start-up catch-up is over."""
-        self._fired = True
 
     def __repr__(self) -> str:
         zone = f", timezone={self.timezone!r}" if self.timezone else ""
@@ -198,16 +161,15 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, CronSchedule):
-            return (self.expression, self.timezone, self.catchup, self.nowfun) == (
-                other.expression, other.timezone, other.catchup, other.nowfun)
+            return (self.expression, self.timezone, self.nowfun) == (
+                other.expression, other.timezone, other.nowfun)
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self.expression, self.timezone, self.catchup))
+        return hash((self.expression, self.timezone))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (self.__class__, (self.expression, self.timezone, self.nowfun, None,
-                                 self.catchup))
+        return (self.__class__, (self.expression, self.timezone, self.nowfun))
 
 
 def _fixed_time(expression: str) -> bool:

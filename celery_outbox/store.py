@@ -658,6 +658,16 @@ class ExecutionStore:
             log.debug("cron tick %s of %s was fired already; nothing written", tick, job_name)
         return advanced
 
+    def last_tick(self, job_name: str) -> datetime | None:
+        """Read the latest tick fired (or spent) for ``job_name``: aware UTC, or None when
+        the job has fired none. A short read of its own, before the tick's transaction."""
+        c = self.tables.cron_ticks
+        with self.begin() as conn:
+            value: datetime | None = conn.execute(
+                select(c.c.last_tick).where(c.c.job_name == job_name)
+            ).scalar_one_or_none()
+        return value
+
     # -- admin ------------------------------------------------------------------------------
 
     def cancel(

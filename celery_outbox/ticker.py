@@ -20,13 +20,15 @@ partial unique index over active rows admits one active execution of the job at 
 tick that finds an earlier execution still pending, scheduled (a retry) or running is
 consumed and skipped, logged. ``lock=False`` inserts without a key; runs may overlap.
 
-Missed ticks: a tick fired later than ``max(cron_catchup, 30 s)`` after its time (beat was
-down or stalled) is skipped and logged; within that window it runs once, the latest missed
-tick only, and earlier missed ticks are skipped (logged with their count). That also holds on
-a beat start with an empty schedule file (:class:`~celery_outbox.cron.CronSchedule`'s
-start-up catch-up). A tick already in the database (fired by another beat, or before a
-restart) never runs twice. When the database cannot decide (unreachable, locked), the tick
-is skipped and logged, never run blindly.
+Missed ticks (beat was down): when beat fires an entry, only the latest tick at or before
+now is considered. It runs once if it is at most ``max(cron_catchup, 30 s)`` old; an older
+one is skipped and logged, and spent in the database. Ticks between the last one the
+database holds and the one considered are skipped, logged with their count. After a restart
+beat's schedule file says when the entry last ran, so beat fires it at once if a tick passed
+meanwhile; a new entry (an empty schedule file, another host) starts as if it last ran one
+catch-up window ago. Either way, a tick the database already holds (fired by another beat,
+or before the restart) never runs twice. When the database cannot decide (unreachable,
+locked), the tick is skipped and logged, never run blindly.
 
 ``job.trigger()`` and the admin's ``trigger`` take the same path without consuming a tick.
 """
@@ -61,6 +63,8 @@ LOCK_KEY = "cron-lock"
 """The unique key of a ``lock=True`` cron job's executions: one active at a time."""
 TICK_TRIGGER = "cron"
 """``triggered_by`` of an execution a tick created (``triggered_by_name``: the tick)."""
+ON_TIME = timedelta(seconds=30)
+"""A tick fired within this of its time is on time, whatever ``cron_catchup`` says."""
 
 
 class TickOutcome(str, enum.Enum):
@@ -74,7 +78,7 @@ class TickOutcome(str, enum.Enum):
     """The database holds this tick or a later one: another beat fired it, or this one did
     before a restart."""
     LATE = "late"
-    """The tick is older than the catch-up window: skipped."""
+    """The tick is older than the catch-up window: skipped (and spent in the database)."""
     UNAVAILABLE = "unavailable"
     """The database could not decide (unreachable, locked): skipped, never run blindly."""
 
@@ -113,16 +117,28 @@ class CronTicker:
         self.dispatcher = dispatcher
         self.schedules: dict[str, CronSchedule] = {}
 
+    @property
+    def window(self) -> timedelta:
+        """How old a tick may be and still run: ``max(cron_catchup, ON_TIME)``."""
+        return max(self.config.cron_catchup, ON_TIME)
+
     def add_entry(self, app: Celery, spec: JobSpec) -> CronSchedule:
         """Add (or replace) the beat entry of cron job ``spec`` on ``app``; returns its
-        schedule. Raises ConfigurationError for a queue job."""
+        schedule. Raises ConfigurationError for a queue job.
+
+        The entry's ``last_run_at`` is now minus :attr:`window`: an entry beat does not know
+        yet starts as if it last ran then, so a tick missed just before beat started runs
+        once; an entry in beat's schedule file keeps the last run recorded there.
+        """
         if spec.cron is None:
             raise ConfigurationError(f"job {spec.name!r} is not a cron job")
-        schedule = CronSchedule(spec.cron, spec.timezone, app=app,
-                                catchup=self.config.cron_catchup)
+        schedule = CronSchedule(spec.cron, spec.timezone, app=app)
         self.schedules[spec.name] = schedule
-        app.add_periodic_task(schedule, app.signature(CRON_TASK, (spec.name,)),
-                              name=ENTRY_PREFIX + spec.name)
+        name = ENTRY_PREFIX + spec.name
+        app.add_periodic_task(schedule, app.signature(CRON_TASK, (spec.name,)), name=name)
+        entry = app.conf.beat_schedule.get(name)
+        if entry is not None:
+            entry["last_run_at"] = schedule.current() - self.window
         return schedule
 
     def fire(self, job_name: str, *, now: datetime | None = None) -> TickResult:
@@ -138,27 +154,36 @@ class CronTicker:
             raise ConfigurationError(f"job {job_name!r} has no cron entry in this process")
         now = schedule.current() if now is None else _utc(now)
         tick = schedule.last_at_or_before(now)
-        since, schedule.due_since = schedule.due_since, None
-        schedule.fired()
-        missed = schedule.count_between(since, tick) if since is not None else 0
-        late = now - tick
-        if late > schedule.window:
-            log.warning(
-                "celery_outbox: cron job %s: missed tick %s skipped: %s late, beyond the "
-                "catch-up window of %s (cron_catchup); %d earlier missed tick(s) skipped too",
-                job_name, _local(tick, schedule), _short(late), schedule.window, missed)
-            return TickResult(job_name, tick, TickOutcome.LATE)
-        if missed:
-            log.warning(
-                "celery_outbox: cron job %s: %d missed tick(s) since %s skipped; the latest, "
-                "%s, runs now (%s late, within cron_catchup)", job_name, missed,
-                _local(since, schedule), _local(tick, schedule), _short(late))
         try:
+            previous = self.store.last_tick(job_name)
+            if previous is not None and previous >= tick:
+                log.debug("celery_outbox: cron job %s: tick %s was fired already", job_name,
+                          _local(tick, schedule))
+                return TickResult(job_name, tick, TickOutcome.FIRED_ALREADY)
+            missed = schedule.count_between(previous, tick) if previous is not None else 0
+            late = now - tick
+            if late > self.window:
+                log.warning(
+                    "celery_outbox: cron job %s: missed tick %s skipped: %s late, beyond the "
+                    "catch-up window of %s (cron_catchup); %d earlier missed tick(s) skipped "
+                    "too", job_name, _local(tick, schedule), _short(late), self.window, missed)
+                self._spend(spec, tick)
+                return TickResult(job_name, tick, TickOutcome.LATE)
+            if missed:
+                log.warning(
+                    "celery_outbox: cron job %s: %d missed tick(s) since %s skipped; the "
+                    "latest, %s, runs now (%s late, within cron_catchup)", job_name, missed,
+                    _local(previous, schedule), _local(tick, schedule), _short(late))
             return self._create(spec, tick, TICK_TRIGGER, f"tick {_local(tick, schedule)}")
         except StorageError as exc:
             log.error("celery_outbox: cron job %s: tick %s skipped: the database could not "
                       "decide it (%s)", job_name, _local(tick, schedule), exc)
             return TickResult(job_name, tick, TickOutcome.UNAVAILABLE)
+
+    def _spend(self, spec: JobSpec, tick: datetime) -> None:
+        """cron tick without an execution (a late tick): record it as decided."""
+        with self.store.begin() as conn:
+            self.store.advance_tick(conn, spec.name, tick, datetime.now(timezone.utc))
 
     def trigger(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 from datetime import datetime, timedelta, timezone
+from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -40,7 +41,6 @@ def beat(schedule: CronSchedule, clock: Clock, until: datetime) -> list[datetime
         due, wait = schedule.is_due(last)
         if due:
             fired.append(schedule.last_at_or_before(clock.now))
-            schedule.fired()
             last = clock.now
         clock.now += timedelta(seconds=min(max(wait, 0.001), MAX_INTERVAL))
     raise AssertionError("beat simulation did not finish")
@@ -126,7 +126,7 @@ def test_hourly_follows_real_time_across_both_transitions(
         fired = beat(schedule("0 * * * *", zone, clock), clock, end - timedelta(seconds=1))
         # One run per real hour of the day: no hour skipped, none doubled.
         assert len(fired) == hours
-        assert all(b - a == timedelta(hours=1) for a, b in zip(fired, fired[1:], strict=False))
+        assert all(b - a == timedelta(hours=1) for a, b in pairwise(fired))
     # The repeated wall-clock hour runs twice, an hour apart (a wildcard schedule, as cron(8)).
     walls = [t.astimezone(ZoneInfo(zone)).strftime("%H:%M") for t in fired]
     assert walls.count(f"{repeated:02d}:00") == 2
@@ -138,7 +138,7 @@ def test_every_15_minutes_keeps_real_time_through_the_fall_back() -> None:
     fired = beat(schedule("*/15 * * * *", "Europe/Paris", clock), clock,
                  start + timedelta(hours=3))
     assert len(fired) == 12  # 02:00 .. 02:45 twice, then 03:00 .. 03:45
-    assert all(b - a == timedelta(minutes=15) for a, b in zip(fired, fired[1:], strict=False))
+    assert all(b - a == timedelta(minutes=15) for a, b in pairwise(fired))
 
 
 # -- what an expression means (croniter's documented meaning) --------------------------------
@@ -196,37 +196,15 @@ def test_seconds_fields_are_refused_for_jobs_only() -> None:
     assert expression_problem("0 0 * * MON-FRI", seconds=False) is None
 
 
-# -- catch-up on start, pickling -------------------------------------------------------------
+# -- pickling ---------------------------------------------------------------------------------
 
 
-def test_start_up_catch_up_offers_the_latest_tick_within_the_window_once() -> None:
-    clock = Clock(datetime(2024, 1, 1, 12, 3, tzinfo=UTC))
-    s = schedule("0 12 * * *", None, clock, catchup=timedelta(minutes=5))
-    # A fresh entry (beat started with an empty schedule file): last_run_at is now.
-    assert s.is_due(clock.now) == (True, timedelta(hours=23, minutes=57).total_seconds())
-    assert s.is_due(clock.now)[0]  # asked again before it fired: still due
-    s.fired()
-    assert s.is_due(clock.now)[0] is False  # a frozen clock does not make it spin
-
-    late = schedule("0 12 * * *", None, Clock(datetime(2024, 1, 1, 12, 6, tzinfo=UTC)),
-                    catchup=timedelta(minutes=5))
-    assert late.is_due(datetime(2024, 1, 1, 12, 6, tzinfo=UTC))[0] is False  # 6 min > 5
-    plain = schedule("0 12 * * *", None, clock)  # no catchup: the sweep's and trim's schedules
-    assert plain.is_due(clock.now)[0] is False
-
-
-def test_catch_up_ends_once_the_entry_ran_in_this_process() -> None:
-    clock = Clock(datetime(2024, 1, 1, 12, 0, 10, tzinfo=UTC))
-    s = schedule("* * * * *", None, clock, catchup=timedelta(minutes=5))
-    assert s.is_due(datetime(2024, 1, 1, 12, 0, 5, tzinfo=UTC))[0]  # not run since start
-    clock.now += timedelta(seconds=5)
-    assert s.is_due(clock.now)[0] is False  # last_run_at after the first check: normal rules
-
-
-def test_pickles_for_the_beat_schedule_file() -> None:
-    s = CronSchedule("30 2 * * *", "Europe/Paris", catchup=timedelta(minutes=5))
-    s.fired()
+def test_pickles_for_the_beat_schedule_file_and_keeps_no_state() -> None:
+    clock = Clock(datetime(2024, 10, 27, 0, 0, tzinfo=UTC))
+    s = CronSchedule("30 2 * * *", "Europe/Paris")
     copy = pickle.loads(pickle.dumps(s))
-    assert copy == s and copy.catchup == timedelta(minutes=5) and copy.fixed_time
-    assert copy._fired is False  # process-local state starts afresh
-    assert CronSchedule("0 * * * *") != s
+    assert copy == s and copy.fixed_time and CronSchedule("0 * * * *") != s
+    # Beat's persistent scheduler asks unpickled copies: they must answer alike.
+    s.nowfun = copy.nowfun = clock
+    last = datetime(2024, 10, 26, 1, 0, tzinfo=UTC)
+    assert s.is_due(last) == copy.is_due(last) == s.is_due(last)
