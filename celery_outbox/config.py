@@ -36,8 +36,8 @@ class OutboxConfig(BaseModel):
     - ``drain_timeout`` [30 s]: how long a stopping worker waits for running handlers.
     - ``batch_size`` [500]: rows per batch in sweep and trim.
     - ``dispatch_chunk_size`` [50]: execution ids carried by one Celery message at most.
-    - ``cron_catchup`` [5 min]: a cron tick missed by less than this runs once when beat
-      starts; older missed ticks are skipped and logged.
+    - ``cron_catchup`` [5 min]: a cron tick at most this old (30 s at least) still runs, once,
+      when beat fires it late (it was down); older missed ticks are skipped and logged.
     - ``table_name`` ["celery_outbox_executions"]: the outbox table.
     """
 
