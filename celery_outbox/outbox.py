@@ -8,6 +8,7 @@ It owns push, cancel and the schema; the SQL itself lives in :mod:`celery_outbox
 from __future__ import annotations
 
 import logging
+import select
 import weakref
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ from celery import Celery
 from celery import signals as celery_signals
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, Engine, MetaData, create_engine, event
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session
 
 from celery_outbox import signals
@@ -60,10 +61,12 @@ _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary
 def make_engine(url: str) -> Engine:
     """An engine for ``url`` tuned for the outbox.
 
-    PostgreSQL: ``connect_timeout`` 5 s and ``pool_pre_ping`` (a killed connection is replaced,
-    not reused). SQLite: WAL journal, 30 s busy timeout, so a worker and a producer can write
-    the same file; and a BEGIN sent before a SAVEPOINT that would otherwise open the transaction
-    (pysqlite begins one only before DML, so that SAVEPOINT's release would commit).
+    PostgreSQL: ``connect_timeout`` 5 s, and a connection the server closed (restart,
+    ``pg_terminate_backend``, idle timeout) is replaced on checkout, not reused
+    (:func:`_replace_closed_connections`). SQLite: WAL journal, 30 s busy timeout, so a worker
+    and a producer can write the same file; and a BEGIN sent before a SAVEPOINT that would
+    otherwise open the transaction (pysqlite begins one only before DML, so that SAVEPOINT's
+    release would commit).
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
@@ -88,7 +91,37 @@ def make_engine(url: str) -> Engine:
     connect_args: dict[str, Any] = {}
     if url.startswith("postgresql"):
         connect_args["connect_timeout"] = 5
+        engine = create_engine(url, connect_args=connect_args)
+        _replace_closed_connections(engine)
+        return engine
     return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+
+
+def _replace_closed_connections(engine: Engine) -> None:
+    """On checkout, replace a pooled PostgreSQL connection the server has closed.
+
+    What ``pool_pre_ping`` catches with a ``SELECT 1`` round trip on every checkout (one more
+    round trip per push, claim and complete), this sees for free: the server only speaks first
+    on an idle connection when it ends it (its last message, then EOF), so a readable socket
+    at checkout means the connection is gone. Raising DisconnectionError makes the pool
+    discard it and connect anew. A connection psycopg already marked closed or broken is
+    replaced too.
+    """
+
+    @event.listens_for(engine, "checkout")
+    def _check(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        if dbapi_conn.closed or getattr(dbapi_conn, "broken", False):
+            raise DisconnectionError("connection closed")
+        if _readable(dbapi_conn.fileno()):
+            raise DisconnectionError("the server closed the connection")
+
+
+def _readable(fd: int) -> bool:
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 class Outbox:
@@ -282,9 +315,7 @@ class Outbox:
             results = self._insert_in(connection, rows)
             defer_to_commit(connection, self.dispatcher, self._to_dispatch(rows, results, now))
         else:
-            # One row: each statement of the insert is a whole push, so it may commit alone.
-            with self.store.begin(autocommit=len(rows) == 1) as conn:
-                results = self.store.insert(conn, rows)
+            results = self.store.insert_alone(rows)
             self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
 

@@ -12,7 +12,7 @@ read, so tests freeze time by passing it. Driver errors become :class:`StorageEr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,8 +21,10 @@ from uuid import UUID
 
 from sqlalchemy import (
     Connection,
+    Dialect,
     Engine,
     and_,
+    bindparam,
     delete,
     func,
     insert,
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 _MAX_DEDUP_ROUNDS = 5
+_COPY_MIN_ROWS = 100
+"""From this many unkeyed rows on, push uses COPY on psycopg instead of an INSERT per row."""
 
 
 @dataclass(frozen=True)
@@ -182,14 +186,34 @@ class ExecutionStore:
         self.tables = tables
         self.t = tables.executions
         self.dialect = engine.dialect.name
+        # Shares the engine's pool; a checked-out connection is switched to autocommit and
+        # back on its return.
+        self._autocommit = (
+            engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self.dialect == "postgresql" else engine
+        )
+        self._direct: tuple[str, list[Any]] | None = None  # _insert_direct's SQL, processors
+        t = self.t
+        self._delete_fenced = delete(t).where(  # _fenced() with bound parameters
+            t.c.id == bindparam("fence_id"),
+            t.c.status == Status.RUNNING.value,
+            t.c.claimed_by == bindparam("fence_by"),
+            t.c.attempt == bindparam("fence_attempt"),
+        )
 
     # -- plumbing ---------------------------------------------------------------------------
 
     @contextmanager
-    def begin(self) -> Iterator[Connection]:
-        """A short transaction of the store's own; driver errors become StorageError."""
+    def begin(self, *, autocommit: bool = False) -> Iterator[Connection]:
+        """A short transaction of the store's own; driver errors become StorageError.
+
+        ``autocommit``: every statement of the block commits on its own, which is only right
+        when each one is a whole transition (one guarded UPDATE, one single-row push). On
+        PostgreSQL that saves the BEGIN and COMMIT round trips; SQLite ignores it.
+        """
+        engine = self._autocommit if autocommit else self.engine
         try:
-            with self.engine.begin() as conn:
+            with engine.begin() as conn:
                 yield conn
         except DBAPIError as exc:
             raise StorageError(f"database error on {self._where()}: {exc.orig}") from exc
@@ -230,9 +254,11 @@ class ExecutionStore:
         """
         if not rows:
             return []
-        plain = [r.values() for r in rows if r.unique_key is None]
-        if plain:
-            conn.execute(insert(self.t), plain)
+        plain = [r for r in rows if r.unique_key is None]
+        if len(plain) >= _COPY_MIN_ROWS and conn.dialect.driver == "psycopg":
+            self._copy(conn, plain)
+        elif plain:
+            conn.execute(insert(self.t), [r.values() for r in plain])
         keyed = [r for r in rows if r.unique_key is not None]
         existing = self._insert_keyed(conn, keyed) if keyed else {}
         out: list[tuple[UUID, bool]] = []
@@ -243,6 +269,95 @@ class ExecutionStore:
                 holder = existing[(r.job_name, r.unique_key)]
                 out.append((holder, holder == r.id))
         return out
+
+    def insert_alone(self, rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
+        """push: none -> pending (or scheduled), in a transaction of the store's own.
+
+        Guard and result as :meth:`insert`. Several rows commit together. One row commits on
+        its own (autocommit: each statement of a one-row push is a whole push); an unkeyed
+        one on psycopg goes by :meth:`_insert_direct` unless something listens to the
+        engine's statements (tracing, echo), which then sees it go through SQLAlchemy.
+        """
+        if len(rows) == 1 and rows[0].unique_key is None and self._direct_ok():
+            self._insert_direct(rows[0])
+            return [(rows[0].id, True)]
+        with self.begin(autocommit=len(rows) == 1) as conn:
+            return self.insert(conn, rows)
+
+    def _direct_ok(self) -> bool:
+        engine = self.engine
+        return (
+            engine.dialect.driver == "psycopg"
+            and not engine.dispatch.before_execute and not engine.dispatch.after_execute
+            and not engine.dispatch.before_cursor_execute
+            and not engine.dispatch.after_cursor_execute
+            and not engine.logger.isEnabledFor(logging.INFO)
+        )
+
+    def _insert_direct(self, row: NewExecution) -> None:
+        """One row by one INSERT on the pooled psycopg connection itself, in autocommit.
+
+        One round trip and none of SQLAlchemy's per-statement work, which costs about as
+        much as that round trip (bench/README.md). The SQL and the value conversions are
+        SQLAlchemy's own (the INSERT compiled once, each column type's bind processor), so
+        the row is the one :meth:`insert` writes. A driver error discards the connection
+        (it is not pooled again) and becomes :class:`StorageError`.
+        """
+        values = row.values()
+        if self._direct is None:
+            compiled = insert(self.t).compile(dialect=self.engine.dialect,
+                                              column_keys=list(values))
+            self._direct = (str(compiled), self._processors(self.engine.dialect, values))
+        sql, processors = self._direct
+        params = {name: value if process is None else process(value)
+                  for (name, value), process in zip(values.items(), processors, strict=True)}
+        driver_error = self.engine.dialect.loaded_dbapi.Error
+        try:
+            raw = self.engine.raw_connection()  # the pool raises the driver's own errors
+        except (DBAPIError, driver_error) as exc:
+            raise StorageError(f"database error on {self._where()}: {exc}") from exc
+        try:
+            driver = raw.driver_connection
+            assert driver is not None
+            driver.autocommit = True
+            try:
+                driver.execute(sql, params)
+            finally:
+                driver.autocommit = False
+        except driver_error as exc:
+            raw.invalidate()
+            raise StorageError(f"database error on {self._where()}: {exc}") from exc
+        finally:
+            raw.close()
+
+    def _processors(self, dialect: Dialect, columns: Iterable[str]) -> list[Any]:
+        """Each column's SQLAlchemy bind processor for ``dialect`` (None: value as is)."""
+        return [self.t.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+                for name in columns]
+
+    def _copy(self, conn: Connection, rows: Sequence[NewExecution]) -> None:
+        """Insert unkeyed rows with one ``COPY ... FROM STDIN`` on ``conn`` (psycopg 3).
+
+        Several times faster than an INSERT per row for a large batch, in the same
+        transaction. Values go through each column type's SQLAlchemy bind processor, exactly
+        as an INSERT's would. Driver errors become :class:`StorageError`.
+        """
+        prep = conn.dialect.identifier_preparer
+        columns = list(rows[0].values())
+        processors = self._processors(conn.dialect, columns)
+        sql = (f"COPY {prep.format_table(self.t)} "
+               f"({', '.join(prep.quote(name) for name in columns)}) FROM STDIN")
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        try:
+            with driver.cursor() as cursor, cursor.copy(sql) as copy:
+                for row in rows:
+                    copy.write_row([
+                        value if process is None else process(value)
+                        for value, process in zip(row.values().values(), processors, strict=True)
+                    ])
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
 
     def _insert_keyed(
         self, conn: Connection, rows: Sequence[NewExecution]
@@ -330,7 +445,7 @@ class ExecutionStore:
                 t.c.unique_key, t.c.organization_id, t.c.lease_expires_at,
             )
         )
-        with self.begin() as conn:
+        with self.begin(autocommit=True) as conn:  # one statement
             rows = {r.id: Claimed(**r._mapping) for r in conn.execute(stmt)}
         return [rows[i] for i in ids if i in rows]
 
@@ -342,7 +457,7 @@ class ExecutionStore:
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``. A miss (the row
         was cancelled or rescued meanwhile) returns False. ``now`` is an aware datetime.
         """
-        with self.begin() as conn:
+        with self.begin(autocommit=True) as conn:  # one statement
             if keep:
                 result = conn.execute(
                     update(self.t)
@@ -352,8 +467,11 @@ class ExecutionStore:
                         lease_expires_at=None, logs=logs,
                     )
                 )
-            else:
-                result = conn.execute(delete(self.t).where(self._fenced(fence)))
+            else:  # the hot path: a statement built once, only its parameters change
+                result = conn.execute(self._delete_fenced, {
+                    "fence_id": fence.id, "fence_by": fence.claimed_by,
+                    "fence_attempt": fence.attempt,
+                })
         return self._hit(result.rowcount, "complete", fence.id)
 
     def retry(

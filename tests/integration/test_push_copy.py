@@ -1,0 +1,84 @@
+"""A large push_many on PostgreSQL goes through COPY; its rows must equal an INSERT's, column
+for column, and a failing COPY must leave nothing behind.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from celery_outbox import Outbox, OutboxJob, StorageError
+from celery_outbox.states import Status
+from celery_outbox.store import _COPY_MIN_ROWS, NewExecution
+from tests.integration.conftest import Order
+from tests.integration.fakes import RecordingDispatcher
+
+VARYING = {"id", "payload", "created_at", "updated_at", "dispatched_at", "scheduled_at"}
+
+
+def rows(outbox: Outbox) -> dict[UUID, dict[str, Any]]:
+    t = outbox.tables.executions
+    return outbox.store.run(
+        lambda conn: {r.id: dict(r._mapping) for r in conn.execute(select(t))}
+    )
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_copied_rows_equal_inserted_rows(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], scheduled: bool
+) -> None:
+    paris = timezone(timedelta(hours=1))
+    when = datetime.now(paris) + timedelta(hours=2) if scheduled else None
+    options: dict[str, Any] = {"scheduled_at": when, "priority": "low",
+                               "organization_id": "org-1", "triggered_by": "u1",
+                               "triggered_by_name": "Ann"}
+    copied = receipt.push_many([Order(order_id=n) for n in range(_COPY_MIN_ROWS)], **options)
+    [inserted] = receipt.push_many([{"order_id": -1}], **options)
+
+    table = rows(pg_outbox)
+    assert len(table) == _COPY_MIN_ROWS + 1
+    reference = {k: v for k, v in table[inserted].items() if k not in VARYING}
+    for n, execution_id in enumerate(copied):
+        row = table[execution_id]
+        assert {k: v for k, v in row.items() if k not in VARYING} == reference
+        assert row["payload"] == {"order_id": n}
+        assert row["created_at"].tzinfo is not None
+        assert row["scheduled_at"] == (when if scheduled else None)
+    assert reference["status"] == (Status.SCHEDULED if scheduled else Status.PENDING).value
+
+
+def test_copy_joins_the_callers_transaction(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher
+) -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), Session(pg_outbox.engine) as session, session.begin():
+        receipt.push_many([{"order_id": n} for n in range(_COPY_MIN_ROWS)], session=session)
+        raise Boom
+    assert rows(pg_outbox) == {}
+    assert recording.calls == []
+
+    with Session(pg_outbox.engine) as session, session.begin():
+        ids = receipt.push_many([{"order_id": n} for n in range(_COPY_MIN_ROWS)],
+                                session=session)
+    assert set(rows(pg_outbox)) == set(ids)
+    assert [i.execution_id for call in recording.calls for i in call.items] == ids
+
+
+def test_failed_copy_is_a_storage_error_and_writes_nothing(pg_outbox: Outbox) -> None:
+    now = datetime.now(timezone.utc)
+    batch = [
+        NewExecution(id=uuid4(), job_name="shop.receipt", status=Status.PENDING,
+                     priority=9 if n == _COPY_MIN_ROWS - 1 else 2,  # violates the CHECK
+                     max_attempts=1, payload={"order_id": n}, created_at=now)
+        for n in range(_COPY_MIN_ROWS)
+    ]
+    with pytest.raises(StorageError, match=f"push of {_COPY_MIN_ROWS} execution"):
+        pg_outbox.store.run(lambda conn: pg_outbox.store.insert(conn, batch))
+    assert rows(pg_outbox) == {}
