@@ -135,7 +135,8 @@ def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker])
         started = [
             running.enter_context(procs.celery_worker(
                 "tests.e2e.app", env, queues=w.queues, concurrency=w.concurrency,
-                log_path=w.log, extra=("-n", f"{w.name}@%h"),
+                # node names unique per run: RabbitMQ's pidbox queue is exclusive per name
+                log_path=w.log, extra=("-n", f"{w.name}-{queue}@%h"),
             ))
             for w in workers
         ]
