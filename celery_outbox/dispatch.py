@@ -96,9 +96,11 @@ class CeleryDispatcher:
         self.publish_retries = publish_retries
         self.linger = linger
         self._last_publish = 0.0  # time.monotonic() when the thread last published
+        self._hurry = threading.Event()  # ends the linger: flush() or a full message
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._outstanding = 0
+        self._outstanding = 0  # handed over, not yet published
+        self._queued = 0  # handed over, not yet taken by the thread
         self._pid: int | None = None
         self._queue: queue.SimpleQueue[list[DispatchItem] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -113,13 +115,17 @@ class CeleryDispatcher:
         with self._lock:
             self._ensure_thread()
             self._outstanding += len(items)
+            self._queued += len(items)
+            full = self._queued >= self.chunk_size
         self._queue.put(list(items))
+        if full:
+            self._hurry.set()  # a message's worth is waiting: do not linger
 
     def flush(self, timeout: timedelta) -> bool:
         deadline = timeout.total_seconds()
         with self._idle:
             if self._outstanding:
-                self._queue.put([])  # publish now, do not linger
+                self._hurry.set()  # publish now, do not linger
             return self._idle.wait_for(lambda: self._outstanding == 0, timeout=deadline)
 
     # -- the publishing thread --------------------------------------------------------------
@@ -130,7 +136,8 @@ class CeleryDispatcher:
             return
         if self._pid != pid:  # forked: the parent's queue and thread are not ours
             self._queue = queue.SimpleQueue()
-            self._outstanding = 0
+            self._hurry = threading.Event()
+            self._outstanding = self._queued = 0
             self._pid = pid
         self._thread = threading.Thread(
             target=self._loop, name="celery-outbox-dispatch", daemon=True
@@ -143,9 +150,14 @@ class CeleryDispatcher:
             first = q.get()
             if first is None:
                 return
-            if not first:  # a flush found nothing left to publish
-                continue
-            items = self._gather(q, first)
+            if time.monotonic() < self._last_publish + self.linger.total_seconds():
+                # Ids keep coming: let more join this message. Waiting on an event, not on
+                # the queue, so the pushing threads' puts do not wake this thread each time.
+                self._hurry.wait(self.linger.total_seconds())
+            self._hurry.clear()
+            items = self._drain(q, first)
+            with self._lock:
+                self._queued -= len(items)
             try:
                 self.publish(items)
             except Exception:  # publish() logs per group; this is the last guard of the thread
@@ -156,27 +168,20 @@ class CeleryDispatcher:
                     self._outstanding -= len(items)
                     self._idle.notify_all()
 
-    def _gather(
-        self, q: queue.SimpleQueue[list[DispatchItem] | None], first: list[DispatchItem]
+    @staticmethod
+    def _drain(
+        q: queue.SimpleQueue[list[DispatchItem] | None], first: list[DispatchItem]
     ) -> list[DispatchItem]:
-        """``first``, plus what arrives within ``linger`` while less than a message is ready
-        and ids keep coming (a flush or a stop ends the wait), plus whatever is queued
-        already, up to a cap."""
+        """``first`` plus whatever is queued already, up to a cap."""
         items = first
-        now = time.monotonic()
-        deadline = now + self.linger.total_seconds()
-        hurry = now >= self._last_publish + self.linger.total_seconds()  # quiet: no wait
         while len(items) < _MAX_DRAIN:
-            wait = 0.0 if hurry or len(items) >= self.chunk_size else deadline - time.monotonic()
             try:
-                more = q.get(timeout=wait) if wait > 0 else q.get_nowait()
+                more = q.get_nowait()
             except queue.Empty:
                 break
             if more is None:
                 q.put(None)
                 break
-            if not more:
-                hurry = True
             items.extend(more)
         return items
 
