@@ -114,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  broker {target.broker}, queue {target.queue}, database {target.database_url}")
     print(f"  counts: single {c.single}, push_many {c.many:,}, e2e {c.e2e:,} (batches of "
           f"{c.batch}); rounds: {rounds} publish-only, {e2e_rounds} end-to-end")
-    scenarios.reset()
-    scenarios.warm_up()
-    figures = _publish_figures(c, rounds)
-    if not args.skip_e2e:
-        figures |= _e2e_figures(target.queue, c, e2e_rounds)
-    scenarios.purge()
+    try:
+        scenarios.reset()
+        scenarios.warm_up()
+        figures = _publish_figures(c, rounds)
+        if not args.skip_e2e:
+            figures |= _e2e_figures(target.queue, c, e2e_rounds)
+    finally:
+        scenarios.clean_up()
     _report(figures, skip_e2e=args.skip_e2e)
     print(f"\nload average at the end: {_load()}")
     return 0

@@ -50,6 +50,15 @@ def purge() -> None:
     bench_app.counter().delete(bench_app.COUNTER)
 
 
+def clean_up() -> None:
+    """Delete every Redis key of this run (its queue, bindings and counter)."""
+    purge()
+    client = bench_app.counter()
+    keys = list(client.scan_iter(match=f"*{bench_app.QUEUE}*"))
+    if keys:
+        client.delete(*keys)
+
+
 def warm_up() -> None:
     """One of each call, so connections, pools and compiled statements exist before timing."""
     for n in range(3):
