@@ -306,10 +306,18 @@ def _send(deferred: list[_Deferred]) -> None:
 
 
 class _SessionHook:
-    """Per-Session queue of dispatches, tagged with the (nested) transaction that made them."""
+    """Per-Session queue of dispatches, tagged with the (nested) transaction that made them
+    and the Connection that wrote the rows.
+
+    A Session bound to a Connection that was already in a transaction (the
+    ``join_transaction_mode`` recipes) commits no more than a savepoint, or nothing, on
+    ``commit()``: the rows are durable only when that outer transaction commits. Its
+    dispatches then move to the Connection's queue (:class:`_ConnectionHook`), which sends
+    them on the outer commit and drops them on its rollback.
+    """
 
     def __init__(self, session: Session) -> None:
-        self.entries: list[tuple[SessionTransaction, _Deferred]] = []
+        self.entries: list[tuple[SessionTransaction, Connection, _Deferred]] = []
         event.listen(session, "after_commit", self.on_commit)
         event.listen(session, "after_soft_rollback", self.on_soft_rollback)
         event.listen(session, "after_transaction_end", self.on_transaction_end)
@@ -325,7 +333,7 @@ class _SessionHook:
         tx = session.get_nested_transaction() or session.get_transaction()
         if tx is None:
             raise RuntimeError("push(session=...) needs the session inside a transaction")
-        self.entries.append((tx, (dispatcher, items)))
+        self.entries.append((tx, session.connection(), (dispatcher, items)))
 
     def on_commit(self, session: Session) -> None:
         if session.in_nested_transaction():
@@ -334,7 +342,14 @@ class _SessionHook:
             # rollback still reaches.
             return
         entries, self.entries = self.entries, []
-        _send([deferred for _, deferred in entries])
+        durable: list[_Deferred] = []
+        for _, conn, deferred in entries:
+            if conn.in_transaction():
+                # The Session joined a transaction it does not own: wait for that one.
+                _ConnectionHook.get(conn).add(*deferred)
+            else:
+                durable.append(deferred)
+        _send(durable)
 
     def on_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
         def inside(tx: SessionTransaction | None) -> bool:
@@ -344,7 +359,7 @@ class _SessionHook:
                 tx = tx.parent
             return False
 
-        self.entries = [(tx, d) for tx, d in self.entries if not inside(tx)]
+        self.entries = [(tx, c, d) for tx, c, d in self.entries if not inside(tx)]
 
     def on_transaction_end(self, session: Session, transaction: SessionTransaction) -> None:
         if transaction.parent is None:
