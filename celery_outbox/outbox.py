@@ -64,9 +64,9 @@ def make_engine(url: str) -> Engine:
     PostgreSQL: ``connect_timeout`` 5 s, and a connection the server closed (restart,
     ``pg_terminate_backend``, idle timeout) is replaced on checkout, not reused
     (:func:`_replace_closed_connections`). SQLite: WAL journal, 30 s busy timeout, so a worker
-    and a producer can write the same file; and a BEGIN sent before a SAVEPOINT that would
-    otherwise open the transaction (pysqlite begins one only before DML, so that SAVEPOINT's
-    release would commit).
+    and a producer can write the same file; and a BEGIN IMMEDIATE sent before a SAVEPOINT
+    that would otherwise open the transaction (pysqlite begins one only before DML, so that
+    SAVEPOINT's release would commit).
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
@@ -83,9 +83,11 @@ def make_engine(url: str) -> Engine:
         def _begin_first(conn: Connection, name: str | None) -> None:
             # pysqlite begins a transaction only before DML: a SAVEPOINT sent first would
             # start one of its own, which its RELEASE commits and the outer ROLLBACK misses.
+            # IMMEDIATE: a transaction that reads before its first write would otherwise fail
+            # that write at once ("database is locked") if another connection wrote meanwhile.
             dbapi: Any = conn.connection.dbapi_connection
             if dbapi is not None and not dbapi.in_transaction:
-                dbapi.execute("BEGIN")
+                dbapi.execute("BEGIN IMMEDIATE")
 
         return engine
     connect_args: dict[str, Any] = {}
