@@ -34,6 +34,12 @@ from sqlalchemy.types import TypeDecorator
 from celery_outbox.states import ACTIVE, TERMINAL, Status, sql_list
 
 DEFAULT_TABLE = "celery_outbox_executions"
+MAX_LENGTHS = {
+    "job_name": 200, "unique_key": 255, "organization_id": 64, "triggered_by": 200,
+    "triggered_by_name": 200,
+}
+"""Lengths of the string columns a caller fills: job names and push arguments are checked
+against them before anything is written."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -85,9 +91,9 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         name,
         metadata,
         Column("id", Uuid(), primary_key=True),
-        Column("job_name", String(200), nullable=False),
-        Column("unique_key", String(255), nullable=True),
-        Column("organization_id", String(64), nullable=True),
+        Column("job_name", String(MAX_LENGTHS["job_name"]), nullable=False),
+        Column("unique_key", String(MAX_LENGTHS["unique_key"]), nullable=True),
+        Column("organization_id", String(MAX_LENGTHS["organization_id"]), nullable=True),
         Column("status", String(16), nullable=False),
         Column("priority", SmallInteger(), nullable=False, server_default=text("2")),
         Column("attempt", Integer(), nullable=False, server_default=text("0")),
@@ -103,8 +109,8 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("claimed_by", String(200), nullable=True),
         Column("last_error", Text(), nullable=True),
         Column("logs", JSONType, nullable=True),
-        Column("triggered_by", String(200), nullable=True),
-        Column("triggered_by_name", String(200), nullable=True),
+        Column("triggered_by", String(MAX_LENGTHS["triggered_by"]), nullable=True),
+        Column("triggered_by_name", String(MAX_LENGTHS["triggered_by_name"]), nullable=True),
         Column("cancelled_by", String(200), nullable=True),
         Column("cancelled_by_name", String(200), nullable=True),
         CheckConstraint(
@@ -130,8 +136,9 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         f"ix_{name}_running", executions, "lease_expires_at",
         where=f"status = '{Status.RUNNING.value}'",
     )
-    _index(  # trim and list_jobs' recent counts: finished rows per job, newest first
-        f"ix_{name}_finished", executions, "job_name", "status", "finished_at",
+    _index(  # trim and list_jobs' recent counts: finished rows per job, newest first; with
+        # the id (the trim's tie-break), the trim finds its cutoff from the index alone
+        f"ix_{name}_finished", executions, "job_name", "status", "finished_at", "id",
         where=f"status IN ({finished})",
     )
     _index(  # admin: a job's executions newest first

@@ -7,7 +7,9 @@ It owns push, cancel and the schema; the SQL itself lives in :mod:`celery_outbox
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import select
 import weakref
 from collections.abc import Sequence
@@ -44,7 +46,7 @@ from celery_outbox.maintenance import (
     beat,
 )
 from celery_outbox.maintenance.service import check_now
-from celery_outbox.models import DEFAULT_TABLE, TABLES, build_tables
+from celery_outbox.models import DEFAULT_TABLE, MAX_LENGTHS, TABLES, build_tables
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain
@@ -56,6 +58,8 @@ from celery_outbox.ticker import install as install_cron_task
 log = logging.getLogger(__name__)
 
 _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+"""An escaped NUL in JSON text (not an escaped backslash followed by ``u0000``)."""
 
 
 def make_engine(url: str) -> Engine:
@@ -311,7 +315,11 @@ class Outbox:
         rows = self._rows(spec, payloads, keys, now, run_at, priority, organization_id,
                           triggered_by, triggered_by_name, index_items)
         if session is not None:
-            results = self._insert_in(session.connection(), rows)
+            try:
+                conn = session.connection()
+            except DBAPIError as exc:
+                raise StorageError(f"push failed: {exc.orig}") from exc
+            results = self._insert_in(conn, rows)
             defer_to_commit(session, self.dispatcher, self._to_dispatch(rows, results, now))
         elif connection is not None:
             results = self._insert_in(connection, rows)
@@ -344,6 +352,10 @@ class Outbox:
             prio = spec.priority if priority is None else Priority.parse(priority)
         except ValueError as exc:
             raise ConfigurationError(f"push: option 'priority': {exc}") from exc
+        for option, value in (("organization_id", organization_id),
+                              ("triggered_by", triggered_by),
+                              ("triggered_by_name", triggered_by_name)):
+            _check_text(option, value)
         due_later = run_at is not None and run_at > now
         status = Status.SCHEDULED if due_later else Status.PENDING
         eta_ok = not due_later or (run_at is not None and run_at - now <= self.config.max_eta)
@@ -351,6 +363,8 @@ class Outbox:
         for index, (payload, key) in enumerate(zip(payloads, keys, strict=True)):
             if key is not None and (not isinstance(key, str) or not key):
                 raise ConfigurationError(f"push: key must be a non-empty string, got {key!r}")
+            if key is not None:
+                _check_text("key", key, MAX_LENGTHS["unique_key"])
             rows.append(NewExecution(
                 id=uuid4(),
                 job_name=spec.name,
@@ -474,4 +488,29 @@ def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:
             for e in errors:
                 e["loc"] = (f"items[{index}]", *e.get("loc", ()))
         raise PayloadInvalid(spec.name, errors) from None
-    return model.model_dump(mode="json")
+    try:
+        data = model.model_dump(mode="json")
+        # What the database stores must be JSON PostgreSQL takes: no NaN, no Infinity, no
+        # NUL character in a string.
+        text = json.dumps(data, allow_nan=False)
+        if "\\u0000" in text and _JSON_NUL.search(text):
+            raise ValueError("a string holds the NUL character (\\u0000)")
+    except ValueError as exc:  # pydantic's serialisation errors, undecodable bytes, NaN
+        loc = (f"items[{index}]",) if index is not None else ()
+        raise PayloadInvalid(spec.name, [{
+            "loc": loc, "msg": f"cannot be stored as JSON: {exc}", "type": "json_serialisable",
+        }]) from None
+    return data
+
+
+def _check_text(option: str, value: str | None, limit: int | None = None) -> None:
+    """A push argument stored in a string column: a str within the column's length, without
+    the NUL character (PostgreSQL's text refuses it)."""
+    if value is None:
+        return
+    limit = limit if limit is not None else MAX_LENGTHS[option]
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+        raise ConfigurationError(
+            f"push: option {option!r} must be a string of at most {limit} characters "
+            f"without NUL, got {value!r:.80}"
+        )

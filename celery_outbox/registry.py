@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from celery_outbox.config import OutboxConfig
 from celery_outbox.cron import expression_problem, zone_problem
 from celery_outbox.errors import ConfigurationError, JobNotRegistered
+from celery_outbox.models import MAX_LENGTHS
 from celery_outbox.retry import NO_RETRY, RetryPolicy
 from celery_outbox.states import Priority
 
@@ -61,9 +62,10 @@ class JobSpec:
     def create(cls, handler: Callable[..., Any], **options: Any) -> JobSpec:
         """Validate ``options`` (the ``@outbox_job`` keywords) and build the spec.
 
-        Raises :class:`ConfigurationError` naming the option on an unknown option, schema and
-        cron together or neither, a bad cron expression or timezone, a negative timeout, an
-        unknown priority or record mode, or a malformed ``keep``.
+        Raises :class:`ConfigurationError` naming the option on an unknown option, a name
+        longer than the table's ``job_name`` column (200), schema and cron together or
+        neither, a bad cron expression or timezone, a negative timeout, an unknown priority
+        or record mode, or a malformed ``keep``.
         """
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
@@ -76,6 +78,11 @@ class JobSpec:
         name = options.get("name") or _qualname(handler)
         if not isinstance(name, str) or not name.strip():
             raise ConfigurationError(f"job name must be a non-empty string, got {name!r}")
+        if len(name) > MAX_LENGTHS["job_name"]:
+            raise ConfigurationError(
+                f"job name {name[:40]!r}... is {len(name)} characters long; "
+                f"at most {MAX_LENGTHS['job_name']}"
+            )
 
         def bad(option: str, message: str) -> ConfigurationError:
             return ConfigurationError(f"job {name!r}: option {option!r} {message}")

@@ -96,16 +96,21 @@ class Runner:
     def run(self, job_name: str, ids: Sequence[UUID | str]) -> RunResult:
         """Claim and run the executions ``ids`` of ``job_name``.
 
-        An unknown job is logged and skipped (the message is acknowledged; rows untouched).
-        Never raises for a handler's error; raises :class:`StorageError` when the claim fails.
+        An unknown job is logged and skipped (the message is acknowledged; rows untouched), and
+        so is an id that is no UUID (the others run). Never raises for a handler's error;
+        raises :class:`StorageError` when the claim fails.
         """
+        uuids = _parse_ids(job_name, ids)
         try:
-            spec = self.registry.get(job_name)
+            spec = self.registry.get(job_name) if isinstance(job_name, str) else None
         except JobNotRegistered:
+            spec = None
+        if spec is None:
             log.error("celery_outbox: received %d execution(s) of unregistered job %r; "
-                      "rows left untouched", len(ids), job_name)
+                      "rows left untouched", len(uuids), job_name)
             return RunResult()
-        uuids = [i if isinstance(i, UUID) else UUID(str(i)) for i in ids]
+        if not uuids:
+            return RunResult()
         now = self.clock()
         worker = self.worker_id
         lease = spec.lease(self.config)
@@ -252,6 +257,25 @@ class Runner:
             return False
         ctx.cancel(reason)
         return True
+
+
+def _parse_ids(job_name: object, ids: object) -> list[UUID]:
+    """The execution ids of a message; what is no UUID is logged and left out."""
+    if not isinstance(ids, (list, tuple)):
+        log.error("celery_outbox: message for job %r carries %r instead of a list of execution "
+                  "ids; skipped", job_name, ids)
+        return []
+    uuids: list[UUID] = []
+    bad: list[object] = []
+    for i in ids:
+        try:
+            uuids.append(i if isinstance(i, UUID) else UUID(str(i)))
+        except ValueError:
+            bad.append(i)
+    if bad:
+        log.error("celery_outbox: message for job %r carries %d id(s) that are no UUID, "
+                  "skipped: %s", job_name, len(bad), ", ".join(repr(b) for b in bad[:3]))
+    return uuids
 
 
 def _on_lost(ctx: JobContext[Any]) -> Callable[[], None]:
