@@ -105,6 +105,7 @@ class CeleryDispatcher:
         self._queue: queue.SimpleQueue[list[DispatchItem] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._priority_map: dict[int, int] | None = None
+        self._warm_pid: int | None = None  # the process whose caller ran _warm_up()
         atexit.register(self._at_exit, weakref.ref(self))
 
     # -- the caller's side ------------------------------------------------------------------
@@ -139,10 +140,33 @@ class CeleryDispatcher:
             self._hurry = threading.Event()
             self._outstanding = self._queued = 0
             self._pid = pid
+        if self._warm_pid != pid:
+            self._warm_up()
+            self._warm_pid = pid
         self._thread = threading.Thread(
             target=self._loop, name="celery-outbox-dispatch", daemon=True
         )
         self._thread.start()
+
+    def _warm_up(self) -> None:
+        """Resolve, in the caller's thread, everything a publish needs, so the publishing
+        thread only does I/O.
+
+        A script that pushes and exits without ``flush()`` publishes from the atexit flush,
+        after the interpreter began shutting down; importing a broker client then (kombu's
+        Redis transport imports ``concurrent.futures``) fails with "can't register atexit
+        after shutdown" and the push would wait for the sweep. No I/O here: creating the
+        transport, pool and producer objects does not connect. A failure is logged; the
+        publish then reports its own error.
+        """
+        try:
+            self.app.tasks[RUN_TASK]  # finalizes the app
+            self._broker_priority(0)  # resolves the transport: imports the client library
+            with self.app.producer_or_acquire():  # the connection and producer pools
+                pass
+            self.app.amqp._event_dispatcher  # noqa: B018 (send_task_message uses it)
+        except Exception:
+            log.warning("celery_outbox: could not prepare publishing", exc_info=True)
 
     def _loop(self) -> None:
         q = self._queue
