@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import select
 import weakref
@@ -70,10 +71,12 @@ def make_engine(url: str) -> Engine:
     (:func:`_replace_closed_connections`). SQLite: WAL journal, 30 s busy timeout, so a worker
     and a producer can write the same file; and a BEGIN IMMEDIATE sent before a SAVEPOINT
     that would otherwise open the transaction (pysqlite begins one only before DML, so that
-    SAVEPOINT's release would commit).
+    SAVEPOINT's release would commit). Both: a pooled connection opened before a fork is
+    never used by the child (:func:`_fork_safe`).
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        _fork_safe(engine)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -98,9 +101,32 @@ def make_engine(url: str) -> Engine:
     if url.startswith("postgresql"):
         connect_args["connect_timeout"] = 5
         engine = create_engine(url, connect_args=connect_args)
+        _fork_safe(engine)  # first: its checkout check must run before the one below
         _replace_closed_connections(engine)
         return engine
     return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+
+
+def _fork_safe(engine: Engine) -> None:
+    """On checkout, replace a pooled connection that another process opened.
+
+    A process that forks (a pre-forking web server whose master pushed, or ran
+    create_schema, before forking its workers) leaves its pooled connections to the children:
+    two processes on one socket interleave their statements and results, and a push may fail
+    although its row was written. The child drops such a connection without closing it (a
+    close would end the parent's session too) and connects anew, as SQLAlchemy's pooling
+    guide advises. Celery's prefork children also dispose the pool at start.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _remember_pid(_dbapi_conn: Any, record: Any) -> None:
+        record.info["pid"] = os.getpid()
+
+    @event.listens_for(engine, "checkout")
+    def _check_pid(_dbapi_conn: Any, record: Any, proxy: Any) -> None:
+        if record.info.get("pid", os.getpid()) != os.getpid():
+            record.dbapi_connection = proxy.dbapi_connection = None
+            raise DisconnectionError("connection opened by another process (before a fork)")
 
 
 def _replace_closed_connections(engine: Engine) -> None:
