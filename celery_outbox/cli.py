@@ -7,9 +7,17 @@ passes it in click's context (``ctx.obj.app``); the Outbox is the one installed 
 
 Sub-commands: ``jobs``, ``executions JOB [--status S] [--limit N] [--organization-id ORG]``,
 ``show ID``, ``trigger JOB [--payload JSON]``, ``retry ID``, ``cancel ID``, ``sweep``,
-``trim``, ``create-schema``. Each prints tables for people, or JSON with ``--json``. A miss
-(unknown job or id, a status that forbids the action) or bad input exits with status 1 and a
-one-line ``Error: ...`` on stderr.
+``trim``, ``create-schema``. ``jobs``, ``executions`` and ``show`` print tables for people;
+the others print one line; all print JSON with ``--json``.
+
+Exit status, each failure with one line ``Error: ...`` on stderr:
+
+- 2, bad input: an unknown option or a malformed value (``--payload`` that is not JSON or
+  does not fit the job's schema, a queue job triggered without ``--payload``, a payload for a
+  cron job, an unknown ``--status``, ``--limit`` outside 1..200, an ID that is no UUID);
+- 1, a miss or a refused action: unknown job or execution id, a status that forbids the
+  action (``InvalidTransition``), a locked cron job (``JobLocked``), a database error, no
+  Outbox on the app.
 """
 
 from __future__ import annotations
@@ -22,15 +30,17 @@ import os
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, ParamSpec, TypeVar
+from uuid import UUID
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from celery_outbox.admin import ExecutionDetail, ExecutionView, JobView
-from celery_outbox.errors import OutboxError
+from celery_outbox.admin import MAX_LIMIT, ExecutionDetail, ExecutionView, JobView
+from celery_outbox.errors import ConfigurationError, OutboxError, PayloadInvalid
 from celery_outbox.outbox import Outbox
+from celery_outbox.states import Status
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,7 +49,9 @@ TRIGGERED_BY = "cli"
 
 
 class _BadInput(click.ClickException):
-    exit_code = 2  # click's status for a usage error
+    """Bad input: exits 2, click's status for a usage error."""
+
+    exit_code = 2
 
 
 class _OutboxGroup(click.Group):
@@ -81,13 +93,20 @@ def _one_line(exc: BaseException) -> str:
 def admin_command(
     fn: Callable[Concatenate[Outbox, P], R],
 ) -> Callable[P, R | None]:
-    """Pass the app's Outbox as first argument; an OutboxError exits 1 with one line."""
+    """Pass the app's Outbox as first argument. An OutboxError exits with one line: 2 for
+    bad input (ConfigurationError, PayloadInvalid), 1 for anything else (a miss)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
         ctx = click.get_current_context()
         try:
-            return fn(_outbox(ctx), *args, **kwargs)
+            box = _outbox(ctx)
+        except OutboxError as exc:
+            raise click.ClickException(_one_line(exc)) from exc
+        try:
+            return fn(box, *args, **kwargs)
+        except (ConfigurationError, PayloadInvalid) as exc:
+            raise _BadInput(_one_line(exc)) from exc
         except OutboxError as exc:
             raise click.ClickException(_one_line(exc)) from exc
 
@@ -123,16 +142,21 @@ def jobs_command(box: Outbox, as_json: bool) -> None:
 
 @outbox.command("executions")
 @click.argument("job")
-@click.option("--status", default=None, help="Only this status (pending, scheduled, running, "
-              "succeeded, failed, cancelled).")
+@click.option("--status", default=None,
+              help=f"Only this status ({', '.join(s.value for s in Status)}).")
 @click.option("--limit", default=20, show_default=True, type=int,
-              help="How many, newest first (1..200).")
+              help=f"How many, newest first (1..{MAX_LIMIT}).")
 @click.option("--organization-id", default=None, help="Only this organization (tenant).")
 @json_option
 @admin_command
 def executions_command(box: Outbox, job: str, status: str | None, limit: int,
                        organization_id: str | None, as_json: bool) -> None:
     """The executions of JOB, newest first."""
+    if status is not None and status not in {s.value for s in Status}:
+        raise _BadInput(f"--status must be one of {', '.join(s.value for s in Status)}, "
+                        f"got {status!r}")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise _BadInput(f"--limit must be from 1 to {MAX_LIMIT}, got {limit}")
     rows = box.admin.list_executions(job, status=status, limit=limit,
                                      organization_id=organization_id)
     if as_json:
@@ -142,12 +166,12 @@ def executions_command(box: Outbox, job: str, status: str | None, limit: int,
 
 
 @outbox.command("show")
-@click.argument("execution_id")
+@click.argument("execution_id", metavar="ID")
 @json_option
 @admin_command
 def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
     """One execution with its payload, captured logs and error traceback."""
-    detail = box.admin.get_execution(execution_id)
+    detail = box.admin.get_execution(_execution_id(execution_id))
     if as_json:
         _print_json(detail.to_dict())
         return
@@ -160,8 +184,10 @@ def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
 @json_option
 @admin_command
 def trigger_command(box: Outbox, job: str, payload: str | None, as_json: bool) -> None:
-    """Create one execution of JOB now."""
+    """Create one execution of JOB now (a queue job needs --payload, a cron job takes none)."""
     data = _parse_payload(payload)
+    if data is None and box.registry.get(job).mode == "queue":
+        raise _BadInput(f"job {job!r} needs a payload: pass --payload '<JSON object>'")
     execution_id = box.admin.trigger(job, data, triggered_by=TRIGGERED_BY,
                                      triggered_by_name=_user())
     box.flush(timedelta(seconds=10))
@@ -172,12 +198,13 @@ def trigger_command(box: Outbox, job: str, payload: str | None, as_json: bool) -
 
 
 @outbox.command("retry")
-@click.argument("execution_id")
+@click.argument("execution_id", metavar="ID")
 @json_option
 @admin_command
 def retry_command(box: Outbox, execution_id: str, as_json: bool) -> None:
     """Retry a failed or cancelled execution (a new one, same payload, key and priority)."""
-    new_id = box.admin.retry(execution_id, triggered_by=TRIGGERED_BY, triggered_by_name=_user())
+    new_id = box.admin.retry(_execution_id(execution_id), triggered_by=TRIGGERED_BY,
+                             triggered_by_name=_user())
     box.flush(timedelta(seconds=10))
     if as_json:
         _print_json({"id": str(new_id), "retried": execution_id})
@@ -186,12 +213,13 @@ def retry_command(box: Outbox, execution_id: str, as_json: bool) -> None:
 
 
 @outbox.command("cancel")
-@click.argument("execution_id")
+@click.argument("execution_id", metavar="ID")
 @json_option
 @admin_command
 def cancel_command(box: Outbox, execution_id: str, as_json: bool) -> None:
     """Cancel a pending, scheduled or running execution."""
-    view = box.admin.cancel(execution_id, cancelled_by=TRIGGERED_BY, cancelled_by_name=_user())
+    view = box.admin.cancel(_execution_id(execution_id), cancelled_by=TRIGGERED_BY,
+                            cancelled_by_name=_user())
     if as_json:
         _print_json(view.to_dict())
         return
@@ -249,7 +277,14 @@ def _parse_payload(payload: str | None) -> Any:
     try:
         return json.loads(payload)
     except json.JSONDecodeError as exc:
-        raise click.ClickException(f"--payload is not valid JSON: {exc}") from None
+        raise _BadInput(f"--payload is not valid JSON: {exc}") from None
+
+
+def _execution_id(value: str) -> UUID:
+    try:
+        return UUID(value.strip())
+    except ValueError:
+        raise _BadInput(f"ID must be an execution id (a UUID), got {value!r}") from None
 
 
 def _print_counts(what: str, result: Any, as_json: bool) -> None:
@@ -309,12 +344,24 @@ def _jobs_table(jobs: list[JobView]) -> Table:
     )
 
 
+def _earlier_attempt(status: str) -> bool:
+    """Whether a row's ``last_error`` is an earlier attempt's (only a failed row ended with
+    it: a succeeded, active or cancelled row keeps the error of an attempt before)."""
+    return status != Status.FAILED.value
+
+
+def _error_cell(r: ExecutionView) -> str | None:
+    if r.error and _earlier_attempt(r.status):
+        return f"(earlier attempt) {r.error}"
+    return r.error
+
+
 def _executions_table(job: str, rows: list[ExecutionView]) -> Table:
     return _table(
         f"{len(rows)} execution(s) of {job}, newest first",
-        ["id", "status", "priority", "attempt", "created", "finished", "key", "error"],
+        ["id", "status", "priority", "attempt", "created", "finished", "key", "last error"],
         ([str(r.id), r.status, r.priority, f"{r.attempt}/{r.max_attempts}", r.created_at,
-          r.finished_at, r.unique_key, r.error] for r in rows),
+          r.finished_at, r.unique_key, _error_cell(r)] for r in rows),
     )
 
 
@@ -340,5 +387,6 @@ def _print_detail(d: ExecutionDetail) -> None:
         if e.exception:
             console.print(Text(e.exception), soft_wrap=True)
     if d.traceback:
-        console.print(Text("error:", style="bold"))
+        heading = "last error (earlier attempt):" if _earlier_attempt(d.status) else "error:"
+        console.print(Text(heading, style="bold"))
         console.print(Text(d.traceback), soft_wrap=True)

@@ -121,8 +121,9 @@ class OutboxJob(Generic[P]):
 
         A cron job takes no payload and goes the way of its ticks without spending one: with
         ``lock=True`` (default) it returns None, writing nothing, while an earlier execution
-        of the job is still active. A queue job pushes ``payload``. Raises as :meth:`push`
-        (:class:`StorageError` when the database fails).
+        of the job is still active. A queue job pushes ``payload``, which it requires
+        (:class:`PayloadInvalid` without one). Raises as :meth:`push` (:class:`StorageError`
+        when the database fails).
         """
         try:
             return self.outbox.trigger(self.spec, payload, triggered_by=triggered_by,
@@ -132,8 +133,12 @@ class OutboxJob(Generic[P]):
 
     def cancel(self, execution_id: UUID, *, by: str | None = None,
                by_name: str | None = None) -> bool:
-        """Cancel an active execution of this job. False when it is not active."""
-        return self.outbox.cancel(execution_id, by=by, by_name=by_name)
+        """Cancel an active execution of this job: pending / scheduled / running -> cancelled.
+
+        False, writing nothing, when it is not active or is an execution of another job.
+        ``by`` / ``by_name`` are recorded as ``cancelled_by`` / ``cancelled_by_name``.
+        """
+        return self.outbox.cancel(execution_id, by=by, by_name=by_name, job_name=self.name)
 
     def _queue_mode(self, what: str) -> None:
         if self.spec.mode != "queue":

@@ -421,18 +421,21 @@ class Outbox:
     # -- steer ------------------------------------------------------------------------------
 
     def cancel(
-        self, execution_id: UUID, *, by: str | None = None, by_name: str | None = None
+        self, execution_id: UUID, *, by: str | None = None, by_name: str | None = None,
+        job_name: str | None = None,
     ) -> bool:
-        """cancel: any active status -> cancelled. False when the row is not active.
+        """cancel: any active status -> cancelled. False when the row is not active, or is
+        not an execution of ``job_name`` (when given; what ``job.cancel()`` passes).
 
         A handler running in this process sees ``ctx.cancelled`` at once; on another host,
         within one heartbeat interval. Sends ``job_cancel``.
         """
-        job_name = self.store.cancel(execution_id, utcnow(), by=by, by_name=by_name)
-        if job_name is None:
+        cancelled = self.store.cancel(execution_id, utcnow(), by=by, by_name=by_name,
+                                      job_name=job_name)
+        if cancelled is None:
             return False
         self.runner.cancel_local(execution_id)
-        signals.job_cancel.send(sender=job_name, execution_id=execution_id, cancelled_by=by)
+        signals.job_cancel.send(sender=cancelled, execution_id=execution_id, cancelled_by=by)
         return True
 
     def trigger(
@@ -446,10 +449,11 @@ class Outbox:
         """Create one execution of ``spec`` now in a transaction of its own; returns its id.
 
         What ``job.trigger()`` and the admin's and the CLI's ``trigger`` call. A queue job
-        needs a payload (a push). A cron job takes none and goes the way of its ticks, without
-        spending one (:meth:`CronTicker.trigger`): raises :class:`JobLocked`, writing nothing,
-        while an earlier execution of a ``lock=True`` job is active. Errors as
-        :meth:`push_many`.
+        needs a payload (a push; :class:`PayloadInvalid` without one, its errors naming the
+        payload's fields, not ``items[0]``). A cron job takes none and goes the way of its
+        ticks, without spending one (:meth:`CronTicker.trigger`): raises :class:`JobLocked`,
+        writing nothing, while an earlier execution of a ``lock=True`` job is active. Errors
+        as :meth:`push_many`.
         """
         if spec.mode == "cron":
             if payload is not None:
@@ -459,8 +463,15 @@ class Outbox:
             if result.outcome is not TickOutcome.CREATED or result.execution_id is None:
                 raise JobLocked(spec.name, result.execution_id)
             return result.execution_id
+        if payload is None:
+            model = spec.schema.__name__ if spec.schema is not None else "payload"
+            raise PayloadInvalid(spec.name, [{
+                "loc": (), "msg": f"a payload is required (a dict, or an instance of {model})",
+                "type": "missing",
+            }])
         return self.push_many(
-            spec, [payload], triggered_by=triggered_by, triggered_by_name=triggered_by_name
+            spec, [payload], triggered_by=triggered_by, triggered_by_name=triggered_by_name,
+            index_items=False,
         )[0]
 
     @cached_property

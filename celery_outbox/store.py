@@ -789,17 +789,22 @@ class ExecutionStore:
     # -- admin ------------------------------------------------------------------------------
 
     def cancel(
-        self, execution_id: UUID, now: datetime, *, by: str | None, by_name: str | None
+        self, execution_id: UUID, now: datetime, *, by: str | None, by_name: str | None,
+        job_name: str | None = None,
     ) -> str | None:
         """cancel: pending / scheduled / running -> cancelled.
 
-        Guard: status active. Returns the job name of the cancelled row, or None on a miss
-        (no such row, or already terminal). ``now`` is an aware datetime.
+        Guard: status active, and the row's job is ``job_name`` when one is given. Returns
+        the job name of the cancelled row, or None on a miss (no such row, already terminal,
+        or an execution of another job). ``now`` is an aware datetime.
         """
         t = self.t
+        guard = [t.c.id == execution_id, self._active()]
+        if job_name is not None:
+            guard.append(t.c.job_name == job_name)
         stmt = (
             update(t)
-            .where(t.c.id == execution_id, self._active())
+            .where(*guard)
             .values(
                 status=Status.CANCELLED.value, finished_at=now, updated_at=now,
                 lease_expires_at=None, cancelled_by=by, cancelled_by_name=by_name,

@@ -8,7 +8,9 @@ Configured by environment variables:
   the row is what the tests look at).
 
 Jobs: ``cli.greet`` (queue, high, 2 retries, queue ``greetings``), ``cli.fail`` (queue, always
-raises after logging), ``cli.nightly`` (cron). They live in a registry of this module's own.
+raises after logging), ``cli.flaky`` (queue, ``record="all"``: its first attempt fails and asks
+for an immediate retry, the second succeeds), ``cli.nightly`` (cron). They live in a registry
+of this module's own.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from datetime import timedelta
 from celery import Celery
 from pydantic import BaseModel
 
-from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
+from celery_outbox import JobContext, JobRegistry, Outbox, RetryLater, RetryPolicy, outbox_job
 
 registry = JobRegistry()
 app = Celery("cli_app", broker=os.environ.get("OUTBOX_CLI_BROKER", "memory://"))
@@ -42,6 +44,13 @@ def fail(ctx: JobContext[Greeting]) -> None:
     ctx.log.info("trying to greet %s [twice]", ctx.payload.name)
     logging.getLogger("cli_app.helper").warning("the greeter is broken")
     raise RuntimeError(f"cannot greet {ctx.payload.name}")
+
+
+@outbox_job(schema=Greeting, name="cli.flaky", record="all", retry=RetryPolicy(retries=1),
+            registry=registry)
+def flaky(ctx: JobContext[Greeting]) -> None:
+    if ctx.attempt == 1:
+        raise RetryLater(timedelta(0), f"first try for {ctx.payload.name} failed")
 
 
 @outbox_job(cron="0 3 * * *", name="cli.nightly", registry=registry)

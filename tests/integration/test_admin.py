@@ -239,6 +239,21 @@ def test_trigger_misses(box: Outbox) -> None:
     assert box.admin.list_executions("shop.mail") == []
 
 
+def test_trigger_errors_name_the_field_and_ask_for_a_missing_payload(
+    box: Outbox, jobs: dict[str, OutboxJob[Any]]
+) -> None:
+    for trigger in (lambda p: box.admin.trigger("shop.mail", p), jobs["mail"].trigger):
+        with pytest.raises(PayloadInvalid) as caught:
+            trigger({"order": 1})
+        assert str(caught.value) == "invalid payload for job 'shop.mail': order_id: Field required"
+        assert [e["loc"] for e in caught.value.errors] == [("order_id",)]
+        with pytest.raises(PayloadInvalid) as missing:
+            trigger(None)
+        assert str(missing.value) == ("invalid payload for job 'shop.mail': <payload>: "
+                                      "a payload is required (a dict, or an instance of Order)")
+    assert box.admin.list_executions("shop.mail") == []
+
+
 # -- retry -------------------------------------------------------------------------------------
 
 
@@ -346,6 +361,20 @@ def test_cancel_an_active_execution_then_again(
     missing = uuid4()
     with pytest.raises(ExecutionNotFound, match=str(missing)):
         box.admin.cancel(missing)
+
+
+def test_job_cancel_cancels_only_executions_of_its_own_job(
+    box: Outbox, jobs: dict[str, OutboxJob[Any]]
+) -> None:
+    mail, flaky = jobs["mail"], jobs["flaky"]
+    mails = mail.push({"order_id": 1})
+
+    assert flaky.cancel(mails) is False  # another job's execution: nothing written
+    assert box.store.status_of(mails) == "pending"
+    assert mail.cancel(mails, by="admin") is True
+    view = box.admin.get_execution(mails)
+    assert (view.status, view.cancelled_by) == ("cancelled", "admin")
+    assert mail.cancel(mails) is False  # no longer active
 
 
 def test_cancel_of_a_failed_execution_is_an_invalid_transition(

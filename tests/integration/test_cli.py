@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 from celery_outbox.cli import outbox as outbox_group
 from tests.procs import ROOT
 
-JOBS = {"cli.greet", "cli.fail", "cli.nightly"}
+JOBS = {"cli.greet", "cli.fail", "cli.flaky", "cli.nightly"}
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +73,17 @@ def failed_execution(cli_app: ModuleType, name: str = "Bob") -> UUID:
     return execution_id
 
 
-def one_line_error(result: Result) -> str:
-    assert result.exit_code == 1, result.output
+def one_line_error(result: Result, exit_code: int = 1) -> str:
+    """The one stderr line of a command that failed with ``exit_code`` (1: a miss)."""
+    assert result.exit_code == exit_code, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def bad_input(result: Result) -> str:
+    """The one stderr line of a command refused for bad input (exit status 2)."""
+    return one_line_error(result, exit_code=2)
 
 
 # -- through a real celery process ---------------------------------------------------------------
@@ -111,8 +117,12 @@ def test_real_celery_show_of_a_failed_execution_and_of_an_unknown_id(
 
     unknown = uuid.uuid4()
     missing = celery(cli_env, "show", str(unknown))
-    assert missing.returncode != 0
+    assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [f"Error: no execution with id {unknown}"]
+    malformed = celery(cli_env, "show", "3f2c9a0e")
+    assert malformed.returncode == 2
+    assert malformed.stderr.strip().splitlines() == [
+        "Error: ID must be an execution id (a UUID), got '3f2c9a0e'"]
 
 
 def test_real_celery_jobs_json_of_the_example_project(tmp_path: Path) -> None:
@@ -174,10 +184,13 @@ def test_executions_with_filters_and_bad_input(cli_app: ModuleType) -> None:
     assert json.loads(invoke(cli_app, "executions", "cli.greet", "--status", "running",
                              "--json").stdout) == []
 
-    assert "limit must be an integer from 1 to 200, got 0" in one_line_error(
-        invoke(cli_app, "executions", "cli.fail", "--limit", "0"))
-    assert "unknown status 'done'" in one_line_error(
-        invoke(cli_app, "executions", "cli.fail", "--status", "done"))
+    assert bad_input(invoke(cli_app, "executions", "cli.fail", "--limit", "0")) == (
+        "Error: --limit must be from 1 to 200, got 0")
+    assert bad_input(invoke(cli_app, "executions", "cli.fail", "--limit", "201")) == (
+        "Error: --limit must be from 1 to 200, got 201")
+    assert bad_input(invoke(cli_app, "executions", "cli.fail", "--status", "done")) == (
+        "Error: --status must be one of pending, scheduled, running, succeeded, failed, "
+        "cancelled, got 'done'")
     assert "'cli.nope'" in one_line_error(invoke(cli_app, "executions", "cli.nope"))
     not_a_number = invoke(cli_app, "executions", "cli.fail", "--limit", "ten")
     assert not_a_number.exit_code == 2  # click's usage error status, in one line
@@ -197,11 +210,17 @@ def test_trigger_queue_and_cron_jobs(cli_app: ModuleType) -> None:
     assert cron.exit_code == 0, cron.output
     assert cron.stdout.startswith("triggered cli.nightly: execution ")
 
-    assert "--payload is not valid JSON" in one_line_error(
+    assert "--payload is not valid JSON" in bad_input(
         invoke(cli_app, "trigger", "cli.greet", "--payload", "{name"))
-    assert "invalid payload for job 'cli.greet'" in one_line_error(
-        invoke(cli_app, "trigger", "cli.greet", "--payload", '{"nom": 1}'))
+    assert bad_input(invoke(cli_app, "trigger", "cli.greet", "--payload", '{"nom": 1}')) == (
+        "Error: invalid payload for job 'cli.greet': name: Field required")
+    assert bad_input(invoke(cli_app, "trigger", "cli.greet")) == (
+        "Error: job 'cli.greet' needs a payload: pass --payload '<JSON object>'")
+    assert "takes no payload" in bad_input(
+        invoke(cli_app, "trigger", "cli.nightly", "--payload", "{}"))
     assert "'cli.nope'" in one_line_error(invoke(cli_app, "trigger", "cli.nope"))
+    assert "'cli.nope'" in one_line_error(
+        invoke(cli_app, "trigger", "cli.nope", "--payload", "{}"))
 
 
 def test_retry_and_cancel(cli_app: ModuleType) -> None:
@@ -221,7 +240,35 @@ def test_retry_and_cancel(cli_app: ModuleType) -> None:
     assert (view.status, view.cancelled_by) == ("cancelled", "cli")
     assert f"cannot cancel execution {new_id}: it is cancelled" in one_line_error(
         invoke(cli_app, "cancel", new_id))
-    assert "no execution with id nope" in one_line_error(invoke(cli_app, "cancel", "nope"))
+    assert bad_input(invoke(cli_app, "cancel", "nope")) == (
+        "Error: ID must be an execution id (a UUID), got 'nope'")
+    assert "ID must be an execution id" in bad_input(invoke(cli_app, "retry", "nope"))
+    unknown = uuid.uuid4()
+    assert one_line_error(invoke(cli_app, "cancel", str(unknown))) == (
+        f"Error: no execution with id {unknown}")
+
+
+def test_show_and_executions_label_an_earlier_attempts_error_on_a_succeeded_row(
+    cli_app: ModuleType,
+) -> None:
+    execution_id = cli_app.flaky.push({"name": "Ivy"})
+    cli_app.outbox.run_now("cli.flaky", [execution_id])  # attempt 1: RetryLater(0)
+    cli_app.outbox.run_now("cli.flaky", [execution_id])  # attempt 2: succeeds
+    assert cli_app.outbox.store.status_of(execution_id) == "succeeded"
+
+    shown = invoke(cli_app, "show", str(execution_id))
+    assert shown.exit_code == 0, shown.output
+    assert "last error (earlier attempt):" in shown.stdout
+    assert "\nerror:" not in shown.stdout
+    assert "first try for Ivy failed" in shown.stdout
+    listed = invoke(cli_app, "executions", "cli.flaky", "--status", "succeeded")
+    assert listed.exit_code == 0, listed.output
+    assert "last error" in listed.stdout
+    assert "(earlier attempt)" in listed.stdout
+
+    failed = failed_execution(cli_app, "Jon")
+    shown = invoke(cli_app, "show", str(failed))
+    assert "\nerror:" in shown.stdout and "earlier attempt" not in shown.stdout
 
 
 def test_sweep_rescues_an_expired_lease(cli_app: ModuleType) -> None:
