@@ -256,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m example_project", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-worker", action="store_true",
-                        help="use a worker you started yourself (celery -A example_project worker)")
+                        help="use a worker you started yourself (celery -A example_project "
+                             "worker); the shop's and the outbox's tables in SHOP_DATABASE_URL "
+                             "are still dropped and recreated")
     parser.add_argument("--timeout-seconds", type=float, default=60.0,
                         help="how long to wait for the worker (default 60)")
     args = parser.parse_args(argv)
@@ -268,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     reset()
     run = Run()
     worker: subprocess.Popen[bytes] | None = None
-    log_path = settings.DATA_DIR / "worker.log"
-    with open(log_path, "wb") as log:
+    log_path = settings.DATA_DIR / "worker.log"  # only when this run starts the worker
+    with contextlib.ExitStack() as files:
         try:
             if not args.no_worker:
-                worker = start_worker(log)
+                worker = start_worker(files.enter_context(open(log_path, "wb")))
                 console.print(f"worker:   pid {worker.pid}, log {log_path}")
             shop(run)
             done = wait(run, console, args.timeout_seconds,
@@ -283,8 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             outbox.flush(timedelta(seconds=5))
     show(run, console)
     if not done:
-        print(f"FAILED: not everything happened within {args.timeout_seconds:.0f} s "
-              f"(worker log: {log_path})")
+        hint = (f"worker log: {log_path}" if worker is not None else
+                f"is a worker running on this database and broker, consuming queue "
+                f"{settings.QUEUE!r}? celery -A example_project worker -Q {settings.QUEUE}; "
+                f"see its own log")
+        print(f"FAILED: not everything happened within {args.timeout_seconds:.0f} s ({hint})")
     failures = verdict(run)
     if done and not failures:
         print(f"OK: every order's receipt was sent ({len(run.placed)}/{len(run.placed)})")
