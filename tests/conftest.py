@@ -10,6 +10,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -17,6 +18,25 @@ CI = bool(os.environ.get("CI"))
 PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def address(url: str, default_port: int) -> tuple[str, int]:
+    """The (host, port) a server URL points to: ``redis://h:6380/1`` -> ("h", 6380); the
+    scheme's usual port when the URL names none."""
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+def with_redis_db(url: str) -> str:
+    """``url`` with a Redis database number: ``/0`` added only when it names none."""
+    if urlsplit(url).path.strip("/").isdigit():
+        return url
+    return url.rstrip("/") + "/0"
+
+
+PG_ADDRESS = address(PG_ADMIN_URL, 5432)
+REDIS_ADDRESS = address(REDIS_URL, 6379)
+AMQP_ADDRESS = address(AMQP_URL, 5672)
 
 
 def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -40,7 +60,7 @@ def require(name: str, host: str, port: int) -> None:
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this test session, dropped at the end."""
-    require("PostgreSQL", "127.0.0.1", 5432)
+    require("PostgreSQL", *PG_ADDRESS)
     from sqlalchemy import create_engine, text
 
     name = f"outbox_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -72,13 +92,13 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    require("Redis", "127.0.0.1", 6379)
-    return REDIS_URL + "/0"
+    require("Redis", *REDIS_ADDRESS)
+    return with_redis_db(REDIS_URL)
 
 
 @pytest.fixture(scope="session")
 def amqp_url() -> str:
-    require("RabbitMQ", "127.0.0.1", 5672)
+    require("RabbitMQ", *AMQP_ADDRESS)
     return AMQP_URL
 
 

@@ -23,7 +23,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from tests import procs
-from tests.conftest import PG_ADMIN_URL
+from tests.conftest import PG_ADDRESS, PG_ADMIN_URL
 from tests.e2e.harness import Worker, wait_ready
 
 EXPECTED = [
@@ -88,7 +88,7 @@ def shop_database() -> Iterator[str]:
     """A PostgreSQL database of this test's own (the example drops and creates its tables)."""
     from tests.conftest import require
 
-    require("PostgreSQL", "127.0.0.1", 5432)
+    require("PostgreSQL", *PG_ADDRESS)
     name = f"outbox_example_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
