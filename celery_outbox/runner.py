@@ -119,12 +119,17 @@ class Runner:
             log.debug("celery_outbox: %d of %d id(s) of %r not claimable (already claimed, "
                       "finished or not due)", len(uuids) - len(claimed), len(uuids), job_name)
         contexts = [self._context(spec, row, now) for row in claimed]
-        for row, ctx in zip(claimed, contexts, strict=True):
-            self.heartbeat.track(Fence(row.id, worker, row.attempt), lease, _on_lost(ctx))
+        fences = [Fence(row.id, worker, row.attempt) for row in claimed]
+        for fence, ctx in zip(fences, contexts, strict=True):
+            self.heartbeat.track(fence, lease, _on_lost(ctx))
+        if claimed and claimed[0].id != uuids[0]:
+            self.store.start(fences[0], now)  # the claim marked the first of ids started
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0}
         try:
-            for row, ctx in zip(claimed, contexts, strict=True):
-                outcome = self._execute(spec, row, ctx, Fence(row.id, worker, row.attempt))
+            for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
+                # Each outcome write also marks the next row started (see ExecutionStore.claim).
+                following = fences[index + 1] if index + 1 < len(fences) else None
+                outcome = self._execute(spec, row, ctx, fences[index], following)
                 key = {
                     Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
                     Status.FAILED: "failed",
@@ -149,9 +154,14 @@ class Runner:
         )
 
     def _execute(
-        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
+        following: Fence | None = None,
     ) -> _Outcome:
+        """Run one claimed execution and record its outcome; ``following`` is the next row of
+        the same claim, marked started by that outcome write (or on its own, when there is
+        none to write)."""
         if ctx.cancelled.is_set():
+            self._start(following)
             return _Outcome(None)
         with self._contexts_lock:
             self._contexts[row.id] = ctx
@@ -168,9 +178,9 @@ class Runner:
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 raise
-            outcome = self._on_error(spec, row, ctx, fence, exc, capture.entries())
+            outcome = self._on_error(spec, row, ctx, fence, exc, capture.entries(), following)
         else:
-            outcome = self._on_success(spec, row, fence, started, capture.entries())
+            outcome = self._on_success(spec, row, fence, started, capture.entries(), following)
         finally:
             with self._contexts_lock:
                 self._contexts.pop(row.id, None)
@@ -187,26 +197,31 @@ class Runner:
             raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: {exc}")\
                 from exc
 
+    def _start(self, fence: Fence | None) -> None:
+        if fence is not None:
+            self.store.start(fence, self.clock())
+
     def _on_success(
         self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime,
-        logs: list[dict[str, Any]],
+        logs: list[dict[str, Any]], following: Fence | None = None,
     ) -> _Outcome:
         now = self.clock()
         signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                  duration=now - started)
         keep = spec.keep_succeeded_row(self.config)
-        if self.store.complete(fence, now, keep=keep, logs=logs):
+        if self.store.complete(fence, now, keep=keep, logs=logs, start=following):
             return _Outcome(Status.SUCCEEDED)
         return _Outcome(None)
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
-        logs: list[dict[str, Any]],
+        logs: list[dict[str, Any]], following: Fence | None = None,
     ) -> _Outcome:
         if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
             signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    exception=exc, will_retry=False)
+            self._start(following)
             return _Outcome(None, exc)
         now = self.clock()
         error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
@@ -216,7 +231,8 @@ class Runner:
         if delay is None:
             log.warning("celery_outbox: %s %s failed on attempt %d/%d: %s", spec.name, row.id,
                         row.attempt, row.max_attempts, error.splitlines()[0])
-            if self.store.fail(fence, now, error=error, logs=logs, keep=spec.keep_failed_row()):
+            if self.store.fail(fence, now, error=error, logs=logs, keep=spec.keep_failed_row(),
+                               start=following):
                 return _Outcome(Status.FAILED, exc)
             return _Outcome(None, exc)
         run_at = now + delay
@@ -224,7 +240,8 @@ class Runner:
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
                  row.id, row.attempt, row.max_attempts, delay.total_seconds(),
                  error.splitlines()[0])
-        if not self.store.retry(fence, now, run_at, error=error, logs=logs, dispatched=soon):
+        if not self.store.retry(fence, now, run_at, error=error, logs=logs, dispatched=soon,
+                                start=following):
             return _Outcome(None, exc)
         if soon:
             self.dispatcher().dispatch(

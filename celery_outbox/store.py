@@ -25,9 +25,11 @@ from sqlalchemy import (
     Engine,
     and_,
     bindparam,
+    case,
     delete,
     func,
     insert,
+    literal,
     or_,
     select,
     text,
@@ -151,6 +153,8 @@ class Expired:
     attempt: int
     max_attempts: int
     priority: int
+    started_at: datetime | None = None
+    """None: claimed with others in one message, and its handler never began."""
 
 
 @dataclass(frozen=True)
@@ -160,12 +164,15 @@ class RescueVerdict:
     ``run_at`` (aware datetime): retry then (running -> scheduled); None: fail it (running ->
     failed, or the row is deleted when ``keep`` is False). ``dispatched``: a message with an
     ``eta`` goes out now, so the stager leaves the row alone. ``error`` becomes ``last_error``.
+    ``release``: the handler never began: hand the row back (running -> pending, the attempt
+    does not count, dispatched now), whatever the other fields say.
     """
 
     error: str
     run_at: datetime | None = None
     dispatched: bool = False
     keep: bool = True
+    release: bool = False
 
 
 class ExecutionStore:
@@ -200,6 +207,23 @@ class ExecutionStore:
             t.c.claimed_by == bindparam("fence_by"),
             t.c.attempt == bindparam("fence_attempt"),
         )
+        start_now = bindparam("start_now", type_=t.c.started_at.type)
+        self._start_fenced = update(t).where(  # start(), with bound parameters
+            t.c.id == bindparam("start_id"),
+            t.c.status == Status.RUNNING.value,
+            t.c.claimed_by == bindparam("start_by"),
+            t.c.attempt == bindparam("start_attempt"),
+        ).values(started_at=start_now, updated_at=start_now)
+        self._delete_fenced_and_start = self._and_start(self._delete_fenced)
+        done_at = bindparam("done_at", type_=t.c.finished_at.type)
+        self._succeed_fenced = update(t).where(  # complete(keep=True), bound parameters
+            t.c.id == bindparam("fence_id"),
+            t.c.status == Status.RUNNING.value,
+            t.c.claimed_by == bindparam("fence_by"),
+            t.c.attempt == bindparam("fence_attempt"),
+        ).values(status=Status.SUCCEEDED.value, finished_at=done_at, updated_at=done_at,
+                 lease_expires_at=None, logs=bindparam("done_logs", type_=t.c.logs.type))
+        self._succeed_fenced_and_start = self._and_start(self._succeed_fenced)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -419,6 +443,9 @@ class ExecutionStore:
         Guard: status pending, or scheduled with ``scheduled_at <= now``; ``job_name`` matches.
         One UPDATE ... RETURNING for all ``ids``: a row another worker claimed first, or that is
         not due, finished, cancelled or gone, is simply not returned (a normal outcome).
+        ``started_at = now`` on the first of ``ids`` only: the runner runs the claimed rows one
+        after the other and marks each later one started as it begins it (:meth:`start`), so
+        the rescuer can tell the rows of a dead worker that never began.
         ``now`` and ``lease_until`` are aware datetimes. Returns the claimed rows in ``ids`` order.
         """
         t = self.t
@@ -436,7 +463,8 @@ class ExecutionStore:
                 status=Status.RUNNING.value,
                 attempt=t.c.attempt + 1,
                 claimed_by=worker,
-                started_at=now,
+                started_at=case((t.c.id == ids[0], literal(now, t.c.started_at.type)),
+                                else_=None) if ids else now,
                 updated_at=now,
                 lease_expires_at=lease_until,
             )
@@ -449,30 +477,68 @@ class ExecutionStore:
             rows = {r.id: Claimed(**r._mapping) for r in conn.execute(stmt)}
         return [rows[i] for i in ids if i in rows]
 
+    def start(self, fence: Fence, now: datetime) -> bool:
+        """start: running -> running, ``started_at = now``: the runner begins this execution,
+        claimed with others in one message (:meth:`claim` marks only the first started).
+
+        Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss (the row
+        was cancelled, rescued or handed back meanwhile) returns False. ``now`` is aware.
+        """
+        with self.begin(autocommit=True) as conn:  # one statement
+            result = conn.execute(self._start_fenced, _start_params(fence, now))
+        return self._hit(result.rowcount, "start", fence.id)
+
+    def _and_start(self, stmt: Any) -> Any:
+        """``stmt`` (an outcome write) and :meth:`start` as ONE PostgreSQL statement of two
+        data-modifying CTEs; it returns the outcome's row count."""
+        done = stmt.returning(self.t.c.id).cte("outcome")
+        began = self._start_fenced.returning(self.t.c.id).cte("began")
+        return select(select(func.count()).select_from(done).scalar_subquery(),
+                      select(func.count()).select_from(began).scalar_subquery())
+
+    def _outcome(
+        self, conn: Connection, stmt: Any, start: Fence | None, now: datetime,
+        params: dict[str, Any] | None = None,
+    ) -> int:
+        """Execute the outcome write ``stmt``; its rowcount. With ``start``, also :meth:`start`
+        that row in the same round trip: one statement on PostgreSQL (:meth:`_and_start`), a
+        second statement in the same transaction on SQLite."""
+        if start is None:
+            return int(conn.execute(stmt, params).rowcount)
+        both_params = {**(params or {}), **_start_params(start, now)}
+        if self.dialect == "postgresql":
+            if stmt is self._delete_fenced:
+                both = self._delete_fenced_and_start
+            elif stmt is self._succeed_fenced:
+                both = self._succeed_fenced_and_start
+            else:
+                both = self._and_start(stmt)
+            return int(conn.execute(both, both_params).one()[0])
+        hits = int(conn.execute(stmt, params).rowcount)
+        conn.execute(self._start_fenced, both_params)
+        return hits
+
     def complete(
-        self, fence: Fence, now: datetime, *, keep: bool, logs: list[dict[str, Any]] | None
+        self, fence: Fence, now: datetime, *, keep: bool, logs: list[dict[str, Any]] | None,
+        start: Fence | None = None,
     ) -> bool:
         """complete: running -> succeeded (``keep``), or the row is deleted.
 
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``. A miss (the row
-        was cancelled or rescued meanwhile) returns False. ``now`` is an aware datetime.
+        was cancelled or rescued meanwhile) returns False. ``start``: the next execution of the
+        same claim, marked started in the same round trip (:meth:`start`). ``now`` is an
+        aware datetime.
         """
+        params: dict[str, Any] = {
+            "fence_id": fence.id, "fence_by": fence.claimed_by, "fence_attempt": fence.attempt,
+        }
+        if keep:
+            params.update(done_at=now, done_logs=logs)
         with self.begin(autocommit=True) as conn:  # one statement
-            if keep:
-                result = conn.execute(
-                    update(self.t)
-                    .where(self._fenced(fence))
-                    .values(
-                        status=Status.SUCCEEDED.value, finished_at=now, updated_at=now,
-                        lease_expires_at=None, logs=logs,
-                    )
-                )
-            else:  # the hot path: a statement built once, only its parameters change
-                result = conn.execute(self._delete_fenced, {
-                    "fence_id": fence.id, "fence_by": fence.claimed_by,
-                    "fence_attempt": fence.attempt,
-                })
-        return self._hit(result.rowcount, "complete", fence.id)
+            # The hot path: statements built once, only their parameters change.
+            stmt = self._succeed_fenced if keep else self._delete_fenced
+            hits = self._outcome(conn, stmt, start, now, params)
+        return self._hit(hits, "complete", fence.id)
 
     def retry(
         self,
@@ -483,15 +549,17 @@ class ExecutionStore:
         error: str,
         logs: list[dict[str, Any]] | None,
         dispatched: bool,
+        start: Fence | None = None,
     ) -> bool:
         """retry: running -> scheduled at ``run_at``.
 
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss returns
         False. ``dispatched`` records that a message with an ``eta`` goes out now (so the sweep
         does not stage it again); else ``dispatched_at`` is cleared and the sweep stages it.
+        ``start``: as for :meth:`complete`.
         """
         with self.begin() as conn:
-            result = conn.execute(
+            hits = self._outcome(conn, (
                 update(self.t)
                 .where(self._fenced(fence))
                 .values(
@@ -499,8 +567,8 @@ class ExecutionStore:
                     claimed_by=None, lease_expires_at=None, last_error=error, logs=logs,
                     dispatched_at=now if dispatched else None,
                 )
-            )
-        return self._hit(result.rowcount, "retry", fence.id)
+            ), start, now)
+        return self._hit(hits, "retry", fence.id)
 
     def fail(
         self,
@@ -510,15 +578,16 @@ class ExecutionStore:
         error: str,
         logs: list[dict[str, Any]] | None,
         keep: bool = True,
+        start: Fence | None = None,
     ) -> bool:
         """fail: running -> failed (``keep``), or the row is deleted (``record="none"``).
 
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss returns
-        False. ``now`` is an aware datetime.
+        False. ``start``: as for :meth:`complete`. ``now`` is an aware datetime.
         """
         with self.begin() as conn:
             if keep:
-                result = conn.execute(
+                stmt: Any = (
                     update(self.t)
                     .where(self._fenced(fence))
                     .values(
@@ -527,8 +596,9 @@ class ExecutionStore:
                     )
                 )
             else:
-                result = conn.execute(delete(self.t).where(self._fenced(fence)))
-        return self._hit(result.rowcount, "fail", fence.id)
+                stmt = delete(self.t).where(self._fenced(fence))
+            hits = self._outcome(conn, stmt, start, now)
+        return self._hit(hits, "fail", fence.id)
 
     def heartbeat(
         self, worker: str, fences: Sequence[Fence], now: datetime, lease_until: datetime
@@ -664,7 +734,8 @@ class ExecutionStore:
         decide: Callable[[Expired], RescueVerdict],
     ) -> list[tuple[Expired, RescueVerdict]]:
         """rescue: running -> scheduled (a retry at ``verdict.run_at``) or failed (or deleted,
-        when the verdict does not keep it), for at most ``limit`` rows, in one transaction.
+        when the verdict does not keep it), or pending (``verdict.release``: the handler never
+        began; the attempt does not count), for at most ``limit`` rows, in one transaction.
 
         Guard: status running, ``lease_expires_at < now`` (the holder stopped renewing it),
         ``job_name`` in ``job_names``. The first statement takes the batch (SKIP LOCKED on
@@ -686,15 +757,20 @@ class ExecutionStore:
             .where(t.c.id.in_(pick))
             .values(lease_expires_at=None, updated_at=now)
             .returning(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
-                       t.c.priority)
+                       t.c.priority, t.c.started_at)
         )
         rescued: list[tuple[Expired, RescueVerdict]] = []
         with self.begin() as conn:
             for row in [Expired(**r._mapping) for r in conn.execute(take)]:
                 verdict = decide(row)
                 fenced = self._fenced(Fence(row.id, row.claimed_by, row.attempt))
-                if verdict.run_at is not None:
+                if verdict.release:
                     stmt: Any = update(t).where(fenced).values(
+                        status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
+                        started_at=None, updated_at=now, dispatched_at=now,
+                    )
+                elif verdict.run_at is not None:
+                    stmt = update(t).where(fenced).values(
                         status=Status.SCHEDULED.value, scheduled_at=verdict.run_at,
                         claimed_by=None, last_error=verdict.error, updated_at=now,
                         dispatched_at=now if verdict.dispatched else None,
@@ -897,3 +973,9 @@ class ExecutionStore:
         """Run ``fn(conn)`` in a short transaction of the store's own."""
         with self.begin() as conn:
             return fn(conn)
+
+
+def _start_params(fence: Fence, now: datetime) -> dict[str, Any]:
+    """The bound parameters of ``ExecutionStore._start_fenced``."""
+    return {"start_id": fence.id, "start_by": fence.claimed_by,
+            "start_attempt": fence.attempt, "start_now": now}

@@ -8,6 +8,11 @@ attempt as failed with :class:`~celery_outbox.errors.LeaseExpired`. Per the job'
 the row with ``"lease expired"`` in ``last_error``. Each write is fenced by ``claimed_by`` and
 ``attempt``: should the old worker come back, its writes miss and change nothing.
 
+A row its worker claimed with others in one message but never began (``started_at`` unset:
+the runner marks each row started as it reaches it) is handed back instead: pending again,
+dispatched at once, the attempt not counted, so a worker killed mid-message fails or retries
+only the execution it was running.
+
 Example::
 
     Rescuer(outbox.store, outbox.registry, lambda: outbox.dispatcher).run_once(now)
@@ -88,30 +93,39 @@ class Rescuer:
         check_now(now)
         names = [spec.name for spec in self.registry]
         size = self.config.batch_size
-        retried = failed = 0
+        retried = failed = released = 0
         while True:
             batch = self.store.rescue(now, job_names=names, limit=size,
                                       decide=lambda row: self.decide(row, now))
             due = [
                 Due(row.id, row.job_name, row.priority,
                     verdict.run_at if verdict.run_at and verdict.run_at > now else None)
-                for row, verdict in batch if verdict.run_at is not None and verdict.dispatched
+                for row, verdict in batch
+                if verdict.release or (verdict.run_at is not None and verdict.dispatched)
             ]
             if due:
                 dispatch(self.dispatcher(), due)
-            retried += sum(1 for _, verdict in batch if verdict.run_at is not None)
-            failed += sum(1 for _, verdict in batch if verdict.run_at is None)
+            released += sum(1 for _, verdict in batch if verdict.release)
+            retried += sum(1 for _, verdict in batch
+                           if verdict.release or verdict.run_at is not None)
+            failed += sum(1 for _, verdict in batch
+                          if not verdict.release and verdict.run_at is None)
             if len(batch) < size:
                 break
         if retried or failed:
             wait_published(self.dispatcher(), "rescuer")
             log.warning("celery_outbox: rescued %d execution(s) whose lease expired: "
-                        "%d retried, %d failed", retried + failed, retried, failed)
+                        "%d retried (%d of them had not begun: handed back, the attempt not "
+                        "counted), %d failed", retried + failed, retried, released, failed)
         return RescueResult(retried=retried, failed=failed)
 
     def decide(self, row: Expired, now: datetime) -> RescueVerdict:
-        """Retry ``row`` per its job's policy (the error is :class:`LeaseExpired`) or fail it."""
+        """Retry ``row`` per its job's policy (the error is :class:`LeaseExpired`) or fail it;
+        hand it back (``release``) when its handler never began: claimed with others in one
+        message, its worker died before reaching it."""
         error = LeaseExpired(row.id, row.attempt, row.claimed_by)
+        if row.started_at is None:
+            return RescueVerdict(f"{error} before it began", release=True)
         spec = self.registry.get(row.job_name)
         try:
             retry = spec.retry.should_retry(error, row.attempt, row.max_attempts)

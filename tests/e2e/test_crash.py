@@ -194,6 +194,30 @@ def test_sigkill_mid_handler_is_rescued_after_the_lease_and_succeeds_once(
                                          f"{execution_id}, held by {holder}")
 
 
+def test_sigkill_mid_message_fails_only_the_execution_that_was_running(
+    crash: Stack, tmp_path: Path
+) -> None:
+    """One message carries four ids (push_many), claimed together; the worker is killed in
+    the first handler. crash.once has no retry: that execution fails; the three others never
+    began, so they are handed back and each runs once, as attempt 1."""
+    marks, hold = [marker() for _ in range(4)], tmp_path / "hold"
+    ids = crash.outbox.push_many(crash_once.spec, [
+        Step(marker=marks[0], hold=str(hold)), *(Step(marker=m) for m in marks[1:])])
+    first = crash.wait_run(marks[0], "start", 1)
+    assert [crash.row(i)["status"] for i in ids] == [Status.RUNNING.value] * 4
+    os.kill(first.pid, signal.SIGKILL)
+    hold.touch()
+
+    result = procs.wait_for(lambda: (swept := crash.outbox.sweep()).failed and swept, 15,
+                            "the rescuer to take the killed message's rows", 0.2)
+
+    assert (result.rescued, result.failed) == (3, 1)
+    assert crash.row(ids[0])["status"] == Status.FAILED.value
+    for execution_id, m in zip(ids[1:], marks[1:], strict=True):
+        assert crash.wait_status(execution_id, Status.SUCCEEDED.value)["attempt"] == 1
+        assert [(r.attempt, r.phase) for r in crash.runs(m)] == [(1, "start"), (1, "end")]
+
+
 def test_dropped_message_is_redispatched_after_stale_after_and_runs_once(crash: Stack) -> None:
     m = marker()
     dead = f"{crash.queue}-nobody-reads"

@@ -166,7 +166,8 @@ def test_redispatch_goes_by_last_dispatch_not_by_age(
     [old_but_fresh] = rows(outbox, created_at=T0 - STALE * 10,
                            dispatched_at=T0 - STALE + timedelta(seconds=1))
     [running] = rows(outbox, status=Status.RUNNING.value, dispatched_at=T0 - STALE * 2,
-                     claimed_by="w1", attempt=1, lease_expires_at=T0 + LEASE)
+                     claimed_by="w1", attempt=1, lease_expires_at=T0 + LEASE,
+                     started_at=T0 - STALE * 2)
 
     assert outbox.sweep(now=T0).redispatched == 1
     assert recording.ids == [stale]
