@@ -33,6 +33,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     union_all,
     update,
 )
@@ -793,18 +794,30 @@ class ExecutionStore:
         Guard: status succeeded or failed (active and cancelled rows are never trimmed).
         Newest means latest ``finished_at``, then highest id, so exactly ``keep_*`` rows of
         each status remain (fewer when there were fewer). Returns the number of rows deleted.
+
+        Cost: per status, one walk of the ``keep`` newest entries of the finished-rows index
+        (index only, no table reads) to find the newest row beyond them, then an index range
+        over the surplus up to that row; the rows kept are never fetched, nor sorted, nor
+        listed (bench/README.md, "Sweep and trim").
         """
         t = self.t
 
         def surplus(status: Status, keep: int) -> Any:
-            newest_first = (
-                select(t.c.id)
-                .where(t.c.job_name == job_name, t.c.status == status.value)
-                .order_by(t.c.finished_at.desc(), t.c.id.desc())
-                .offset(keep)
-                .subquery()
+            # The newest row beyond the `keep` newest (none when there are no more)...
+            kept = t.alias(f"kept_{status.value}")
+            cutoff = (
+                select(kept.c.finished_at, kept.c.id)
+                .where(kept.c.job_name == job_name, kept.c.status == status.value)
+                .order_by(kept.c.finished_at.desc(), kept.c.id.desc())
+                .offset(keep).limit(1)
+                .scalar_subquery()
             )
-            return select(newest_first.c.id)
+            # ...and every row at or below it (a NULL cutoff matches nothing).
+            rows = t.alias(f"{status.value}_rows")
+            return select(rows.c.id).where(
+                rows.c.job_name == job_name, rows.c.status == status.value,
+                tuple_(rows.c.finished_at, rows.c.id) <= cutoff,
+            )
 
         doomed = union_all(surplus(Status.SUCCEEDED, keep_succeeded),
                            surplus(Status.FAILED, keep_failed))

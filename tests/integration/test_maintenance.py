@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from sqlalchemy import event, func, insert, select
+from sqlalchemy import create_engine, event, func, insert, select, text
 
 from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, RetryPolicy, outbox_job
 from celery_outbox.cron import CronSchedule
@@ -25,6 +25,7 @@ from celery_outbox.states import Status
 from celery_outbox.store import Fence
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
+from tests.threads import run_concurrently
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
 STALE = timedelta(minutes=5)
@@ -130,30 +131,33 @@ def test_two_sweeps_at_once_over_10000_due_rows_stage_and_dispatch_each_once(
     outbox = make_outbox(pg_url, registry, counting, batch_size=250)
     ids = rows(outbox, n=10_000, status=Status.SCHEDULED.value,
                scheduled_at=T0 - timedelta(seconds=1), dispatched_at=None)
-    start = threading.Barrier(2)
-    staged: list[int] = []
-    errors: list[BaseException] = []
 
-    def sweep() -> None:
-        try:
-            start.wait(10)
-            staged.append(outbox.sweep(now=T0).staged)
-        except BaseException as exc:
-            errors.append(exc)
+    results = run_concurrently(lambda _: outbox.sweep(now=T0), 2, timeout=60,
+                               diagnose=lambda: sessions(pg_url))
 
-    threads = [threading.Thread(target=sweep) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert errors == []
-    assert sum(staged) == 10_000
+    assert sum(r.staged for r in results) == 10_000
+    assert [(r.rescued, r.failed, r.redispatched) for r in results] == [(0, 0, 0)] * 2
     assert len(counting.counts) == 10_000 and set(counting.counts.values()) == {1}
     assert set(counting.counts) == set(ids)
     with outbox.engine.connect() as conn:
         t = outbox.tables.executions
         by_status = dict(conn.execute(select(t.c.status, func.count()).group_by(t.c.status)).all())
     assert by_status == {"pending": 10_000}
+
+
+def sessions(url: str) -> str:
+    """The database's other sessions: state, what each waits on, its query (for a hang)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(text(
+                "SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid), "
+                "left(query, 200) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )).all()
+    finally:
+        engine.dispose()
+    return "\n".join(str(tuple(row)) for row in found) or "(no other session)"
 
 
 # -- redispatch -----------------------------------------------------------------------------
@@ -299,6 +303,27 @@ def test_trim_keeps_the_newest_n_per_job_and_status_in_one_delete_per_job(
     assert {i for i, s in left.items() if s == "failed"} == set(failed[5:])
     assert set(cancelled) | set(pending) <= set(left)
     assert len(set(other) & set(left)) == 2
+    assert outbox.trim(now=T0).deleted == 0
+
+
+def test_trim_cutoff_inside_rows_finished_at_the_same_instant_goes_by_id(
+    outbox: Outbox, registry: JobRegistry, flaky: OutboxJob[Order],
+) -> None:
+    t = outbox.tables.executions
+    same = rows(outbox, n=20, job_name="shop.flaky", status=Status.SUCCEEDED.value,
+                finished_at=T0)
+    failed = rows(outbox, n=6, job_name="shop.flaky", status=Status.FAILED.value,
+                  finished_at=T0)
+    flaky.spec.__dict__["keep"] = {"succeeded": 7, "failed": 0}  # JobSpec is frozen
+    with outbox.engine.connect() as conn:  # the highest ids in the database's own order
+        highest = set(conn.execute(select(t.c.id).where(t.c.id.in_(same))
+                                   .order_by(t.c.id.desc()).limit(7)).scalars())
+
+    assert outbox.trim(now=T0).deleted == 13 + 6
+
+    with outbox.engine.connect() as conn:
+        left = set(conn.execute(select(t.c.id).where(t.c.job_name == "shop.flaky")).scalars())
+    assert left == highest and len(left) == 7 and not left & set(failed)
     assert outbox.trim(now=T0).deleted == 0
 
 
