@@ -50,6 +50,8 @@ T = TypeVar("T")
 SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 _MAX_DEDUP_ROUNDS = 5
 _COPY_MIN_ROWS = 100
+_KEYED_BATCH = 1_000
+"""Keyed rows per INSERT (about 15 bound parameters each; PostgreSQL takes 65,535)."""
 """From this many unkeyed rows on, push uses COPY on psycopg instead of an INSERT per row."""
 
 
@@ -387,7 +389,21 @@ class ExecutionStore:
     def _insert_keyed(
         self, conn: Connection, rows: Sequence[NewExecution]
     ) -> dict[tuple[str, str], UUID]:
-        """Insert keyed rows; map each (job, key) to the id of the active row holding it."""
+        """Insert keyed rows; map each (job, key) to the id of the active row holding it.
+
+        In batches of :data:`_KEYED_BATCH` rows: one statement takes at most 65,535 bound
+        parameters on PostgreSQL. A key repeated in a later batch finds the row an earlier
+        batch inserted (same transaction) as its holder.
+        """
+        holders: dict[tuple[str, str], UUID] = {}
+        for start in range(0, len(rows), _KEYED_BATCH):
+            holders.update(self._insert_keyed_batch(conn, rows[start:start + _KEYED_BATCH]))
+        return holders
+
+    def _insert_keyed_batch(
+        self, conn: Connection, rows: Sequence[NewExecution]
+    ) -> dict[tuple[str, str], UUID]:
+        """:meth:`_insert_keyed` for one batch (one INSERT per dedup round)."""
         holders: dict[tuple[str, str], UUID] = {}
         todo = list(rows)
         for _ in range(_MAX_DEDUP_ROUNDS):
