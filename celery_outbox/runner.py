@@ -33,7 +33,7 @@ from celery_outbox.interrupts import HandlerScope
 from celery_outbox.logs import LogCapture
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
-from celery_outbox.store import Claimed, ExecutionStore, Fence
+from celery_outbox.store import Claimed, ExecutionStore, Fence, Start
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,12 @@ class Runner:
             self.store.start(fences[0], now)  # the claim marked the first of ids started
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0}
         try:
+            following: Start | None = None
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
+                if following is not None and following.hit is False:
+                    ctx.cancel("cancelled")  # no longer ours: cancelled, rescued or handed back
                 # Each outcome write also marks the next row started (see ExecutionStore.claim).
-                following = fences[index + 1] if index + 1 < len(fences) else None
+                following = Start(fences[index + 1]) if index + 1 < len(fences) else None
                 outcome = self._execute(spec, row, ctx, fences[index], following)
                 key = {
                     Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
@@ -155,7 +158,7 @@ class Runner:
 
     def _execute(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        following: Fence | None = None,
+        following: Start | None = None,
     ) -> _Outcome:
         """Run one claimed execution and record its outcome; ``following`` is the next row of
         the same claim, marked started by that outcome write (or on its own, when there is
@@ -197,13 +200,13 @@ class Runner:
             raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: {exc}")\
                 from exc
 
-    def _start(self, fence: Fence | None) -> None:
-        if fence is not None:
-            self.store.start(fence, self.clock())
+    def _start(self, following: Start | None) -> None:
+        if following is not None:
+            following.hit = self.store.start(following.fence, self.clock())
 
     def _on_success(
         self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime,
-        logs: list[dict[str, Any]], following: Fence | None = None,
+        logs: list[dict[str, Any]], following: Start | None = None,
     ) -> _Outcome:
         now = self.clock()
         signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
@@ -215,7 +218,7 @@ class Runner:
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
-        logs: list[dict[str, Any]], following: Fence | None = None,
+        logs: list[dict[str, Any]], following: Start | None = None,
     ) -> _Outcome:
         if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.

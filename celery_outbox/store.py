@@ -132,6 +132,18 @@ class Fence:
     attempt: int
 
 
+@dataclass
+class Start:
+    """The next execution of a claim, for an outcome write to mark started (``start=``).
+
+    The write sets ``hit``: False when that row was no longer this attempt's (cancelled,
+    rescued or handed back meanwhile), so the runner does not begin it.
+    """
+
+    fence: Fence
+    hit: bool | None = None
+
+
 @dataclass(frozen=True)
 class Due:
     """A row the sweep just staged, redispatched or rescued into a retry: dispatch it now.
@@ -514,15 +526,15 @@ class ExecutionStore:
                       select(func.count()).select_from(began).scalar_subquery())
 
     def _outcome(
-        self, conn: Connection, stmt: Any, start: Fence | None, now: datetime,
+        self, conn: Connection, stmt: Any, start: Start | None, now: datetime,
         params: dict[str, Any] | None = None,
     ) -> int:
         """Execute the outcome write ``stmt``; its rowcount. With ``start``, also :meth:`start`
-        that row in the same round trip: one statement on PostgreSQL (:meth:`_and_start`), a
-        second statement in the same transaction on SQLite."""
+        that row in the same round trip (one statement on PostgreSQL, :meth:`_and_start`; a
+        second statement in the same transaction on SQLite) and set ``start.hit``."""
         if start is None:
             return int(conn.execute(stmt, params).rowcount)
-        both_params = {**(params or {}), **_start_params(start, now)}
+        both_params = {**(params or {}), **_start_params(start.fence, now)}
         if self.dialect == "postgresql":
             if stmt is self._delete_fenced:
                 both = self._delete_fenced_and_start
@@ -530,21 +542,23 @@ class ExecutionStore:
                 both = self._succeed_fenced_and_start
             else:
                 both = self._and_start(stmt)
-            return int(conn.execute(both, both_params).one()[0])
-        hits = int(conn.execute(stmt, params).rowcount)
-        conn.execute(self._start_fenced, both_params)
-        return hits
+            hits, began = conn.execute(both, both_params).one()
+        else:
+            hits = conn.execute(stmt, params).rowcount
+            began = conn.execute(self._start_fenced, both_params).rowcount
+        start.hit = began == 1
+        return int(hits)
 
     def complete(
         self, fence: Fence, now: datetime, *, keep: bool, logs: list[dict[str, Any]] | None,
-        start: Fence | None = None,
+        start: Start | None = None,
     ) -> bool:
         """complete: running -> succeeded (``keep``), or the row is deleted.
 
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``. A miss (the row
         was cancelled or rescued meanwhile) returns False. ``start``: the next execution of the
-        same claim, marked started in the same round trip (:meth:`start`). ``now`` is an
-        aware datetime.
+        same claim, marked started in the same round trip (:meth:`start`; the outcome is in
+        ``start.hit``). ``now`` is an aware datetime.
         """
         params: dict[str, Any] = {
             "fence_id": fence.id, "fence_by": fence.claimed_by, "fence_attempt": fence.attempt,
@@ -566,7 +580,7 @@ class ExecutionStore:
         error: str,
         logs: list[dict[str, Any]] | None,
         dispatched: bool,
-        start: Fence | None = None,
+        start: Start | None = None,
     ) -> bool:
         """retry: running -> scheduled at ``run_at``.
 
@@ -595,7 +609,7 @@ class ExecutionStore:
         error: str,
         logs: list[dict[str, Any]] | None,
         keep: bool = True,
-        start: Fence | None = None,
+        start: Start | None = None,
     ) -> bool:
         """fail: running -> failed (``keep``), or the row is deleted (``record="none"``).
 

@@ -18,7 +18,7 @@ import pytest
 
 from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
 from celery_outbox.states import Status
-from celery_outbox.store import ExecutionStore, Fence
+from celery_outbox.store import ExecutionStore, Fence, Start
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -63,9 +63,12 @@ def test_claim_starts_only_the_first_id_and_each_outcome_starts_the_next(
     fences = claim_all(store, ids)
     assert [started(store, i) for i in ids] == [T0, None, None]
     later = T0 + timedelta(seconds=5)
-    assert store.complete(fences[0], later, keep=True, logs=[], start=fences[1])
+    second, third = Start(fences[1]), Start(fences[2])
+    assert store.complete(fences[0], later, keep=True, logs=[], start=second)
+    assert second.hit is True
     assert [started(store, i) for i in ids[1:]] == [later, None]
-    assert store.fail(fences[1], later, error="boom", logs=[], start=fences[2])
+    assert store.fail(fences[1], later, error="boom", logs=[], start=third)
+    assert third.hit is True
     assert started(store, ids[2]) == later
     assert [store.status_of(i) for i in ids] == ["succeeded", "failed", "running"]
 
@@ -76,7 +79,9 @@ def test_start_is_fenced(batch: Outbox, once: OutboxJob[Order]) -> None:
     fences = claim_all(store, ids)
     assert batch.cancel(ids[1])
     assert not store.start(fences[1], T0)  # cancelled meanwhile: nothing written
-    assert store.complete(fences[0], T0, keep=True, logs=[], start=fences[1])  # still hits
+    second = Start(fences[1])
+    assert store.complete(fences[0], T0, keep=True, logs=[], start=second)  # still hits
+    assert second.hit is False
     assert started(store, ids[1]) is None
     assert store.status_of(ids[1]) == "cancelled"
 
@@ -88,7 +93,7 @@ def test_rescue_fails_the_execution_that_began_and_hands_back_those_that_never_d
     ids = once.push_many([{"order_id": n} for n in range(4)])
     fences = claim_all(store, ids)
     # The worker finished the first, began the second, then died.
-    assert store.complete(fences[0], T0, keep=True, logs=[], start=fences[1])
+    assert store.complete(fences[0], T0, keep=True, logs=[], start=Start(fences[1]))
     recording.calls.clear()
 
     result = batch.sweep(now=T0 + LEASE + timedelta(seconds=1))
@@ -148,3 +153,25 @@ def test_a_runner_stopped_mid_message_leaves_the_rest_to_be_handed_back(
     assert [store.status_of(i) for i in ids] == ["failed", "pending", "pending"]
     assert batch.run_now("shop.dies", ids[1:]).succeeded == 2
     assert calls == [0, 1, 2]
+
+
+def test_the_runner_does_not_begin_a_row_that_stopped_being_its_own_while_waiting(
+    batch: Outbox, registry: JobRegistry
+) -> None:
+    """While the first handler runs, the second execution of the message is cancelled (or a
+    sweep handed it back after this worker froze): the first outcome write finds it no longer
+    this attempt's, so its handler is never called; the third still runs."""
+    calls: list[int] = []
+    ids: list[UUID] = []
+
+    @outbox_job(schema=Order, name="shop.watch", record="all", registry=registry)
+    def watch(ctx: JobContext[Order]) -> None:
+        calls.append(ctx.payload.order_id)
+        if ctx.payload.order_id == 0:
+            assert batch.cancel(ids[1])
+
+    ids.extend(watch.push_many([{"order_id": n} for n in range(3)]))
+    result = batch.run_now("shop.watch", ids)
+    assert calls == [0, 2]
+    assert (result.claimed, result.succeeded, result.lost) == (3, 2, 1)
+    assert [batch.store.status_of(i) for i in ids] == ["succeeded", "cancelled", "succeeded"]
