@@ -128,6 +128,10 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         f"ix_{name}_scheduled", executions, "scheduled_at",
         where=f"status = '{Status.SCHEDULED.value}'",
     )
+    _index(  # stager under a backlog: due rows in priority order, no sort of them all
+        f"ix_{name}_scheduled_priority", executions, "priority", "scheduled_at",
+        where=f"status = '{Status.SCHEDULED.value}'",
+    )
     _index(  # redispatcher: pending rows by last dispatch
         f"ix_{name}_pending", executions, "dispatched_at",
         where=f"status = '{Status.PENDING.value}'",
