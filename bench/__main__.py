@@ -13,6 +13,8 @@ a no-op task:
 
 The figures are measured in rounds, one of each figure per round, so both sides see the same
 machine; each figure is the median over rounds, each ratio the median of its per-round ratios.
+
+``python -m bench sweep [--quick]``: the sweep / trim benchmark of issue 3 (bench/sweep.py).
 """
 
 from __future__ import annotations
@@ -94,7 +96,14 @@ class Check:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sweep"]:  # python -m bench sweep ...: sweep / trim cost (bench/sweep.py)
+        from bench import sweep
+
+        return sweep.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
+                                     epilog="python -m bench sweep --help: the sweep / trim "
+                                            "benchmark (issue 3)")
     parser.add_argument("--quick", action="store_true", help="small counts, few rounds (smoke)")
     parser.add_argument("--rounds", type=int, help="rounds of the publish-only figures")
     parser.add_argument("--e2e-rounds", type=int, help="rounds of the end-to-end figures")
