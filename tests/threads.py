@@ -40,10 +40,16 @@ def run_concurrently(
     def body(i: int) -> None:
         try:
             barrier.wait(timeout)
-            results[i] = target(i)
         except BaseException as exc:
             errors[i] = exc
             barrier.abort()  # a thread that fails before the start releases the others
+            return
+        # Past the barrier, a failure must not abort it: threads still waking from wait()
+        # would see a broken barrier and fail too.
+        try:
+            results[i] = target(i)
+        except BaseException as exc:
+            errors[i] = exc
 
     threads = [threading.Thread(target=body, args=(i,), name=f"concurrent-{i}", daemon=True)
                for i in range(n)]
