@@ -14,14 +14,13 @@ $(BIN)/.installed: pyproject.toml
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project
 
-test: $(BIN)/.installed
+test: lint
 	$(BIN)/python -m pytest -q
-	$(BIN)/ruff check celery_outbox tests example_project bench
-	$(BIN)/mypy celery_outbox
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check celery_outbox tests example_project bench
 	$(BIN)/mypy celery_outbox
+	$(BIN)/lint-imports --no-cache
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
