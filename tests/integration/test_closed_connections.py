@@ -1,6 +1,7 @@
 """A pooled PostgreSQL connection the server closed is replaced on checkout, not reused.
 
-celery_outbox.engine.make_engine() checks the socket on checkout instead of pool_pre_ping's SELECT 1 round trip;
+celery_outbox.engine.make_engine() checks the socket on checkout instead of pool_pre_ping's
+SELECT 1 round trip;
 these tests kill the pooled backend with pg_terminate_backend and push / claim / complete
 right after, on the same engine.
 """
