@@ -250,7 +250,7 @@ def trim_command(box: Outbox, as_json: bool) -> None:
 def create_schema_command(box: Outbox, as_json: bool) -> None:
     """Create the outbox tables if they do not exist (for those not using Alembic)."""
     box.create_schema()
-    tables = [box.tables.executions.name, box.tables.cron_ticks.name]
+    tables = [table.name for table in box.tables.all()]
     if as_json:
         _print_json({"tables": tables})
         return

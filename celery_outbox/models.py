@@ -1,9 +1,13 @@
-"""The outbox table and its indexes, on a private ``MetaData``.
+"""The outbox tables and their indexes, on a private ``MetaData``.
 
-``metadata`` (exported as ``celery_outbox.metadata``) holds the table under its default name,
-for Alembic users; :func:`build_tables` builds the same shape under another name. Every index
-serves one reader, named in its comment. Times are stored in UTC and always read back as aware
-UTC datetimes, on PostgreSQL (``timestamptz``) and SQLite (text) alike.
+``metadata`` (exported as ``celery_outbox.metadata``) holds the tables under their default
+names, for Alembic users; :func:`build_tables` builds the same shape under another name. Every
+index serves one reader, named in its comment. Times are stored in UTC and always read back as
+aware UTC datetimes, on PostgreSQL (``timestamptz``) and SQLite (text) alike.
+
+The trim's watermarks (``<table>_trim``) come with triggers on the outbox table
+(:func:`trim_triggers`), created and dropped with the watermark table by ``create_all`` /
+``drop_all``; Alembic's autogenerate does not see triggers: use the shipped migrations.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
+    DDL,
     JSON,
     CheckConstraint,
     Column,
@@ -26,6 +31,7 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    event,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -75,12 +81,18 @@ JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 @dataclass(frozen=True)
 class Tables:
-    """The tables of one outbox: ``executions`` and ``cron_ticks``."""
+    """The tables of one outbox: ``executions``, ``cron_ticks`` and ``trim_marks``."""
 
     executions: Table
     cron_ticks: Table
     active_key_where: str
     """The partial unique index's predicate, verbatim (SQLite's ON CONFLICT must repeat it)."""
+    trim_marks: Table
+    """The trim's watermark per (job, finished status): ``<table>_trim``."""
+
+    def all(self) -> list[Table]:
+        """Every table, in creation order (``create_all`` / ``drop_all`` sort them again)."""
+        return [self.executions, self.cron_ticks, self.trim_marks]
 
 
 def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
@@ -155,7 +167,109 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("last_tick", UTCDateTime(), nullable=False),
         Column("updated_at", UTCDateTime(), nullable=False),
     )
-    return Tables(executions=executions, cron_ticks=cron_ticks, active_key_where=active_key_where)
+    trim_marks = _trim_marks(metadata, executions)
+    return Tables(executions=executions, cron_ticks=cron_ticks,
+                  active_key_where=active_key_where, trim_marks=trim_marks)
+
+
+def _trim_marks(metadata: MetaData, executions: Table) -> Table:
+    """``<table>_trim``: the trim's watermark of each (job, finished status).
+
+    At the end of each trim, ``kept`` rows of the pair lay between the ``cutoff`` row (the
+    oldest kept) and the ``newest`` row, both keys ``(finished_at, id)``, for ``keep`` rows to
+    keep; ``counted`` rows were counted incrementally since the last full count. A NULL
+    ``keep`` means "count afresh" (a new pair, or the triggers saw a counted row leave). How
+    the trim uses it: ``ExecutionStore.trim``.
+    """
+    finished = sql_list(frozenset({Status.SUCCEEDED, Status.FAILED}))
+    name = f"{executions.name}_trim"
+    marks = Table(
+        name,
+        metadata,
+        Column("job_name", String(MAX_LENGTHS["job_name"]), primary_key=True),
+        Column("status", String(16), primary_key=True),
+        Column("keep", Integer(), nullable=True),
+        Column("kept", Integer(), nullable=False, server_default=text("0")),
+        Column("counted", Integer(), nullable=False, server_default=text("0")),
+        Column("cutoff_finished_at", UTCDateTime(), nullable=True),
+        Column("cutoff_id", Uuid(), nullable=True),
+        Column("newest_finished_at", UTCDateTime(), nullable=True),
+        Column("newest_id", Uuid(), nullable=True),
+        Column("updated_at", UTCDateTime(), nullable=True),
+        CheckConstraint(f"status IN ({finished})", name=f"ck_{name}_status"),
+    )
+    marks.add_is_dependent_on(executions)  # created after it (its triggers), dropped before
+    create, drop = trim_triggers(executions.name, name)
+    for dialect in ("postgresql", "sqlite"):
+        for when, statements in (("after_create", create), ("before_drop", drop)):
+            for statement in statements[dialect]:
+                ddl = DDL(statement)  # type: ignore[no-untyped-call]
+                event.listen(marks, when, ddl.execute_if(dialect=dialect))
+    return marks
+
+
+TRIMMING_SETTING = "celery_outbox.trimming"
+"""A PostgreSQL setting the trim turns on (``SET LOCAL``) around its own DELETE, so the
+triggers skip the rows it deletes (below its new cutoff, they never concern the watermark)."""
+
+
+def trim_triggers(table: str, marks: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """DDL of the triggers that keep the trim's watermarks honest: ``(create, drop)``, each
+    ``{dialect: [statement, ...]}``.
+
+    A finished row deleted (or whose job, status, ``finished_at`` or id is changed) by anything
+    but the trim itself marks its pair's watermark "count afresh" (``keep = NULL``) when the
+    row lay between the watermark's cutoff and newest rows, i.e. was one the trim counted as
+    kept; the next trim then counts that pair from scratch instead of trusting the count.
+    Rows the runner deletes are running rows, never finished ones: the hot path only pays the
+    trigger's WHEN test.
+
+    PostgreSQL: one function ``<table>_trim_gone``; an INSERT ... ON CONFLICT DO UPDATE that
+    always locks the watermark row (the WHERE only decides whether to write), so a delete that
+    races a trim waits for it and then judges the row against the watermark that trim wrote.
+    SQLite serialises writers: a plain UPDATE.
+    """
+    finished = sql_list(frozenset({Status.SUCCEEDED, Status.FAILED}))
+    fn = f"{table}_trim_gone"
+    counted = ("(OLD.finished_at, OLD.id) >= ({w}cutoff_finished_at, {w}cutoff_id) "
+               "AND (OLD.finished_at, OLD.id) <= ({w}newest_finished_at, {w}newest_id)")
+    moved = "UPDATE OF job_name, status, finished_at, id"
+    postgresql = [
+        f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        "BEGIN\n"
+        f"  INSERT INTO {marks} AS w (job_name, status, kept, counted)\n"
+        "  VALUES (OLD.job_name, OLD.status, 0, 0)\n"
+        "  ON CONFLICT (job_name, status) DO UPDATE SET keep = NULL\n"
+        f"  WHERE w.keep IS NOT NULL AND {counted.format(w='w.')};\n"
+        "  RETURN NULL;\n"
+        "END\n$$",
+        f"CREATE TRIGGER {table}_trim_gone AFTER DELETE ON {table} FOR EACH ROW "
+        f"WHEN (OLD.status IN ({finished}) "
+        f"AND current_setting('{TRIMMING_SETTING}', true) IS DISTINCT FROM 'on') "
+        f"EXECUTE FUNCTION {fn}()",
+        f"CREATE TRIGGER {table}_trim_moved AFTER {moved} ON {table} FOR EACH ROW "
+        f"WHEN (OLD.status IN ({finished}) AND (OLD.job_name, OLD.status, OLD.finished_at, "
+        "OLD.id) IS DISTINCT FROM (NEW.job_name, NEW.status, NEW.finished_at, NEW.id)) "
+        f"EXECUTE FUNCTION {fn}()",
+    ]
+    invalidate = (
+        f"BEGIN UPDATE {marks} SET keep = NULL WHERE job_name = OLD.job_name "
+        f"AND status = OLD.status AND keep IS NOT NULL AND {counted.format(w='')}; END"
+    )
+    changed = " OR ".join(f"NEW.{c} IS NOT OLD.{c}"
+                          for c in ("job_name", "status", "finished_at", "id"))
+    sqlite = [
+        f"CREATE TRIGGER {table}_trim_gone AFTER DELETE ON {table} FOR EACH ROW "
+        f"WHEN OLD.status IN ({finished}) {invalidate}",
+        f"CREATE TRIGGER {table}_trim_moved AFTER {moved} ON {table} FOR EACH ROW "
+        f"WHEN OLD.status IN ({finished}) AND ({changed}) {invalidate}",
+    ]
+    drop = {
+        "postgresql": [f"DROP FUNCTION IF EXISTS {fn}() CASCADE"],
+        "sqlite": [f"DROP TRIGGER IF EXISTS {table}_trim_gone",
+                   f"DROP TRIGGER IF EXISTS {table}_trim_moved"],
+    }
+    return {"postgresql": postgresql, "sqlite": sqlite}, drop
 
 
 def _index(name: str, table: Table, *columns: str, unique: bool = False, where: str = "") -> Index:

@@ -188,22 +188,19 @@ class Outbox:
         return self.pruner.run_once(check_now(now) if now is not None else utcnow())
 
     def create_schema(self) -> None:
-        """Create the outbox tables and indexes if they do not exist (idempotent).
+        """Create the outbox tables, indexes and the trim's triggers if they do not exist
+        (idempotent).
 
         Raises :class:`StorageError` when the database cannot be reached.
         """
         try:
-            self.tables.executions.metadata.create_all(
-                self.engine, tables=[self.tables.executions, self.tables.cron_ticks]
-            )
+            self.tables.executions.metadata.create_all(self.engine, tables=self.tables.all())
         except DBAPIError as exc:
             raise StorageError(f"create_schema failed: {exc.orig}") from exc
 
     def drop_schema(self) -> None:
         """Drop the outbox tables (for tests and teardown)."""
-        self.tables.executions.metadata.drop_all(
-            self.engine, tables=[self.tables.cron_ticks, self.tables.executions]
-        )
+        self.tables.executions.metadata.drop_all(self.engine, tables=self.tables.all())
 
     # -- push -------------------------------------------------------------------------------
 

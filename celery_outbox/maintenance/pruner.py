@@ -1,7 +1,9 @@
 """Pruner (the trim): per job, keep the newest N succeeded and N failed rows, delete the rest.
 
 Each job's surplus goes in ONE statement, whatever its size, so a table that grew while the
-trim was off is back to size after one run; the next runs only delete what finished since.
+trim was off is back to size after one run; the next runs only delete what finished since, and
+cost that, not the rows kept: a watermark per job and status (``<table>_trim``) says where the
+last run left off (:meth:`ExecutionStore.trim <celery_outbox.store.ExecutionStore.trim>`).
 Active and cancelled rows are never trimmed. A job's ``keep={"succeeded": n, "failed": n}``
 overrides the defaults (as :meth:`JobSpec.keeps <celery_outbox.registry.JobSpec.keeps>`).
 
@@ -72,12 +74,14 @@ class Pruner:
         self.config = config or PrunerConfig()
 
     def run_once(self, now: datetime) -> PruneResult:
-        """Trim every job once; ``now`` (aware) only dates the log line. Returns the counts."""
+        """Trim every job once; ``now`` (aware) dates the watermarks and the log line.
+        Returns the counts."""
         check_now(now)
         deleted = jobs = 0
         for spec in self.registry:
             succeeded, failed = self.config.keeps(spec)
-            count = self.store.trim(spec.name, keep_succeeded=succeeded, keep_failed=failed)
+            count = self.store.trim(spec.name, keep_succeeded=succeeded, keep_failed=failed,
+                                    now=now)
             deleted += count
             jobs += 1 if count else 0
         if deleted:

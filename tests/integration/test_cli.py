@@ -306,7 +306,7 @@ def test_create_schema_is_idempotent(cli_app: ModuleType, cli_env: dict[str, str
     result = invoke(cli_app, "create-schema", "--json")
     assert result.exit_code == 0, result.output
     table = cli_env["OUTBOX_CLI_TABLE"]
-    assert json.loads(result.stdout) == {"tables": [table, f"{table}_cron"]}
+    assert json.loads(result.stdout) == {"tables": [table, f"{table}_cron", f"{table}_trim"]}
 
 
 def test_without_an_app_or_outbox_exits_with_one_line(cli_app: ModuleType) -> None:

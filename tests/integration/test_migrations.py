@@ -28,7 +28,8 @@ from celery_outbox import JobRegistry, Outbox, metadata
 from tests.conftest import PG_ADMIN_URL
 from tests.procs import ROOT
 
-OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron"}
+OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron",
+                 "celery_outbox_executions_trim"}
 VERSION_TABLE = "celery_outbox_alembic_version"
 
 
@@ -72,8 +73,9 @@ def created_by_outbox(url: str) -> None:
 
 
 def schema(url: str, tables: list[str] | None = None) -> dict[str, Any]:
-    """Columns, indexes (with predicates) and constraints of the outbox tables, from the
-    PostgreSQL catalog, in a comparable form."""
+    """Columns, indexes (with predicates), constraints and triggers of the outbox tables, and
+    the database's own functions (the triggers'), from the PostgreSQL catalog, in a
+    comparable form."""
     names = sorted(tables or OUTBOX_TABLES)
     engine = create_engine(url)
     try:
@@ -93,12 +95,23 @@ def schema(url: str, tables: list[str] | None = None) -> dict[str, Any]:
                 "FROM pg_constraint WHERE conrelid::regclass::text = ANY(:tables) "
                 "ORDER BY 1, 2"
             ), {"tables": names}).all()
+            triggers = conn.execute(text(
+                "SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+                "WHERE NOT tgisinternal AND tgrelid::regclass::text = ANY(:tables) ORDER BY 1, 2"
+            ), {"tables": names}).all()
+            functions = conn.execute(text(
+                "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+                "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public' "
+                "ORDER BY 1"
+            )).all()
     finally:
         engine.dispose()
     return {
         "columns": [tuple(r) for r in columns],
         "indexes": [tuple(r) for r in indexes],
         "constraints": [tuple(r) for r in constraints],
+        "triggers": [tuple(r) for r in triggers],
+        "functions": [tuple(r) for r in functions],
     }
 
 
@@ -122,6 +135,8 @@ def reference_schema(new_database: Callable[[], str]) -> dict[str, Any]:
     created_by_outbox(url)
     found = schema(url)
     assert {t for t, *_ in found["columns"]} == OUTBOX_TABLES
+    assert {name for _, name, _ in found["triggers"]} == {
+        "celery_outbox_executions_trim_gone", "celery_outbox_executions_trim_moved"}
     return found
 
 
@@ -164,7 +179,7 @@ def test_a_custom_table_name_through_the_config_option(
     finally:
         box.engine.dispose()
 
-    tables = ["shop_outbox", "shop_outbox_cron"]
+    tables = ["shop_outbox", "shop_outbox_cron", "shop_outbox_trim"]
     assert schema(url, tables) == schema(reference, tables)
     assert {t for t, *_ in schema(url, tables)["columns"]} == set(tables)  # not two empties
 
@@ -180,8 +195,37 @@ def test_downgrade_to_base_removes_the_tables_and_upgrade_again(
         assert set(inspect(engine).get_table_names()) == {VERSION_TABLE}
     finally:
         engine.dispose()
+    assert schema(url)["functions"] == []  # the triggers' function went with them
     upgrade(url)
     assert schema(url) == reference_schema
+
+
+def sqlite_schema(url: str) -> list[tuple[str, str, str]]:
+    """Every table, index and trigger of a SQLite database but Alembic's, with its SQL."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+                "AND name != :version ORDER BY type, name"
+            ), {"version": VERSION_TABLE})]
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_upgrade_head_equals_create_schema_and_downgrades(tmp_path: Path) -> None:
+    migrated, reference = f"sqlite:///{tmp_path}/migrated.db", f"sqlite:///{tmp_path}/ref.db"
+    created_by_outbox(reference)
+
+    upgrade(migrated)
+
+    expected = sqlite_schema(reference)
+    assert {(kind, name) for kind, name, _ in expected if kind == "trigger"} == {
+        ("trigger", "celery_outbox_executions_trim_gone"),
+        ("trigger", "celery_outbox_executions_trim_moved")}
+    assert sqlite_schema(migrated) == expected
+    command.downgrade(standalone_config(migrated), "celery_outbox_0002")
+    assert not [r for r in sqlite_schema(migrated) if "_trim" in r[1]]
 
 
 def test_the_revisions_ride_along_in_an_applications_own_alembic_environment(
