@@ -31,6 +31,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     text,
@@ -1143,31 +1144,47 @@ class ExecutionStore:
         (a tag whose walk found nothing is absent)."""
         if not probes:
             return {}
-        t = self.t
-        parts = []
         params: dict[str, Any] = {"trim_job": job_name}
         for p in probes:
-            order = (t.c.finished_at, t.c.id) if p.ascending else (
-                t.c.finished_at.desc(), t.c.id.desc())
-            walk = select(literal(p.tag).label("tag"), t.c.finished_at, t.c.id).where(
-                *self._finished_pair(p.status))
+            params[f"{p.tag}_offset"], params[f"{p.tag}_limit"] = p.offset, p.limit
             if p.start is not None:
-                walk = walk.where(self._row_key() >= self._bound_key(p.tag))
                 params.update(self._key_params(p.tag, p.start))
-            sub = walk.order_by(*order).offset(p.offset).limit(p.limit).subquery()
-            parts.append(select(sub.c.tag, sub.c.finished_at, sub.c.id))
+        shape = tuple((p.tag, p.status, p.ascending, p.start is not None) for p in probes)
         found: dict[str, list[Key]] = {}
-        for tag, at, row_id in conn.execute(union_all(*parts), params):
+        for tag, at, row_id in conn.execute(
+            self._prebuilt(("probe", shape), lambda: self._probe_statement(shape)), params
+        ):
             found.setdefault(tag, []).append((at, row_id))
         for p in probes:  # each walk's keys in its own order
             found.get(p.tag, []).sort(reverse=not p.ascending)
         return found
 
+    def _probe_statement(self, shape: tuple[tuple[str, Status, bool, bool], ...]) -> Any:
+        """:meth:`_trim_probe`'s statement: per ``(tag, status, ascending, from_start)``, a
+        walk on bound parameters named after its tag (``<tag>_offset`` ...)."""
+        t = self.t
+        parts = []
+        for tag, status, ascending, from_start in shape:
+            order = (t.c.finished_at, t.c.id) if ascending else (
+                t.c.finished_at.desc(), t.c.id.desc())
+            walk = select(literal(tag).label("tag"), t.c.finished_at, t.c.id).where(
+                *self._finished_pair(status))
+            if from_start:
+                walk = walk.where(self._row_key() >= self._bound_key(tag))
+            sub = (walk.order_by(*order)
+                   .offset(bindparam(f"{tag}_offset", type_=Integer()))
+                   .limit(bindparam(f"{tag}_limit", type_=Integer())).subquery())
+            parts.append(select(sub.c.tag, sub.c.finished_at, sub.c.id))
+        return union_all(*parts)
+
     def _trim_delete(self, conn: Connection, job_name: str, steps: dict[Status, TrimStep]) -> int:
         """Delete each status's rows below its step's cutoff (or all of them), in ONE
         statement: an index range per status. Rows another transaction holds are skipped
         (PostgreSQL SKIP LOCKED: never wait while holding the watermarks; a row skipped is
-        kept until the next trim)."""
+        kept until the next trim). The rows are deleted by their physical address (``ctid``;
+        SQLite ``rowid``), which the range's row lock keeps in place: no lookup per row in
+        the primary key, a random UUID index that on a large table is mostly not cached
+        (0.8 instead of 1.8 ms per 250 rows of a 1,000,000-row table, bench/README.md)."""
         doomed = tuple((status, step.below is not None) for status, step in steps.items()
                        if step.below is not None or step.everything)
         if not doomed:
@@ -1183,15 +1200,17 @@ class ExecutionStore:
         """:meth:`_trim_delete`'s statement: for each ``(status, below)``, the status's rows
         below the key bound as ``<status>_below_at`` / ``_id`` (or all of them)."""
         t = self.t
+        row: Any = literal_column("ctid" if self.dialect == "postgresql" else "rowid")
         picks = []
         for status, below in doomed:
             where = [t.c.job_name == bindparam("trim_job"), self._status_is(status)]
             if below:
                 where.append(self._row_key() < self._bound_key(f"{status.value}_below"))
-            picks.append(select(t.c.id).where(*where).with_for_update(skip_locked=True)
+            picks.append(select(row.label("row")).select_from(t).where(*where)
+                         .with_for_update(skip_locked=True)
                          .cte(f"doomed_{status.value}", nesting=True)
                          .prefix_with("MATERIALIZED"))
-        return delete(t).where(t.c.id.in_(union_all(*(select(p.c.id) for p in picks))))
+        return delete(t).where(row.in_(union_all(*(select(p.c.row) for p in picks))))
 
     def _trim_save(
         self, conn: Connection, job_name: str, marks: dict[Status, TrimMark], now: datetime
