@@ -6,10 +6,16 @@ and on a table holding only the same 1,000 due rows (``small``), side by side in
 two tables alternate which goes first); the ratio big / small must stay below 2x. The
 dispatcher records the ids it is handed and publishes nothing, so the broker is not timed.
 
+The first trim of each table is timed apart: it writes the trim's watermarks (a full count,
+a walk over every kept row); the timed trims count what finished since (nothing, or the
+surplus rows, which are older than every kept row).
+
 Then the statements ``celery_outbox/store.py`` issued for stage, redispatch, rescue and trim
 (captured with a ``before_cursor_execute`` listener while a sweep and a trim run on the big
 table) are run again under ``EXPLAIN (ANALYZE, BUFFERS)``, each in a transaction rolled back,
-and their plans summarised: which indexes, any sequential scan of the table.
+and their plans summarised: which indexes, any sequential scan of the table. For the trim,
+every statement of its first job, in one transaction as the trim runs them, each labelled
+with the store method that issued it.
 
 ``--backlog N`` adds an experiment on the big table: the stager working through N due
 scheduled rows (an outage's backlog, all priorities), with the shipped indexes and then
@@ -64,12 +70,19 @@ class Captured:
     transition: str
     statement: str
     parameters: Any
+    step: str = ""
+    """The store method that issued it, when a helper of the transition (``_trim_measure``)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.transition} ({self.step})" if self.step else self.transition
 
 
 FIGURES = {
     "sweep": "one sweep (stage 400, redispatch 300, rescue 300)",
     "trim": "one trim, nothing to delete",
     "trim_surplus": "one trim deleting the surplus",
+    "trim_finished": "one trim after rows finished",
 }
 
 
@@ -106,12 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for table in tables:  # warm-up: connections, compiled statements, caches
             _sweep(table)
-            _trim(table)
+            first = _trim(table)  # counts every kept row: the trim's watermarks are new
+            print(f"  first trim of {table.name} (a full count, watermarks written): "
+                  f"{first * 1e3:.1f} ms", flush=True)
         for n in range(rounds):
             for table in tables if n % 2 == 0 else tables[::-1]:
                 table.add("sweep", _sweep(table))
                 table.add("trim", _trim(table))
                 table.add("trim_surplus", _trim(table, surplus=args.surplus))
+                table.add("trim_finished", _trim(table, finished=args.surplus))
         _report(tables, args.surplus)
         plans = _explain(tables[0])
         _report_plans(plans, full=args.plans, table=tables[0].outbox.tables.executions.name)
@@ -144,14 +160,19 @@ def _sweep(table: Table) -> float:
     return elapsed
 
 
-def _trim(table: Table, surplus: int = 0) -> float:
-    """Time one trim; with ``surplus``, that many trimmable rows were added first."""
+def _trim(table: Table, surplus: int = 0, finished: int = 0) -> float:
+    """Time one trim; with ``surplus``, that many trimmable rows were added first (older than
+    every kept row); with ``finished``, that many rows finished since the last trim (newer
+    than every row): the big table's jobs then delete as many of their oldest kept rows."""
     _fresh(table, surplus)
+    if finished:
+        data.add_finished(table.outbox, finished)
     started = time.perf_counter()
     result = table.outbox.trim(now=data.NOW)
     elapsed = time.perf_counter() - started
-    if result.deleted != surplus:
-        raise RuntimeError(f"{table.name}: trim deleted {result.deleted}, expected {surplus}")
+    if result.deleted != surplus + finished:
+        raise RuntimeError(f"{table.name}: trim deleted {result.deleted}, "
+                           f"expected {surplus + finished}")
     return elapsed
 
 
@@ -173,9 +194,9 @@ def _capture(outbox: Outbox) -> Iterator[list[Captured]]:
 
     def listener(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
                  executemany: bool) -> None:
-        transition = _calling_transition()
-        if transition is not None:
-            captured.append(Captured(transition, statement, parameters))
+        found = _calling_transition()
+        if found is not None:
+            captured.append(Captured(found[0], statement, parameters, found[1]))
 
     event.listen(outbox.engine, "before_cursor_execute", listener)
     try:
@@ -184,52 +205,102 @@ def _capture(outbox: Outbox) -> Iterator[list[Captured]]:
         event.remove(outbox.engine, "before_cursor_execute", listener)
 
 
-def _calling_transition() -> str | None:
-    """The name of the ExecutionStore transition on the current stack, if any."""
+def _calling_transition() -> tuple[str, str] | None:
+    """The ExecutionStore transition on the current stack, if any, and the innermost store
+    method under it that issued the statement ("" when the transition itself did)."""
     frame = sys._getframe(2)
+    step = ""
     while frame is not None:
         code = frame.f_code
-        if code.co_name in TRANSITIONS and code.co_filename.endswith("store.py"):
-            return code.co_name
+        if code.co_filename.endswith("store.py"):
+            if code.co_name in TRANSITIONS:
+                return code.co_name, step
+            step = step or code.co_name
         frame = frame.f_back  # type: ignore[assignment]
     return None
 
 
 def _explain(table: Table) -> list[tuple[Captured, list[str]]]:
-    """Capture the statements of one sweep and one trim (of 1,000 surplus rows) on ``table``,
-    then EXPLAIN (ANALYZE, BUFFERS) the first of each transition on the same rows (due rows
-    and surplus as before the sweep), each rolled back."""
+    """Plans on ``table``: the first statement of each sweep transition, captured during
+    one sweep and run again under EXPLAIN (ANALYZE, BUFFERS) on the same rows (due rows as
+    before the sweep), rolled back; then every statement of the trim of the first job,
+    explained where it runs (:func:`_explain_in_place`), in a trim of 1,000 surplus rows
+    and in a trim after 1,000 rows finished."""
     _fresh(table)
     with _capture(table.outbox) as captured:
         table.outbox.sweep(now=data.NOW)
-    _fresh(table, 1000)  # (the sweep's rescue failed 100 rows: the trim would delete more)
-    with _capture(table.outbox) as trimmed:
-        table.outbox.trim(now=data.NOW)
-    captured += trimmed
     firsts: dict[str, Captured] = {}
     for c in captured:
         firsts.setdefault(c.transition, c)
+    sweep = [firsts[t] for t in TRANSITIONS if t != "trim"]
+    _fresh(table)
+    plans = [(c, _explain_one(table.outbox, [c])[0]) for c in sweep]
     _fresh(table, 1000)
-    return [(firsts[t], _explain_one(table.outbox, firsts[t])) for t in TRANSITIONS]
+    with _explain_in_place(table.outbox, "trim, 1,000 surplus") as surplus:
+        table.outbox.trim(now=data.NOW)
+    _fresh(table)
+    data.add_finished(table.outbox, 1000)
+    with _explain_in_place(table.outbox, "trim, 1,000 finished") as finished:
+        table.outbox.trim(now=data.NOW)
+    return plans + surplus + finished
 
 
-def _explain_one(outbox: Outbox, c: Captured) -> list[str]:
-    """EXPLAIN (ANALYZE, BUFFERS) of one captured statement, in a transaction rolled back."""
+@contextmanager
+def _explain_in_place(
+    outbox: Outbox, label: str
+) -> Iterator[list[tuple[Captured, list[str]]]]:
+    """EXPLAIN (ANALYZE, BUFFERS) each statement of the first job's trim just before it
+    runs, on its own connection and transaction, inside a savepoint rolled back: the plans
+    of the very rows and watermarks that statement sees (a statement run again after the
+    trim would find its rows deleted and its watermark moved)."""
+    plans: list[tuple[Captured, list[str]]] = []
+    locks = 0
+
+    def listener(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+                 executemany: bool) -> None:
+        nonlocal locks
+        found = _calling_transition()
+        if found is None or found[0] != "trim":
+            return
+        locks += found[1] == "_trim_lock"
+        if locks != 1:
+            return
+        first = parameters[0] if isinstance(parameters, list) else parameters
+        cursor.execute("SAVEPOINT bench_explain")
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, first)
+        lines = [row[0] for row in cursor.fetchall()]
+        cursor.execute("ROLLBACK TO SAVEPOINT bench_explain")
+        plans.append((Captured(label, statement, parameters, found[1]), lines))
+
+    event.listen(outbox.engine, "before_cursor_execute", listener)
+    try:
+        yield plans
+    finally:
+        event.remove(outbox.engine, "before_cursor_execute", listener)
+
+
+def _explain_one(outbox: Outbox, statements: list[Captured]) -> list[list[str]]:
+    """EXPLAIN (ANALYZE, BUFFERS) of captured statements, one after the other in ONE
+    transaction rolled back (what a statement sets for its transaction, the next sees)."""
+    plans = []
     with outbox.engine.connect() as conn:
         trans = conn.begin()
         try:
-            result = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + c.statement,
-                                          c.parameters)
-            return [row[0] for row in result]
+            for c in statements:
+                parameters = c.parameters[0] if isinstance(c.parameters, list) else c.parameters
+                result = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + c.statement,
+                                              parameters)
+                plans.append([row[0] for row in result])
         finally:
             trans.rollback()
+    return plans
 
 
 def _plan_summary(lines: list[str], table: str) -> tuple[str, list[str], bool]:
     """(execution time, the scans used, whether the table is read by a sequential scan)."""
     scans = []
     for line in lines:
-        m = re.search(r"((?:Bitmap Index|Index Only|Index|Seq) Scan)(?: using| on) (\S+)"
+        m = re.search(r"((?:Bitmap Index|Index Only|Index|Seq|Tid) Scan)(?: using| on) (\S+)"
                       r"(?: on (\S+))?", line)
         if m:
             scans.append(f"{m.group(1)} {m.group(2)}")
@@ -262,7 +333,7 @@ def _backlog(table: Table, count: int, *, full: bool) -> None:
             data.add_backlog(outbox, count)
             data.vacuum(outbox)
             first = next(c for c in captured if c.transition == "stage")
-            lines = _explain_one(outbox, first)
+            [lines] = _explain_one(outbox, [first])
             _total, scans, _seq = _plan_summary(lines, outbox.tables.executions.name)
             sort = next((line.strip() for line in lines if "Sort Method" in line), "no sort")
             label = "shipped without (priority, scheduled_at)" if without else "shipped"
@@ -286,6 +357,8 @@ def _report(tables: list[Table], surplus: int) -> None:
     for key, label in FIGURES.items():
         if key == "trim_surplus":
             label = f"one trim deleting {surplus:,} rows"
+        if key == "trim_finished":
+            label = f"one trim after {surplus:,} rows finished (deleting as many)"
         b, s = big.times[key], small.times[key]
         ratios = [x / y for x, y in zip(b, s, strict=True)]
         ratio = statistics.median(ratios)
@@ -309,10 +382,10 @@ def _report_plans(plans: list[tuple[Captured, list[str]]], *, full: bool, table:
           "|---|---:|---|---|")
     for c, lines in plans:
         total, scans, seq = _plan_summary(lines, table)
-        print(f"| {c.transition} | {total} | {'; '.join(scans)} | {'YES' if seq else 'no'} |")
+        print(f"| {c.label} | {total} | {'; '.join(scans) or '-'} | {'YES' if seq else 'no'} |")
     if full:
         for c, lines in plans:
-            print(f"\n-- {c.transition}:\n{c.statement}\n")
+            print(f"\n-- {c.label}:\n{c.statement}\n")
             print("\n".join(lines))
 
 

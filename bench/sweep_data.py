@@ -44,6 +44,8 @@ HISTORY = timedelta(days=30)
 DUE_ORG = "bench-due"
 """``organization_id`` of the due rows and of the surplus rows, so a reset finds them."""
 SURPLUS_ORG = "bench-surplus"
+FINISHED_ORG = "bench-finished"
+"""``organization_id`` of the rows :func:`add_finished` writes (a reset leaves them: kept)."""
 
 # Row i of a generate_series: its job (round robin) and, for finished rows, its status.
 JOB_OF_I = "(CAST(:jobs AS text[]))[1 + i % :njobs]"
@@ -203,6 +205,31 @@ def add_surplus(outbox: Outbox, count: int) -> None:
     """, jobs=list(JOBS), njobs=len(JOBS), org=SURPLUS_ORG, every=FAILED_EVERY,
         failed=Status.FAILED.value, succeeded=Status.SUCCEEDED.value, now=NOW,
         history=HISTORY, n=count)
+
+
+def add_finished(outbox: Outbox, count: int) -> None:
+    """Add ``count`` succeeded rows newer than every row in the table (spread over the jobs;
+    ``finished_at`` after NOW, 1 ms apart, later at each call): rows that finished since the
+    last trim. The big table's jobs keep as many as they hold, so a trim then deletes as
+    many of their oldest kept rows; the small table's delete these."""
+    t = outbox.tables.executions.name
+    engine = outbox.engine
+    with engine.begin() as conn:
+        last = conn.execute(text(
+            f"SELECT max(finished_at) FROM {t} WHERE organization_id = :org"
+        ), {"org": FINISHED_ORG}).scalar()
+    start = max(NOW, last) if last is not None else NOW
+    _execute(engine, f"""
+        INSERT INTO {t} (id, job_name, organization_id, status, priority, attempt,
+                         max_attempts, payload, created_at, updated_at, started_at,
+                         finished_at)
+        SELECT gen_random_uuid(), {JOB_OF_I}, :org, :status, 2, 1, 3,
+               jsonb_build_object('n', i), done, done, done, done
+        FROM (SELECT i, CAST(:start AS timestamptz) + (i + 1) * interval '1 millisecond'
+                         AS done
+              FROM generate_series(0, CAST(:n AS int) - 1) AS i) AS g
+    """, jobs=list(JOBS), njobs=len(JOBS), org=FINISHED_ORG, status=Status.SUCCEEDED.value,
+        start=start, n=count)
 
 
 def add_backlog(outbox: Outbox, count: int) -> None:
