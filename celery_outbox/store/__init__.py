@@ -1,0 +1,60 @@
+"""ExecutionStore: the only package that issues SQL. One method per transition.
+
+Every method's docstring starts with the transition it performs (``from -> to``), then its
+guard, what a guard miss returns, and the unit of its time arguments. Every write names the
+status it expects; writes on a running row are also fenced by ``claimed_by`` and ``attempt``,
+so a zombie worker whose lease was rescued cannot overwrite the row.
+
+Times are aware UTC datetimes passed in by the caller (``now``); the database clock is never
+read, so tests freeze time by passing it. Driver errors become :class:`StorageError`.
+
+One module per area, each a mixin of :class:`~celery_outbox.store.base.StoreBase` (the
+transactions, the fence, statements built once); :class:`ExecutionStore` combines them:
+
+- ``push``: insert, insert_alone (INSERT, COPY, keyed ON CONFLICT DO NOTHING, direct INSERT)
+- ``worker``: claim, start, complete, retry, fail, heartbeat, release
+- ``sweep``: stage, redispatch, rescue, dispatchable
+- ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
+- ``cron``: advance_tick, last_tick
+- ``admin``: cancel, get, status_of, job_stats, list_executions
+"""
+
+from __future__ import annotations
+
+from celery_outbox.store.admin import AdminStore, JobStats
+from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
+from celery_outbox.store.cron import CronStore
+from celery_outbox.store.push import _COPY_MIN_ROWS as _COPY_MIN_ROWS
+from celery_outbox.store.push import NewExecution, PushStore
+from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
+from celery_outbox.store.trim import TrimStore
+from celery_outbox.store.watermark import FINISHED, Key, TrimFresh, TrimMark, TrimStep, advance_trim
+from celery_outbox.store.worker import Claimed, Start, WorkerStore
+
+__all__ = [
+    "FINISHED",
+    "SUPPORTED_DIALECTS",
+    "Claimed",
+    "Due",
+    "ExecutionStore",
+    "Expired",
+    "Fence",
+    "JobStats",
+    "Key",
+    "NewExecution",
+    "RescueVerdict",
+    "Start",
+    "TrimFresh",
+    "TrimMark",
+    "TrimStep",
+    "advance_trim",
+]
+
+
+class ExecutionStore(PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore):
+    """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
+
+    ``engine`` is used for the store's own short transactions; push methods take the caller's
+    ``Connection`` instead, so the row commits or rolls back with the caller's work.
+    Raises :class:`ConfigurationError` for a dialect other than PostgreSQL or SQLite.
+    """

@@ -1,0 +1,218 @@
+"""The sweep's transitions: stage, redispatch, rescue, in LIMIT + FOR UPDATE SKIP LOCKED
+batches; and the read of released rows to dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import delete, or_, select, update
+
+from celery_outbox.states import Status
+from celery_outbox.store.base import Fence, StoreBase
+
+
+@dataclass(frozen=True)
+class Due:
+    """A row the sweep just staged, redispatched or rescued into a retry: dispatch it now.
+
+    ``priority`` is 0 (critical) .. 3 (low); ``eta`` is the retry's run time when a rescue
+    scheduled it later than the sweep's ``now`` (an aware datetime), else None.
+    """
+
+    id: UUID
+    job_name: str
+    priority: int
+    eta: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A running row whose lease expired, as :meth:`ExecutionStore.rescue` took it."""
+
+    id: UUID
+    job_name: str
+    claimed_by: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    started_at: datetime | None = None
+    """None: claimed with others in one message, and its handler never began."""
+
+
+@dataclass(frozen=True)
+class RescueVerdict:
+    """What the rescuer does with one :class:`Expired` row.
+
+    ``run_at`` (aware datetime): retry then (running -> scheduled); None: fail it (running ->
+    failed, or the row is deleted when ``keep`` is False). ``dispatched``: a message with an
+    ``eta`` goes out now, so the stager leaves the row alone. ``error`` becomes ``last_error``.
+    ``release``: the handler never began: hand the row back (running -> pending, the attempt
+    does not count, dispatched now), whatever the other fields say.
+    """
+
+    error: str
+    run_at: datetime | None = None
+    dispatched: bool = False
+    keep: bool = True
+    release: bool = False
+
+
+class SweepStore(StoreBase):
+    """The sweep transitions of :class:`~celery_outbox.store.ExecutionStore`."""
+
+    def _pick(self, *where: Any, order_by: Sequence[Any], limit: int) -> Any:
+        """The ids of at most ``limit`` rows matching ``where``, for one batch of the sweep.
+
+        PostgreSQL locks them FOR UPDATE SKIP LOCKED: a concurrent sweep skips them and takes
+        the next rows, never waits. SQLite has no row locks (it compiles no FOR UPDATE); the
+        UPDATE this feeds takes the database's write lock first, so sweeps there run one
+        after the other with the same outcome. A MATERIALIZED CTE, evaluated once: as a
+        plain ``IN (subquery)`` PostgreSQL may run the subquery again per row, and the
+        LIMIT then bounds nothing.
+        """
+        picked = (
+            select(self.t.c.id).where(*where).order_by(*order_by).limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("picked").prefix_with("MATERIALIZED")
+        )
+        return select(picked.c.id)
+
+    def stage(
+        self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int
+    ) -> list[Due]:
+        """stage: scheduled -> pending, ``dispatched_at = now``, for at most ``limit`` rows.
+
+        Guard: status scheduled, due (``scheduled_at <= now``), ``job_name`` in ``job_names``,
+        and no Celery ``eta`` message on its way: never dispatched (delayed beyond
+        ``max_eta``), or its eta passed before ``stale_before`` (that message was lost).
+        Highest priority first, then earliest ``scheduled_at``; rows a concurrent sweep holds
+        are skipped, and taking a row's lock re-checks the guard, so each row is staged once.
+        Returns the staged rows ([] when none is due). ``now`` and ``stale_before`` are aware
+        datetimes.
+        """
+        t = self.t
+        pick = self._pick(
+            t.c.status == Status.SCHEDULED.value,
+            t.c.scheduled_at <= now,
+            t.c.job_name.in_(list(job_names)),
+            or_(t.c.dispatched_at.is_(None), t.c.scheduled_at < stale_before),
+            order_by=(t.c.priority, t.c.scheduled_at), limit=limit,
+        )
+        stmt = (
+            update(t)
+            .where(t.c.id.in_(pick))
+            .values(status=Status.PENDING.value, dispatched_at=now, updated_at=now)
+            .returning(t.c.id, t.c.job_name, t.c.priority)
+        )
+        return self._moved(stmt, job_names)
+
+    def redispatch(
+        self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int
+    ) -> list[Due]:
+        """redispatch: pending -> pending, ``dispatched_at = now``, for at most ``limit`` rows.
+
+        Guard: status pending, ``job_name`` in ``job_names``, last dispatched before
+        ``stale_before`` (the sweep's ``now - stale_after``: the message was lost, or the
+        broker was down) or never. Highest priority first, then the longest waiting; rows a
+        concurrent sweep holds are skipped, and taking a row's lock re-checks the guard.
+        Returns the rows to dispatch again ([] when none is stale). Times are aware datetimes.
+        """
+        t = self.t
+        stale = or_(t.c.dispatched_at.is_(None), t.c.dispatched_at < stale_before)
+        pick = self._pick(
+            t.c.status == Status.PENDING.value, stale, t.c.job_name.in_(list(job_names)),
+            order_by=(t.c.priority, t.c.dispatched_at), limit=limit,
+        )
+        stmt = (
+            update(t)
+            .where(t.c.id.in_(pick))
+            .values(dispatched_at=now, updated_at=now)
+            .returning(t.c.id, t.c.job_name, t.c.priority)
+        )
+        return self._moved(stmt, job_names)
+
+    def _moved(self, stmt: Any, job_names: Sequence[str]) -> list[Due]:
+        if not job_names:
+            return []
+        with self.begin() as conn:
+            rows = [Due(r.id, r.job_name, r.priority) for r in conn.execute(stmt)]
+        return sorted(rows, key=lambda r: r.priority)
+
+    def rescue(
+        self,
+        now: datetime,
+        *,
+        job_names: Sequence[str],
+        limit: int,
+        decide: Callable[[Expired], RescueVerdict],
+    ) -> list[tuple[Expired, RescueVerdict]]:
+        """rescue: running -> scheduled (a retry at ``verdict.run_at``) or failed (or deleted,
+        when the verdict does not keep it), or pending (``verdict.release``: the handler never
+        began; the attempt does not count), for at most ``limit`` rows, in one transaction.
+
+        Guard: status running, ``lease_expires_at < now`` (the holder stopped renewing it),
+        ``job_name`` in ``job_names``. The first statement takes the batch (SKIP LOCKED on
+        PostgreSQL; SQLite's write lock), clearing the lease; then each row gets the verdict
+        of ``decide(row)`` with a write fenced by ``claimed_by`` and ``attempt``, so a row that
+        finished, was cancelled or renewed meanwhile is left alone and the zombie attempt's
+        later writes miss. Returns the rescued rows with their verdicts. ``now`` is aware.
+        """
+        if not job_names:
+            return []
+        t = self.t
+        pick = self._pick(
+            t.c.status == Status.RUNNING.value, t.c.lease_expires_at < now,
+            t.c.job_name.in_(list(job_names)),
+            order_by=(t.c.lease_expires_at,), limit=limit,
+        )
+        take = (
+            update(t)
+            .where(t.c.id.in_(pick))
+            .values(lease_expires_at=None, updated_at=now)
+            .returning(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
+                       t.c.priority, t.c.started_at)
+        )
+        rescued: list[tuple[Expired, RescueVerdict]] = []
+        with self.begin() as conn:
+            for row in [Expired(**r._mapping) for r in conn.execute(take)]:
+                verdict = decide(row)
+                fenced = self._fenced(Fence(row.id, row.claimed_by, row.attempt))
+                if verdict.release:
+                    stmt: Any = update(t).where(fenced).values(
+                        status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
+                        started_at=None, updated_at=now, dispatched_at=now,
+                    )
+                elif verdict.run_at is not None:
+                    stmt = update(t).where(fenced).values(
+                        status=Status.SCHEDULED.value, scheduled_at=verdict.run_at,
+                        claimed_by=None, last_error=verdict.error, updated_at=now,
+                        dispatched_at=now if verdict.dispatched else None,
+                    )
+                elif verdict.keep:
+                    stmt = update(t).where(fenced).values(
+                        status=Status.FAILED.value, finished_at=now, updated_at=now,
+                        last_error=verdict.error,
+                    )
+                else:
+                    stmt = delete(t).where(fenced)
+                if conn.execute(stmt).rowcount == 1:
+                    rescued.append((row, verdict))
+        return rescued
+
+    def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
+        """Read the job and priority of the pending rows among ``ids`` (released rows, to
+        dispatch them at once). Ids not pending are left out."""
+        if not ids:
+            return []
+        t = self.t
+        with self.begin() as conn:
+            rows = conn.execute(
+                select(t.c.id, t.c.job_name, t.c.priority)
+                .where(t.c.id.in_(list(ids)), t.c.status == Status.PENDING.value)
+            )
+            return [Due(r.id, r.job_name, r.priority) for r in rows]
