@@ -10,7 +10,7 @@ The first trim of each table is timed apart: it writes the trim's watermarks (a 
 a walk over every kept row); the timed trims count what finished since (nothing, or the
 surplus rows, which are older than every kept row).
 
-Then the statements ``celery_outbox/store.py`` issued for stage, redispatch, rescue and trim
+Then the statements ``celery_outbox/store/`` issued for stage, redispatch, rescue and trim
 (captured with a ``before_cursor_execute`` listener while a sweep and a trim run on the big
 table) are run again under ``EXPLAIN (ANALYZE, BUFFERS)``, each in a transaction rolled back,
 and their plans summarised: which indexes, any sequential scan of the table. For the trim,
