@@ -212,7 +212,7 @@ def _calling_transition() -> tuple[str, str] | None:
     step = ""
     while frame is not None:
         code = frame.f_code
-        if code.co_filename.endswith("store.py"):
+        if f"{os.sep}celery_outbox{os.sep}store{os.sep}" in code.co_filename:
             if code.co_name in TRANSITIONS:
                 return code.co_name, step
             step = step or code.co_name
