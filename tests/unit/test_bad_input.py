@@ -10,7 +10,6 @@ transaction.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from celery_outbox import (
     StorageError,
     outbox_job,
 )
-from celery_outbox.dispatch import DispatchItem
+from tests.unit.fakes import Recording
 
 UNREACHABLE = "postgresql+psycopg://root@127.0.0.1:1/x"
 
@@ -36,22 +35,6 @@ class Reading(BaseModel):
     value: float
     label: str = ""
     raw: Any = None
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.items: list[DispatchItem] = []
-
-    def dispatch(self, items: list[DispatchItem]) -> None:
-        self.items.extend(items)
-
-    def flush(self, timeout: timedelta) -> bool:
-        return True
-
-
-@pytest.fixture
-def recording() -> Recording:
-    return Recording()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ can have been written; the recording dispatcher shows nothing was dispatched eit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +23,7 @@ from celery_outbox import (
     PayloadInvalid,
     outbox_job,
 )
-from celery_outbox.dispatch import DispatchItem
+from tests.unit.fakes import Recording
 
 UNREACHABLE = "postgresql+psycopg://root@127.0.0.1:1/x"
 
@@ -41,22 +40,6 @@ class Order(BaseModel):
 
 class Other(BaseModel):
     order_id: str
-
-
-class Recording:
-    def __init__(self) -> None:
-        self.items: list[DispatchItem] = []
-
-    def dispatch(self, items: Sequence[DispatchItem]) -> None:
-        self.items.extend(items)
-
-    def flush(self, timeout: timedelta) -> bool:
-        return True
-
-
-@pytest.fixture
-def recording() -> Recording:
-    return Recording()
 
 
 @pytest.fixture
