@@ -129,9 +129,8 @@ class Heartbeat:
         lost = 0
         now = self.clock()
         for lease, group in by_lease.items():
-            worker = group[0].fence.claimed_by
             try:
-                kept = self.store.heartbeat(worker, [h.fence for h in group], now, now + lease)
+                kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease)
             except Exception as exc:
                 log.warning("celery_outbox: heartbeat write failed (%s); retrying next interval",
                             exc)

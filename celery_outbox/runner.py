@@ -93,6 +93,16 @@ class Runner:
             self._worker_id = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
         return self._worker_id[1]
 
+    def claim_token(self) -> str:
+        """``host:pid:nonce/claim``: the ``claimed_by`` of one claim, new for every claim.
+
+        The fence of a running row is (``claimed_by``, ``attempt``); the attempt goes back
+        down when a row is handed back (rescuer, shutdown release), so only a token of its
+        own per claim keeps a second claim of that row, even by another thread of this
+        process at the same attempt, from matching the first claim's fence.
+        """
+        return f"{self.worker_id}/{uuid.uuid4().hex[:12]}"
+
     def run(self, job_name: str, ids: Sequence[UUID | str]) -> RunResult:
         """Claim and run the executions ``ids`` of ``job_name``.
 
@@ -112,7 +122,7 @@ class Runner:
         if not uuids:
             return RunResult()
         now = self.clock()
-        worker = self.worker_id
+        worker = self.claim_token()
         lease = spec.lease(self.config)
         claimed = self.store.claim(uuids, job_name, worker, now, now + lease)
         if len(claimed) < len(uuids):

@@ -57,6 +57,10 @@ class WorkerStore(StoreBase):
         """claim: pending (or scheduled and due) -> running, attempt + 1, lease set.
 
         Guard: status pending, or scheduled with ``scheduled_at <= now``; ``job_name`` matches.
+        ``worker`` becomes ``claimed_by``, the fence of every later write with the attempt: it
+        must be unique per claim (the runner's :meth:`~celery_outbox.runner.Runner.claim_token`),
+        since a hand-back lowers the attempt again and a reused token would let the old claim's
+        fence match the new one.
         One UPDATE ... RETURNING for all ``ids``: a row another worker claimed first, or that is
         not due, finished, cancelled or gone, is simply not returned (a normal outcome).
         ``started_at = now`` on the first of ``ids`` only: the runner runs the claimed rows one
@@ -211,23 +215,27 @@ class WorkerStore(StoreBase):
         return self._hit(hits, "fail", fence.id)
 
     def heartbeat(
-        self, worker: str, fences: Sequence[Fence], now: datetime, lease_until: datetime
+        self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime
     ) -> set[UUID]:
         """heartbeat: running -> running, ``lease_expires_at = lease_until``, in one UPDATE.
 
-        Guard per row: status running, claimed by ``worker`` at the fence's attempt. Returns the
-        ids still held; a fence missing from the result was cancelled, rescued or deleted.
+        Guard per row: status running, ``claimed_by`` and ``attempt`` as in its fence (each
+        claim has a ``claimed_by`` of its own, see :meth:`claim`). ``worker``, when not None,
+        must also equal every matched row's ``claimed_by`` (callers holding one claim).
+        Returns the ids still held; a fence missing from the result was cancelled, rescued,
+        handed back or deleted.
         """
         if not fences:
             return set()
         t = self.t
+        guard = [t.c.status == Status.RUNNING.value,
+                 or_(*(and_(t.c.id == f.id, t.c.claimed_by == f.claimed_by,
+                            t.c.attempt == f.attempt) for f in fences))]
+        if worker is not None:
+            guard.append(t.c.claimed_by == worker)
         stmt = (
             update(t)
-            .where(
-                t.c.status == Status.RUNNING.value,
-                t.c.claimed_by == worker,
-                or_(*(and_(t.c.id == f.id, t.c.attempt == f.attempt) for f in fences)),
-            )
+            .where(*guard)
             .values(lease_expires_at=lease_until, updated_at=now)
             .returning(t.c.id)
         )

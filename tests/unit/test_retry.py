@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from celery_outbox import ConfigurationError, RetryLater, RetryPolicy
-from celery_outbox.retry import NO_RETRY
+from celery_outbox.retry import MAX_RETRIES, MAX_WAIT, NO_RETRY
 
 S = timedelta(seconds=1)
 
@@ -96,12 +96,29 @@ def test_when_decides_which_errors_are_retried() -> None:
         ("backoff", {"backoff": timedelta(seconds=-1)}),
         ("backoff", {"backoff": 5}),
         ("backoff_max", {"backoff_max": timedelta(seconds=-1)}),
+        ("retries", {"retries": 10**9}),
+        ("backoff", {"backoff": timedelta(days=10**6)}),
+        ("backoff_max", {"backoff_max": timedelta.max}),
         ("when", {"when": "ConnectionError"}),
     ],
 )
 def test_invalid_values_name_the_field(field: str, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError, match=f"RetryPolicy.{field} "):
         RetryPolicy(**kwargs)
+
+
+def test_backoff_is_capped_before_it_can_overflow() -> None:
+    # Regression (issue 8, defect 1): 1 h * 2**35 overflowed timedelta before the cap applied.
+    p = RetryPolicy(retries=60, backoff=timedelta(hours=1), backoff_max=timedelta(hours=1),
+                    jitter=False)
+    assert {p.delay(n) for n in (1, 36, 60, 10**6)} == {timedelta(hours=1)}
+    jittered = RetryPolicy(retries=60, backoff=timedelta(hours=1), backoff_max=timedelta(hours=1))
+    assert jittered.delay(36, rng=lambda: 0.5) == timedelta(minutes=30)
+
+
+def test_the_largest_allowed_policy_computes_every_wait() -> None:
+    p = RetryPolicy(retries=MAX_RETRIES, backoff=MAX_WAIT, backoff_max=MAX_WAIT, jitter=False)
+    assert {p.delay(n) for n in (1, 2, MAX_RETRIES)} == {MAX_WAIT}
 
 
 def test_retry_later_needs_a_non_negative_timedelta() -> None:
