@@ -37,6 +37,9 @@ class JobContext(Generic[P]):
     log: logging.Logger
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = "cancelled"
+    cancelled_by_handler: bool = False
+    """True when the handler itself called :meth:`cancel` (the first cancel wins)."""
+    _cancel_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def raise_if_cancelled(self) -> None:
         """Raise :class:`ExecutionCancelled` if ``cancelled`` is set; otherwise return None."""
@@ -44,7 +47,23 @@ class JobContext(Generic[P]):
             raise ExecutionCancelled(self.execution_id, self.cancel_reason)
 
     def cancel(self, reason: str) -> None:
-        """Set ``cancelled`` with ``reason`` (the first reason given wins)."""
-        if not self.cancelled.is_set():
+        """Cancel this execution from its handler: set ``cancelled`` with ``reason`` (the first
+        cancel wins; ``reason`` is a str, recorded as ``cancelled_by_name``, at most 200
+        characters kept).
+
+        Once the handler returns or raises (``raise_if_cancelled()``), the row ends
+        ``cancelled`` (``cancelled_by = "handler"``) and ``job_cancel`` is sent: the attempt
+        neither succeeds nor retries. The reasons ``"timed out"`` and ``"worker shutdown"``
+        keep their own meaning (a failed attempt; a hand-back).
+        """
+        self._interrupt(reason, by_handler=True)
+
+    def _interrupt(self, reason: str, *, by_handler: bool = False) -> None:
+        """Set ``cancelled`` with ``reason`` unless it is set (the runner's own cancels:
+        cancelled by an admin, rescued, shutting down)."""
+        with self._cancel_lock:
+            if self.cancelled.is_set():
+                return
             self.cancel_reason = reason
+            self.cancelled_by_handler = by_handler
             self.cancelled.set()

@@ -27,9 +27,15 @@ from celery_outbox import signals
 from celery_outbox.config import OutboxConfig
 from celery_outbox.context import JobContext
 from celery_outbox.dispatch import Dispatcher, DispatchItem
-from celery_outbox.errors import DoNotRetry, ExecutionCancelled, JobNotRegistered, RetryLater
+from celery_outbox.errors import (
+    DoNotRetry,
+    ExecutionCancelled,
+    JobNotRegistered,
+    RetryLater,
+    StorageError,
+)
 from celery_outbox.heartbeat import Heartbeat
-from celery_outbox.interrupts import HandlerScope
+from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logs import LogCapture
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
@@ -45,13 +51,15 @@ def utcnow() -> datetime:
 
 @dataclass(frozen=True)
 class RunResult:
-    """Counts of one :meth:`Runner.run`: claimed, succeeded, retried, failed, lost (fenced out)."""
+    """Counts of one :meth:`Runner.run`: claimed, succeeded, retried, failed, lost (fenced out),
+    cancelled (by their own handler, ``ctx.cancel(reason)``)."""
 
     claimed: int = 0
     succeeded: int = 0
     retried: int = 0
     failed: int = 0
     lost: int = 0
+    cancelled: int = 0
 
 
 @dataclass
@@ -90,7 +98,8 @@ class Runner:
         """``host:pid:nonce``, the ``claimed_by`` of this process (new after a fork)."""
         pid = os.getpid()
         if self._worker_id is None or self._worker_id[0] != pid:
-            self._worker_id = (pid, f"{socket.gethostname()}:{pid}:{uuid.uuid4().hex[:8]}")
+            host = socket.gethostname()[:120]  # claimed_by holds 200 characters
+            self._worker_id = (pid, f"{host}:{pid}:{uuid.uuid4().hex[:8]}")
         return self._worker_id[1]
 
     def claim_token(self) -> str:
@@ -134,18 +143,18 @@ class Runner:
             self.heartbeat.track(fence, lease, _on_lost(ctx))
         if claimed and claimed[0].id != uuids[0]:
             self.store.start(fences[0], now)  # the claim marked the first of ids started
-        counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0}
+        counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0, "cancelled": 0}
         try:
             following: Start | None = None
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
                 if following is not None and following.hit is False:
-                    ctx.cancel("cancelled")  # no longer ours: cancelled, rescued or handed back
+                    ctx._interrupt("cancelled")  # no longer ours: cancelled, rescued, handed back
                 # Each outcome write also marks the next row started (see ExecutionStore.claim).
                 following = Start(fences[index + 1]) if index + 1 < len(fences) else None
-                outcome = self._execute(spec, row, ctx, fences[index], following)
+                outcome = self._isolated(spec, row, ctx, fences[index], following)
                 key = {
                     Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
-                    Status.FAILED: "failed",
+                    Status.FAILED: "failed", Status.CANCELLED: "cancelled",
                 }.get(outcome.status, "lost") if outcome.status else "lost"
                 counts[key] += 1
         finally:
@@ -165,6 +174,27 @@ class Runner:
             now=now,
             log=logging.getLogger(f"celery_outbox.job.{spec.name}"),
         )
+
+    def _isolated(
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
+        following: Start | None,
+    ) -> _Outcome:
+        """:meth:`_execute`, so that an error of this row's own (recording its outcome, a
+        bad log record, ...) fails this row, logged, and the message's other rows still run.
+        A database that fails is no row's own: StorageError is raised."""
+        try:
+            return self._execute(spec, row, ctx, fence, following)
+        except StorageError:
+            raise
+        except Exception as exc:
+            log.exception("celery_outbox: %s %s: recording the outcome of attempt %d failed; "
+                          "failing the execution", spec.name, row.id, row.attempt)
+            error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
+            failed = self.store.fail(fence, self.clock(), error=error, logs=None,
+                                     keep=spec.keep_failed_row(),
+                                     start=following if following and following.hit is None
+                                     else None)
+            return _Outcome(Status.FAILED if failed else None, exc)
 
     def _execute(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
@@ -191,9 +221,19 @@ class Runner:
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 raise
-            outcome = self._on_error(spec, row, ctx, fence, exc, capture.entries(), following)
+            if _cancelled_by_handler(ctx):
+                outcome = self._on_cancel(spec, row, ctx, fence, exc, capture.entries(),
+                                          following)
+            else:
+                outcome = self._on_error(spec, row, ctx, fence, exc, capture.entries(),
+                                         following)
         else:
-            outcome = self._on_success(spec, row, fence, started, capture.entries(), following)
+            if _cancelled_by_handler(ctx):
+                outcome = self._on_cancel(spec, row, ctx, fence, None, capture.entries(),
+                                          following)
+            else:
+                outcome = self._on_success(spec, row, fence, started, capture.entries(),
+                                           following)
         finally:
             with self._contexts_lock:
                 self._contexts.pop(row.id, None)
@@ -226,6 +266,24 @@ class Runner:
             return _Outcome(Status.SUCCEEDED)
         return _Outcome(None)
 
+    def _on_cancel(
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
+        exc: Exception | None, logs: list[dict[str, Any]], following: Start | None,
+    ) -> _Outcome:
+        """The handler called ``ctx.cancel(reason)``, then returned or raised: running ->
+        cancelled (``cancelled_by = "handler"``, ``cancelled_by_name = reason``)."""
+        reason = ctx.cancel_reason
+        error = exc if exc is not None else ExecutionCancelled(row.id, reason)
+        signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                               exception=error, will_retry=False)
+        if not self.store.cancel_running(fence, self.clock(), by=HANDLER, by_name=reason,
+                                         logs=logs, start=following):
+            return _Outcome(None, error)  # cancelled by an admin first, or rescued
+        log.info("celery_outbox: %s %s cancelled by its handler on attempt %d: %s", spec.name,
+                 row.id, row.attempt, reason)
+        signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
+        return _Outcome(Status.CANCELLED, error)
+
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
         logs: list[dict[str, Any]], following: Start | None = None,
@@ -238,7 +296,9 @@ class Runner:
             return _Outcome(None, exc)
         now = self.clock()
         error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
-        delay = self._retry_delay(spec, row, exc)
+        delay, refused = self._retry_delay(spec, row, exc)
+        if refused:
+            error = f"{error}\n\nnot retried: {refused}"
         signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                exception=exc, will_retry=delay is not None)
         if delay is None:
@@ -248,7 +308,7 @@ class Runner:
                                start=following):
                 return _Outcome(Status.FAILED, exc)
             return _Outcome(None, exc)
-        run_at = now + delay
+        run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
                  row.id, row.attempt, row.max_attempts, delay.total_seconds(),
@@ -262,15 +322,31 @@ class Runner:
             )
         return _Outcome(Status.SCHEDULED, exc)
 
-    def _retry_delay(self, spec: JobSpec, row: Claimed, exc: Exception) -> timedelta | None:
-        """The wait before the next attempt, or None to fail now."""
+    def _retry_delay(
+        self, spec: JobSpec, row: Claimed, exc: Exception
+    ) -> tuple[timedelta | None, str]:
+        """The wait before the next attempt, or None to fail now; and why the policy could not
+        decide ("" when it could). A ``RetryPolicy.when`` that raises, or a wait that cannot
+        be scheduled, fails this execution (logged), never the run."""
         if isinstance(exc, DoNotRetry) or row.attempt >= row.max_attempts:
-            return None
-        if isinstance(exc, RetryLater):
-            return exc.delay
-        if not spec.retry.should_retry(exc, row.attempt, row.max_attempts):
-            return None
-        return spec.retry.delay(row.attempt)
+            return None, ""
+        try:
+            retry = isinstance(exc, RetryLater) or spec.retry.should_retry(
+                exc, row.attempt, row.max_attempts)
+        except Exception as raised:
+            log.exception("celery_outbox: %s %s: RetryPolicy.when raised; failing the "
+                          "execution", spec.name, row.id)
+            return None, f"RetryPolicy.when raised {type(raised).__name__}: {raised}"
+        if not retry:
+            return None, ""
+        delay = exc.delay if isinstance(exc, RetryLater) else spec.retry.delay(row.attempt)
+        try:
+            self.clock() + delay
+        except OverflowError:
+            log.error("celery_outbox: %s %s: retry delay %s is past the last date; failing "
+                      "the execution", spec.name, row.id, delay)
+            return None, f"retry delay {delay} cannot be scheduled"
+        return delay, ""
 
     # -- cancel / shutdown ------------------------------------------------------------------
 
@@ -280,12 +356,13 @@ class Runner:
             return list(self._contexts.values())
 
     def cancel_local(self, execution_id: UUID, reason: str = "cancelled") -> bool:
-        """Set ``cancelled`` on a handler of this process at once. True if it was running here."""
+        """Set ``cancelled`` on a handler of this process at once (an admin cancel, a
+        shutdown: never counted as the handler's own cancel). True if it was running here."""
         with self._contexts_lock:
             ctx = self._contexts.get(execution_id)
         if ctx is None:
             return False
-        ctx.cancel(reason)
+        ctx._interrupt(reason)
         return True
 
 
@@ -310,7 +387,21 @@ def _parse_ids(job_name: object, ids: object) -> list[UUID]:
 
 def _on_lost(ctx: JobContext[Any]) -> Callable[[], None]:
     """What the heartbeat calls when the row is no longer this attempt's: cancel the handler."""
-    return lambda: ctx.cancel("cancelled")
+    return lambda: ctx._interrupt("cancelled")
+
+
+SHUTDOWN = "worker shutdown"
+"""The cancel reason of a shutdown drain (``celery_outbox.shutdown``, which imports this)."""
+
+HANDLER = "handler"
+"""``cancelled_by`` of a row whose own handler cancelled it (``ctx.cancel(reason)``)."""
+
+
+def _cancelled_by_handler(ctx: JobContext[Any]) -> bool:
+    """True when the handler cancelled itself: ``ctx.cancel(reason)`` with a reason of its
+    own (a timeout and a shutdown also go through ``ctx.cancel``, under their reasons)."""
+    return (ctx.cancelled.is_set() and ctx.cancelled_by_handler
+            and ctx.cancel_reason not in (TIMED_OUT, SHUTDOWN))
 
 
 def describe(exc: BaseException, *, timed_out: bool = False) -> str:

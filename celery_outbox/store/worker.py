@@ -1,5 +1,5 @@
-"""The worker's transitions: claim, start, complete, retry, fail, heartbeat, release; every
-write on a running row fenced by ``claimed_by`` and ``attempt``.
+"""The worker's transitions: claim, start, complete, retry, fail, cancel_running, heartbeat,
+release; every write on a running row fenced by ``claimed_by`` and ``attempt``.
 """
 
 from __future__ import annotations
@@ -213,6 +213,31 @@ class WorkerStore(StoreBase):
                 stmt = delete(self.t).where(self._fenced(fence))
             hits = self._outcome(conn, stmt, start, now)
         return self._hit(hits, "fail", fence.id)
+
+    def cancel_running(
+        self, fence: Fence, now: datetime, *, by: str | None, by_name: str | None,
+        logs: list[dict[str, Any]] | None, start: Start | None = None,
+    ) -> bool:
+        """cancel: running -> cancelled, by the attempt itself (its handler called
+        ``ctx.cancel(reason)``); ``cancelled_by`` / ``cancelled_by_name`` = ``by`` / ``by_name``
+        (each cut to 200 characters).
+
+        Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss (an admin
+        cancelled it first, it was rescued or handed back) returns False. ``start``: as for
+        :meth:`complete`. ``now`` is an aware datetime.
+        """
+        with self.begin() as conn:
+            hits = self._outcome(conn, (
+                update(self.t)
+                .where(self._fenced(fence))
+                .values(
+                    status=Status.CANCELLED.value, finished_at=now, updated_at=now,
+                    lease_expires_at=None, logs=logs,
+                    cancelled_by=by[:200] if by is not None else None,
+                    cancelled_by_name=by_name[:200] if by_name is not None else None,
+                )
+            ), start, now)
+        return self._hit(hits, "cancel", fence.id)
 
     def heartbeat(
         self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime

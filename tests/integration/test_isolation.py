@@ -16,7 +16,16 @@ from uuid import UUID
 
 import pytest
 
-from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, RetryPolicy, outbox_job
+from celery_outbox import (
+    JobContext,
+    JobRegistry,
+    Outbox,
+    OutboxJob,
+    RetryLater,
+    RetryPolicy,
+    outbox_job,
+    signals,
+)
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -104,3 +113,131 @@ def test_a_row_handed_back_and_claimed_again_in_the_same_process_runs_once(
     a.check()
     b.check()
     assert [(r[0], r[1]) for r in runs if r[0] == second] == [(second, 1)]
+
+
+def run_message(outbox: Outbox, job: OutboxJob[Order], ids: list[UUID]) -> Any:
+    return outbox.runner.run(job.name, ids)
+
+
+def row_of(outbox: Outbox, execution_id: UUID) -> dict[str, Any]:
+    row = outbox.store.get(execution_id)
+    assert row is not None
+    return row
+
+
+def test_a_when_predicate_that_raises_fails_its_row_and_the_message_goes_on(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """Defect 3: ``RetryPolicy.when`` raising made ``Runner.run`` raise: the row stayed
+    running with no last_error, the message's other rows never ran."""
+
+    def when(exc: BaseException) -> bool:
+        raise KeyError("predicate broke")
+
+    def handler(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 1:
+            raise ValueError("handler failed")
+
+    job = declare(registry, handler, retry=RetryPolicy(retries=3, when=when), record="all")
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    bad, good = job.push({"order_id": 1}), job.push({"order_id": 2})
+    result = run_message(outbox, job, [bad, good])
+    assert (result.failed, result.succeeded) == (1, 1)
+    failed = row_of(outbox, bad)
+    assert (failed["status"], failed["attempt"], failed["lease_expires_at"]) == ("failed", 1, None)
+    assert failed["last_error"].startswith("ValueError: handler failed")
+    assert "not retried: RetryPolicy.when raised KeyError: 'predicate broke'" \
+        in failed["last_error"]
+    assert row_of(outbox, good)["status"] == "succeeded"
+
+
+def test_a_retry_delay_past_the_last_date_fails_its_row_and_the_message_goes_on(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """Defect 1 in the runner: a wait that overflows the date (``RetryLater(timedelta.max)``)
+    made ``Runner.run`` raise and left the row running."""
+
+    def handler(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 1:
+            raise RetryLater(timedelta.max)
+
+    job = declare(registry, handler, retry=RetryPolicy(retries=3), record="all")
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    bad, good = job.push({"order_id": 1}), job.push({"order_id": 2})
+    result = run_message(outbox, job, [bad, good])
+    assert (result.failed, result.succeeded) == (1, 1)
+    failed = row_of(outbox, bad)
+    assert failed["status"] == "failed"
+    assert "cannot be scheduled" in failed["last_error"]
+    assert row_of(outbox, good)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("stops", ["raises", "returns"])
+def test_a_handler_that_cancels_itself_ends_its_row_cancelled(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, stops: str
+) -> None:
+    """Defect 4: a handler that called ``ctx.cancel(reason)`` and stopped left its row running
+    (no longer heartbeated) until the rescuer retried it as a lease expiry."""
+    seen: list[tuple[str, Any]] = []
+
+    def on_cancel(sender: str, execution_id: UUID, cancelled_by: str | None,
+                  **_: Any) -> None:
+        seen.append(("cancel", (execution_id, cancelled_by)))
+
+    def on_end(sender: str, execution_id: UUID, status: str, **_: Any) -> None:
+        seen.append(("end", (execution_id, status)))
+
+    def handler(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 1:
+            ctx.cancel("order withdrawn")
+            if stops == "raises":
+                ctx.raise_if_cancelled()
+
+    job = declare(registry, handler, retry=RetryPolicy(retries=3), record="all")
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    mine, other = job.push({"order_id": 1}), job.push({"order_id": 2})
+    signals.job_cancel.connect(on_cancel, sender=job.name, weak=False)
+    signals.job_end.connect(on_end, sender=job.name, weak=False)
+    try:
+        result = run_message(outbox, job, [mine, other])
+    finally:
+        signals.job_cancel.disconnect(on_cancel, sender=job.name)
+        signals.job_end.disconnect(on_end, sender=job.name)
+    row = row_of(outbox, mine)
+    assert {k: row[k] for k in ("status", "attempt", "lease_expires_at", "cancelled_by",
+                                "cancelled_by_name")} == {
+        "status": "cancelled", "attempt": 1, "lease_expires_at": None,
+        "cancelled_by": "handler", "cancelled_by_name": "order withdrawn"}
+    assert row["finished_at"] is not None
+    assert (result.cancelled, result.succeeded) == (1, 1)
+    assert seen == [("cancel", (mine, "handler")), ("end", (mine, "cancelled")),
+                    ("end", (other, "succeeded"))]
+    # Nothing left for the rescuer: the row is not running.
+    assert outbox.sweep(now=later(timedelta(hours=2))).rescued == 0
+    assert row_of(outbox, mine)["status"] == "cancelled"
+
+
+def test_an_admin_cancel_stays_the_admins_when_the_handler_stops_on_it(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """The handler sees an admin's cancel and stops: the row keeps the admin's
+    ``cancelled_by`` (the runner's own write misses), never becomes the handler's."""
+    began = threading.Event()
+
+    def handler(ctx: JobContext[Order]) -> None:
+        began.set()
+        assert ctx.cancelled.wait(WAIT)
+        ctx.cancel("too late, already cancelled")  # the first cancel wins
+        ctx.raise_if_cancelled()
+
+    job = declare(registry, handler, record="all")
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    execution = job.push({"order_id": 1})
+    runner = Thread(lambda: run_message(outbox, job, [execution]))
+    runner.start()
+    assert began.wait(WAIT)
+    assert job.cancel(execution, by="ops", by_name="Ops")
+    runner.check()
+    row = row_of(outbox, execution)
+    assert (row["status"], row["cancelled_by"], row["cancelled_by_name"]) == (
+        "cancelled", "ops", "Ops")
