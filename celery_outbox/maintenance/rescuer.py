@@ -122,19 +122,27 @@ class Rescuer:
     def decide(self, row: Expired, now: datetime) -> RescueVerdict:
         """Retry ``row`` per its job's policy (the error is :class:`LeaseExpired`) or fail it;
         hand it back (``release``) when its handler never began: claimed with others in one
-        message, its worker died before reaching it."""
+        message, its worker died before reaching it. A policy that raises or a wait past the
+        last date fails the row (``last_error`` says why). Runs with no transaction open."""
         error = LeaseExpired(row.id, row.attempt, row.claimed_by)
         if row.started_at is None:
             return RescueVerdict(f"{error} before it began", release=True)
         spec = self.registry.get(row.job_name)
         try:
             retry = spec.retry.should_retry(error, row.attempt, row.max_attempts)
-        except Exception:
+        except Exception as exc:
             log.exception("celery_outbox: %s: RetryPolicy.when raised; failing %s",
                           row.job_name, row.id)
-            retry = False
+            return RescueVerdict(f"{error}; not retried: RetryPolicy.when raised "
+                                 f"{type(exc).__name__}: {exc}", keep=spec.keep_failed_row())
         if not retry:
             return RescueVerdict(str(error), keep=spec.keep_failed_row())
         delay = spec.retry.delay(row.attempt)
-        return RescueVerdict(str(error), run_at=now + delay,
-                             dispatched=delay <= self.config.max_eta)
+        try:
+            run_at = now + delay
+        except OverflowError:
+            log.error("celery_outbox: %s: retry delay %s of %s is past the last date; "
+                      "failing it", row.job_name, delay, row.id)
+            return RescueVerdict(f"{error}; not retried: retry delay {delay} cannot be "
+                                 "scheduled", keep=spec.keep_failed_row())
+        return RescueVerdict(str(error), run_at=run_at, dispatched=delay <= self.config.max_eta)

@@ -1,5 +1,6 @@
-"""The sweep's transitions: stage, redispatch, rescue, in LIMIT + FOR UPDATE SKIP LOCKED
-batches; and the read of released rows to dispatch.
+"""The sweep's transitions: stage and redispatch in LIMIT + FOR UPDATE SKIP LOCKED batches,
+rescue in LIMIT batches decided outside any transaction; and the read of released rows to
+dispatch.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 
+from celery_outbox.errors import StorageError
 from celery_outbox.states import Status
-from celery_outbox.store.base import Fence, StoreBase
+from celery_outbox.store.base import Fence, StoreBase, log
 
 
 @dataclass(frozen=True)
@@ -153,56 +156,73 @@ class SweepStore(StoreBase):
     ) -> list[tuple[Expired, RescueVerdict]]:
         """rescue: running -> scheduled (a retry at ``verdict.run_at``) or failed (or deleted,
         when the verdict does not keep it), or pending (``verdict.release``: the handler never
-        began; the attempt does not count), for at most ``limit`` rows, in one transaction.
+        began; the attempt does not count), for at most ``limit`` rows.
 
         Guard: status running, ``lease_expires_at < now`` (the holder stopped renewing it),
-        ``job_name`` in ``job_names``. The first statement takes the batch (SKIP LOCKED on
-        PostgreSQL; SQLite's write lock), clearing the lease; then each row gets the verdict
-        of ``decide(row)`` with a write fenced by ``claimed_by`` and ``attempt``, so a row that
-        finished, was cancelled or renewed meanwhile is left alone and the zombie attempt's
-        later writes miss. Returns the rescued rows with their verdicts. ``now`` is aware.
+        ``job_name`` in ``job_names``. The batch is read without holding any lock; each row
+        then gets the verdict of ``decide(row)``, computed in Python with no transaction open
+        (it runs the job's ``RetryPolicy``, user code), and one write of its own fenced by
+        ``claimed_by`` and ``attempt`` that re-checks the expired lease: a row that finished,
+        was cancelled, renewed, or rescued by a concurrent sweep meanwhile is left alone, and
+        the zombie attempt's later writes miss.
+
+        One bad row never stops the batch: a ``decide`` that raises fails that row (its
+        ``last_error`` names the error), a write that fails for that row alone is logged and
+        the row skipped (a later sweep sees it again). A database that cannot be reached
+        raises StorageError. Returns the rescued rows with their verdicts. ``now`` is aware.
         """
         if not job_names:
             return []
         t = self.t
-        pick = self._pick(
-            t.c.status == Status.RUNNING.value, t.c.lease_expires_at < now,
-            t.c.job_name.in_(list(job_names)),
-            order_by=(t.c.lease_expires_at,), limit=limit,
+        read = (
+            select(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
+                   t.c.priority, t.c.started_at)
+            .where(t.c.status == Status.RUNNING.value, t.c.lease_expires_at < now,
+                   t.c.job_name.in_(list(job_names)))
+            .order_by(t.c.lease_expires_at, t.c.id).limit(limit)
         )
-        take = (
-            update(t)
-            .where(t.c.id.in_(pick))
-            .values(lease_expires_at=None, updated_at=now)
-            .returning(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
-                       t.c.priority, t.c.started_at)
-        )
-        rescued: list[tuple[Expired, RescueVerdict]] = []
         with self.begin() as conn:
-            for row in [Expired(**r._mapping) for r in conn.execute(take)]:
-                verdict = decide(row)
-                fenced = self._fenced(Fence(row.id, row.claimed_by, row.attempt))
-                if verdict.release:
-                    stmt: Any = update(t).where(fenced).values(
-                        status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
-                        started_at=None, updated_at=now, dispatched_at=now,
-                    )
-                elif verdict.run_at is not None:
-                    stmt = update(t).where(fenced).values(
-                        status=Status.SCHEDULED.value, scheduled_at=verdict.run_at,
-                        claimed_by=None, last_error=verdict.error, updated_at=now,
-                        dispatched_at=now if verdict.dispatched else None,
-                    )
-                elif verdict.keep:
-                    stmt = update(t).where(fenced).values(
-                        status=Status.FAILED.value, finished_at=now, updated_at=now,
-                        last_error=verdict.error,
-                    )
-                else:
-                    stmt = delete(t).where(fenced)
-                if conn.execute(stmt).rowcount == 1:
-                    rescued.append((row, verdict))
+            expired = [Expired(**r._mapping) for r in conn.execute(read)]
+        rescued: list[tuple[Expired, RescueVerdict]] = []
+        for row in expired:
+            verdict = _decided(decide, row)
+            try:
+                hit = self._rescue_one(row, verdict, now)
+            except StorageError as exc:
+                if isinstance(exc.__cause__, (OperationalError, InterfaceError)):
+                    raise  # the database, not this row
+                log.exception("rescue: writing the verdict of %s failed; skipped, a later "
+                              "sweep tries again", row.id)
+                continue
+            if hit:
+                rescued.append((row, verdict))
         return rescued
+
+    def _rescue_one(self, row: Expired, verdict: RescueVerdict, now: datetime) -> bool:
+        """Write ``verdict`` on ``row`` (one statement, its own transaction); True on a hit."""
+        t = self.t
+        fenced = and_(self._fenced(Fence(row.id, row.claimed_by, row.attempt)),
+                      t.c.lease_expires_at < now)
+        if verdict.release:
+            stmt: Any = update(t).where(fenced).values(
+                status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
+                started_at=None, lease_expires_at=None, updated_at=now, dispatched_at=now,
+            )
+        elif verdict.run_at is not None:
+            stmt = update(t).where(fenced).values(
+                status=Status.SCHEDULED.value, scheduled_at=verdict.run_at,
+                claimed_by=None, lease_expires_at=None, last_error=verdict.error,
+                updated_at=now, dispatched_at=now if verdict.dispatched else None,
+            )
+        elif verdict.keep:
+            stmt = update(t).where(fenced).values(
+                status=Status.FAILED.value, finished_at=now, updated_at=now,
+                lease_expires_at=None, last_error=verdict.error,
+            )
+        else:
+            stmt = delete(t).where(fenced)
+        with self.begin(autocommit=True) as conn:  # one statement
+            return bool(conn.execute(stmt).rowcount == 1)
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
         """Read the job and priority of the pending rows among ``ids`` (released rows, to
@@ -216,3 +236,14 @@ class SweepStore(StoreBase):
                 .where(t.c.id.in_(list(ids)), t.c.status == Status.PENDING.value)
             )
             return [Due(r.id, r.job_name, r.priority) for r in rows]
+
+
+def _decided(decide: Callable[[Expired], RescueVerdict], row: Expired) -> RescueVerdict:
+    """``decide(row)``; when it raises, a verdict that fails the row and says why."""
+    try:
+        return decide(row)
+    except Exception as exc:
+        log.exception("rescue: deciding the fate of %s raised; failing it", row.id)
+        return RescueVerdict(f"lease expired: attempt {row.attempt} of execution {row.id}, "
+                             f"held by {row.claimed_by}; not retried: deciding its retry "
+                             f"raised {type(exc).__name__}: {exc}")

@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from sqlalchemy import select
 
 from celery_outbox import (
     JobContext,
@@ -26,6 +27,7 @@ from celery_outbox import (
     outbox_job,
     signals,
 )
+from celery_outbox.store import Fence
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -241,3 +243,112 @@ def test_an_admin_cancel_stays_the_admins_when_the_handler_stops_on_it(
     row = row_of(outbox, execution)
     assert (row["status"], row["cancelled_by"], row["cancelled_by_name"]) == (
         "cancelled", "ops", "Ops")
+
+
+# -- the rescuer ------------------------------------------------------------------------------
+
+T0 = datetime(2030, 1, 1, 12, tzinfo=timezone.utc)
+LEASE = timedelta(minutes=5)
+
+
+def running_at(outbox: Outbox, job: OutboxJob[Order], attempt: int, worker: str) -> UUID:
+    """A row of ``job`` claimed by ``worker`` at ``attempt`` (max_attempts allowing it), its
+    lease expired long before T0."""
+    execution_id = job.push({"order_id": attempt})
+    t = outbox.store.t
+    with outbox.engine.begin() as conn:
+        conn.execute(t.update().where(t.c.id == execution_id)
+                     .values(attempt=attempt - 1, max_attempts=max(attempt + 1, 2)))
+    [row] = outbox.store.claim([execution_id], job.name, worker, T0 - 3 * LEASE,
+                               T0 - 2 * LEASE)
+    assert row.attempt == attempt
+    return execution_id
+
+
+def test_a_backoff_past_timedelta_in_one_row_does_not_stop_the_sweep(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """Defect 1 in the rescuer: ``RetryPolicy(retries=60, backoff=1h, backoff_max=1h)`` at
+    attempt 36 overflowed inside the rescue transaction: every later sweep raised, and no
+    other job's lost message was ever redispatched."""
+    hourly = declare(registry, lambda ctx: None, retry=RetryPolicy(
+        retries=60, backoff=timedelta(hours=1), backoff_max=timedelta(hours=1), jitter=False))
+    other = declare(registry, lambda ctx: None)
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    poisoned = running_at(outbox, hourly, 36, "w1")
+    lost = other.push({"order_id": 1})  # its message lost: dispatched long ago
+    t = outbox.store.t
+    with outbox.engine.begin() as conn:
+        conn.execute(t.update().where(t.c.id == lost).values(dispatched_at=T0 - LEASE * 10))
+
+    result = outbox.sweep(now=T0)
+
+    assert (result.rescued, result.failed, result.redispatched) == (1, 0, 1)
+    row = row_of(outbox, poisoned)
+    assert (row["status"], row["scheduled_at"]) == ("scheduled", T0 + timedelta(hours=1))
+    assert row_of(outbox, lost)["dispatched_at"] == T0
+
+
+def test_a_rescue_decision_that_raises_fails_only_its_row(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """Per-row isolation in the store's rescue: a ``decide`` that raises for one row fails
+    that row (last_error says why); the other rows of the batch are rescued."""
+    job = declare(registry, lambda ctx: None, retry=RetryPolicy(retries=3, jitter=False))
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    bad, good = running_at(outbox, job, 1, "w1"), running_at(outbox, job, 1, "w2")
+
+    def decide(row: Any) -> Any:
+        if row.id == bad:
+            raise RuntimeError("decision broke")
+        return outbox.sweeper.rescuer.decide(row, T0)
+
+    rescued = outbox.store.rescue(T0, job_names=[job.name], limit=10, decide=decide)
+
+    assert sorted(str(r.id) for r, _ in rescued) == sorted([str(bad), str(good)])
+    failed = row_of(outbox, bad)
+    assert (failed["status"], failed["lease_expires_at"]) == ("failed", None)
+    assert "deciding its retry raised RuntimeError: decision broke" in failed["last_error"]
+    assert row_of(outbox, good)["status"] == "scheduled"
+
+
+def test_the_rescue_decides_with_no_row_lock_held(
+    pg_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """The retry policy (user code) runs while the store holds no lock on the row: another
+    connection can lock it without waiting (on main, decide ran inside the rescue's
+    transaction, holding the row locks)."""
+    job = declare(registry, lambda ctx: None, retry=RetryPolicy(retries=3, jitter=False))
+    outbox = make_outbox(pg_url, registry, RecordingDispatcher())
+    execution_id = running_at(outbox, job, 1, "w1")
+    locked: list[UUID] = []
+
+    def decide(row: Any) -> Any:
+        t = outbox.store.t
+        with outbox.engine.begin() as conn:  # NOWAIT: raises at once if the row is locked
+            locked.extend(conn.execute(
+                select(t.c.id).where(t.c.id == row.id).with_for_update(nowait=True)).scalars())
+        return outbox.sweeper.rescuer.decide(row, T0)
+
+    rescued = outbox.store.rescue(T0, job_names=[job.name], limit=10, decide=decide)
+    assert locked == [execution_id]
+    assert [r.id for r, _ in rescued] == [execution_id]
+
+
+def test_a_lease_renewed_while_the_rescue_decides_keeps_the_row_running(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """The rescue's write re-checks the lease: a holder that renewed it after the batch was
+    read (a slow heartbeat, not a dead worker) keeps its row."""
+    job = declare(registry, lambda ctx: None, retry=RetryPolicy(retries=3, jitter=False))
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    execution_id = running_at(outbox, job, 1, "w1")
+    fence = Fence(execution_id, "w1", 1)
+
+    def decide(row: Any) -> Any:
+        assert outbox.store.heartbeat("w1", [fence], T0, T0 + LEASE) == {execution_id}
+        return outbox.sweeper.rescuer.decide(row, T0)
+
+    assert outbox.store.rescue(T0, job_names=[job.name], limit=10, decide=decide) == []
+    row = row_of(outbox, execution_id)
+    assert (row["status"], row["lease_expires_at"]) == ("running", T0 + LEASE)
