@@ -75,16 +75,28 @@ class Pruner:
 
     def run_once(self, now: datetime) -> PruneResult:
         """Trim every job once; ``now`` (aware) dates the watermarks and the log line.
-        Returns the counts."""
+        Returns the counts. A job whose trim raises is logged and the others are trimmed;
+        then the first error is raised again."""
         check_now(now)
         deleted = jobs = 0
+        errors: list[Exception] = []
         for spec in self.registry:
-            succeeded, failed = self.config.keeps(spec)
-            count = self.store.trim(spec.name, keep_succeeded=succeeded, keep_failed=failed,
-                                    now=now)
+            try:
+                count = self._trim(spec, now)
+            except Exception as exc:  # one job's trim never stops the others'
+                log.exception("celery_outbox: trim of job %r failed; the trim goes on",
+                              spec.name)
+                errors.append(exc)
+                continue
             deleted += count
             jobs += 1 if count else 0
         if deleted:
             log.info("celery_outbox: trim at %s deleted %d finished execution(s) of %d job(s)",
                      now.isoformat(timespec="seconds"), deleted, jobs)
+        if errors:
+            raise errors[0]
         return PruneResult(deleted=deleted, jobs=jobs)
+
+    def _trim(self, spec: JobSpec, now: datetime) -> int:
+        succeeded, failed = self.config.keeps(spec)
+        return self.store.trim(spec.name, keep_succeeded=succeeded, keep_failed=failed, now=now)

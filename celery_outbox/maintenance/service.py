@@ -52,8 +52,14 @@ def batches(step: Callable[[], list[Due]], batch_size: int) -> Iterator[list[Due
 
 
 def dispatch(dispatcher: Dispatcher, rows: Sequence[Due]) -> None:
-    """Hand ``rows`` to ``dispatcher`` (one call; never raises for a broker failure)."""
-    dispatcher.dispatch([DispatchItem(r.id, r.job_name, r.priority, r.eta) for r in rows])
+    """Hand ``rows`` to ``dispatcher`` (one call). Never raises: a dispatcher that fails is
+    logged, and the rows, committed with ``dispatched_at`` set, are dispatched again by a
+    later sweep after ``stale_after``."""
+    try:
+        dispatcher.dispatch([DispatchItem(r.id, r.job_name, r.priority, r.eta) for r in rows])
+    except Exception:
+        log.exception("celery_outbox: dispatching %d execution(s) failed; a later sweep "
+                      "dispatches them again", len(rows))
 
 
 def wait_published(dispatcher: Dispatcher, service: str) -> None:

@@ -11,13 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from celery_outbox.config import OutboxConfig
 from celery_outbox.dispatch import Dispatcher
-from celery_outbox.maintenance.redispatcher import Redispatcher, RedispatcherConfig
-from celery_outbox.maintenance.rescuer import Rescuer, RescuerConfig
-from celery_outbox.maintenance.service import check_now
-from celery_outbox.maintenance.stager import Stager, StagerConfig
+from celery_outbox.maintenance.redispatcher import (
+    Redispatcher,
+    RedispatcherConfig,
+    RedispatchResult,
+)
+from celery_outbox.maintenance.rescuer import Rescuer, RescuerConfig, RescueResult
+from celery_outbox.maintenance.service import check_now, log
+from celery_outbox.maintenance.stager import Stager, StagerConfig, StageResult
 from celery_outbox.registry import JobRegistry
 from celery_outbox.store import ExecutionStore
 
@@ -57,13 +62,32 @@ class Sweeper:
         )
 
     def run_once(self, now: datetime) -> SweepResult:
-        """One pass at ``now`` (an aware datetime). Raises StorageError if the database
-        fails; what an earlier service of the pass committed stays done."""
+        """One pass at ``now`` (an aware datetime). A service that raises does not stop the
+        others: each runs, then the first error is raised again (StorageError when the
+        database fails); what the services committed stays done."""
         check_now(now)
-        staged = self.stager.run_once(now)
-        rescued = self.rescuer.run_once(now)
-        redispatched = self.redispatcher.run_once(now)
+        errors: list[Exception] = []
+        staged = _isolated("stage", lambda: self.stager.run_once(now), StageResult(), errors)
+        rescued = _isolated("rescue", lambda: self.rescuer.run_once(now), RescueResult(),
+                            errors)
+        redispatched = _isolated("redispatch", lambda: self.redispatcher.run_once(now),
+                                 RedispatchResult(), errors)
+        if errors:
+            raise errors[0]
         return SweepResult(
             staged=staged.staged, rescued=rescued.retried, failed=rescued.failed,
             redispatched=redispatched.redispatched,
         )
+
+
+R = TypeVar("R")
+
+
+def _isolated(name: str, step: Callable[[], R], empty: R, errors: list[Exception]) -> R:
+    """``step()``; when it raises, log it, keep the error in ``errors`` and return ``empty``."""
+    try:
+        return step()
+    except Exception as exc:
+        log.exception("celery_outbox: sweep: %s failed; the sweep goes on", name)
+        errors.append(exc)
+        return empty

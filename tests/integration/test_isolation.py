@@ -24,6 +24,7 @@ from celery_outbox import (
     OutboxJob,
     RetryLater,
     RetryPolicy,
+    StorageError,
     outbox_job,
     signals,
 )
@@ -352,3 +353,53 @@ def test_a_lease_renewed_while_the_rescue_decides_keeps_the_row_running(
     assert outbox.store.rescue(T0, job_names=[job.name], limit=10, decide=decide) == []
     row = row_of(outbox, execution_id)
     assert (row["status"], row["lease_expires_at"]) == ("running", T0 + LEASE)
+
+
+class FailingDispatcher(RecordingDispatcher):
+    """Records, then fails every dispatch of ``job_name``'s rows (a publish that raises)."""
+
+    def __init__(self, job_name: str) -> None:
+        super().__init__()
+        self.job_name = job_name
+
+    def dispatch(self, items: Any) -> None:
+        super().dispatch(items)
+        if any(i.job_name == self.job_name for i in items):
+            raise RuntimeError("publish broke")
+
+
+def test_a_dispatch_that_raises_does_not_stop_the_sweep(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """One service's failure never stops the sweep: a stager whose dispatch raised ended the
+    pass before the rescuer and the redispatcher ran."""
+    staged = declare(registry, lambda ctx: None)
+    rescued = declare(registry, lambda ctx: None)
+    dispatcher = FailingDispatcher(staged.name)
+    outbox = make_outbox(db_url, registry, dispatcher)
+    due = staged.push({"order_id": 1}, scheduled_at=T0 - LEASE)
+    expired = running_at(outbox, rescued, 1, "w1")
+
+    result = outbox.sweep(now=T0)
+
+    assert (result.staged, result.rescued) == (1, 1)
+    assert row_of(outbox, due)["status"] == "pending"  # dispatched again after stale_after
+    assert row_of(outbox, expired)["status"] == "scheduled"
+
+
+def test_one_jobs_trim_that_raises_does_not_stop_the_others(
+    pg_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """The trim goes on past a job whose trim fails (here: a keep past the watermark
+    column's range, set behind the declaration check), then reports the error."""
+    broken = declare(registry, lambda ctx: None, record="all")
+    fine = declare(registry, lambda ctx: None, record="all", keep={"succeeded": 1})
+    outbox = make_outbox(pg_url, registry, RecordingDispatcher())
+    object.__setattr__(registry.get(broken.name), "keep", {"succeeded": 2**40})
+    ids = [fine.push({"order_id": n}) for n in range(3)]
+    assert outbox.runner.run(fine.name, ids).succeeded == 3
+
+    with pytest.raises(StorageError, match="out of range"):
+        outbox.trim(now=T0)
+
+    assert [outbox.store.get(i) is None for i in ids] == [True, True, False]
