@@ -18,6 +18,13 @@ from celery_outbox.errors import ConfigurationError
 
 PREFIX = "outbox_"
 
+MAX_DURATION = timedelta(days=3650)
+"""The longest duration a setting (and a job's lease) may hold: a time past it cannot be
+scheduled reliably (``now + duration`` must stay a date)."""
+
+MAX_KEEP = 2**31 - 1
+"""The most rows a ``keep`` may ask for (the trim's watermark stores it as a 32-bit int)."""
+
 
 class OutboxConfig(BaseModel):
     """The validated, frozen settings of one :class:`~celery_outbox.Outbox`.
@@ -27,6 +34,8 @@ class OutboxConfig(BaseModel):
     - ``sweep_schedule`` [60 s]: how often beat runs the sweep: a timedelta or a cron expression.
     - ``trim_schedule`` ["0 * * * *"]: how often beat runs the trim.
     - ``stale_after`` [5 min]: a pending row last dispatched longer ago is dispatched again.
+    Durations are at most :data:`MAX_DURATION`, counts at most :data:`MAX_KEEP`.
+
     - ``lease`` [30 min]: how long a running row may go without a heartbeat; a job's ``timeout``
       makes it 2 x timeout. The heartbeat renews leases every lease / 3.
     - ``max_eta`` [5 min]: scheduled rows due within this get a Celery ``eta``; later ones wait
@@ -62,6 +71,8 @@ class OutboxConfig(BaseModel):
     def _non_negative(cls, value: timedelta) -> timedelta:
         if value < timedelta(0):
             raise ValueError("must be a duration >= 0")
+        if value > MAX_DURATION:
+            raise ValueError(f"must be a duration <= {MAX_DURATION}")
         return value
 
     @field_validator("lease")
@@ -74,8 +85,8 @@ class OutboxConfig(BaseModel):
     @field_validator("keep_succeeded", "keep_failed", "log_max_entries")
     @classmethod
     def _count(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError("must be >= 0")
+        if not 0 <= value <= MAX_KEEP:
+            raise ValueError(f"must be in 0..{MAX_KEEP}")
         return value
 
     @field_validator("batch_size", "dispatch_chunk_size")
@@ -89,8 +100,9 @@ class OutboxConfig(BaseModel):
     @classmethod
     def _schedule(cls, value: timedelta | str) -> timedelta | str:
         if isinstance(value, timedelta):
-            if value <= timedelta(0):
-                raise ValueError("must be a duration > 0 or a cron expression")
+            if not timedelta(0) < value <= MAX_DURATION:
+                raise ValueError(f"must be a duration in (0, {MAX_DURATION}] or a cron "
+                                 "expression")
             return value
         from croniter import croniter
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from celery_outbox.config import OutboxConfig
+from celery_outbox.config import MAX_DURATION, MAX_KEEP, OutboxConfig
 from celery_outbox.cron import expression_problem, zone_problem
 from celery_outbox.errors import ConfigurationError, JobNotRegistered
 from celery_outbox.models import MAX_LENGTHS
@@ -106,8 +106,11 @@ class JobSpec:
         if not isinstance(retry, RetryPolicy):
             raise bad("retry", f"must be a RetryPolicy, got {retry!r}")
         timeout = options.get("timeout")
-        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
-            raise bad("timeout", f"must be a timedelta > 0, got {timeout!r}")
+        if timeout is not None and (not isinstance(timeout, timedelta)
+                                    or not timedelta(0) < timeout <= MAX_DURATION / 2):
+            # its lease is 2 x timeout, at most MAX_DURATION
+            raise bad("timeout", f"must be a timedelta in (0, {MAX_DURATION / 2}], "
+                                 f"got {timeout!r}")
         try:
             priority = Priority.parse(options.get("priority", "normal"))
         except ValueError as exc:
@@ -174,8 +177,9 @@ def _check_keep(name: str, keep: Any) -> dict[str, int]:
             f"job {name!r}: option 'keep' has unknown key(s) {unknown}; known: {KEEP_KEYS}"
         )
     for k, v in keep.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ConfigurationError(f"job {name!r}: option 'keep[{k!r}]' must be an int >= 0")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_KEEP:
+            raise ConfigurationError(f"job {name!r}: option 'keep[{k!r}]' must be an int in "
+                                     f"0..{MAX_KEEP}, got {v!r}")
     return dict(keep)
 
 

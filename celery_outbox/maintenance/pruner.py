@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from celery_outbox.config import OutboxConfig
+from celery_outbox.config import MAX_KEEP, OutboxConfig
 from celery_outbox.errors import ConfigurationError
 from celery_outbox.maintenance.service import check_now, log
 from celery_outbox.registry import JobRegistry, JobSpec
@@ -40,9 +40,10 @@ class PrunerConfig:
     def __post_init__(self) -> None:
         for name in ("keep_succeeded", "keep_failed"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigurationError(f"PrunerConfig.{name} must be an int >= 0, "
-                                         f"got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) \
+                    or not 0 <= value <= MAX_KEEP:
+                raise ConfigurationError(f"PrunerConfig.{name} must be an int in "
+                                         f"0..{MAX_KEEP}, got {value!r}")
 
     @classmethod
     def from_outbox(cls, config: OutboxConfig) -> PrunerConfig:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
+from celery_outbox.config import MAX_DURATION
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import ConfigurationError
 from celery_outbox.store import Due
@@ -28,9 +29,11 @@ def check_batch_size(service: str, value: int) -> None:
 
 
 def check_duration(service: str, name: str, value: timedelta) -> None:
-    """Raise ConfigurationError naming ``service.name`` unless it is a timedelta >= 0."""
-    if not isinstance(value, timedelta) or value < timedelta(0):
-        raise ConfigurationError(f"{service}.{name} must be a timedelta >= 0, got {value!r}")
+    """Raise ConfigurationError naming ``service.name`` unless it is a timedelta in
+    0 .. :data:`~celery_outbox.config.MAX_DURATION`."""
+    if not isinstance(value, timedelta) or not timedelta(0) <= value <= MAX_DURATION:
+        raise ConfigurationError(f"{service}.{name} must be a timedelta in "
+                                 f"0..{MAX_DURATION}, got {value!r}")
 
 
 def check_now(now: datetime) -> datetime:

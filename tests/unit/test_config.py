@@ -99,6 +99,17 @@ def test_unknown_app_conf_setting_is_named() -> None:
         ("trim_schedule", "61 * * * *"),
         ("table_name", "drop table; --"),
         ("table_name", "1abc"),
+        # Out of range: each would only fail later, in a worker (now + lease overflows, the
+        # trim's watermark cannot store the keep).
+        ("lease", timedelta.max),
+        ("lease", timedelta(days=3651)),
+        ("stale_after", timedelta.max),
+        ("max_eta", timedelta(days=10**6)),
+        ("drain_timeout", timedelta.max),
+        ("cron_catchup", timedelta.max),
+        ("sweep_schedule", timedelta.max),
+        ("keep_succeeded", 2**40),
+        ("keep_failed", 2**31),
     ],
 )
 def test_invalid_value_names_the_setting(setting: str, value: Any) -> None:

@@ -108,6 +108,9 @@ BAD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("timeout", {"timeout": 30}),
     ("timeout", {"timeout": timedelta(0)}),
     ("timeout", {"timeout": timedelta(seconds=-5)}),
+    ("timeout", {"timeout": timedelta.max}),  # its lease, 2 x timeout, overflowed at claim
+    ("timeout", {"timeout": timedelta(days=1826)}),
+    ("keep['succeeded']", {"keep": {"succeeded": 2**40}}),
     ("retry", {"retry": 3}),
     ("retry", {"retry": {"retries": 3}}),
     ("queue", {"queue": ""}),
