@@ -123,6 +123,8 @@ class ExecutionView(_View):
     cancelled_by_name: str | None
     can_retry: bool
     can_cancel: bool
+    retry_of: UUID | None
+    """The execution this one retries (an admin retry made it), else None."""
 
 
 @dataclass(frozen=True)
@@ -228,8 +230,11 @@ class OutboxAdmin:
         """manual retry: failed or cancelled -> a new pending execution; returns its id.
 
         The new execution has the same job, payload, unique key, priority and organization as
-        the old one (which stays as it is). When another active execution of the job holds the
-        key, nothing is written and that execution's id is returned (the normal push dedup).
+        the old one (which stays as it is), and records it in ``retry_of``. Idempotent: an
+        execution is retried at most once (a double click, two operators, concurrent calls):
+        when one already retries it, nothing is written and that one's id is returned; retry
+        that one to go again. When another active execution of the job holds the key, nothing
+        is written and that execution's id is returned (the normal push dedup).
         Raises :class:`ExecutionNotFound`, :class:`InvalidTransition` (the row is not failed
         or cancelled), :class:`JobNotRegistered` (its job is no longer registered).
         """
@@ -243,7 +248,7 @@ class OutboxAdmin:
         return self.outbox.push_many(
             spec, [row["payload"]], keys=[row["unique_key"]], priority=row["priority"],
             organization_id=row["organization_id"], triggered_by=triggered_by,
-            triggered_by_name=triggered_by_name,
+            triggered_by_name=triggered_by_name, retry_of=execution_id,
         )[0]
 
     def cancel(
@@ -320,6 +325,7 @@ def _execution_fields(row: dict[str, Any]) -> dict[str, Any]:
         "triggered_by": row["triggered_by"], "triggered_by_name": row["triggered_by_name"],
         "cancelled_by": row["cancelled_by"], "cancelled_by_name": row["cancelled_by_name"],
         "can_retry": can_retry(status), "can_cancel": can_cancel(status),
+        "retry_of": row.get("retry_of"),
     }
 
 

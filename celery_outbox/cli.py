@@ -374,6 +374,7 @@ def _print_detail(d: ExecutionDetail) -> None:
         ("scheduled", d.scheduled_at), ("started", d.started_at), ("finished", d.finished_at),
         ("claimed by", d.claimed_by), ("triggered by", d.triggered_by_name or d.triggered_by),
         ("cancelled by", d.cancelled_by_name or d.cancelled_by),
+        ("retry of", d.retry_of),
         ("can retry", d.can_retry), ("can cancel", d.can_cancel),
         ("payload", json.dumps(d.payload, default=str)),
     ]

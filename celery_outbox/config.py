@@ -40,7 +40,8 @@ class OutboxConfig(BaseModel):
       makes it 2 x timeout. The heartbeat renews leases every lease / 3.
     - ``max_eta`` [5 min]: scheduled rows due within this get a Celery ``eta``; later ones wait
       in the database for the sweep.
-    - ``keep_succeeded`` / ``keep_failed`` [10 / 10]: rows the trim keeps per job.
+    - ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled`` [10 / 10 / 10]: rows the trim
+      keeps per job and status.
     - ``log_max_entries`` [100]: log records kept per execution.
     - ``drain_timeout`` [30 s]: how long a stopping worker waits for running handlers.
     - ``batch_size`` [500]: rows per batch in sweep and trim.
@@ -59,6 +60,7 @@ class OutboxConfig(BaseModel):
     max_eta: timedelta = timedelta(minutes=5)
     keep_succeeded: int = 10
     keep_failed: int = 10
+    keep_cancelled: int = 10
     log_max_entries: int = 100
     drain_timeout: timedelta = timedelta(seconds=30)
     batch_size: int = 500
@@ -82,7 +84,7 @@ class OutboxConfig(BaseModel):
             raise ValueError("must be a duration > 0")
         return value
 
-    @field_validator("keep_succeeded", "keep_failed", "log_max_entries")
+    @field_validator("keep_succeeded", "keep_failed", "keep_cancelled", "log_max_entries")
     @classmethod
     def _count(cls, value: int) -> int:
         if not 0 <= value <= MAX_KEEP:

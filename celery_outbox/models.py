@@ -98,7 +98,7 @@ class Tables:
 def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     """Define the outbox tables on ``metadata``: ``name`` and ``name + "_cron"``."""
     active = sql_list(ACTIVE)
-    finished = sql_list(frozenset({Status.SUCCEEDED, Status.FAILED}))
+    finished = sql_list(TERMINAL)  # the statuses the trim keeps the last N of
     executions = Table(
         name,
         metadata,
@@ -125,6 +125,7 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("triggered_by_name", String(MAX_LENGTHS["triggered_by_name"]), nullable=True),
         Column("cancelled_by", String(200), nullable=True),
         Column("cancelled_by_name", String(200), nullable=True),
+        Column("retry_of", Uuid(), nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),
@@ -157,6 +158,10 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         f"ix_{name}_finished", executions, "job_name", "status", "finished_at", "id",
         where=f"status IN ({finished})",
     )
+    _index(  # admin retry: at most one execution retries a given one (ON CONFLICT DO NOTHING)
+        f"uq_{name}_retry_of", executions, "retry_of", unique=True,
+        where="retry_of IS NOT NULL",
+    )
     _index(  # admin: a job's executions newest first
         f"ix_{name}_job_created", executions, "job_name", "created_at",
     )
@@ -181,7 +186,7 @@ def _trim_marks(metadata: MetaData, executions: Table) -> Table:
     ``keep`` means "count afresh" (a new pair, or the triggers saw a counted row leave). How
     the trim uses it: ``ExecutionStore.trim``.
     """
-    finished = sql_list(frozenset({Status.SUCCEEDED, Status.FAILED}))
+    finished = sql_list(TERMINAL)
     name = f"{executions.name}_trim"
     marks = Table(
         name,
@@ -229,7 +234,7 @@ def trim_triggers(table: str, marks: str) -> tuple[dict[str, list[str]], dict[st
     races a trim waits for it and then judges the row against the watermark that trim wrote.
     SQLite serialises writers: a plain UPDATE.
     """
-    finished = sql_list(frozenset({Status.SUCCEEDED, Status.FAILED}))
+    finished = sql_list(TERMINAL)
     fn = f"{table}_trim_gone"
     counted = ("(OLD.finished_at, OLD.id) >= ({w}cutoff_finished_at, {w}cutoff_id) "
                "AND (OLD.finished_at, OLD.id) <= ({w}newest_finished_at, {w}newest_id)")

@@ -7,6 +7,7 @@ It owns push, cancel and the schema; the SQL itself lives in :mod:`celery_outbox
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -184,7 +185,8 @@ class Outbox:
 
     def trim(self, now: datetime | None = None) -> PruneResult:
         """One trim: per job, delete finished rows beyond the newest keep_succeeded /
-        keep_failed (a job's ``keep`` overrides). Returns the counts (``deleted``, ``jobs``)."""
+        keep_failed / keep_cancelled (a job's ``keep`` overrides). Returns the counts
+        (``deleted``, ``jobs``)."""
         return self.pruner.run_once(check_now(now) if now is not None else utcnow())
 
     def create_schema(self) -> None:
@@ -219,6 +221,7 @@ class Outbox:
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
         index_items: bool = True,
+        retry_of: UUID | None = None,
     ) -> list[UUID]:
         """Create one execution per payload; dispatch them after the transaction commits.
 
@@ -231,9 +234,14 @@ class Outbox:
         ``index_items`` is False, as for a single push) or
         :class:`ConfigurationError` (bad argument) before anything is written, and
         :class:`StorageError` when the database fails.
+
+        ``retry_of`` (one payload only; the admin's retry): the execution the new one
+        retries; when one already retries it, its id is returned and nothing is written.
         """
         if session is not None and connection is not None:
             raise ConfigurationError("push: pass session= or connection=, not both")
+        if retry_of is not None and len(payloads) != 1:
+            raise ConfigurationError("push_many: retry_of takes exactly one payload")
         keys = list(keys) if keys is not None else [None] * len(payloads)
         if len(keys) != len(payloads):
             raise ConfigurationError(
@@ -243,6 +251,8 @@ class Outbox:
         run_at = _run_at(now, delay, scheduled_at)
         rows = self._rows(spec, payloads, keys, now, run_at, priority, organization_id,
                           triggered_by, triggered_by_name, index_items)
+        if retry_of is not None:
+            rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
         if session is not None:
             try:
                 conn = session.connection()

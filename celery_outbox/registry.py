@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 Mode = Literal["queue", "cron"]
 Record = Literal["errors", "all", "none"]
 RECORD_MODES: tuple[Record, ...] = ("errors", "all", "none")
-KEEP_KEYS = ("succeeded", "failed")
+KEEP_KEYS = ("succeeded", "failed", "cancelled")
 
 OPTIONS = (
     "name", "schema", "cron", "timezone", "retry", "timeout", "priority", "queue", "lock",
@@ -39,8 +39,9 @@ OPTIONS = (
 class JobSpec:
     """One registered job: its handler and validated options.
 
-    ``timeout`` is a timedelta or None; ``keep`` maps ``"succeeded"`` / ``"failed"`` to the
-    rows the trim keeps for this job (None: the config's ``keep_succeeded`` / ``keep_failed``).
+    ``timeout`` is a timedelta or None; ``keep`` maps ``"succeeded"`` / ``"failed"`` /
+    ``"cancelled"`` to the rows the trim keeps for this job (None: the config's
+    ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled``).
     """
 
     name: str
@@ -148,6 +149,11 @@ class JobSpec:
             keep.get("succeeded", config.keep_succeeded),
             keep.get("failed", config.keep_failed),
         )
+
+    def keep_cancelled(self, config: OutboxConfig) -> int:
+        """Cancelled rows the trim keeps for this job: its ``keep["cancelled"]``, else
+        ``config.keep_cancelled``."""
+        return (self.keep or {}).get("cancelled", config.keep_cancelled)
 
     def keep_succeeded_row(self, config: OutboxConfig) -> bool:
         """Whether a success leaves a ``succeeded`` row (else the row is deleted)."""

@@ -48,7 +48,7 @@ TRANSITIONS: dict[str, tuple[frozenset[Status | None], Status | None]] = {
     "rescue_retry": (frozenset({Status.RUNNING}), Status.SCHEDULED),
     "rescue_fail": (frozenset({Status.RUNNING}), Status.FAILED),
     "cancel": (frozenset(ACTIVE), Status.CANCELLED),
-    "trim": (frozenset({Status.SUCCEEDED, Status.FAILED}), None),
+    "trim": (frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}), None),
 }
 
 

@@ -1,10 +1,11 @@
-"""Pruner (the trim): per job, keep the newest N succeeded and N failed rows, delete the rest.
+"""Pruner (the trim): per job, keep the newest N succeeded, failed and cancelled rows, delete
+the rest.
 
 Each job's surplus goes in ONE statement, whatever its size, so a table that grew while the
 trim was off is back to size after one run; the next runs only delete what finished since, and
 cost that, not the rows kept: a watermark per job and status (``<table>_trim``) says where the
 last run left off (:meth:`ExecutionStore.trim <celery_outbox.store.ExecutionStore.trim>`).
-Active and cancelled rows are never trimmed. A job's ``keep={"succeeded": n, "failed": n}``
+Active rows are never trimmed. A job's ``keep={"succeeded": n, "failed": n, "cancelled": n}``
 overrides the defaults (as :meth:`JobSpec.keeps <celery_outbox.registry.JobSpec.keeps>`).
 
 Example::
@@ -30,15 +31,17 @@ class PrunerConfig:
 
     - ``keep_succeeded`` [10]: succeeded rows kept per job, unless the job's ``keep`` says.
     - ``keep_failed`` [10]: failed rows kept per job, unless the job's ``keep`` says.
+    - ``keep_cancelled`` [10]: cancelled rows kept per job, unless the job's ``keep`` says.
 
     Raises :class:`ConfigurationError` naming the option when a value is out of range.
     """
 
     keep_succeeded: int = 10
     keep_failed: int = 10
+    keep_cancelled: int = 10
 
     def __post_init__(self) -> None:
-        for name in ("keep_succeeded", "keep_failed"):
+        for name in ("keep_succeeded", "keep_failed", "keep_cancelled"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) \
                     or not 0 <= value <= MAX_KEEP:
@@ -47,7 +50,8 @@ class PrunerConfig:
 
     @classmethod
     def from_outbox(cls, config: OutboxConfig) -> PrunerConfig:
-        return cls(keep_succeeded=config.keep_succeeded, keep_failed=config.keep_failed)
+        return cls(keep_succeeded=config.keep_succeeded, keep_failed=config.keep_failed,
+                   keep_cancelled=config.keep_cancelled)
 
     def keeps(self, spec: JobSpec) -> tuple[int, int]:
         """(succeeded, failed) rows kept for ``spec``: its ``keep``, else these defaults."""
@@ -100,4 +104,6 @@ class Pruner:
 
     def _trim(self, spec: JobSpec, now: datetime) -> int:
         succeeded, failed = self.config.keeps(spec)
-        return self.store.trim(spec.name, keep_succeeded=succeeded, keep_failed=failed, now=now)
+        cancelled = (spec.keep or {}).get("cancelled", self.config.keep_cancelled)
+        return self.store.trim(spec.name, keep_succeeded=succeeded, keep_failed=failed,
+                               keep_cancelled=cancelled, now=now)

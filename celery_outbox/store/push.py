@@ -42,9 +42,11 @@ class NewExecution:
     organization_id: str | None = None
     triggered_by: str | None = None
     triggered_by_name: str | None = None
+    retry_of: UUID | None = None
+    """The failed or cancelled execution an admin retry of it makes this row retry."""
 
     def values(self) -> dict[str, Any]:
-        return {
+        values = {
             "id": self.id,
             "job_name": self.job_name,
             "unique_key": self.unique_key,
@@ -61,6 +63,9 @@ class NewExecution:
             "triggered_by": self.triggered_by,
             "triggered_by_name": self.triggered_by_name,
         }
+        if self.retry_of is not None:  # only then: a push never needs the column
+            values["retry_of"] = self.retry_of
+        return values
 
 
 class PushStore(StoreBase):
@@ -74,10 +79,16 @@ class PushStore(StoreBase):
         unique index, so the caller's transaction is never aborted); the id of the active row
         holding the key is returned instead.
 
+        A row with ``retry_of`` (an admin retry) is inserted only when no execution retries
+        that one yet; otherwise that execution's id is returned (:meth:`_insert_retry`).
+
         Returns ``[(execution_id, inserted)]`` in the order of ``rows``.
         """
         if not rows:
             return []
+        if any(r.retry_of is not None for r in rows):
+            return [self._insert_retry(conn, r) if r.retry_of is not None
+                    else self.insert(conn, [r])[0] for r in rows]
         plain = [r for r in rows if r.unique_key is None]
         if len(plain) >= _COPY_MIN_ROWS and conn.dialect.driver == "psycopg":
             self._copy(conn, plain)
@@ -102,7 +113,8 @@ class PushStore(StoreBase):
         one on psycopg goes by :meth:`_insert_direct` unless something listens to the
         engine's statements (tracing, echo), which then sees it go through SQLAlchemy.
         """
-        if len(rows) == 1 and rows[0].unique_key is None and self._direct_ok():
+        if (len(rows) == 1 and rows[0].unique_key is None and rows[0].retry_of is None
+                and self._direct_ok()):
             self._insert_direct(rows[0])
             return [(rows[0].id, True)]
         with self.begin(autocommit=len(rows) == 1) as conn:
@@ -182,6 +194,33 @@ class PushStore(StoreBase):
                     ])
         except conn.dialect.loaded_dbapi.Error as exc:
             raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
+
+    def _insert_retry(self, conn: Connection, row: NewExecution) -> tuple[UUID, bool]:
+        """manual retry: none -> pending, once per retried execution (``row.retry_of``).
+
+        ``INSERT ... ON CONFLICT DO NOTHING`` (any unique index: the one on ``retry_of``, and
+        the active-key one for a keyed row), so the caller's transaction is never aborted.
+        On a miss: the execution already retrying ``row.retry_of`` (a second click, another
+        operator, a concurrent retry: PostgreSQL makes the INSERT wait for the first one's
+        commit), else the active row holding the key. Returns ``(id, inserted)``.
+        """
+        t = self.t
+        stmt = self._insert().values(row.values()).on_conflict_do_nothing().returning(t.c.id)
+        for _ in range(_MAX_DEDUP_ROUNDS):
+            if conn.execute(stmt).first() is not None:
+                return row.id, True
+            done = conn.execute(select(t.c.id).where(t.c.retry_of == row.retry_of)).first()
+            if done is not None:
+                return done[0], False
+            if row.unique_key is not None:
+                holder = conn.execute(select(t.c.id).where(
+                    self._active(), t.c.job_name == row.job_name,
+                    t.c.unique_key == row.unique_key)).first()
+                if holder is not None:
+                    return holder[0], False
+            # The row that conflicted finished (or was trimmed) between the statements.
+        raise StorageError(f"could not settle the retry of {row.retry_of} after "
+                           f"{_MAX_DEDUP_ROUNDS} rounds")
 
     def _insert_keyed(
         self, conn: Connection, rows: Sequence[NewExecution]

@@ -55,12 +55,13 @@ class TrimStore(StoreBase):
     """The trim of :class:`~celery_outbox.store.ExecutionStore`."""
 
     def trim(self, job_name: str, *, keep_succeeded: int, keep_failed: int,
-             now: datetime) -> int:
-        """trim: succeeded and failed rows of ``job_name`` beyond the newest ``keep_succeeded``
-        / ``keep_failed`` of each -> deleted, in ONE statement however many there are, in one
-        transaction with each status's watermark (``<table>_trim``, :class:`TrimMark`).
+             now: datetime, keep_cancelled: int | None = None) -> int:
+        """trim: succeeded, failed and cancelled rows of ``job_name`` beyond the newest
+        ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled`` (None: as ``keep_failed``)
+        of each -> deleted, in ONE statement however many there are, in one transaction with
+        each status's watermark (``<table>_trim``, :class:`TrimMark`).
 
-        Guard: status succeeded or failed (active and cancelled rows are never trimmed).
+        Guard: status succeeded, failed or cancelled (active rows are never trimmed).
         Newest means latest ``finished_at``, then highest id. Never fewer than ``keep_*`` rows
         of a status remain (fewer only when there were fewer); exactly that many after a
         full count, and a few more when rows came late (committed after the last trim with
@@ -76,7 +77,8 @@ class TrimStore(StoreBase):
         ``keep`` newest index entries) instead for a new pair, a changed keep, a watermark
         the triggers invalidated or whose rows are gone, and once per ``keep`` rows counted.
         """
-        keeps = {Status.FAILED: keep_failed, Status.SUCCEEDED: keep_succeeded}
+        keeps = {Status.FAILED: keep_failed, Status.SUCCEEDED: keep_succeeded,
+                 Status.CANCELLED: keep_failed if keep_cancelled is None else keep_cancelled}
         deleted = self._trim_job(job_name, keeps, now)
         if deleted is None:  # a job's first trim: its watermark rows are created first
             self._trim_create(job_name, now)

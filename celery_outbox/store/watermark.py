@@ -13,7 +13,7 @@ Key = tuple[datetime, UUID]
 """A finished row's place in the trim's order, ``(finished_at, id)``: the highest is the
 newest (``id`` breaks ties between rows finished at one instant)."""
 
-FINISHED = (Status.FAILED, Status.SUCCEEDED)
+FINISHED = (Status.CANCELLED, Status.FAILED, Status.SUCCEEDED)
 """The statuses the trim keeps the last N of, in the order it locks their watermarks."""
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from celery_outbox import (
     JobContext,
@@ -403,3 +403,27 @@ def test_one_jobs_trim_that_raises_does_not_stop_the_others(
         outbox.trim(now=T0)
 
     assert [outbox.store.get(i) is None for i in ids] == [True, True, False]
+
+
+# -- bounded growth ---------------------------------------------------------------------------
+
+
+def test_the_trim_keeps_the_last_n_cancelled_rows_of_each_job(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """Cancelled rows were never trimmed: they grew without bound. Now the trim keeps the
+    newest ``keep_cancelled`` of each job (a job's ``keep={"cancelled": n}`` overrides)."""
+    told = declare(registry, lambda ctx: None, keep={"cancelled": 2})
+    default = declare(registry, lambda ctx: None)
+    outbox = make_outbox(db_url, registry, RecordingDispatcher(), keep_cancelled=3)
+    for job in (told, default):
+        for n in range(5):
+            assert job.cancel(job.push({"order_id": n}))
+
+    assert outbox.trim(now=T0).deleted == 3 + 2
+
+    t = outbox.store.t
+    with outbox.engine.connect() as conn:
+        left = dict(conn.execute(select(t.c.job_name, func.count()).where(
+            t.c.status == "cancelled").group_by(t.c.job_name)).all())
+    assert left == {told.name: 2, default.name: 3}

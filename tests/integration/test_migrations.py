@@ -201,11 +201,12 @@ def test_downgrade_to_base_removes_the_tables_and_upgrade_again(
 
 
 def sqlite_schema(url: str) -> list[tuple[str, str, str]]:
-    """Every table, index and trigger of a SQLite database but Alembic's, with its SQL."""
+    """Every table, index and trigger of a SQLite database but Alembic's, with its SQL
+    (whitespace collapsed: SQLite keeps a column added by ALTER TABLE on the line before)."""
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(text(
+            return [(kind, name, " ".join(sql.split())) for kind, name, sql in conn.execute(text(
                 "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
                 "AND name != :version ORDER BY type, name"
             ), {"version": VERSION_TABLE})]

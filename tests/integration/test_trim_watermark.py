@@ -83,8 +83,10 @@ class Rows:
         with self.outbox.engine.begin() as conn:
             conn.execute(self.t.delete().where(self.t.c.id.in_([i for _, i in keys])))
 
-    def trim(self, succeeded: int, failed: int = 10, job: str = JOB) -> int:
-        return self.outbox.store.trim(job, keep_succeeded=succeeded, keep_failed=failed, now=T0)
+    def trim(self, succeeded: int, failed: int = 10, job: str = JOB,
+             cancelled: int | None = None) -> int:
+        return self.outbox.store.trim(job, keep_succeeded=succeeded, keep_failed=failed,
+                                      keep_cancelled=cancelled, now=T0)
 
 
 @pytest.fixture
@@ -219,19 +221,40 @@ def test_keep_zero_deletes_every_row_each_time_and_a_keep_after_it_counts_afresh
     assert db.left() == newest(rows, 3)
 
 
-def test_each_status_has_its_own_watermark_and_cancelled_rows_are_never_trimmed(
-    db: Rows,
-) -> None:
+def test_each_status_has_its_own_watermark_cancelled_rows_included(db: Rows) -> None:
     ok = db.add(*range(10))
     ko = db.add(*range(10), status=KO)
     cancelled = db.add(*range(5), status=Status.CANCELLED)
-    assert db.trim(4, failed=2) == 6 + 8
+    assert db.trim(4, failed=2, cancelled=3) == 6 + 8 + 2
     ok += db.add(20)
     ko += db.add(20, 21, 22, status=KO)
-    assert db.trim(4, failed=2) == 1 + 3
+    cancelled += db.add(20, 21, status=Status.CANCELLED)
+    assert db.trim(4, failed=2, cancelled=3) == 1 + 3 + 2
     assert db.left() == newest(ok, 4)
     assert db.left(KO) == newest(ko, 2)
-    assert db.left(Status.CANCELLED) == cancelled
+    assert db.left(Status.CANCELLED) == newest(cancelled, 3)
+    assert db.mark(Status.CANCELLED)["keep"] == 3
+
+
+def test_cancelled_rows_are_kept_like_failed_ones_unless_told(db: Rows) -> None:
+    """Bounded growth: cancelled rows no longer pile up; without ``keep_cancelled`` the
+    store keeps as many as ``keep_failed``."""
+    cancelled = db.add(*range(8), status=Status.CANCELLED)
+    assert db.trim(4, failed=5) == 3
+    assert db.left(Status.CANCELLED) == newest(cancelled, 5)
+
+
+def test_cancelled_rows_deleted_by_something_else_make_the_next_trim_count_afresh(
+    db: Rows,
+) -> None:
+    rows = db.add(*range(20), status=Status.CANCELLED)
+    assert db.trim(10, cancelled=10) == 10
+    gone = [rows[15], rows[19]]  # 2 of the 10 kept
+    db.delete(gone)
+    assert db.mark(Status.CANCELLED)["keep"] is None  # the trigger: count afresh
+    fresh = db.add(30, status=Status.CANCELLED)
+    assert db.trim(10, cancelled=10) == 0  # 9 rows: all kept
+    assert db.left(Status.CANCELLED) == sorted([r for r in rows[10:] if r not in gone] + fresh)
 
 
 # -- rows removed behind the trim's back ------------------------------------------------

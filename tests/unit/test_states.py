@@ -57,7 +57,7 @@ def test_retryable_is_failed_or_cancelled_only() -> None:
         ("rescue_retry", {Status.RUNNING}, Status.SCHEDULED),
         ("rescue_fail", {Status.RUNNING}, Status.FAILED),
         ("cancel", set(ACTIVE), Status.CANCELLED),
-        ("trim", {Status.SUCCEEDED, Status.FAILED}, None),
+        ("trim", {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}, None),
     ],
 )
 def test_transition_table_matches_design(
