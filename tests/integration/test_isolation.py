@@ -74,14 +74,16 @@ class Thread(threading.Thread):
             raise self.error
 
 
+@pytest.mark.parametrize("hand_back", ["rescue", "release"])
 def test_a_row_handed_back_and_claimed_again_in_the_same_process_runs_once(
-    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, hand_back: str
 ) -> None:
     """Defect 2 (fence reuse). A message carries [first, second]; runner thread A claims both
-    and is still in ``first``. The rescuer hands ``second`` back (never started: attempt
-    decremented); thread B of the same process claims it again at the same attempt. Before
-    the fix B's claim had A's fence (same worker id, same attempt), so A's outcome write on
-    ``first`` marked ``second`` started for A too and A ran it while B was running it."""
+    and is still in ``first``. ``second`` is handed back (never started: attempt decremented)
+    by the rescuer, or by a release (what a shutdown does); thread B of the same process
+    claims it again at the same attempt. Before the fix B's claim had A's fence (same worker
+    id, same attempt), so A's outcome write on ``first`` marked ``second`` started for A too
+    and A ran it while B was running it."""
     first_gate, second_gate = threading.Event(), threading.Event()
     first_began = threading.Event()
     runs: list[tuple[UUID, int, str]] = []
@@ -103,8 +105,12 @@ def test_a_row_handed_back_and_claimed_again_in_the_same_process_runs_once(
     a = Thread(lambda: outbox.runner.run(job.name, [first, second]))
     a.start()
     assert first_began.wait(WAIT)
-    # Both leases "expired": the sweep fails `first` (no retries) and hands `second` back.
-    outbox.sweep(now=later(timedelta(hours=2)))
+    if hand_back == "rescue":
+        # Both leases "expired": the sweep fails `first` (no retries), hands `second` back.
+        outbox.sweep(now=later(timedelta(hours=2)))
+    else:
+        [fence] = [f for f in outbox.runner.heartbeat.held() if f.id == second]
+        assert outbox.store.release([fence], later(timedelta(0))) == [second]
     assert outbox.store.status_of(second) == "pending"
 
     b = Thread(lambda: outbox.runner.run(job.name, [second]))
