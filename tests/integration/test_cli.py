@@ -229,6 +229,12 @@ def test_retry_and_cancel(cli_app: ModuleType) -> None:
     assert retried.exit_code == 0, retried.output
     new_id = json.loads(retried.stdout)["id"]
     assert cli_app.outbox.admin.get_execution(new_id).payload == {"name": "Gus"}
+    again = invoke(cli_app, "retry", str(failed), "--json")  # idempotent: the same one
+    assert json.loads(again.stdout)["id"] == new_id, again.output
+    shown = invoke(cli_app, "show", new_id)
+    assert shown.exit_code == 0, shown.output
+    assert [str(failed) in line for line in shown.stdout.splitlines()
+            if "retry of" in line] == [True], shown.stdout
 
     assert f"cannot retry execution {new_id}: it is pending" in one_line_error(
         invoke(cli_app, "retry", new_id))
