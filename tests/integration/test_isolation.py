@@ -433,3 +433,28 @@ def test_the_trim_keeps_the_last_n_cancelled_rows_of_each_job(
         left = dict(conn.execute(select(t.c.job_name, func.count()).where(
             t.c.status == "cancelled").group_by(t.c.job_name)).all())
     assert left == {told.name: 2, default.name: 3}
+
+
+def test_a_when_predicate_that_raises_in_the_rescuer_fails_its_row_saying_why(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox
+) -> None:
+    """The rescuer asks ``RetryPolicy.when`` too (with a ``LeaseExpired``): when it raises,
+    the row fails and its last_error names the predicate's error; the sweep goes on."""
+
+    def when(exc: BaseException) -> bool:
+        raise KeyError("predicate broke")
+
+    broken = declare(registry, lambda ctx: None, retry=RetryPolicy(retries=3, when=when))
+    fine = declare(registry, lambda ctx: None, retry=RetryPolicy(retries=3, jitter=False))
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    bad, good = running_at(outbox, broken, 1, "w1"), running_at(outbox, fine, 1, "w2")
+
+    result = outbox.sweep(now=T0)
+
+    assert (result.rescued, result.failed) == (1, 1)
+    failed = row_of(outbox, bad)
+    assert failed["status"] == "failed"
+    assert failed["last_error"].startswith("lease expired")
+    assert "not retried: RetryPolicy.when raised KeyError: 'predicate broke'" \
+        in failed["last_error"]
+    assert row_of(outbox, good)["status"] == "scheduled"
