@@ -3,7 +3,8 @@
 Every method's docstring starts with the transition it performs (``from -> to``), then its
 guard, what a guard miss returns, and the unit of its time arguments. Every write names the
 status it expects; writes on a running row are also fenced by ``claimed_by`` and ``attempt``,
-so a zombie worker whose lease was rescued cannot overwrite the row.
+so a zombie worker whose lease was rescued cannot overwrite the row (``claimed_by`` is unique
+per claim: a row handed back and claimed again never matches the older claim's fence).
 
 Times are aware UTC datetimes passed in by the caller (``now``); the database clock is never
 read, so tests freeze time by passing it. Driver errors become :class:`StorageError`.
@@ -11,8 +12,9 @@ read, so tests freeze time by passing it. Driver errors become :class:`StorageEr
 One module per area, each a mixin of :class:`~celery_outbox.store.base.StoreBase` (the
 transactions, the fence, statements built once); :class:`ExecutionStore` combines them:
 
-- ``push``: insert, insert_alone (INSERT, COPY, keyed ON CONFLICT DO NOTHING, direct INSERT)
-- ``worker``: claim, start, complete, retry, fail, heartbeat, release
+- ``push``: insert, insert_alone (INSERT, COPY, keyed ON CONFLICT DO NOTHING, direct INSERT,
+  an admin retry once per retried execution)
+- ``worker``: claim, start, complete, retry, fail, cancel_running, heartbeat, release
 - ``sweep``: stage, redispatch, rescue, dispatchable
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
 - ``cron``: advance_tick, last_tick

@@ -28,7 +28,12 @@ SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 
 @dataclass(frozen=True)
 class Fence:
-    """What a write on a running row must still match: the holder and its attempt."""
+    """What a write on a running row must still match: the holder and its attempt.
+
+    ``claimed_by`` is the claim's own token (the runner's ``claim_token()``: the worker id and
+    a nonce per claim), so two claims of one row never share a fence, even at one attempt
+    after a hand-back.
+    """
 
     id: UUID
     claimed_by: str
