@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from celery_outbox import signals
 from celery_outbox.admin import OutboxAdmin
-from celery_outbox.config import OutboxConfig
+from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.dispatch import (
     RUN_TASK,
     CeleryDispatcher,
@@ -407,8 +407,9 @@ def _run_at(
     if delay is not None and scheduled_at is not None:
         raise ConfigurationError("push: pass delay= or scheduled_at=, not both")
     if delay is not None:
-        if not isinstance(delay, timedelta) or delay < timedelta(0):
-            raise ConfigurationError(f"push: delay must be a timedelta >= 0, got {delay!r}")
+        if not isinstance(delay, timedelta) or not timedelta(0) <= delay <= MAX_DURATION:
+            raise ConfigurationError(
+                f"push: delay must be a timedelta in 0..{MAX_DURATION}, got {delay!r}")
         return now + delay
     if scheduled_at is not None:
         if not isinstance(scheduled_at, datetime) or scheduled_at.tzinfo is None:

@@ -106,6 +106,7 @@ def test_push_does_not_name_an_index(job: OutboxJob[Order]) -> None:
     [
         ({"delay": timedelta(seconds=-1)}, "delay must be"),
         ({"delay": 5}, "delay must be"),
+        ({"delay": timedelta.max}, "delay must be"),  # was an OverflowError
         ({"scheduled_at": datetime(2030, 1, 1)}, "aware datetime"),
         ({"delay": timedelta(1), "scheduled_at": datetime(2030, 1, 1)}, "not both"),
         ({"priority": "urgent"}, "option 'priority'"),
