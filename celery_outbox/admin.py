@@ -1,4 +1,4 @@
-"""OutboxAdmin: see and steer executions without writing SQL (DESIGN.md section 5).
+"""OutboxAdmin: see and steer executions without writing SQL.
 
 ``outbox.admin`` lists jobs with their recent outcomes, lists and inspects executions (with the
 captured logs and the error traceback), triggers a job, retries a failed or cancelled

@@ -2,7 +2,7 @@
 
 Settings come from the keywords of ``Outbox(app, **settings)`` and from ``app.conf.outbox_<name>``
 (keywords win). Durations are ``timedelta``; a plain number is read as seconds. An unknown
-setting fails loudly with its name and the known ones. Source: DESIGN.md section 2.
+setting fails loudly with its name and the known ones.
 """
 
 from __future__ import annotations

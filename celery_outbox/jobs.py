@@ -175,7 +175,7 @@ def outbox_job(
     """Declare a job: ``@outbox_job(schema=Model, ...)`` (queue mode) or
     ``@outbox_job(cron="0 3 * * *", ...)`` (cron mode).
 
-    Options (DESIGN.md section 2): ``name``, ``schema``, ``cron``, ``timezone``, ``retry``
+    Options: ``name``, ``schema``, ``cron``, ``timezone``, ``retry``
     (RetryPolicy), ``timeout`` (timedelta), ``priority`` ("critical" | "high" | "normal" |
     "low"), ``queue``, ``lock``, ``record`` ("errors" | "all" | "none"), ``keep``
     ({"succeeded": n, "failed": n}), ``description``. ``registry`` defaults to the process-wide

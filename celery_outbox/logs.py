@@ -20,7 +20,7 @@ At most ``max_entries`` records are kept, the first ones; when more were logged,
 JSON-ready dict: ``{"level": "INFO", "logger": "app.mail", "message": "...", "time":
 "2024-05-01T12:00:00.123456+00:00", "exception": "Traceback ..." | None}``.
 
-Source: DESIGN.md sections 2 (``ctx.log``, ``log_max_entries``) and 5; issue 5.
+See ``ctx.log`` and the ``log_max_entries`` setting.
 """
 
 from __future__ import annotations

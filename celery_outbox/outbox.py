@@ -389,7 +389,7 @@ class Outbox:
 
     @cached_property
     def admin(self) -> OutboxAdmin:
-        """The admin service: list jobs and executions, trigger, retry, cancel (section 5)."""
+        """The admin service: list jobs and executions, trigger, retry, cancel."""
         return OutboxAdmin(self)
 
     def flush(self, timeout: timedelta = timedelta(seconds=10)) -> bool:

@@ -1,7 +1,7 @@
 """JobSpec (one job's validated options) and JobRegistry (jobs by name).
 
 Options are checked when the job is defined, so a typo or a bad value fails at import time with
-the option's name and the allowed values (STYLE.md habit 7).
+the option's name and the allowed values.
 """
 
 from __future__ import annotations

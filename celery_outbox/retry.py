@@ -2,7 +2,7 @@
 
 Attempt ``n`` (1-based, the attempt that just failed) waits ``backoff * 2**(n-1)``, capped at
 ``backoff_max``; with ``jitter`` the wait is drawn uniformly from ``[0, that]`` ("full jitter",
-as Celery's ``retry_jitter``). Source: DESIGN.md section 2, Celery's ``retry_backoff``.
+as Celery's ``retry_jitter``). Source: Celery's ``retry_backoff`` / ``retry_jitter``.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@
 This is the only module that spells a status string. The CHECK constraint, the partial
 unique index, every guarded write in :mod:`celery_outbox.store` and the admin views'
 ``can_retry`` / ``can_cancel`` all derive from the sets below.
-
-Source: DESIGN.md section 3.
 """
 
 from __future__ import annotations
