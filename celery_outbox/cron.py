@@ -2,8 +2,9 @@
 
 ``CronSchedule("0 3 * * *", timezone="Europe/Paris")`` is a ``celery.schedules.crontab`` (so
 a ``BaseSchedule``) subclass: beat asks it ``is_due(last_run_at)`` and
-``remaining_estimate(last_run_at)``, and it reads the current time from ``now()`` (``nowfun`` when given, else the app's clock), as
-Celery's own ``crontab`` does, so tests drive it with a frozen clock. Ticks are computed by
+``remaining_estimate(last_run_at)``, and it reads the current time from ``now()``
+(``nowfun`` when given, else the app's clock), as Celery's own ``crontab`` does, so tests
+drive it with a frozen clock. Ticks are computed by
 croniter in the schedule's time zone, from tz-aware start times, and returned as aware UTC
 datetimes. It pickles (beat's schedule file stores it) when ``nowfun`` does.
 
@@ -15,9 +16,9 @@ Those fields are the closest crontab that fires at *every* tick of the expressio
 expansion of each field, and ``*`` for what a crontab cannot say (``L``, ``W``, a 6th
 (seconds) field, day-of-month OR day-of-week; every field when the schedule has a
 ``timezone`` of its own). Such a scheduler may run a schedule more often, never less (the
-crontab applies Celery's own DST rules). A cron job's entry (:class:`CronTickSchedule`) stores ``* * * * *``: beat then
-asks every minute, and the outbox decides each tick in the database (see
-:mod:`celery_outbox.ticker`), with this module's time zone and DST rules.
+crontab applies Celery's own DST rules). A cron job's entry (:class:`CronTickSchedule`)
+stores ``* * * * *``: beat then asks every minute, and the outbox decides each tick in the
+database (see :mod:`celery_outbox.ticker`), with this module's time zone and DST rules.
 
 Meaning of an expression: croniter's (``croniter.croniter``, default options). Five fields,
 ``minute hour day-of-month month day-of-week``; names (``MON``, ``JAN``), ranges, lists and
@@ -234,10 +235,12 @@ def _superset_fields(expression: str) -> dict[str, str]:
         expanded = croniter.expand(expression)[0]
     except (CroniterError, ValueError, KeyError):
         return every
+    if len(expanded) > 5:
+        return every  # a seconds field: a crontab fires once a minute at most
+    fields = [_field(values, size) for values, size in zip(expanded, _FIELD_SIZES, strict=True)]
     raw = expression.split()
-    if len(expanded) > 5 or (len(raw) == 5 and "w" in raw[2].lower()):
-        return every  # seconds, or a "nearest weekday" day-of-month: every minute is safe
-    fields = [_field(values, size) for values, size in zip(expanded, _FIELD_SIZES, strict=False)]
+    if len(raw) == 5 and "w" in raw[2].lower():
+        fields[2] = "*"  # "15W": the weekday nearest the 15th
     if fields[2] != "*" and fields[4] != "*":
         fields[2] = fields[4] = "*"  # cron runs a day matching EITHER; a crontab needs both
     return dict(zip(_CRONTAB_FIELDS, fields, strict=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-SECRET_KEY = "celery-outbox-e2e"  # noqa: S105  # a test database on a temporary path
+SECRET_KEY = "celery-outbox-e2e"  # a test database on a temporary path
 INSTALLED_APPS = ["django_celery_beat"]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
                          "NAME": os.environ.get("OUTBOX_E2E_DJANGO_DB", ":memory:")}}
