@@ -19,7 +19,7 @@ import pytest
 from celery.schedules import crontab
 from redbeat.decoder import RedBeatJSONDecoder, RedBeatJSONEncoder
 
-from celery_outbox.ticker import ENTRY_PREFIX
+from celery_outbox.ticker import ENTRY_PREFIX, TickOutcome
 from tests.integration.test_cron_ticks import (  # noqa: F401  # fixtures
     Beat,
     Clock,
@@ -70,3 +70,27 @@ def test_every_minute_entry_runs_each_tick_of_the_job_once(
     # The database was asked twice: at start (yesterday's tick, too late: spent) and at the
     # tick; every other firing knew from memory that its tick was decided.
     assert asked == ["cron.job", "cron.job"]
+
+
+def test_a_fresh_beat_with_wiped_state_replays_no_tick(
+    db_url: str, start_beat: Callable[..., Beat],  # noqa: F811
+) -> None:
+    """RedBeat's keys wiped (or another scheduler) after a tick: a new beat process fires the
+    entry at once and every minute after, and the database says the tick ran already."""
+    tick = datetime(2024, 5, 2, 3, 0, tzinfo=UTC)
+    clock = Clock(tick - timedelta(minutes=1))
+    first = start_beat(db_url, clock, lambda r: declare(r, "0 3 * * *", lock=False))
+    as_redbeat_stores_it(first, ENTRY_PREFIX + "cron.job")
+    first.run_until(tick + timedelta(seconds=20))
+    assert ticks_of(first.outbox) == ["tick 2024-05-02T03:00:00+00:00"]
+    first.stop()
+
+    fresh = start_beat(db_url, clock, lambda r: declare(r, "0 3 * * *", lock=False))
+    as_redbeat_stores_it(fresh, ENTRY_PREFIX + "cron.job")
+    outcomes: list[TickOutcome] = []
+    fire = fresh.outbox.ticker.fire
+    fresh.outbox.ticker.fire = lambda *a, **k: outcomes.append(fire(*a, **k).outcome)  # type: ignore[method-assign]
+    fresh.run_until(tick + timedelta(minutes=10))
+    assert ticks_of(fresh.outbox) == ["tick 2024-05-02T03:00:00+00:00"]
+    assert outcomes[0] is TickOutcome.FIRED_ALREADY  # fired at once, decided by the database
+    assert set(outcomes) == {TickOutcome.FIRED_ALREADY} and len(outcomes) >= 10
