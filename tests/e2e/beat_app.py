@@ -12,7 +12,8 @@ A process reads its settings from the environment at import:
 - ``OUTBOX_E2E_CLOCK_OFFSET`` (seconds, beat only): added to beat's clock, so a minute boundary
   (the trim's and the cron job's tick, ``* * * * *``) comes a few seconds after the test
   starts. Celery's default scheduler and RedBeat read ``app.now``; django-celery-beat reads
-  ``datetime.now`` in its crontab and entries, which are shifted the same way here.
+  the real time in its crontabs, interval schedules and entries, which are shifted the same
+  way here.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
 CRON_JOB = "e2e.beat.minutely"
 QUEUE_JOB = "e2e.beat.noop"
 KEPT_JOB = "e2e.beat.kept"
+PING_TASK = "e2e.beat.ping"
+"""The app's own periodic task (every second), beside the outbox's entries."""
 REGISTRY = JobRegistry()
 SCHEDULERS = {
     "persistent": "celery.beat:PersistentScheduler",
@@ -55,6 +58,10 @@ def kept(ctx: JobContext[Note]) -> None:
     """Never run: the test inserts its finished rows for the trim."""
 
 
+def ping() -> None:
+    """The app's own periodic task: does nothing."""
+
+
 def offset() -> timedelta:
     return timedelta(seconds=float(os.environ.get("OUTBOX_E2E_CLOCK_OFFSET", "0")))
 
@@ -79,6 +86,8 @@ def build(env: dict[str, str], *, current: bool = False) -> tuple[Celery, Outbox
                         redbeat_lock_timeout=30)
     if env.get("OUTBOX_E2E_CLOCK_OFFSET"):
         app.now = shifted_now  # type: ignore[method-assign]  # before Outbox: entries use it
+    app.task(name=PING_TASK, ignore_result=True)(ping)
+    app.add_periodic_task(timedelta(seconds=1), app.signature(PING_TASK), name=PING_TASK)
     outbox = Outbox(app, database_url=env["OUTBOX_E2E_DB"], registry=REGISTRY,
                     table_name=env["OUTBOX_E2E_TABLE"], cron_catchup=timedelta(0),
                     sweep_schedule=timedelta(seconds=1), trim_schedule="* * * * *",
@@ -94,10 +103,14 @@ def setup_django() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.e2e.django_settings")
     django.setup()
     if os.environ.get("OUTBOX_E2E_CLOCK_OFFSET"):
+        from django_celery_beat import models
         from django_celery_beat.schedulers import ModelEntry
         from django_celery_beat.tzcrontab import TzAwareCrontab
 
+        # its crontabs, its interval schedules and its entries' last run: one clock for the
+        # heap beat orders its entries by
         TzAwareCrontab.nowfunc = lambda self: shifted_now().astimezone(self.tz)
+        models.now = shifted_now
         ModelEntry._default_now = lambda self: shifted_now().astimezone(self.app.timezone)
 
 

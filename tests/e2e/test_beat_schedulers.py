@@ -5,7 +5,8 @@ models, here on SQLite).
 
 For each: beat starts and stays up; the sweep (every second) redispatches a pending row that
 was never dispatched and the worker runs it; the trim (``* * * * *``) deletes finished rows
-beyond ``keep``; the cron job (``* * * * *``) fires its tick once and the worker runs it.
+beyond ``keep``; the cron job (``* * * * *``) fires its tick once and the worker runs it; the
+app's own periodic task is sent too.
 Beat's clock is shifted (tests/e2e/beat_app.py) so the minute boundary comes :data:`LEAD`
 seconds after the start. Every process is stopped by its PID.
 """
@@ -19,7 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -35,11 +36,11 @@ from celery_outbox.states import Status
 from celery_outbox.store import NewExecution
 from celery_outbox.ticker import ENTRY_PREFIX
 from tests import procs
-from tests.e2e.beat_app import CRON_JOB, KEPT_JOB, QUEUE_JOB, build
+from tests.e2e.beat_app import CRON_JOB, KEPT_JOB, PING_TASK, QUEUE_JOB, build
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
-LEAD = 10.0  # seconds from the test's start to beat's (shifted) minute boundary
-ENTRIES = (SWEEP_TASK, TRIM_TASK, ENTRY_PREFIX + CRON_JOB)
+LEAD = 15.0  # seconds from the test's start to beat's (shifted) minute boundary: covers start-up
+ENTRIES = (SWEEP_TASK, TRIM_TASK, ENTRY_PREFIX + CRON_JOB, PING_TASK)
 
 
 @contextmanager
@@ -99,24 +100,31 @@ def test_beat_runs_the_sweep_the_trim_and_the_cron_tick(
                 {**env, "OUTBOX_E2E_CLOCK_OFFSET": f"{shift:.6f}"}, tmp_path, beat_log))
 
             def alive() -> None:
-                assert beat.poll() is None, f"beat exited:\n{beat_log.read_text()[-4000:]}"
-                assert worker.poll() is None, f"worker exited:\n{worker_log.read_text()[-3000:]}"
+                assert beat.poll() is None, f"beat exited:\n{tail(beat_log)}"
+                assert worker.poll() is None, f"worker exited:\n{tail(worker_log)}"
+
+            def wait(predicate: Callable[[], object], timeout: float, what: str) -> Any:
+                try:
+                    return procs.wait_for(predicate, timeout, what)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\nbeat:\n{tail(beat_log)}\nworker:\n"
+                                         f"{tail(worker_log)}") from None
 
             def status(execution_id: uuid.UUID) -> str | None:
                 alive()
                 row = outbox.store.get(execution_id)
                 return None if row is None else str(row["status"])
 
-            procs.wait_for(lambda: status(lost) == Status.SUCCEEDED.value, 20 + LEAD,
+            wait(lambda: status(lost) == Status.SUCCEEDED.value, 20 + LEAD,
                            "the sweep to redispatch the pending row and the worker to run it")
-            procs.wait_for(lambda: (alive(), finished(outbox) == 1)[1], 30 + LEAD,
+            wait(lambda: (alive(), finished(outbox) == 1)[1], 60 + LEAD,
                            "the trim to keep 1 finished row of 3")
 
             def cron_succeeded() -> list[Any]:
                 alive()
                 return outbox.admin.list_executions(CRON_JOB, status="succeeded")
 
-            [execution] = procs.wait_for(cron_succeeded, 30, "the cron tick to run")  # type: ignore[misc]
+            [execution] = wait(cron_succeeded, 30, "the cron tick to run")
             assert len(outbox.admin.list_executions(CRON_JOB)) == 1
             assert execution.triggered_by_name == f"tick {tick.isoformat()}"
             text = beat_log.read_text()
@@ -132,13 +140,19 @@ def test_beat_runs_the_sweep_the_trim_and_the_cron_tick(
         client.close()
 
 
+def tail(log: Path) -> str:
+    """The end of a process's log, without beat's DEBUG lines."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return "\n".join(line for line in lines if "DEBUG/" not in line)[-4000:]
+
+
 def stored(scheduler: str, env: dict[str, str], client: redis.Redis) -> None:
     """The entries are in the scheduler's own store, as crontab / interval schedules."""
     if scheduler == "redbeat":
         prefix = env["OUTBOX_E2E_REDBEAT_PREFIX"]
         kinds = {name: json.loads(client.hget(prefix + name, "definition"))["schedule"]
                  for name in ENTRIES}
-        assert kinds[SWEEP_TASK]["__type__"] == "interval"
+        assert kinds[SWEEP_TASK]["__type__"] == kinds[PING_TASK]["__type__"] == "interval"
         assert kinds[TRIM_TASK]["__type__"] == "crontab"
         assert kinds[ENTRY_PREFIX + CRON_JOB] == {
             "__type__": "crontab", "minute": "*", "hour": "*", "day_of_week": "*",
@@ -149,7 +163,8 @@ def stored(scheduler: str, env: dict[str, str], client: redis.Redis) -> None:
                 "SELECT name, CASE WHEN crontab_id IS NOT NULL THEN 'crontab' WHEN interval_id"
                 " IS NOT NULL THEN 'interval' END FROM django_celery_beat_periodictask"))
         assert {name: rows.get(name) for name in ENTRIES} == {
-            SWEEP_TASK: "interval", TRIM_TASK: "crontab", ENTRY_PREFIX + CRON_JOB: "crontab"}
+            SWEEP_TASK: "interval", TRIM_TASK: "crontab", ENTRY_PREFIX + CRON_JOB: "crontab",
+            PING_TASK: "interval"}
 
 
 def seed_pending(outbox: Outbox) -> uuid.UUID:
