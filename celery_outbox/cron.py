@@ -4,9 +4,9 @@
 a ``BaseSchedule``) subclass: beat asks it ``is_due(last_run_at)`` and
 ``remaining_estimate(last_run_at)``, and it reads the current time from ``now()``
 (``nowfun`` when given, else the app's clock), as Celery's own ``crontab`` does, so tests
-drive it with a frozen clock. Ticks are computed by
-croniter in the schedule's time zone, from tz-aware start times, and returned as aware UTC
-datetimes. It pickles (beat's schedule file stores it) when ``nowfun`` does.
+drive it with a frozen clock. Ticks are computed by croniter in the schedule's time zone, from
+tz-aware start times, and returned as aware UTC datetimes. It pickles (beat's schedule file
+stores it) when ``nowfun`` does.
 
 Schedulers that store schedules as data (celery-redbeat's JSON, django-celery-beat's rows) know
 only Celery's own classes, so :class:`CronSchedule` is a ``celery.schedules.crontab``: they
