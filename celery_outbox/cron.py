@@ -1,11 +1,24 @@
 """Cron expressions for Celery beat: :func:`expression_problem` and :class:`CronSchedule`.
 
-``CronSchedule("0 3 * * *", timezone="Europe/Paris")`` is a ``celery.schedules.BaseSchedule``
-subclass: beat asks it ``is_due(last_run_at)`` and ``remaining_estimate(last_run_at)``, and it
-reads the current time from ``now()`` (``nowfun`` when given, else the app's clock), as
-Celery's own ``crontab`` does, so tests drive it with a frozen clock. Ticks are computed by
-croniter in the schedule's time zone, from tz-aware start times, and returned as aware UTC
-datetimes. It pickles (beat's schedule file stores it) when ``nowfun`` does.
+``CronSchedule("0 3 * * *", timezone="Europe/Paris")`` is a ``celery.schedules.crontab`` (so
+a ``BaseSchedule``) subclass: beat asks it ``is_due(last_run_at)`` and
+``remaining_estimate(last_run_at)``, and it reads the current time from ``now()``
+(``nowfun`` when given, else the app's clock), as Celery's own ``crontab`` does, so tests
+drive it with a frozen clock. Ticks are computed by croniter in the schedule's time zone, from
+tz-aware start times, and returned as aware UTC datetimes. It pickles (beat's schedule file
+stores it) when ``nowfun`` does.
+
+Schedulers that store schedules as data (celery-redbeat's JSON, django-celery-beat's rows) know
+only Celery's own classes, so :class:`CronSchedule` is a ``celery.schedules.crontab``: they
+store its crontab fields (``minute``, ``hour``, ``day_of_week``, ``day_of_month``,
+``month_of_year``) and later run a plain ``crontab`` of those fields in the app's time zone.
+Those fields are the closest crontab that fires at *every* tick of the expression: croniter's
+expansion of each field, and ``*`` for what a crontab cannot say (``L``, ``W``, a 6th
+(seconds) field, day-of-month OR day-of-week; every field when the schedule has a
+``timezone`` of its own). Such a scheduler may run a schedule more often, never less (the
+crontab applies Celery's own DST rules). A cron job's entry (:class:`CronTickSchedule`)
+stores ``* * * * *``: beat then asks every minute, and the outbox decides each tick in the
+database (see :mod:`celery_outbox.ticker`), with this module's time zone and DST rules.
 
 Meaning of an expression: croniter's (``croniter.croniter``, default options). Five fields,
 ``minute hour day-of-month month day-of-week``; names (``MON``, ``JAN``), ranges, lists and
@@ -33,7 +46,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from celery.schedules import BaseSchedule, schedstate
+from celery.schedules import crontab, schedstate
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
 from celery_outbox.errors import ConfigurationError
@@ -78,7 +91,7 @@ def zone_problem(name: object) -> str | None:
     return None
 
 
-class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type stubs
+class CronSchedule(crontab):  # type: ignore[misc]  # celery ships no type stubs
     """Fires at each tick of ``expression`` (5 fields; 6 with seconds) in ``timezone``.
 
     - ``expression``: a cron expression croniter accepts, e.g. ``"*/15 * * * *"``.
@@ -88,6 +101,10 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
 
     It keeps no state between calls: beat's persistent scheduler works on unpickled copies.
     Raises :class:`ConfigurationError` naming the bad expression or time zone.
+
+    As a ``crontab`` its fields are :meth:`stored_fields` (what RedBeat and django-celery-beat
+    store; every minute when ``timezone`` is given, as those read fields in the app's zone); its
+    own ``is_due`` and ``remaining_estimate`` use croniter, never those fields.
     """
 
     def __init__(
@@ -102,10 +119,22 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
             raise ConfigurationError(f"cron expression {expression!r} {problem}")
         if timezone is not None and zone_problem(timezone) is not None:
             raise ConfigurationError(f"unknown time zone {timezone!r}")
-        super().__init__(nowfun=nowfun, app=app)
+        fields = self.stored_fields(expression) if timezone is None else _EVERY_MINUTE
+        super().__init__(**fields, nowfun=nowfun, app=app)
         self.expression = expression
         self.timezone = timezone
         self.fixed_time = _fixed_time(expression)
+
+    @classmethod
+    def stored_fields(cls, expression: str) -> dict[str, str]:
+        """The crontab fields stored for ``expression`` by schedulers that store
+        ``celery.schedules.crontab`` fields: a crontab firing at least at each of its ticks.
+
+        ``{"minute": "0,30", "hour": "*", "day_of_week": "*", "day_of_month": "*",
+        "month_of_year": "*"}`` for ``"*/30 * * * *"``: numbers as Celery's crontab reads
+        them (Sunday is 0), ``*`` for a field it cannot express exactly.
+        """
+        return _superset_fields(expression)
 
     @property
     def zone(self) -> tzinfo:
@@ -157,19 +186,72 @@ class CronSchedule(BaseSchedule):  # type: ignore[misc]  # celery ships no type 
 
     def __repr__(self) -> str:
         zone = f", timezone={self.timezone!r}" if self.timezone else ""
-        return f"<CronSchedule {self.expression!r}{zone}>"
+        return f"<{type(self).__name__} {self.expression!r}{zone}>"
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, CronSchedule):
-            return (self.expression, self.timezone, self.nowfun) == (
-                other.expression, other.timezone, other.nowfun)
+            return (type(self), self.expression, self.timezone, self.nowfun) == (
+                type(other), other.expression, other.timezone, other.nowfun)
         return NotImplemented
 
     def __hash__(self) -> int:
         return hash((self.expression, self.timezone))
 
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (self.__class__, (self.expression, self.timezone, self.nowfun))
+
+
+class CronTickSchedule(CronSchedule):
+    """A cron job's beat entry: a :class:`CronSchedule` (same arguments, same ticks under
+    beat's default scheduler) whose stored crontab fields are ``* * * * *``.
+
+    A scheduler that stores crontab fields (RedBeat, django-celery-beat) runs the entry every
+    minute, in whatever time zone it uses; each run asks the outbox, which fires the latest
+    tick of the expression at most once (decided in the database), so the job's time zone,
+    DST rules and croniter's syntax all hold there too. A 5-field tick falls on a whole
+    minute, so it fires on time.
+    """
+
+    @classmethod
+    def stored_fields(cls, expression: str) -> dict[str, str]:
+        """Every field ``*``: every minute."""
+        return dict(_EVERY_MINUTE)
+
+
+_CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+_FIELD_SIZES = (60, 24, 31, 12, 7)
+_EVERY_MINUTE = dict.fromkeys(_CRONTAB_FIELDS, "*")
+
+
+def _superset_fields(expression: str) -> dict[str, str]:
+    """croniter's expansion of ``expression`` as crontab fields, ``*`` where a crontab would
+    fire less often than croniter (see :meth:`CronSchedule.stored_fields`)."""
+    every = dict(_EVERY_MINUTE)
+    try:
+        expanded = croniter.expand(expression)[0]
+    except (CroniterError, ValueError, KeyError):
+        return every
+    if len(expanded) > 5:
+        return every  # a seconds field: a crontab fires once a minute at most
+    fields = [_field(values, size) for values, size in zip(expanded, _FIELD_SIZES, strict=True)]
+    raw = expression.split()
+    if len(raw) == 5 and "w" in raw[2].lower():
+        fields[2] = "*"  # "15W": the weekday nearest the 15th
+    if fields[2] != "*" and fields[4] != "*":
+        fields[2] = fields[4] = "*"  # cron runs a day matching EITHER; a crontab needs both
+    return dict(zip(_CRONTAB_FIELDS, fields, strict=True))
+
+
+def _field(values: list[Any], size: int) -> str:
+    """One expanded croniter field as a crontab field: ``*``, or its numbers joined."""
+    if "*" in values or not all(isinstance(v, int) for v in values):
+        return "*"  # "*", or croniter's "l" (last day of the month)
+    numbers = sorted({int(v) % 7 if size == 7 else int(v) for v in values})
+    return "*" if len(numbers) >= size else ",".join(map(str, numbers))
 
 
 def _fixed_time(expression: str) -> bool:

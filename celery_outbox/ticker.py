@@ -3,9 +3,12 @@
 How a tick travels:
 
 1. ``Outbox`` adds one beat entry per cron job (``celery_outbox.cron:<job name>``, schedule a
-   :class:`~celery_outbox.cron.CronSchedule`, task ``celery_outbox.cron_tick``), through
+   :class:`~celery_outbox.cron.CronTickSchedule`, task ``celery_outbox.cron_tick``), through
    ``app.add_periodic_task`` as for the sweep and the trim, so the default beat scheduler and
-   its schedule file serve it like any entry.
+   its schedule file serve it like any entry. Schedulers that store entries as data
+   (celery-redbeat, django-celery-beat) store it as a ``* * * * *`` crontab: they fire it
+   every minute, and step 2 finds the tick; a firing with no new tick returns at once
+   (FIRED_ALREADY), from memory after the first time.
 2. When the entry is due, beat calls the task's ``apply_async``. That task does not publish a
    message: :meth:`CronTicker.fire` runs right there, in the beat process, so the tick is the
    latest tick at or before beat's own ``now()``, the instant every beat process agrees on.
@@ -46,7 +49,7 @@ from uuid import UUID, uuid4
 from celery import Celery, Task
 
 from celery_outbox.config import OutboxConfig
-from celery_outbox.cron import CronSchedule
+from celery_outbox.cron import CronSchedule, CronTickSchedule
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import ConfigurationError, StorageError
 from celery_outbox.registry import JobRegistry, JobSpec
@@ -116,6 +119,8 @@ class CronTicker:
         self.config = config
         self.dispatcher = dispatcher
         self.schedules: dict[str, CronSchedule] = {}
+        self.decided: dict[str, datetime] = {}
+        """Per job, a tick this process knows the database holds (it only moves forward)."""
 
     @property
     def window(self) -> timedelta:
@@ -132,7 +137,7 @@ class CronTicker:
         """
         if spec.cron is None:
             raise ConfigurationError(f"job {spec.name!r} is not a cron job")
-        schedule = CronSchedule(spec.cron, spec.timezone, app=app)
+        schedule = CronTickSchedule(spec.cron, spec.timezone, app=app)
         self.schedules[spec.name] = schedule
         name = ENTRY_PREFIX + spec.name
         app.add_periodic_task(schedule, app.signature(CRON_TASK, (spec.name,)), name=name)
@@ -154,6 +159,18 @@ class CronTicker:
             raise ConfigurationError(f"job {job_name!r} has no cron entry in this process")
         now = schedule.current() if now is None else _utc(now)
         tick = schedule.last_at_or_before(now)
+        known = self.decided.get(job_name)
+        if known is not None and known >= tick:
+            return TickResult(job_name, tick, TickOutcome.FIRED_ALREADY)
+        result = self._decide(spec, schedule, tick, now)
+        if result.outcome is not TickOutcome.UNAVAILABLE:
+            self.decided[job_name] = max(tick, known or tick)
+        return result
+
+    def _decide(self, spec: JobSpec, schedule: CronSchedule, tick: datetime, now: datetime
+                ) -> TickResult:
+        """fire()'s database part: the tick against the job's last tick, one transaction."""
+        job_name = spec.name
         try:
             previous = self.store.last_tick(job_name)
             if previous is not None and previous >= tick:
