@@ -20,6 +20,13 @@ again); ``worker_shutting_down`` starts the drain there (the solo and threads po
 handlers in the main process) and sends :data:`DRAIN_SIGNAL` to each prefork child, which
 starts its own drain; ``worker_process_shutdown`` lets a child's drain finish before the
 child exits.
+
+Every way a worker process ends flushes the publisher first (bounded by :data:`EXIT_FLUSH`),
+so ids handed over during a task (a retry's eta message, a push from a handler) are not lost
+with the process: a prefork child on ``worker_process_shutdown``, which billiard sends right
+before it ends the child with ``os._exit`` (after ``--max-tasks-per-child`` tasks, past
+``--max-memory-per-child``, at shutdown), where atexit never runs; the worker's main process
+on ``worker_shutdown`` (after its pool stopped), and atexit again after that.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from uuid import UUID
 
 from celery import signals as celery_signals
 
-from celery_outbox.dispatch import DispatchItem
+from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.interrupts import interrupt_main, main_thread_busy
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.store import Fence
@@ -54,6 +61,7 @@ SHUTDOWN = "worker shutdown"
 _RTMIN = getattr(signal, "SIGRTMIN", None)
 DRAIN_SIGNAL: int = _RTMIN + 2 if _RTMIN is not None else signal.SIGUSR2
 PUBLISH_WAIT = timedelta(seconds=5)
+EXIT_FLUSH = timedelta(seconds=10)
 _POLL = 0.05  # seconds between looks at the running handlers while draining
 
 _drains: weakref.WeakSet[Drain] = weakref.WeakSet()
@@ -86,16 +94,19 @@ class Drain:
         # Weak: an Outbox that is gone (tests make many) takes its drain's receivers along.
         celery_signals.worker_shutting_down.connect(self._on_shutting_down)
         celery_signals.worker_process_shutdown.connect(self._on_process_shutdown)
+        celery_signals.worker_shutdown.connect(self._on_process_shutdown)
 
     def _on_shutting_down(self, **_: Any) -> None:
         self.start()
         _signal_pool_children()
 
     def _on_process_shutdown(self, **_: Any) -> None:
+        """This process ends: let its drain finish, stop the heartbeat, flush the publisher."""
         thread = self._thread
         if thread is not None and self._pid == os.getpid():
             thread.join(self.timeout.total_seconds() + PUBLISH_WAIT.total_seconds())
         self.runner.heartbeat.stop()
+        flush_publisher(self.runner.dispatcher())
 
     # -- the drain --------------------------------------------------------------------------
 
@@ -159,6 +170,20 @@ class Drain:
             interrupt_main(SHUTDOWN)
         else:
             self.start()
+
+
+def flush_publisher(dispatcher: Dispatcher, timeout: timedelta = EXIT_FLUSH) -> bool:
+    """Wait up to ``timeout`` for ``dispatcher`` to publish what it was handed (a process is
+    about to end). True when nothing is left; otherwise logs what the sweep will do."""
+    try:
+        done = dispatcher.flush(timeout)
+    except Exception:
+        log.exception("celery_outbox: flushing the publisher at process exit failed")
+        done = False
+    if not done:
+        log.warning("celery_outbox: process ends with executions not yet published; "
+                    "the sweep will dispatch them")
+    return done
 
 
 def _on_drain_signal(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,177 @@
+"""How a worker process ends, end to end: real ``celery worker`` processes on Redis and
+PostgreSQL, with the deployment options people use.
+
+- ``--max-tasks-per-child``: ids a task publishes (a retry's eta message, a push from a
+  handler) go out before the pool child exits.
+- warm shutdown of ``-P threads`` and ``-P gevent`` workers: a row is handed back only once its
+  handler stopped; another worker never begins the same attempt meanwhile.
+- a global ``task_soft_time_limit`` / ``task_time_limit``: limits apply per execution, and
+  rows a killed child never began run at once.
+
+``stale_after`` is 10 minutes here (:mod:`tests.e2e.lifecycle_app`): a dispatch that was lost
+would not come back within any test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+import redis
+from sqlalchemy import select
+
+from celery_outbox import Outbox
+from celery_outbox.states import Status
+from tests import procs
+from tests.e2e.lifecycle_app import BEGUN, METADATA, RUNS, Step, build, life_step
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+def marker() -> str:
+    return f"l-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class Worker:
+    proc: Any
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Life:
+    """The test side of one broker + database + queue."""
+
+    broker: str
+    database_url: str
+    queue: str
+    outbox: Outbox
+    tmp: Path
+
+    def runs(self, mark: str) -> list[Any]:
+        with self.outbox.engine.connect() as conn:
+            return list(conn.execute(select(RUNS).where(RUNS.c.marker == mark)
+                                     .order_by(RUNS.c.id)))
+
+    def phases(self, mark: str) -> list[tuple[int, str]]:
+        return [(r.attempt, r.phase) for r in self.runs(mark)]
+
+    def wait_phase(self, mark: str, phase: str, attempt: int = 1, timeout: float = 20) -> Any:
+        def found() -> Any:
+            return next((r for r in self.runs(mark)
+                         if (r.phase, r.attempt) == (phase, attempt)), None)
+
+        return procs.wait_for(found, timeout, f"{mark} attempt {attempt} to {phase}")
+
+    def row(self, execution_id: UUID) -> dict[str, Any]:
+        found = self.outbox.store.get(execution_id)
+        assert found is not None
+        return found
+
+    def wait_status(self, execution_id: UUID, status: str, timeout: float = 20
+                    ) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            row = self.row(execution_id)
+            return row if row["status"] == status else None
+
+        return procs.wait_for(reached, timeout,  # type: ignore[return-value]
+                              f"{execution_id} to be {status}")
+
+    def begun(self, execution_id: UUID) -> list[tuple[int, int]]:
+        """(attempt, pid) of each BEGUN row of ``execution_id``."""
+        with self.outbox.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+                select(BEGUN.c.attempt, BEGUN.c.pid)
+                .where(BEGUN.c.execution_id == str(execution_id)))]
+
+    @contextmanager
+    def worker(self, name: str, *, pool: str = "prefork", concurrency: int = 1,
+               extra: Sequence[str] = (), drain_seconds: float = 30,
+               celery_conf: dict[str, Any] | None = None, publish_delay: float = 0
+               ) -> Iterator[Worker]:
+        """``celery -A tests.e2e.lifecycle_app worker`` while the block runs (stopped by PID)."""
+        env = {"LIFE_BROKER": self.broker, "LIFE_DB": self.database_url,
+               "LIFE_QUEUE": self.queue, "LIFE_DRAIN_SECONDS": str(drain_seconds),
+               "LIFE_CELERY_CONF": json.dumps(celery_conf or {}),
+               "LIFE_PUBLISH_DELAY": str(publish_delay)}
+        log = self.tmp / f"{name}.log"
+        with procs.celery_worker("tests.e2e.lifecycle_app", env, queues=self.queue, pool=pool,
+                                 concurrency=concurrency, log_path=log,
+                                 extra=("-n", f"{name}-{self.queue}@%h", *extra)) as proc:
+            worker = Worker(proc, log)
+
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"worker {name} exited ({proc.returncode}):\n"
+                                         f"{worker.text()[-3000:]}")
+                return " ready." in worker.text()
+
+            procs.wait_for(ready, 30, f"worker {name} to be ready")
+            yield worker
+
+
+@pytest.fixture
+def life(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[Life]:
+    queue = f"life-{uuid.uuid4().hex[:10]}"
+    _, outbox = build(redis_url, pg_url, queue)
+    outbox.create_schema()
+    METADATA.create_all(outbox.engine)
+    try:
+        yield Life(redis_url, pg_url, queue, outbox, tmp_path)
+    finally:
+        outbox.flush(timedelta(seconds=5))
+        outbox.engine.dispose()
+        client = redis.Redis.from_url(redis_url)
+        try:
+            for key in client.keys(f"{queue}*"):
+                client.delete(key)
+        finally:
+            client.close()
+
+
+def push(life: Life, step: Step) -> UUID:
+    return life.outbox.push_many(life_step.spec, [step])[0]
+
+
+# -- --max-tasks-per-child ------------------------------------------------------------------
+
+
+def test_max_tasks_per_child_publishes_a_push_from_the_handler_before_the_child_exits(
+    life: Life,
+) -> None:
+    """Each pool child runs one task and exits; what its handler pushed still runs at once,
+    though the broker takes 1.5 s to accept a publish (the child used to be ended first)."""
+    first, follow = marker(), marker()
+    with life.worker("recycle", extra=("--max-tasks-per-child=1",), publish_delay=1.5):
+        pushed = push(life, Step(marker=first, push_next=follow))
+        life.wait_status(pushed, Status.SUCCEEDED.value)
+        started = time.monotonic()
+        life.wait_phase(follow, "end", timeout=15)
+    assert time.monotonic() - started < 15  # not after stale_after (10 min)
+    assert life.phases(first) == [(1, "start"), (1, "end")]
+    assert life.phases(follow) == [(1, "start"), (1, "end")]
+
+
+def test_max_tasks_per_child_publishes_a_retry_eta_before_the_child_exits(life: Life) -> None:
+    """Attempt 1 fails; its retry (300 ms later, a message with an eta) is published by the
+    exiting child and runs in the next one; the broker takes 1.5 s to accept a publish."""
+    m = marker()
+    with life.worker("recycle-retry", extra=("--max-tasks-per-child=1",), publish_delay=1.5):
+        execution_id = push(life, Step(marker=m, fail_attempts=1))
+        life.wait_phase(m, "start", 1)
+        done = life.wait_status(execution_id, Status.SUCCEEDED.value, timeout=15)
+    assert done["attempt"] == 2
+    assert life.phases(m) == [(1, "start"), (2, "start"), (2, "end")]
+    assert len({r.pid for r in life.runs(m)}) == 2  # two pool children, one task each
