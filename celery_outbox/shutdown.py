@@ -7,10 +7,14 @@ waits for running tasks. In each process that runs handlers, :class:`Drain` then
    ``dispatch_chunk_size`` ids): they are not started, their rows go back to pending and are
    dispatched again, for another worker;
 2. waits up to ``drain_timeout`` for the running handlers to finish;
-3. hands back the rows of those still running (release: running -> pending, the attempt
-   does not count, dispatched at once), sets their ``ctx.cancelled`` (reason
-   ``"worker shutdown"``), and stops a handler still running on the main thread by raising
-   :class:`~celery_outbox.errors.ExecutionCancelled` into it. Its later writes are fenced out.
+3. sets ``ctx.cancelled`` (reason ``"worker shutdown"``) of the handlers still running, and
+   stops one running on the main thread (the prefork and solo pools) by raising
+   :class:`~celery_outbox.errors.ExecutionCancelled` into it;
+4. hands back each of those rows once its handler has stopped (release: running -> pending,
+   the attempt does not count, dispatched at once), unless the runner recorded an outcome.
+   Until then the row stays held and heartbeated: a handler on another thread or greenlet
+   (the threads, gevent and eventlet pools) cannot be interrupted, and another worker must
+   not begin the same attempt while it still runs.
 
 So a stopped worker's executions run again within seconds, not after a whole lease.
 
@@ -102,9 +106,7 @@ class Drain:
 
     def _on_process_shutdown(self, **_: Any) -> None:
         """This process ends: let its drain finish, stop the heartbeat, flush the publisher."""
-        thread = self._thread
-        if thread is not None and self._pid == os.getpid():
-            thread.join(self.timeout.total_seconds() + PUBLISH_WAIT.total_seconds())
+        self.wait(self.timeout + PUBLISH_WAIT)
         self.runner.heartbeat.stop()
         flush_publisher(self.runner.dispatcher())
 
@@ -122,6 +124,15 @@ class Drain:
             self._thread.start()
             return True
 
+    def wait(self, timeout: timedelta) -> bool:
+        """Wait up to ``timeout`` for this process's drain to finish. True when it has (or
+        never began)."""
+        thread = self._thread
+        if thread is None or self._pid != os.getpid():
+            return True
+        thread.join(timeout.total_seconds())
+        return not thread.is_alive()
+
     def run(self) -> list[UUID]:
         """Drain now in the calling thread (steps 1 to 3). Returns the ids handed back."""
         running = {ctx.execution_id for ctx in self.runner.running()}
@@ -134,16 +145,44 @@ class Drain:
             time.sleep(_POLL)
         self.expired = True
         left = self.runner.heartbeat.held()
-        handed += self._hand_back(left)
         for fence in left:
             self.runner.cancel_local(fence.id, SHUTDOWN)
-            self.runner.heartbeat.drop(fence.id)
         main = threading.main_thread().ident
         if left and main_thread_busy() and main is not None:
             signal.pthread_kill(main, DRAIN_SIGNAL)  # -> on_signal -> interrupt_main
+        handed += self._hand_back_once_stopped(left)
         if handed:
             log.warning("celery_outbox: worker shutdown handed back %d execution(s) "
                         "(pending again, dispatched at once)", len(handed))
+        return handed
+
+    def _hand_back_once_stopped(self, fences: list[Fence]) -> list[UUID]:
+        """Hand back each of ``fences`` once no handler of this process runs it any more.
+
+        A handler that cannot be interrupted (any thread but the main one: the threads,
+        gevent and eventlet pools) keeps its row, heartbeated, until it returns: another
+        worker must not begin the same attempt meanwhile. Its outcome is then recorded by the
+        runner as usual; the row is handed back only when the runner wrote none (the handler
+        stopped on the cancel), since the release is fenced. If the process dies first, the
+        lease expires and the rescuer takes the row.
+        """
+        handed: list[UUID] = []
+        left = list(fences)
+        announced = False
+        while left:
+            running = {ctx.execution_id for ctx in self.runner.running()}
+            stopped = [f for f in left if f.id not in running]
+            left = [f for f in left if f.id in running]
+            for fence in stopped:  # first, so the runner does not start a waiting one
+                self.runner.heartbeat.drop(fence.id)
+            handed += self._hand_back(stopped)
+            if left and not announced:
+                announced = True
+                log.warning("celery_outbox: worker shutdown waits for %d handler(s) still "
+                            "running past drain_timeout (ctx.cancelled is set); their rows "
+                            "stay held until they return", len(left))
+            if left:
+                time.sleep(_POLL)
         return handed
 
     def _hand_back(self, fences: list[Fence]) -> list[UUID]:

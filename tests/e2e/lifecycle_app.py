@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -61,13 +62,15 @@ RETRY = RetryPolicy(retries=1, backoff=timedelta(milliseconds=300), jitter=False
 
 class Step(BaseModel):
     """What a handler does: record ``start`` (and its BEGUN row when ``unique``); for
-    ``busy_seconds``, keep busy without looking at ``ctx.cancelled`` (a soft time limit is
-    recorded as ``soft-limit`` and ends it); push a ``life.step`` marked ``push_next``; fail on
-    attempts up to ``fail_attempts``; raise if cancelled when ``obey_cancel``; record ``end``."""
+    ``busy_seconds``, and until the file ``hold`` exists, keep busy without looking at
+    ``ctx.cancelled`` (a soft time limit is recorded as ``soft-limit`` and ends it); push a
+    ``life.step`` marked ``push_next``; fail on attempts up to ``fail_attempts``; when
+    ``obey_cancel`` and cancelled, record ``cancelled`` and raise; record ``end``."""
 
     marker: str
     unique: bool = True
     busy_seconds: float = 0.0
+    hold: str | None = None
     push_next: str | None = None
     fail_attempts: int = 0
     obey_cancel: bool = False
@@ -102,7 +105,7 @@ def body(ctx: JobContext[Step]) -> None:
         begin(ctx)
     deadline = time.monotonic() + step.busy_seconds
     try:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or (step.hold and not Path(step.hold).exists()):
             time.sleep(0.05)  # deaf to ctx.cancelled
     except SoftTimeLimitExceeded:
         record(ctx, "soft-limit")
@@ -111,7 +114,8 @@ def body(ctx: JobContext[Step]) -> None:
         life_step.push(Step(marker=step.push_next))
     if ctx.attempt <= step.fail_attempts:
         raise RuntimeError(f"planned failure on attempt {ctx.attempt}")
-    if step.obey_cancel:
+    if step.obey_cancel and ctx.cancelled.is_set():
+        record(ctx, "cancelled")
         ctx.raise_if_cancelled()
     record(ctx, "end")
 

@@ -15,6 +15,8 @@ would not come back within any test.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -32,7 +34,7 @@ from sqlalchemy import select
 from celery_outbox import Outbox
 from celery_outbox.states import Status
 from tests import procs
-from tests.e2e.lifecycle_app import BEGUN, METADATA, RUNS, Step, build, life_step
+from tests.e2e.lifecycle_app import BEGUN, LEASE, METADATA, RUNS, Step, build, life_step
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -175,3 +177,73 @@ def test_max_tasks_per_child_publishes_a_retry_eta_before_the_child_exits(life: 
     assert done["attempt"] == 2
     assert life.phases(m) == [(1, "start"), (2, "start"), (2, "end")]
     assert len({r.pid for r in life.runs(m)}) == 2  # two pool children, one task each
+
+
+# -- warm shutdown of pools whose handlers cannot be interrupted -----------------------------
+
+
+DRAIN = 1.0  # seconds: the stopping worker's drain_timeout
+
+
+def stop_warm(worker: Worker) -> None:
+    """SIGTERM to the worker's main process (warm shutdown); wait until it says so."""
+    os.kill(worker.proc.pid, signal.SIGTERM)
+    procs.wait_for(lambda: "Warm shutdown" in worker.text(), 10, "the warm shutdown to begin")
+
+
+def hold_on(life: Life, execution_id: UUID, holder: str, seconds: float) -> None:
+    """For ``seconds`` (well past the drain), the row stays running under ``holder``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        row = life.row(execution_id)
+        assert (row["status"], row["claimed_by"]) == (Status.RUNNING.value, holder), (
+            f"handed back while its handler still runs: {row['status']}, {row['claimed_by']}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_warm_shutdown_keeps_a_row_whose_handler_ignores_the_cancel_until_it_returns(
+    life: Life, pool: str
+) -> None:
+    """The handler ignores ctx.cancelled past drain_timeout; another worker is running. The
+    row stays with the stopping worker (heartbeated) until its handler returns, and its
+    outcome is recorded: no other worker begins that attempt."""
+    m, hold = marker(), life.tmp / "hold"
+    with life.worker(f"stopping-{pool}", pool=pool, concurrency=2,
+                     drain_seconds=DRAIN) as stopping:
+        execution_id = push(life, Step(marker=m, hold=str(hold)))
+        life.wait_phase(m, "start")
+        holder = life.row(execution_id)["claimed_by"]
+        with life.worker("other", concurrency=1):
+            stop_warm(stopping)
+            hold_on(life, execution_id, holder, DRAIN + LEASE.total_seconds())
+            hold.touch()
+            done = life.wait_status(execution_id, Status.SUCCEEDED.value)
+            stopping.proc.wait(15)
+    assert life.phases(m) == [(1, "start"), (1, "end")]
+    assert life.begun(execution_id) == [(1, life.runs(m)[0].pid)]
+    assert (done["attempt"], done["claimed_by"]) == (1, holder)
+
+
+def test_warm_shutdown_hands_back_a_row_only_once_its_handler_stopped(life: Life) -> None:
+    """The handler sees the cancel only once it is done being busy, and stops: the row is
+    handed back then, not at drain_timeout, and the other worker begins it after that."""
+    m, hold = marker(), life.tmp / "hold"
+    with life.worker("stopping", pool="threads", concurrency=2,
+                     drain_seconds=DRAIN) as stopping:
+        execution_id = push(life, Step(marker=m, hold=str(hold), unique=False,
+                                       obey_cancel=True))
+        first = life.wait_phase(m, "start")
+        holder = life.row(execution_id)["claimed_by"]
+        with life.worker("other", concurrency=1):
+            stop_warm(stopping)
+            hold_on(life, execution_id, holder, DRAIN + 2)
+            hold.touch()
+            stopped = life.wait_phase(m, "cancelled")
+            stopping.proc.wait(15)
+            procs.wait_for(lambda: len(life.runs(m)) >= 4, 20, "the other worker's run")
+    runs = life.runs(m)
+    assert [r.phase for r in runs] == ["start", "cancelled", "start", "end"]
+    assert runs[2].pid != first.pid
+    assert runs[2].at >= stopped.at  # begun only after the first handler stopped
+    assert life.row(execution_id)["status"] == Status.SUCCEEDED.value
