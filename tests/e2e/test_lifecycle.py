@@ -34,7 +34,16 @@ from sqlalchemy import select
 from celery_outbox import Outbox
 from celery_outbox.states import Status
 from tests import procs
-from tests.e2e.lifecycle_app import BEGUN, LEASE, METADATA, RUNS, Step, build, life_step
+from tests.e2e.lifecycle_app import (
+    BEGUN,
+    LEASE,
+    METADATA,
+    RUNS,
+    Step,
+    build,
+    life_step,
+    life_timed,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -247,3 +256,54 @@ def test_warm_shutdown_hands_back_a_row_only_once_its_handler_stopped(life: Life
     assert runs[2].pid != first.pid
     assert runs[2].at >= stopped.at  # begun only after the first handler stopped
     assert life.row(execution_id)["status"] == Status.SUCCEEDED.value
+
+
+# -- global time limits apply per execution --------------------------------------------------
+
+
+def push_batch(life: Life, job: Any, steps: Sequence[Step]) -> list[UUID]:
+    """push_many: the ids go out together, in one message (up to dispatch_chunk_size)."""
+    return life.outbox.push_many(job.spec, list(steps))
+
+
+def test_a_global_soft_time_limit_applies_to_each_execution_of_a_message(life: Life) -> None:
+    """task_soft_time_limit 1.5 s; one message of three executions of 1 s each: none is
+    charged the time of the others."""
+    marks = [marker() for _ in range(3)]
+    with life.worker("soft", concurrency=2, celery_conf={"task_soft_time_limit": 1.5}):
+        ids = push_batch(life, life_step, [Step(marker=m, busy_seconds=1.0) for m in marks])
+        for execution_id in ids:
+            life.wait_status(execution_id, Status.SUCCEEDED.value)
+    for execution_id, m in zip(ids, marks, strict=True):
+        assert life.phases(m) == [(1, "start"), (1, "end")]
+        assert life.row(execution_id)["attempt"] == 1
+
+
+def test_a_jobs_own_timeout_governs_it_under_a_smaller_global_limit(life: Life) -> None:
+    """life.timed has a 2 s timeout; the worker's global soft limit is 1 s and its hard limit
+    3 s: executions of 1.5 s each run to the end (one message of two)."""
+    marks = [marker() for _ in range(2)]
+    conf = {"task_soft_time_limit": 1, "task_time_limit": 3}
+    with life.worker("own-timeout", concurrency=2, celery_conf=conf):
+        ids = push_batch(life, life_timed, [Step(marker=m, busy_seconds=1.5) for m in marks])
+        for execution_id in ids:
+            life.wait_status(execution_id, Status.SUCCEEDED.value)
+    for m in marks:
+        assert life.phases(m) == [(1, "start"), (1, "end")]
+
+
+def test_a_global_hard_time_limit_loses_only_the_running_execution(life: Life) -> None:
+    """task_time_limit 2 s kills the child running the first of three executions (busy 30 s);
+    the two others of its message run at once, not after a lease and a sweep."""
+    marks = [marker() for _ in range(3)]
+    steps = [Step(marker=marks[0], busy_seconds=30), *(Step(marker=m) for m in marks[1:])]
+    with life.worker("hard", concurrency=2, celery_conf={"task_time_limit": 2}) as worker:
+        ids = push_batch(life, life_step, steps)
+        started = time.monotonic()
+        for execution_id in ids[1:]:
+            life.wait_status(execution_id, Status.SUCCEEDED.value, timeout=15)
+        assert time.monotonic() - started < 15
+        procs.wait_for(lambda: "Hard time limit" in worker.text(), 10, "the hard time limit")
+    assert life.phases(marks[0]) == [(1, "start")]  # killed: rescued when its lease expires
+    for m in marks[1:]:
+        assert life.phases(m) == [(1, "start"), (1, "end")]
