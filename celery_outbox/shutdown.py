@@ -135,10 +135,17 @@ class Drain:
 
     def run(self) -> list[UUID]:
         """Drain now in the calling thread (steps 1 to 3). Returns the ids handed back."""
+        heartbeat = self.runner.heartbeat
         running = {ctx.execution_id for ctx in self.runner.running()}
-        waiting = [f for f in self.runner.heartbeat.held() if f.id not in running]
+        waiting = [f for f in heartbeat.held() if f.id not in running]
         for fence in waiting:  # first, so the runner does not start them
-            self.runner.heartbeat.drop(fence.id)
+            heartbeat.warn(fence.id)
+        # One the runner began meanwhile (it checks ctx.cancelled and registers the handler
+        # under one lock) is running now: it waits for its handler like the others.
+        running = {ctx.execution_id for ctx in self.runner.running()}
+        waiting = [f for f in waiting if f.id not in running]
+        for fence in waiting:
+            heartbeat.drop(fence.id)
         handed = self._hand_back(waiting)
         deadline = time.monotonic() + self.timeout.total_seconds()
         while self.runner.running() and time.monotonic() < deadline:
