@@ -159,13 +159,15 @@ def push(life: Life, step: Step) -> UUID:
 # -- --max-tasks-per-child ------------------------------------------------------------------
 
 
-def test_max_tasks_per_child_publishes_a_push_from_the_handler_before_the_child_exits(
-    life: Life,
+@pytest.mark.parametrize("recycle", ["--max-tasks-per-child=1", "--max-memory-per-child=1"])
+def test_a_recycled_child_publishes_a_push_from_its_handler_before_it_exits(
+    life: Life, recycle: str,
 ) -> None:
-    """Each pool child runs one task and exits; what its handler pushed still runs at once,
-    though the broker takes 1.5 s to accept a publish (the child used to be ended first)."""
+    """Each pool child runs one task and exits (after one task, or past 1 KiB of memory);
+    what its handler pushed still runs at once, though the broker takes 1.5 s to accept a
+    publish (the child used to be ended first)."""
     first, follow = marker(), marker()
-    with life.worker("recycle", extra=("--max-tasks-per-child=1",), publish_delay=1.5):
+    with life.worker("recycle", extra=(recycle,), publish_delay=1.5):
         pushed = push(life, Step(marker=first, push_next=follow))
         life.wait_status(pushed, Status.SUCCEEDED.value)
         started = time.monotonic()
@@ -175,7 +177,7 @@ def test_max_tasks_per_child_publishes_a_push_from_the_handler_before_the_child_
     assert life.phases(follow) == [(1, "start"), (1, "end")]
 
 
-def test_max_tasks_per_child_publishes_a_retry_eta_before_the_child_exits(life: Life) -> None:
+def test_a_recycled_child_publishes_a_retry_eta_before_it_exits(life: Life) -> None:
     """Attempt 1 fails; its retry (300 ms later, a message with an eta) is published by the
     exiting child and runs in the next one; the broker takes 1.5 s to accept a publish."""
     m = marker()
