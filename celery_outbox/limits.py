@@ -73,9 +73,10 @@ def per_execution(spec: JobSpec, limits: TimeLimits) -> TimeLimits:
 
 @dataclass(frozen=True)
 class Split:
-    """What one message does: ``run`` these ids here; ``again`` went out once more, alone."""
+    """What one message does: ``run`` these ids here (what the message carried, when it is
+    malformed); ``again`` went out once more, alone."""
 
-    run: list[Any]
+    run: Any
     again: list[DispatchItem]
 
 
@@ -90,7 +91,7 @@ def split(
     reports on (an unknown job, ids that are no list).
     """
     if not isinstance(ids, (list, tuple)) or not isinstance(job_name, str):
-        return Split(list(ids) if isinstance(ids, (list, tuple)) else ids, [])  # type: ignore[arg-type]
+        return Split(ids, [])  # the runner reports it
     spec = registry.jobs.get(job_name)
     limits = in_effect(task)
     if spec is None or (limits.hard is None and limits.soft is None):
