@@ -134,7 +134,7 @@ class Drain:
         return not thread.is_alive()
 
     def run(self) -> list[UUID]:
-        """Drain now in the calling thread (steps 1 to 3). Returns the ids handed back."""
+        """Drain now in the calling thread (steps 1 to 4). Returns the ids handed back."""
         heartbeat = self.runner.heartbeat
         running = {ctx.execution_id for ctx in self.runner.running()}
         waiting = [f for f in heartbeat.held() if f.id not in running]
