@@ -39,6 +39,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -101,7 +102,7 @@ class Drain:
         celery_signals.worker_shutdown.connect(self._on_process_shutdown)
 
     def _on_shutting_down(self, **_: Any) -> None:
-        self.start()
+        _call_soon(self.start)
         _signal_pool_children()
 
     def _on_process_shutdown(self, **_: Any) -> None:
@@ -245,6 +246,21 @@ def _install_handler(**_: Any) -> None:
         log.warning("celery_outbox: CELERY_RDBSIG is set; graceful drain signal not installed")
         return
     signal.signal(DRAIN_SIGNAL, _on_drain_signal)
+
+
+def _call_soon(fn: Callable[[], object]) -> None:
+    """Call ``fn`` now; under gevent or eventlet monkey patching, in a green thread of its own:
+    there Celery's signal handlers run in the event loop, which must not wait (starting a
+    thread waits for it to start)."""
+    gevent_monkey: Any = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
+        sys.modules["gevent"].spawn(fn)
+        return
+    eventlet_patcher: Any = sys.modules.get("eventlet.patcher")
+    if eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("thread"):
+        sys.modules["eventlet"].spawn_n(fn)
+        return
+    fn()
 
 
 def _signal_pool_children() -> None:

@@ -212,7 +212,7 @@ def hold_on(life: Life, execution_id: UUID, holder: str, seconds: float) -> None
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("pool", ["threads", "gevent"])
+@pytest.mark.parametrize("pool", ["threads", "gevent", "eventlet"])
 def test_warm_shutdown_keeps_a_row_whose_handler_ignores_the_cancel_until_it_returns(
     life: Life, pool: str
 ) -> None:
@@ -231,6 +231,8 @@ def test_warm_shutdown_keeps_a_row_whose_handler_ignores_the_cancel_until_it_ret
             hold.touch()
             done = life.wait_status(execution_id, Status.SUCCEEDED.value)
             stopping.proc.wait(15)
+        assert "Traceback" not in stopping.text()  # the drain starts in every pool
+        assert "worker shutdown waits for 1 handler(s)" in stopping.text()
     assert life.phases(m) == [(1, "start"), (1, "end")]
     assert life.begun(execution_id) == [(1, life.runs(m)[0].pid)]
     assert (done["attempt"], done["claimed_by"]) == (1, holder)
