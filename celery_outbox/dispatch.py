@@ -5,7 +5,8 @@
 - :class:`CeleryDispatcher` publishes from one background thread per process, so the caller's
   commit never waits on the broker. Whatever has queued up meanwhile goes out together: ids of
   one job, priority and eta share a message (up to ``dispatch_chunk_size`` ids each), so a batch
-  of 10,000 pushes costs a few hundred publishes, not 10,000. A failed publish is logged, never
+  of 10,000 pushes costs a few hundred publishes, not 10,000 (an item with ``limits`` goes
+  out alone, with its own Celery time limits). A failed publish is logged, never
   raised; the rows stay pending and the sweep dispatches them again after ``stale_after``.
 - :class:`InlineDispatcher` runs executions in the calling thread, for tests and eager mode.
 - :func:`defer_to_commit` queues a dispatch on the caller's Session or Connection: it goes out
@@ -49,13 +50,28 @@ _MAX_DRAIN = 20_000
 
 
 @dataclass(frozen=True)
+class TimeLimits:
+    """Celery time limits of one message, in seconds: ``hard`` (``time_limit``: the pool
+    kills the process) and ``soft`` (``soft_time_limit``: ``SoftTimeLimitExceeded`` is raised
+    in the task). None: the worker's own limit applies."""
+
+    hard: float | None = None
+    soft: float | None = None
+
+
+@dataclass(frozen=True)
 class DispatchItem:
-    """One execution to publish: its id, job, priority (0..3) and optional ``eta``."""
+    """One execution to publish: its id, job, priority (0..3) and optional ``eta``.
+
+    ``limits``: when set, the id goes out in a message of its own, carrying these time limits
+    (``TimeLimits()``: a message of its own under the worker's limits).
+    """
 
     execution_id: UUID
     job_name: str
     priority: int
     eta: datetime | None = None
+    limits: TimeLimits | None = None
 
 
 class Dispatcher(Protocol):
@@ -215,16 +231,19 @@ class CeleryDispatcher:
         Ids of one (job, priority, eta) share messages of up to ``chunk_size`` ids. A failing
         group is logged with its count and first ids, and the others still go out.
         """
-        groups: dict[tuple[str, int, datetime | None], list[str]] = defaultdict(list)
+        groups: dict[tuple[str, int, datetime | None, TimeLimits | None], list[str]] = (
+            defaultdict(list))
         for item in items:
-            groups[(item.job_name, item.priority, item.eta)].append(str(item.execution_id))
+            key = (item.job_name, item.priority, item.eta, item.limits)
+            groups[key].append(str(item.execution_id))
         task = self.app.tasks[RUN_TASK]
         published = 0
         with self.app.producer_or_acquire() as producer:
-            for (job_name, priority, eta), ids in groups.items():
-                options = self._options(job_name, priority, eta)
-                for start in range(0, len(ids), self.chunk_size):
-                    chunk = ids[start : start + self.chunk_size]
+            for (job_name, priority, eta, limits), ids in groups.items():
+                options = self._options(job_name, priority, eta, limits)
+                size = self.chunk_size if limits is None else 1
+                for start in range(0, len(ids), size):
+                    chunk = ids[start : start + size]
                     try:
                         task.apply_async(
                             args=(job_name, chunk), producer=producer, **options,
@@ -239,7 +258,10 @@ class CeleryDispatcher:
                         break
         return published
 
-    def _options(self, job_name: str, priority: int, eta: datetime | None) -> dict[str, Any]:
+    def _options(
+        self, job_name: str, priority: int, eta: datetime | None,
+        limits: TimeLimits | None = None,
+    ) -> dict[str, Any]:
         options: dict[str, Any] = {
             "priority": self._broker_priority(priority),
             "retry": self.publish_retries > 0,
@@ -255,6 +277,10 @@ class CeleryDispatcher:
             options["queue"] = spec.queue
         if eta is not None:
             options["eta"] = eta
+        if limits is not None and limits.hard is not None:
+            options["time_limit"] = limits.hard
+        if limits is not None and limits.soft is not None:
+            options["soft_time_limit"] = limits.soft
         return options
 
     def _broker_priority(self, priority: int) -> int:

@@ -76,6 +76,16 @@ class Heartbeat:
         held.on_lost()
         return True
 
+    def warn(self, execution_id: UUID) -> bool:
+        """Fire ``execution_id``'s ``on_lost`` now (its handler's ``ctx.cancelled`` is set)
+        but keep renewing its lease. True when it was held."""
+        with self._lock:
+            held = self._held.get(execution_id)
+        if held is None:
+            return False
+        held.on_lost()
+        return True
+
     def held(self) -> list[Fence]:
         """The fences currently held by this process."""
         with self._lock:

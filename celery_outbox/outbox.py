@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, MetaData
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from celery_outbox import signals
+from celery_outbox import limits, signals
 from celery_outbox.admin import OutboxAdmin
 from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.dispatch import (
@@ -132,10 +132,12 @@ class Outbox:
         runner = self.runner
 
         @self.app.task(  # type: ignore[untyped-decorator]
-            name=RUN_TASK, ignore_result=True, shared=False, acks_late=False
+            name=RUN_TASK, ignore_result=True, shared=False, acks_late=False, bind=True
         )
-        def run(job_name: str, ids: list[str]) -> None:
-            runner.run(job_name, ids)
+        def run(task: Any, job_name: str, ids: list[str]) -> None:
+            # Under a Celery time limit, one execution per message (celery_outbox.limits).
+            runner.run(job_name, limits.split(task, runner.registry, runner.dispatcher(),
+                                              job_name, ids).run)
 
         self.run_task = run
 
@@ -147,6 +149,7 @@ class Outbox:
             engine.dispose(close=False)
 
         celery_signals.worker_process_init.connect(after_fork, weak=False)
+        celery_signals.worker_init.connect(limits.on_worker_init, weak=False)
         self._after_fork = after_fork
 
     def _install_maintenance(self) -> None:

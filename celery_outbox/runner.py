@@ -203,11 +203,13 @@ class Runner:
         """Run one claimed execution and record its outcome; ``following`` is the next row of
         the same claim, marked started by that outcome write (or on its own, when there is
         none to write)."""
-        if ctx.cancelled.is_set():
+        with self._contexts_lock:  # one step: a shutdown drain sees it running, or it never runs
+            cancelled = ctx.cancelled.is_set()
+            if not cancelled:
+                self._contexts[row.id] = ctx
+        if cancelled:
             self._start(following)
             return _Outcome(None)
-        with self._contexts_lock:
-            self._contexts[row.id] = ctx
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
         started = self.clock()

@@ -7,10 +7,14 @@ waits for running tasks. In each process that runs handlers, :class:`Drain` then
    ``dispatch_chunk_size`` ids): they are not started, their rows go back to pending and are
    dispatched again, for another worker;
 2. waits up to ``drain_timeout`` for the running handlers to finish;
-3. hands back the rows of those still running (release: running -> pending, the attempt
-   does not count, dispatched at once), sets their ``ctx.cancelled`` (reason
-   ``"worker shutdown"``), and stops a handler still running on the main thread by raising
-   :class:`~celery_outbox.errors.ExecutionCancelled` into it. Its later writes are fenced out.
+3. sets ``ctx.cancelled`` (reason ``"worker shutdown"``) of the handlers still running, and
+   stops one running on the main thread (the prefork and solo pools) by raising
+   :class:`~celery_outbox.errors.ExecutionCancelled` into it;
+4. hands back each of those rows once its handler has stopped (release: running -> pending,
+   the attempt does not count, dispatched at once), unless the runner recorded an outcome.
+   Until then the row stays held and heartbeated: a handler on another thread or greenlet
+   (the threads, gevent and eventlet pools) cannot be interrupted, and another worker must
+   not begin the same attempt while it still runs.
 
 So a stopped worker's executions run again within seconds, not after a whole lease.
 
@@ -20,6 +24,13 @@ again); ``worker_shutting_down`` starts the drain there (the solo and threads po
 handlers in the main process) and sends :data:`DRAIN_SIGNAL` to each prefork child, which
 starts its own drain; ``worker_process_shutdown`` lets a child's drain finish before the
 child exits.
+
+Every way a worker process ends flushes the publisher first (bounded by :data:`EXIT_FLUSH`),
+so ids handed over during a task (a retry's eta message, a push from a handler) are not lost
+with the process: a prefork child on ``worker_process_shutdown``, which billiard sends right
+before it ends the child with ``os._exit`` (after ``--max-tasks-per-child`` tasks, past
+``--max-memory-per-child``, at shutdown), where atexit never runs; the worker's main process
+on ``worker_shutdown`` (after its pool stopped), and atexit again after that.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -39,7 +51,7 @@ from uuid import UUID
 
 from celery import signals as celery_signals
 
-from celery_outbox.dispatch import DispatchItem
+from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.interrupts import interrupt_main, main_thread_busy
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.store import Fence
@@ -54,6 +66,7 @@ SHUTDOWN = "worker shutdown"
 _RTMIN = getattr(signal, "SIGRTMIN", None)
 DRAIN_SIGNAL: int = _RTMIN + 2 if _RTMIN is not None else signal.SIGUSR2
 PUBLISH_WAIT = timedelta(seconds=5)
+EXIT_FLUSH = timedelta(seconds=10)
 _POLL = 0.05  # seconds between looks at the running handlers while draining
 
 _drains: weakref.WeakSet[Drain] = weakref.WeakSet()
@@ -86,16 +99,17 @@ class Drain:
         # Weak: an Outbox that is gone (tests make many) takes its drain's receivers along.
         celery_signals.worker_shutting_down.connect(self._on_shutting_down)
         celery_signals.worker_process_shutdown.connect(self._on_process_shutdown)
+        celery_signals.worker_shutdown.connect(self._on_process_shutdown)
 
     def _on_shutting_down(self, **_: Any) -> None:
-        self.start()
+        _call_soon(self.start)
         _signal_pool_children()
 
     def _on_process_shutdown(self, **_: Any) -> None:
-        thread = self._thread
-        if thread is not None and self._pid == os.getpid():
-            thread.join(self.timeout.total_seconds() + PUBLISH_WAIT.total_seconds())
+        """This process ends: let its drain finish, stop the heartbeat, flush the publisher."""
+        self.wait(self.timeout + PUBLISH_WAIT)
         self.runner.heartbeat.stop()
+        flush_publisher(self.runner.dispatcher())
 
     # -- the drain --------------------------------------------------------------------------
 
@@ -111,28 +125,72 @@ class Drain:
             self._thread.start()
             return True
 
+    def wait(self, timeout: timedelta) -> bool:
+        """Wait up to ``timeout`` for this process's drain to finish. True when it has (or
+        never began)."""
+        thread = self._thread
+        if thread is None or self._pid != os.getpid():
+            return True
+        thread.join(timeout.total_seconds())
+        return not thread.is_alive()
+
     def run(self) -> list[UUID]:
-        """Drain now in the calling thread (steps 1 to 3). Returns the ids handed back."""
+        """Drain now in the calling thread (steps 1 to 4). Returns the ids handed back."""
+        heartbeat = self.runner.heartbeat
         running = {ctx.execution_id for ctx in self.runner.running()}
-        waiting = [f for f in self.runner.heartbeat.held() if f.id not in running]
+        waiting = [f for f in heartbeat.held() if f.id not in running]
         for fence in waiting:  # first, so the runner does not start them
-            self.runner.heartbeat.drop(fence.id)
+            heartbeat.warn(fence.id)
+        # One the runner began meanwhile (it checks ctx.cancelled and registers the handler
+        # under one lock) is running now: it waits for its handler like the others.
+        running = {ctx.execution_id for ctx in self.runner.running()}
+        waiting = [f for f in waiting if f.id not in running]
+        for fence in waiting:
+            heartbeat.drop(fence.id)
         handed = self._hand_back(waiting)
         deadline = time.monotonic() + self.timeout.total_seconds()
         while self.runner.running() and time.monotonic() < deadline:
             time.sleep(_POLL)
         self.expired = True
         left = self.runner.heartbeat.held()
-        handed += self._hand_back(left)
         for fence in left:
             self.runner.cancel_local(fence.id, SHUTDOWN)
-            self.runner.heartbeat.drop(fence.id)
         main = threading.main_thread().ident
         if left and main_thread_busy() and main is not None:
             signal.pthread_kill(main, DRAIN_SIGNAL)  # -> on_signal -> interrupt_main
+        handed += self._hand_back_once_stopped(left)
         if handed:
             log.warning("celery_outbox: worker shutdown handed back %d execution(s) "
                         "(pending again, dispatched at once)", len(handed))
+        return handed
+
+    def _hand_back_once_stopped(self, fences: list[Fence]) -> list[UUID]:
+        """Hand back each of ``fences`` once no handler of this process runs it any more.
+
+        A handler that cannot be interrupted (any thread but the main one: the threads,
+        gevent and eventlet pools) keeps its row, heartbeated, until it returns: another
+        worker must not begin the same attempt meanwhile. Its outcome is then recorded by the
+        runner as usual; the row is handed back only when the runner wrote none (the handler
+        stopped on the cancel), since the release is fenced. If the process dies first, the
+        lease expires and the rescuer takes the row.
+        """
+        handed: list[UUID] = []
+        left = list(fences)
+        announced = False
+        while left:
+            running = {ctx.execution_id for ctx in self.runner.running()}
+            stopped = [f for f in left if f.id not in running]
+            left = [f for f in left if f.id in running]
+            for fence in stopped:  # first, so the runner does not start a waiting one
+                self.runner.heartbeat.drop(fence.id)
+            handed += self._hand_back(stopped)
+            if left and not announced:
+                announced = True
+                log.warning("celery_outbox: worker shutdown waits for %d handler(s) still "
+                            "running past drain_timeout (ctx.cancelled is set); their rows "
+                            "stay held until they return", len(left))
+            if left:
+                time.sleep(_POLL)
         return handed
 
     def _hand_back(self, fences: list[Fence]) -> list[UUID]:
@@ -161,6 +219,20 @@ class Drain:
             self.start()
 
 
+def flush_publisher(dispatcher: Dispatcher, timeout: timedelta = EXIT_FLUSH) -> bool:
+    """Wait up to ``timeout`` for ``dispatcher`` to publish what it was handed (a process is
+    about to end). True when nothing is left; otherwise logs what the sweep will do."""
+    try:
+        done = dispatcher.flush(timeout)
+    except Exception:
+        log.exception("celery_outbox: flushing the publisher at process exit failed")
+        done = False
+    if not done:
+        log.warning("celery_outbox: process ends with executions not yet published; "
+                    "the sweep will dispatch them")
+    return done
+
+
 def _on_drain_signal(signum: int, frame: FrameType | None) -> None:
     for drain in list(_drains):
         drain.on_signal()
@@ -174,6 +246,21 @@ def _install_handler(**_: Any) -> None:
         log.warning("celery_outbox: CELERY_RDBSIG is set; graceful drain signal not installed")
         return
     signal.signal(DRAIN_SIGNAL, _on_drain_signal)
+
+
+def _call_soon(fn: Callable[[], object]) -> None:
+    """Call ``fn`` now; under gevent or eventlet monkey patching, in a green thread of its own:
+    there Celery's signal handlers run in the event loop, which must not wait (starting a
+    thread waits for it to start)."""
+    gevent_monkey: Any = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
+        sys.modules["gevent"].spawn(fn)
+        return
+    eventlet_patcher: Any = sys.modules.get("eventlet.patcher")
+    if eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("thread"):
+        sys.modules["eventlet"].spawn_n(fn)
+        return
+    fn()
 
 
 def _signal_pool_children() -> None:

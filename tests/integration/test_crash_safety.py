@@ -239,6 +239,7 @@ def test_drain_interrupts_a_handler_blocking_the_main_thread(
     result = outbox.run_now(stuck.name, [execution_id])
     assert time.monotonic() - started < 5
     assert (result.claimed, result.succeeded, result.failed) == (1, 0, 0)
+    assert drains[0].wait(timedelta(seconds=5))  # hands back once the handler stopped
     back = row(outbox, execution_id)
     assert (back["status"], back["attempt"]) == ("pending", 0)
     assert recording.ids == [execution_id, execution_id]

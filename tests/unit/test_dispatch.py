@@ -17,7 +17,7 @@ from celery.signals import before_task_publish
 from pydantic import BaseModel
 
 from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
-from celery_outbox.dispatch import RUN_TASK, CeleryDispatcher, DispatchItem
+from celery_outbox.dispatch import RUN_TASK, CeleryDispatcher, DispatchItem, TimeLimits
 
 UNREACHABLE = "postgresql+psycopg://root@127.0.0.1:1/x"
 
@@ -33,7 +33,8 @@ def published() -> Iterator[list[dict[str, Any]]]:
     def record(sender: str, body: Any, routing_key: str, properties: dict[str, Any],
                headers: dict[str, Any], **_: Any) -> None:
         seen.append({"task": sender, "args": body[0], "queue": routing_key,
-                     "priority": properties.get("priority"), "eta": headers.get("eta")})
+                     "priority": properties.get("priority"), "eta": headers.get("eta"),
+                     "timelimit": headers.get("timelimit")})
 
     before_task_publish.connect(record, weak=False)
     try:
@@ -87,6 +88,16 @@ def test_groups_by_job_priority_and_eta(published: list[dict[str, Any]]) -> None
     assert by_ids[(str(items[2].execution_id),)]["eta"] == eta.isoformat()
     assert by_ids[(str(items[1].execution_id),)]["priority"] < together["priority"]
     assert {m["queue"] for m in published} == {"celery"}
+
+
+def test_an_item_with_limits_goes_out_alone_with_them(published: list[dict[str, Any]]) -> None:
+    _, dispatcher = make_outbox()
+    items = [DispatchItem(uuid.uuid4(), "plain", 2, limits=TimeLimits(hard=25.0, soft=15.0))
+             for _ in range(2)]
+    plain = [DispatchItem(uuid.uuid4(), "plain", 2, limits=TimeLimits()) for _ in range(2)]
+    assert dispatcher.publish(items + plain) == 4
+    assert [m["args"][1] for m in published] == [[str(i.execution_id)] for i in items + plain]
+    assert [list(m["timelimit"]) for m in published] == [[25.0, 15.0]] * 2 + [[None, None]] * 2
 
 
 @pytest.mark.parametrize(
