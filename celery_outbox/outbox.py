@@ -22,7 +22,7 @@ from celery import signals as celery_signals
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, Engine, MetaData
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from celery_outbox import signals
 from celery_outbox.admin import OutboxAdmin
@@ -209,7 +209,7 @@ class Outbox:
         spec: JobSpec,
         payloads: Sequence[Any],
         *,
-        session: Session | None = None,
+        session: Session | scoped_session[Any] | None = None,
         connection: Connection | None = None,
         keys: Sequence[str | None] | None = None,
         delay: timedelta | None = None,
@@ -222,8 +222,11 @@ class Outbox:
     ) -> list[UUID]:
         """Create one execution per payload; dispatch them after the transaction commits.
 
-        With ``session`` or ``connection`` the rows join the caller's transaction (dispatch on
-        its commit; dropped on rollback); without, the outbox commits its own. Returns ids in
+        With ``session`` (a :class:`~sqlalchemy.orm.Session`, or a
+        :class:`~sqlalchemy.orm.scoped_session` such as Flask-SQLAlchemy's ``db.session``, whose
+        current Session is used) or ``connection`` (a :class:`~sqlalchemy.engine.Connection`)
+        the rows join the caller's transaction (dispatch on its commit; dropped on rollback);
+        without, the outbox commits its own. Returns ids in
         input order; a keyed payload whose key is held by an active execution of the job
         returns that execution's id and writes nothing.
 
@@ -232,8 +235,7 @@ class Outbox:
         :class:`ConfigurationError` (bad argument) before anything is written, and
         :class:`StorageError` when the database fails.
         """
-        if session is not None and connection is not None:
-            raise ConfigurationError("push: pass session= or connection=, not both")
+        session = _check_target(session, connection)
         keys = list(keys) if keys is not None else [None] * len(payloads)
         if len(keys) != len(payloads):
             raise ConfigurationError(
@@ -389,6 +391,29 @@ class Outbox:
     def run_now(self, job_name: str, ids: Sequence[UUID]) -> Any:
         """Claim and run ``ids`` in this process now (what a worker does on a message)."""
         return self.runner.run(job_name, ids)
+
+
+def _check_target(
+    session: Session | scoped_session[Any] | None, connection: Connection | None
+) -> Session | None:
+    """The caller's Session to push in (a scoped_session resolved to its current Session),
+    after checking ``session`` and ``connection``; ConfigurationError naming the argument."""
+    if session is not None and connection is not None:
+        raise ConfigurationError("push: pass session= or connection=, not both")
+    if connection is not None and not isinstance(connection, Connection):
+        raise ConfigurationError(
+            f"push: connection= must be a sqlalchemy Connection, got {type(connection)!r}"
+        )
+    if session is None or isinstance(session, Session):
+        return session
+    if isinstance(session, scoped_session):
+        current = session()  # the registry's Session of this thread (or scope)
+        if isinstance(current, Session):
+            return current
+        session = current
+    raise ConfigurationError(
+        f"push: session= must be a sqlalchemy Session or scoped_session, got {type(session)!r}"
+    )
 
 
 def _run_at(
