@@ -52,7 +52,7 @@ from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain
 from celery_outbox.states import Priority, Status
 from celery_outbox.store import ExecutionStore, NewExecution
-from celery_outbox.ticker import CronTicker, TickOutcome
+from celery_outbox.ticker import ENTRY_PREFIX, CronTicker, TickOutcome
 from celery_outbox.ticker import install as install_cron_task
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class Outbox:
         **settings: Any,
     ) -> None:
         self.app = app
+        previous = _outboxes.get(app)
         conf = {k: v for k, v in app.conf.items() if k != "outbox_database_url"}
         self.config = OutboxConfig.load(settings, conf)
         url = database_url or app.conf.get("outbox_database_url")
@@ -102,14 +103,18 @@ class Outbox:
         self.tables = TABLES if name == DEFAULT_TABLE else build_tables(MetaData(), name)
         self.store = ExecutionStore(self.engine, self.tables)
         self.registry = registry if registry is not None else default_registry
-        self.registry.outbox = self
         self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher)
         self.dispatcher: Dispatcher = dispatcher or (
             InlineDispatcher(self.runner.run)
             if app.conf.task_always_eager
             else CeleryDispatcher(app, self.registry, chunk_size=self.config.dispatch_chunk_size)
         )
-        self._install_task()
+        if previous is not None:
+            previous._retire(self)
+            self.run_task: Any = previous.run_task
+        else:
+            self._install_task()
+        self.registry.outbox = self
         self._connect_worker_signals()
         self._install_maintenance()
         self._install_cron()
@@ -128,15 +133,31 @@ class Outbox:
     # -- installation -----------------------------------------------------------------------
 
     def _install_task(self) -> None:
-        runner = self.runner
+        app = self.app
 
         @self.app.task(  # type: ignore[untyped-decorator]
             name=RUN_TASK, ignore_result=True, shared=False, acks_late=False
         )
         def run(job_name: str, ids: list[str]) -> None:
-            runner.run(job_name, ids)
+            # The latest Outbox of the app: Celery keeps the first task of a name, and a
+            # second Outbox(app) (a fixture, a settings override) must serve it.
+            Outbox.of(app).runner.run(job_name, ids)
 
         self.run_task = run
+
+    def _retire(self, successor: Outbox) -> None:
+        """``successor`` replaces this Outbox on its app: stop everything of this one that
+        acts by itself (worker signal receivers, the heartbeat, its cron entries), so only the
+        successor serves the app's tasks, beat entries and signals."""
+        log.warning("celery_outbox: a new Outbox replaces the one installed on Celery app %r",
+                    self.app.main)
+        celery_signals.worker_process_init.disconnect(self._after_fork)
+        self.drain.disconnect()
+        self.runner.heartbeat.stop()
+        for job_name in self.ticker.schedules:
+            self.app.conf.beat_schedule.pop(ENTRY_PREFIX + job_name, None)
+        if self.registry.outbox is self and self.registry is not successor.registry:
+            self.registry.outbox = None  # its jobs would push where no worker reads
 
     def _connect_worker_signals(self) -> None:
         engine = self.engine
