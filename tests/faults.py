@@ -2,12 +2,13 @@
 
 :class:`Proxy` listens on a free loopback port and forwards each connection to a real server
 (the shared PostgreSQL, Redis or RabbitMQ). :meth:`Proxy.hang` makes it behave like a server
-that is up but never answers: connections are still accepted and every socket stays open,
-but no byte moves in either direction (the kernel still acknowledges what it receives, as a
-frozen server's does, so TCP keepalives and ``tcp_user_timeout`` see nothing wrong; only a
-timeout of the client's own notices). :meth:`Proxy.resume` forwards again, what was held back
-included. :meth:`Proxy.close` closes everything; the :func:`proxy` context manager calls it
-when the block ends, even on failure.
+that is up but never answers: connections are still accepted and every socket stays open, but
+no byte moves in either direction (the kernel still acknowledges what it receives, as a frozen
+server's does, so TCP keepalives and ``tcp_user_timeout`` see nothing wrong; only a timeout of
+the client's own notices). :meth:`Proxy.resume` forwards again, what was held back included;
+:meth:`Proxy.hang_open_connections` black-holes only the connections open now.
+:meth:`Proxy.close` closes everything; the :func:`proxy` context manager calls it when the
+block ends, even on failure.
 
 One thread runs the whole proxy (a selector over every socket), so a hang is instant and the
 proxy costs nothing while idle.
@@ -33,6 +34,7 @@ class _Pipe:
     server: socket.socket
     to_server: bytearray = field(default_factory=bytearray)
     to_client: bytearray = field(default_factory=bytearray)
+    hung: bool = False
 
 
 class Proxy:
@@ -80,6 +82,14 @@ class Proxy:
             self._forwarding = False
         self._wake()
 
+    def hang_open_connections(self) -> None:
+        """Black-hole the connections open now (they stay open and move no byte, for ever,
+        as behind a firewall that silently dropped them); new connections are forwarded."""
+        with self._lock:
+            for pipe in self._pipes:
+                pipe.hung = True
+        self._wake()
+
     def resume(self) -> None:
         """Forward again, including what arrived while hung."""
         with self._lock:
@@ -117,7 +127,7 @@ class Proxy:
         for pipe in list(self._pipes):
             for sock, pending in ((pipe.client, pipe.to_client), (pipe.server, pipe.to_server)):
                 events = 0
-                if forwarding:
+                if forwarding and not pipe.hung:
                     events = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
                 self._watch(sock, events, pipe)
 
@@ -139,7 +149,7 @@ class Proxy:
             self._wake_r.recv(4096)
         elif sock is self._listener:
             self._accept()
-        elif forwarding:
+        elif forwarding and not key.data.hung:
             self._move(key.data, sock, mask)  # type: ignore[arg-type]
 
     def _accept(self) -> None:
