@@ -83,7 +83,7 @@ def make_engine(url: str) -> Engine:
         _fork_safe(engine)  # first: its checkout check must run before the one below
         _replace_closed_connections(engine)
         if engine.dialect.driver == "psycopg":
-            _bound_waits(engine, IO_TIMEOUT)
+            bound_waits(engine, IO_TIMEOUT)
         return engine
     return create_engine(url, pool_pre_ping=True)
 
@@ -104,12 +104,15 @@ def _ms(duration: timedelta) -> int:
     return int(duration.total_seconds() * 1000)
 
 
-def _bound_waits(engine: Engine, timeout: timedelta) -> None:
-    """Connect with :class:`_BoundedConnection`: no wait on the server past ``timeout``.
+def bound_waits(engine: Engine, timeout: timedelta = IO_TIMEOUT) -> None:
+    """Make ``engine`` (PostgreSQL on psycopg 3) wait at most ``timeout`` for the server's
+    answer to any one request; then the connection is closed and the statement raises
+    ``OperationalError`` (a disconnect to SQLAlchemy). :func:`make_engine` applies it; call
+    it on an engine of your own (``Outbox(app, engine=...)``) to get the same bound.
 
     The server's ``statement_timeout`` cannot help when the server (or the network path to
-    it) stops answering altogether: only the client can stop waiting. psycopg's own waits
-    take a timeout (psycopg 3.2 on); older versions keep waiting as before.
+    it) stops answering altogether: only the client can stop waiting. Uses psycopg's own
+    wait timeout; with a psycopg too old to have one, nothing changes.
     """
     if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
         return

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from celery_outbox import JobRegistry, Outbox, OutboxJob, StorageError
-from celery_outbox.engine import CONNECT_TIMEOUT, IO_TIMEOUT, POOL_TIMEOUT
+from celery_outbox.engine import CONNECT_TIMEOUT, IO_TIMEOUT, POOL_TIMEOUT, bound_waits
 from celery_outbox.runner import utcnow
 from tests.conftest import PG_ADDRESS
 from tests.faults import Proxy, proxy
@@ -127,3 +127,19 @@ def check_nothing_lost(outbox: Outbox, recording: RecordingDispatcher) -> None:
     if not ids <= set(recording.ids):
         outbox.sweep(now=utcnow() + outbox.config.stale_after + timedelta(seconds=1))
     assert ids <= set(recording.ids)
+
+
+def test_bound_waits_on_an_engine_of_ones_own(hung_pg: Proxy, pg_url: str) -> None:
+    engine = create_engine(hung_pg.url(pg_url))
+    bound_waits(engine, timedelta(seconds=1))
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+        hung_pg.hang()
+
+        def query() -> None:
+            conn.execute(text("SELECT 1"))
+
+        took, error = timed(query)
+    assert isinstance(error, OperationalError), error
+    assert took < 1 + MARGIN
+    engine.dispose()
