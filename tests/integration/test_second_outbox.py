@@ -5,31 +5,23 @@ all serve the latest one, and nothing of the first acts any more.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 from celery import signals as celery_signals
-from celery.contrib.testing.worker import start_worker
 
 from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
 from celery_outbox.dispatch import RUN_TASK
 from celery_outbox.maintenance.beat import SWEEP_TASK
 from celery_outbox.shutdown import _drains
 from celery_outbox.ticker import ENTRY_PREFIX
+from tests import procs, second_outbox_app
 from tests.integration.conftest import Order
-
-
-def wait_for(check: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached within {timeout} s: {check.__doc__}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -78,22 +70,42 @@ def test_the_run_task_serves_the_latest_outbox(
 
 
 def test_a_real_worker_runs_what_the_latest_outbox_pushed(
-    sqlite_url: str, outboxes: tuple[Celery, list[Outbox], JobRegistry, list[int]]
+    pg_url: str, redis_url: str, queue_name: str, tmp_path: Path
 ) -> None:
-    app, made, registry, ran = outboxes
-    other_db = sqlite_url.replace("outbox.sqlite3", "first.sqlite3")
-    made.append(make(other_db, app, registry))
-    second = make(sqlite_url, app, registry)
-    made.append(second)
-    job = registry.get("second.job")
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
-        second.push_many(job, [{"order_id": 1}, {"order_id": 2}])
+    """``celery worker`` on an app module that creates two Outboxes on different tables:
+    what is pushed to the second's table runs."""
+    tables = {"first": f"ob_{uuid.uuid4().hex[:12]}", "second": f"ob_{uuid.uuid4().hex[:12]}"}
+    sides = {name: Outbox(second_outbox_app.build(redis_url, queue_name), database_url=pg_url,
+                          registry=second_outbox_app.REGISTRY, table_name=table)
+             for name, table in tables.items()}  # the test's side of each table
+    pusher = sides["second"]  # the registry's outbox now
+    try:
+        for side in sides.values():
+            side.create_schema()
+        env = {"OUTBOX_SECOND_BROKER": redis_url, "OUTBOX_SECOND_DB": pg_url,
+               "OUTBOX_SECOND_QUEUE": queue_name, "OUTBOX_SECOND_FIRST_TABLE": tables["first"],
+               "OUTBOX_SECOND_TABLE": tables["second"]}
+        log = tmp_path / "worker.log"
+        with procs.celery_worker("tests.second_outbox_app", env, queues=queue_name,
+                                 concurrency=1, log_path=log,
+                                 extra=("-n", f"second-{queue_name}@%h")) as proc:
+            procs.wait_for(lambda: " ready." in log.read_text() or proc.poll() is not None,
+                           30, "the worker to be ready")
+            assert proc.poll() is None, log.read_text()
+            ids = second_outbox_app.job.push_many([{"order_id": 1}, {"order_id": 2}])
+            assert pusher.flush(timedelta(seconds=10))
 
-        def both_ran() -> bool:
-            """the worker ran both executions"""
-            return sorted(ran) == [1, 2]
+            def both_ran() -> bool:
+                return all(pusher.store.status_of(i) == "succeeded" for i in ids)
 
-        wait_for(both_ran)
+            procs.wait_for(both_ran, 20, f"both executions to run; worker log:\n"
+                           f"{log.read_text()[-2000:]}")
+    finally:
+        for side in sides.values():
+            side.flush(timedelta(seconds=5))
+            side.drop_schema()
+            side.engine.dispose()
+        second_outbox_app.REGISTRY.outbox = None
 
 
 def test_nothing_of_the_first_outbox_keeps_acting(
