@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench
+.PHONY: example test lint bench faults
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project
 
@@ -24,3 +24,9 @@ lint: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
+
+# Hung servers (tests/faults.py) with every push kind, and more rounds of the push_many race.
+faults: $(BIN)/.installed
+	OUTBOX_TEST_FAULTS=full OUTBOX_TEST_DEADLOCK_ROUNDS=30 $(BIN)/python -m pytest -q \
+		tests/integration/test_hung_database.py tests/integration/test_hung_broker.py \
+		tests/e2e/test_hung_database.py tests/integration/test_push_many_order.py

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
+from kombu import pools
 from sqlalchemy import Connection, event
 from sqlalchemy.orm import Session, SessionTransaction
 
@@ -47,6 +48,18 @@ RUN_TASK = "celery_outbox.run"
 _AMQP_PRIORITY = {0: 9, 1: 6, 2: 3, 3: 0}
 _LOW_FIRST_PRIORITY = {0: 0, 1: 3, 2: 6, 3: 9}
 _MAX_DRAIN = 20_000
+PUBLISH_TIMEOUT = timedelta(seconds=5)
+"""The publisher's own broker connection: socket read and write timeouts (Redis
+``socket_timeout`` / ``socket_connect_timeout``, RabbitMQ ``read_timeout`` /
+``write_timeout``), unless ``broker_transport_options`` sets them; the connect timeout is
+Celery's ``broker_connection_timeout`` (4 s by default)."""
+_PUBLISH_TIMEOUTS = {
+    "redis": ("socket_timeout", "socket_connect_timeout"),
+    "amqp": ("read_timeout", "write_timeout"),
+}
+EXIT_FLUSH_TIMEOUT = timedelta(seconds=10)
+"""How long a process's exit waits for the background publisher (what is left is logged and
+dispatched later by the sweep)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,8 @@ class CeleryDispatcher:
         self._thread: threading.Thread | None = None
         self._priority_map: dict[int, int] | None = None
         self._warm_pid: int | None = None  # the process whose caller ran _warm_up()
+        self._producers: Any = None  # the producer pool of the publisher's own connection
+        self._producers_pid: int | None = None
         atexit.register(self._at_exit, weakref.ref(self))
 
     # -- the caller's side ------------------------------------------------------------------
@@ -178,7 +193,7 @@ class CeleryDispatcher:
         try:
             self.app.tasks[RUN_TASK]  # finalizes the app
             self._broker_priority(0)  # resolves the transport: imports the client library
-            with self.app.producer_or_acquire():  # the connection and producer pools
+            with self._producer():  # the connection and producer pools
                 pass
             self.app.amqp._event_dispatcher  # noqa: B018 (send_task_message uses it)
         except Exception:
@@ -238,7 +253,7 @@ class CeleryDispatcher:
             groups[key].append(str(item.execution_id))
         task = self.app.tasks[RUN_TASK]
         published = 0
-        with self.app.producer_or_acquire() as producer:
+        with self._producer() as producer:
             for (job_name, priority, eta, limits), ids in groups.items():
                 options = self._options(job_name, priority, eta, limits)
                 size = self.chunk_size if limits is None else 1
@@ -257,6 +272,21 @@ class CeleryDispatcher:
                         )
                         break
         return published
+
+    def _producer(self) -> Any:
+        """A producer (context manager) on the publisher's own broker connection: the app's
+        (URL, SSL, transport options) plus :func:`publish_transport_options`, so a broker that
+        stops answering fails a publish within :data:`PUBLISH_TIMEOUT` instead of holding the
+        publishing thread for ever. No I/O: connections open on first use."""
+        if self._producers is None or self._producers_pid != os.getpid():
+            conn = self.app.connection_for_write(
+                transport_options=publish_transport_options(self.app)
+            )
+            self._producers = pools.producers[conn]
+            self._producers_pid = os.getpid()
+        return self._producers.acquire(
+            block=True, timeout=self.app.conf.broker_pool_acquire_timeout
+        )
 
     def _options(
         self, job_name: str, priority: int, eta: datetime | None,
@@ -296,12 +326,28 @@ class CeleryDispatcher:
         if (
             dispatcher is not None
             and dispatcher._pid == os.getpid()
-            and not dispatcher.flush(timedelta(seconds=10))
+            and not dispatcher.flush(EXIT_FLUSH_TIMEOUT)
         ):
                 log.warning(
                     "celery_outbox: exiting with executions not yet published; "
                     "the sweep will dispatch them"
                 )
+
+
+def publish_transport_options(app: Celery) -> dict[str, Any]:
+    """The transport options the publisher adds to the app's own: socket timeouts of
+    :data:`PUBLISH_TIMEOUT` (Redis, RabbitMQ) and, on RabbitMQ, publisher confirms, so a
+    publish on a connection that silently died fails (and is retried on a new connection)
+    instead of vanishing into the socket's buffer. Options the app sets itself in
+    ``broker_transport_options`` are left as they are."""
+    with app.connection_for_write() as conn:
+        driver = conn.transport.driver_type
+    own = app.conf.broker_transport_options or {}
+    seconds = PUBLISH_TIMEOUT.total_seconds()
+    options: dict[str, Any] = dict.fromkeys(_PUBLISH_TIMEOUTS.get(driver, ()), seconds)
+    if driver == "amqp":
+        options["confirm_publish"] = True
+    return {k: v for k, v in options.items() if k not in own}
 
 
 class InlineDispatcher:

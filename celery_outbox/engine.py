@@ -6,18 +6,47 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import select
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+import psycopg
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import DisconnectionError
+
+CONNECT_TIMEOUT = timedelta(seconds=5)
+"""PostgreSQL: how long opening a connection may take (TCP, TLS, startup, authentication)."""
+STATEMENT_TIMEOUT = timedelta(seconds=8)
+"""PostgreSQL: the server cancels a statement of the outbox's engine running longer."""
+LOCK_TIMEOUT = timedelta(seconds=5)
+"""PostgreSQL: the server fails a statement waiting longer than this for a row lock."""
+IO_TIMEOUT = timedelta(seconds=10)
+"""PostgreSQL: the longest the client waits for the server's answer to one request
+(statement, commit, COPY chunk) before it gives the connection up, so a server that accepted
+the request but hangs (frozen, overloaded, a stuck proxy) cannot block a push or a worker for
+ever. Longer than :data:`STATEMENT_TIMEOUT`, so a slow statement is cancelled by the server
+first, with a clear error."""
+POOL_TIMEOUT = timedelta(seconds=10)
+"""How long a checkout waits for a free pooled connection."""
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+              "keepalives_count": 3, "tcp_user_timeout": 30_000}
+"""PostgreSQL: TCP keepalives (seconds) and ``tcp_user_timeout`` (milliseconds), so a peer
+gone without a word (a partition, a host that died) is noticed on an idle connection in about
+a minute instead of the kernel's two hours."""
 
 
 def make_engine(url: str) -> Engine:
     """An engine for ``url`` tuned for the outbox.
 
-    PostgreSQL: ``connect_timeout`` 5 s, and a connection the server closed (restart,
+    PostgreSQL: every wait on the server is bounded (:data:`CONNECT_TIMEOUT` 5 s,
+    :data:`STATEMENT_TIMEOUT` 8 s and :data:`LOCK_TIMEOUT` 5 s on the server,
+    :data:`IO_TIMEOUT` 10 s per request on the client, :data:`POOL_TIMEOUT` 10 s for a pooled
+    connection, TCP :data:`KEEPALIVES`), so a push on this engine returns or raises
+    :class:`~celery_outbox.errors.StorageError` within about ``POOL_TIMEOUT + CONNECT_TIMEOUT
+    + IO_TIMEOUT`` whatever the server does; and a connection the server closed (restart,
     ``pg_terminate_backend``, idle timeout) is replaced on checkout, not reused
     (:func:`_replace_closed_connections`). SQLite: WAL journal, 30 s busy timeout, so a worker
     and a producer can write the same file; and a BEGIN IMMEDIATE sent before a SAVEPOINT
@@ -48,14 +77,75 @@ def make_engine(url: str) -> Engine:
                 dbapi.execute("BEGIN IMMEDIATE")
 
         return engine
-    connect_args: dict[str, Any] = {}
     if url.startswith("postgresql"):
-        connect_args["connect_timeout"] = 5
-        engine = create_engine(url, connect_args=connect_args)
+        engine = create_engine(url, connect_args=_pg_connect_args(make_url(url).query),
+                               pool_timeout=POOL_TIMEOUT.total_seconds())
         _fork_safe(engine)  # first: its checkout check must run before the one below
         _replace_closed_connections(engine)
+        if engine.dialect.driver == "psycopg":
+            bound_waits(engine, IO_TIMEOUT)
         return engine
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _pg_connect_args(query: Mapping[str, Any]) -> dict[str, Any]:
+    """The shipped libpq parameters, except those the URL sets itself (its ``options`` come
+    after ours, so its ``-c`` settings win)."""
+    options = (f"-c statement_timeout={_ms(STATEMENT_TIMEOUT)} "
+               f"-c lock_timeout={_ms(LOCK_TIMEOUT)}")
+    if query.get("options"):
+        options += f" {query['options']}"
+    args: dict[str, Any] = {"connect_timeout": int(CONNECT_TIMEOUT.total_seconds()),
+                            **KEEPALIVES}
+    return {**{k: v for k, v in args.items() if k not in query}, "options": options}
+
+
+def _ms(duration: timedelta) -> int:
+    return int(duration.total_seconds() * 1000)
+
+
+def bound_waits(engine: Engine, timeout: timedelta = IO_TIMEOUT) -> None:
+    """Make ``engine`` (PostgreSQL on psycopg 3) wait at most ``timeout`` for the server's
+    answer to any one request; then the connection is closed and the statement raises
+    ``OperationalError`` (a disconnect to SQLAlchemy). :func:`make_engine` applies it; call
+    it on an engine of your own (``Outbox(app, engine=...)``) to get the same bound.
+
+    The server's ``statement_timeout`` cannot help when the server (or the network path to
+    it) stops answering altogether: only the client can stop waiting. Uses psycopg's own
+    wait timeout; with a psycopg too old to have one, nothing changes.
+    """
+    if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
+        return
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        conn = _BoundedConnection.connect(*cargs, **cparams)
+        conn.io_timeout = timeout.total_seconds()
+        return conn
+
+
+class _BoundedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait on the server ends after ``io_timeout`` seconds.
+
+    On expiry the connection is closed (the server may be half-way through the request: the
+    protocol state is unknown) and ``OperationalError`` is raised, which SQLAlchemy treats as
+    a disconnect: the connection leaves the pool, and the store raises StorageError.
+    """
+
+    io_timeout: float | None = None
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.io_timeout is not None and len(args) < 2 and kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.io_timeout
+        try:
+            return super().wait(gen, *args, **kwargs)
+        except psycopg.errors.OperationalError as exc:
+            if type(exc).__name__ != "_WaitTimeout":
+                raise
+            self.pgconn.finish()
+            raise psycopg.OperationalError(
+                f"no answer from the server within {self.io_timeout} s; connection closed"
+            ) from exc
 
 
 def _fork_safe(engine: Engine) -> None:

@@ -9,7 +9,7 @@ from uuid import UUID
 
 from pydantic import BaseModel
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from celery_outbox.context import JobContext
 from celery_outbox.errors import ConfigurationError, JobLocked
@@ -54,7 +54,7 @@ class OutboxJob(Generic[P]):
         self,
         payload: P | dict[str, Any] | None = None,
         *,
-        session: Session | None = None,
+        session: Session | scoped_session[Any] | None = None,
         connection: Connection | None = None,
         key: str | None = None,
         delay: timedelta | None = None,
@@ -66,10 +66,11 @@ class OutboxJob(Generic[P]):
     ) -> UUID:
         """Create one execution; returns its id (or the id of the active one holding ``key``).
 
-        ``payload`` is a dict or an instance of the job's schema. With ``session`` /
-        ``connection`` the row is written in the caller's transaction and dispatched after it
-        commits; without, the outbox commits its own transaction. ``delay`` (timedelta) or
-        ``scheduled_at`` (aware datetime) make a scheduled execution.
+        ``payload`` is a dict or an instance of the job's schema. With ``session`` (a Session,
+        or a scoped_session such as Flask-SQLAlchemy's ``db.session``) or ``connection`` the
+        row is written in the caller's transaction and dispatched after it commits; without,
+        the outbox commits its own transaction. ``delay`` (timedelta) or ``scheduled_at``
+        (aware datetime) make a scheduled execution.
 
         Raises :class:`PayloadInvalid` before anything is written, :class:`ConfigurationError`
         on a bad argument, :class:`StorageError` when the database fails.
@@ -86,7 +87,7 @@ class OutboxJob(Generic[P]):
         self,
         items: Sequence[P | dict[str, Any]],
         *,
-        session: Session | None = None,
+        session: Session | scoped_session[Any] | None = None,
         connection: Connection | None = None,
         keys: Sequence[str | None] | None = None,
         delay: timedelta | None = None,

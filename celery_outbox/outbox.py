@@ -23,7 +23,7 @@ from celery import signals as celery_signals
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, Engine, MetaData
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from celery_outbox import limits, signals
 from celery_outbox.admin import OutboxAdmin
@@ -53,7 +53,7 @@ from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain
 from celery_outbox.states import Priority, Status
 from celery_outbox.store import ExecutionStore, NewExecution
-from celery_outbox.ticker import CronTicker, TickOutcome
+from celery_outbox.ticker import ENTRY_PREFIX, CronTicker, TickOutcome
 from celery_outbox.ticker import install as install_cron_task
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ class Outbox:
         **settings: Any,
     ) -> None:
         self.app = app
+        previous = _outboxes.get(app)
         conf = {k: v for k, v in app.conf.items() if k != "outbox_database_url"}
         self.config = OutboxConfig.load(settings, conf)
         url = database_url or app.conf.get("outbox_database_url")
@@ -103,14 +104,18 @@ class Outbox:
         self.tables = TABLES if name == DEFAULT_TABLE else build_tables(MetaData(), name)
         self.store = ExecutionStore(self.engine, self.tables)
         self.registry = registry if registry is not None else default_registry
-        self.registry.outbox = self
         self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher)
         self.dispatcher: Dispatcher = dispatcher or (
             InlineDispatcher(self.runner.run)
             if app.conf.task_always_eager
             else CeleryDispatcher(app, self.registry, chunk_size=self.config.dispatch_chunk_size)
         )
-        self._install_task()
+        if previous is not None:
+            previous._retire(self)
+            self.run_task: Any = previous.run_task
+        else:
+            self._install_task()
+        self.registry.outbox = self
         self._connect_worker_signals()
         self._install_maintenance()
         self._install_cron()
@@ -129,17 +134,34 @@ class Outbox:
     # -- installation -----------------------------------------------------------------------
 
     def _install_task(self) -> None:
-        runner = self.runner
+        app = self.app
 
         @self.app.task(  # type: ignore[untyped-decorator]
             name=RUN_TASK, ignore_result=True, shared=False, acks_late=False, bind=True
         )
         def run(task: Any, job_name: str, ids: list[str]) -> None:
-            # Under a Celery time limit, one execution per message (celery_outbox.limits).
+            # The latest Outbox of the app: Celery keeps the first task of a name, and a
+            # second Outbox(app) (a fixture, a settings override) must serve it. Under a
+            # Celery time limit, one execution per message (celery_outbox.limits).
+            runner = Outbox.of(app).runner
             runner.run(job_name, limits.split(task, runner.registry, runner.dispatcher(),
                                               job_name, ids).run)
 
         self.run_task = run
+
+    def _retire(self, successor: Outbox) -> None:
+        """``successor`` replaces this Outbox on its app: stop everything of this one that
+        acts by itself (worker signal receivers, the heartbeat, its cron entries), so only the
+        successor serves the app's tasks, beat entries and signals."""
+        log.warning("celery_outbox: a new Outbox replaces the one installed on Celery app %r",
+                    self.app.main)
+        celery_signals.worker_process_init.disconnect(self._after_fork)
+        self.drain.disconnect()
+        self.runner.heartbeat.stop()
+        for job_name in self.ticker.schedules:
+            self.app.conf.beat_schedule.pop(ENTRY_PREFIX + job_name, None)
+        if self.registry.outbox is self and self.registry is not successor.registry:
+            self.registry.outbox = None  # its jobs would push where no worker reads
 
     def _connect_worker_signals(self) -> None:
         engine = self.engine
@@ -214,7 +236,7 @@ class Outbox:
         spec: JobSpec,
         payloads: Sequence[Any],
         *,
-        session: Session | None = None,
+        session: Session | scoped_session[Any] | None = None,
         connection: Connection | None = None,
         keys: Sequence[str | None] | None = None,
         delay: timedelta | None = None,
@@ -228,8 +250,11 @@ class Outbox:
     ) -> list[UUID]:
         """Create one execution per payload; dispatch them after the transaction commits.
 
-        With ``session`` or ``connection`` the rows join the caller's transaction (dispatch on
-        its commit; dropped on rollback); without, the outbox commits its own. Returns ids in
+        With ``session`` (a :class:`~sqlalchemy.orm.Session`, or a
+        :class:`~sqlalchemy.orm.scoped_session` such as Flask-SQLAlchemy's ``db.session``, whose
+        current Session is used) or ``connection`` (a :class:`~sqlalchemy.engine.Connection`)
+        the rows join the caller's transaction (dispatch on its commit; dropped on rollback);
+        without, the outbox commits its own. Returns ids in
         input order; a keyed payload whose key is held by an active execution of the job
         returns that execution's id and writes nothing.
 
@@ -241,8 +266,7 @@ class Outbox:
         ``retry_of`` (one payload only; the admin's retry): the execution the new one
         retries; when one already retries it, its id is returned and nothing is written.
         """
-        if session is not None and connection is not None:
-            raise ConfigurationError("push: pass session= or connection=, not both")
+        session = _check_target(session, connection)
         if retry_of is not None and len(payloads) != 1:
             raise ConfigurationError("push_many: retry_of takes exactly one payload")
         keys = list(keys) if keys is not None else [None] * len(payloads)
@@ -402,6 +426,29 @@ class Outbox:
     def run_now(self, job_name: str, ids: Sequence[UUID]) -> Any:
         """Claim and run ``ids`` in this process now (what a worker does on a message)."""
         return self.runner.run(job_name, ids)
+
+
+def _check_target(
+    session: Session | scoped_session[Any] | None, connection: Connection | None
+) -> Session | None:
+    """The caller's Session to push in (a scoped_session resolved to its current Session),
+    after checking ``session`` and ``connection``; ConfigurationError naming the argument."""
+    if session is not None and connection is not None:
+        raise ConfigurationError("push: pass session= or connection=, not both")
+    if connection is not None and not isinstance(connection, Connection):
+        raise ConfigurationError(
+            f"push: connection= must be a sqlalchemy Connection, got {type(connection)!r}"
+        )
+    if session is None or isinstance(session, Session):
+        return session
+    if isinstance(session, scoped_session):
+        current = session()  # the registry's Session of this thread (or scope)
+        if isinstance(current, Session):
+            return current
+        session = current
+    raise ConfigurationError(
+        f"push: session= must be a sqlalchemy Session or scoped_session, got {type(session)!r}"
+    )
 
 
 def _run_at(

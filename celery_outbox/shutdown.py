@@ -101,6 +101,13 @@ class Drain:
         celery_signals.worker_process_shutdown.connect(self._on_process_shutdown)
         celery_signals.worker_shutdown.connect(self._on_process_shutdown)
 
+    def disconnect(self) -> None:
+        """Undo :meth:`connect` for this drain (its Outbox was replaced on the app)."""
+        celery_signals.worker_shutting_down.disconnect(self._on_shutting_down)
+        celery_signals.worker_process_shutdown.disconnect(self._on_process_shutdown)
+        celery_signals.worker_shutdown.disconnect(self._on_process_shutdown)
+        _drains.discard(self)
+
     def _on_shutting_down(self, **_: Any) -> None:
         _call_soon(self.start)
         _signal_pool_children()

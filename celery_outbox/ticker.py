@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -62,6 +63,7 @@ CRON_TASK = "celery_outbox.cron_tick"
 """The task of every cron entry: ``cron_tick(job_name)``."""
 ENTRY_PREFIX = "celery_outbox.cron:"
 """A cron job's beat entry is named ``celery_outbox.cron:<job name>``."""
+_installed: weakref.WeakKeyDictionary[Celery, Any] = weakref.WeakKeyDictionary()
 LOCK_KEY = "cron-lock"
 """The unique key of a ``lock=True`` cron job's executions: one active at a time."""
 TICK_TRIGGER = "cron"
@@ -253,8 +255,12 @@ def install(app: Celery, fire: Callable[[str], Any]) -> Any:
 
     Its ``apply_async`` (what beat calls for a due entry, and ``delay``) runs ``fire(job_name)``
     in the calling process and returns None instead of publishing. A ``cron_tick`` message
-    that reaches a worker anyway (sent by name) fires the same way there.
+    that reaches a worker anyway (sent by name) fires the same way there. Called again for the
+    same app (a second Outbox), it returns the task registered first (``fire`` must find the
+    app's current Outbox).
     """
+    if app in _installed:
+        return _installed[app]
 
     class CronTickTask(Task):  # type: ignore[misc]  # celery ships no type stubs
         def apply_async(self, args: Any = None, kwargs: Any = None, **_: Any) -> None:
@@ -265,6 +271,7 @@ def install(app: Celery, fire: Callable[[str], Any]) -> Any:
     def cron_tick(job_name: str) -> None:
         fire(job_name)
 
+    _installed[app] = cron_tick
     return cron_tick
 
 

@@ -10,6 +10,7 @@ one interval expires, so a backlog of sweeps never piles up behind a stopped wor
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,7 @@ from celery_outbox.cron import CronSchedule
 
 SWEEP_TASK = "celery_outbox.sweep"
 TRIM_TASK = "celery_outbox.trim"
+_installed: weakref.WeakKeyDictionary[Celery, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
 def schedule_of(value: timedelta | str) -> timedelta | CronSchedule:
@@ -32,15 +34,22 @@ def install(
     app: Celery, config: OutboxConfig, sweep: Callable[[], Any], trim: Callable[[], Any]
 ) -> None:
     """Register the two tasks (bodies ``sweep()`` / ``trim()``, each returning a dataclass of
-    counts) and their beat entries on ``app``."""
+    counts) and their beat entries on ``app``. Called again for the same app (a second
+    Outbox), it keeps the tasks registered first (Celery keeps the first task of a name; their
+    bodies must find the app's current Outbox) and replaces the entries."""
+    tasks = _installed.get(app)
+    if tasks is None:
 
-    @app.task(name=SWEEP_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
-    def sweep_task() -> dict[str, int]:
-        return dataclasses.asdict(sweep())
+        @app.task(name=SWEEP_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+        def sweep_task() -> dict[str, int]:
+            return dataclasses.asdict(sweep())
 
-    @app.task(name=TRIM_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
-    def trim_task() -> dict[str, int]:
-        return dataclasses.asdict(trim())
+        @app.task(name=TRIM_TASK, ignore_result=True, shared=False)  # type: ignore[untyped-decorator]
+        def trim_task() -> dict[str, int]:
+            return dataclasses.asdict(trim())
+
+        tasks = _installed[app] = (sweep_task, trim_task)
+    sweep_task, trim_task = tasks
 
     for name, task, setting in (
         (SWEEP_TASK, sweep_task, config.sweep_schedule),

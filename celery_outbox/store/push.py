@@ -230,7 +230,14 @@ class PushStore(StoreBase):
         In batches of :data:`_KEYED_BATCH` rows: one statement takes at most 65,535 bound
         parameters on PostgreSQL. A key repeated in a later batch finds the row an earlier
         batch inserted (same transaction) as its holder.
+
+        Rows go in one canonical order, sorted by (job, key), whatever the caller's order: an
+        insert that meets a key another open transaction holds waits for it, so two calls
+        taking the same keys in opposite orders would each wait for the other (a deadlock,
+        which aborts one caller's transaction). The sort is stable: of a key given twice, the
+        first in input order is the one inserted. The caller maps holders back to its order.
         """
+        rows = sorted(rows, key=lambda r: (r.job_name, r.unique_key or ""))
         holders: dict[tuple[str, str], UUID] = {}
         for start in range(0, len(rows), _KEYED_BATCH):
             holders.update(self._insert_keyed_batch(conn, rows[start:start + _KEYED_BATCH]))
