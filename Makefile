@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench
+.PHONY: example test lint bench chaos
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project
 
@@ -24,3 +24,10 @@ lint: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
+
+# The chaos run, longer than the default suite's bounded one: EXECUTIONS, SEED, MINUTES.
+EXECUTIONS ?= 2000
+SEED ?= 1
+MINUTES ?= 5
+chaos: $(BIN)/.installed
+	$(BIN)/python -m tests.chaos --executions $(EXECUTIONS) --seed $(SEED) --minutes $(MINUTES)

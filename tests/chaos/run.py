@@ -45,6 +45,7 @@ from tests.chaos.workers import POOLS, Processes, Redis, Worker, children, kill_
 
 FAULTS = ("kill", "warm", "pg", "broker", "kill_child")
 WARM_EXIT_LIMIT = 60.0  # seconds a warm stop may take before it counts as hung
+BROKER_EXIT_WINDOW = 30.0  # seconds after a broker stop in which a worker's exit is its doing
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ class Outcome:
             f"handler runs {self.runs}, {self.seconds:.0f} s",
             f"  faults survived: {f['kill']} kills (SIGKILL of a worker), {f['kill_child']} pool "
             f"children killed, {f['warm']} warm stops, {f['pg']} backend terminations "
-            f"({f['pg_backends']} connections), {f['broker']} broker restarts",
+            f"({f['pg_backends']} connections), {f['broker']} broker restarts "
+            f"({f['broker_exits']} workers exited on them and were restarted)",
             f"  sweep calls failed {self.sweep_errors}, pushes retried {self.push_errors}",
             f"  {len(self.lost)} lost / {len(self.doubled)} doubled",
         ]
@@ -145,6 +147,7 @@ class Chaos:
         self.workers: list[Worker] = []
         self.outbox: Any = None
         self.redis_back_at: float | None = None
+        self.broker_stopped_at: float | None = None
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -153,7 +156,21 @@ class Chaos:
         return f"{self.database_url}{sep}application_name={self.run_id}-{who}"
 
     def setup(self) -> None:
+        """Start the broker, prepare the database, start one worker per pool."""
         self.redis.start()
+        self.prepare()
+        env = {"CHAOS_BROKER": self.redis.url, "CHAOS_QUEUE": self.queue,
+               "CHAOS_DB": self._url("worker"),
+               "CHAOS_LEASE_SECONDS": str(self.plan.lease),
+               "CHAOS_STALE_SECONDS": str(self.plan.stale_after),
+               "CHAOS_DRAIN_SECONDS": str(self.plan.drain)}
+        for name in self.plan.pools:
+            worker = Worker(POOLS[name], env, self.queue, self.workdir / f"{name}.log", self.book)
+            worker.start()
+            self.workers.append(worker)
+
+    def prepare(self) -> None:
+        """Build the producer's outbox; create and empty the run's tables."""
         settings = {"lease": timedelta(seconds=self.plan.lease),
                     "stale_after": timedelta(seconds=self.plan.stale_after),
                     "drain_timeout": timedelta(seconds=self.plan.drain)}
@@ -164,15 +181,6 @@ class Chaos:
         with self.outbox.engine.begin() as conn:  # a run of its own, even on a reused database
             for table in (RUNS, DOUBLES, self.outbox.tables.executions):
                 conn.execute(table.delete())
-        env = {"CHAOS_BROKER": self.redis.url, "CHAOS_QUEUE": self.queue,
-               "CHAOS_DB": self._url("worker"),
-               "CHAOS_LEASE_SECONDS": str(self.plan.lease),
-               "CHAOS_STALE_SECONDS": str(self.plan.stale_after),
-               "CHAOS_DRAIN_SECONDS": str(self.plan.drain)}
-        for name in self.plan.pools:
-            worker = Worker(POOLS[name], env, self.queue, self.workdir / f"{name}.log", self.book)
-            worker.start()
-            self.workers.append(worker)
 
     # -- the schedule ---------------------------------------------------------------------
 
@@ -258,6 +266,7 @@ class Chaos:
             if self.redis.proc is None:
                 return
             self.redis.stop()
+            self.broker_stopped_at = time.monotonic()
             self.redis_back_at = time.monotonic() + self.rng.uniform(0.5, 3.0)
             self.outcome.faults["broker"] += 1
         elif kind == "kill_child":
@@ -289,7 +298,10 @@ class Chaos:
             self.redis.start()
             self.redis_back_at = None
         for w in self.workers:
-            if w.state == "up" and not w.alive():
+            if w.state == "up" and not w.alive() and self.died_of_broker_restart(w):
+                self.outcome.faults["broker_exits"] += 1
+                w.state, w.restart_at = "down", now
+            elif w.state == "up" and not w.alive():
                 assert w.proc is not None
                 self.outcome.anomalies.append(
                     f"{w.pool.name} generation {w.generation} exited by itself "
@@ -306,6 +318,15 @@ class Chaos:
                 w.state, w.restart_at = "down", now
             if restart and w.state == "down" and now >= w.restart_at:
                 w.start()
+
+    def died_of_broker_restart(self, worker: Worker) -> bool:
+        """Celery 5.7 / kombu 5.7 workers sometimes exit (status 1, "Unrecoverable error":
+        an AttributeError on ``conninfo.hostname`` while restoring unacknowledged messages,
+        or "Set changed size during iteration") when the Redis broker goes away: a
+        supervisor restarts them. Any other exit is an anomaly."""
+        recent = (self.broker_stopped_at is not None
+                  and time.monotonic() - self.broker_stopped_at < BROKER_EXIT_WINDOW)
+        return recent and "Unrecoverable error" in worker.generation_text()
 
     def settle(self) -> None:
         """Bring every worker and the broker back, sweep until nothing is left active."""

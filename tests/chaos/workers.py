@@ -137,6 +137,10 @@ class Worker:
     def text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def generation_text(self) -> str:
+        """The log of the current generation only."""
+        return self.text().rpartition(f"=== chaos: start generation {self.generation}\n")[2]
+
 
 class Redis:
     """A private ``redis-server`` on ``port`` (never the shared 6379), restartable."""
