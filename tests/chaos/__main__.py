@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="length of the fault phase (pushes spread over its first 70%%)")
     parser.add_argument("--fault-every-seconds", type=float, default=3.0,
                         help="mean time between two faults")
+    parser.add_argument("--drain-seconds", type=float, default=10.0,
+                        help="the workers' drain_timeout; below 2.5 warm stops hand back "
+                             "running handlers")
     parser.add_argument("--pools", default=",".join(POOLS),
                         help=f"comma-separated, from {', '.join(POOLS)}")
     parser.add_argument("--database", default=PG_ADMIN_URL,
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pools: unknown {', '.join(sorted(unknown))} "
                      f"(known: {', '.join(POOLS)})")
     plan = Plan(executions=args.executions, seed=args.seed, duration=args.minutes * 60,
-                fault_every=args.fault_every_seconds, pools=pools,
+                fault_every=args.fault_every_seconds, pools=pools, drain=args.drain_seconds,
                 settle=max(120.0, args.executions / 10))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ records it in :data:`DOUBLES` (never raises for it) and goes on, so the run sees
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -22,7 +23,7 @@ from typing import Any
 
 from celery import Celery
 from pydantic import BaseModel
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert, update
 from sqlalchemy.exc import IntegrityError
 
 from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
@@ -38,6 +39,8 @@ RUNS = Table(
     Column("worker", String(40), nullable=False),
     Column("pid", Integer, nullable=False),
     Column("at", Float, nullable=False),  # time.time() when the handler began, seconds
+    Column("ended", Float),  # time.time() when the handler stopped (None: never, killed)
+    Column("cancel", String(40)),  # ctx.cancel_reason if ctx.cancelled was set by then
 )
 DOUBLES = Table(
     "chaos_doubles",
@@ -48,6 +51,8 @@ DOUBLES = Table(
     Column("worker", String(40), nullable=False),
     Column("pid", Integer, nullable=False),
     Column("at", Float, nullable=False),
+    Column("ended", Float),
+    Column("cancel", String(40)),
 )
 # Retries enough that the faults (a kill, a terminated connection) rarely use them all up.
 RETRY = RetryPolicy(retries=8, backoff=timedelta(milliseconds=100),
@@ -63,8 +68,9 @@ class Work(BaseModel):
     fail_times: int = 0
 
 
-def begin(ctx: JobContext[Work]) -> None:
-    """Insert this attempt's RUNS row; a duplicate goes to DOUBLES instead."""
+def begin(ctx: JobContext[Work]) -> Any:
+    """Insert this attempt's RUNS row; a duplicate goes to DOUBLES instead. Returns the
+    statement that marks this run ended."""
     outbox = REGISTRY.outbox
     assert outbox is not None, "no Outbox installed in this process"
     row: dict[str, Any] = {"execution_id": str(ctx.execution_id), "attempt": ctx.attempt,
@@ -73,20 +79,36 @@ def begin(ctx: JobContext[Work]) -> None:
     try:
         with outbox.engine.begin() as conn:
             conn.execute(insert(RUNS).values(row))
+        return update(RUNS).where(RUNS.c.execution_id == row["execution_id"],
+                                  RUNS.c.attempt == ctx.attempt)
     except IntegrityError:
         with outbox.engine.begin() as conn:
-            conn.execute(insert(DOUBLES).values(row))
+            double = conn.execute(insert(DOUBLES).values(row).returning(DOUBLES.c.id)).scalar()
+        return update(DOUBLES).where(DOUBLES.c.id == double)
+
+
+def end(ctx: JobContext[Work], mark: Any) -> None:
+    """Mark the run ended (best effort: the database may be the fault being injected)."""
+    outbox = REGISTRY.outbox
+    assert outbox is not None
+    cancel = ctx.cancel_reason if ctx.cancelled.is_set() else None
+    with contextlib.suppress(Exception), outbox.engine.begin() as conn:
+        conn.execute(mark.values(ended=time.time(), cancel=cancel))
 
 
 def body(ctx: JobContext[Work]) -> None:
     work = ctx.payload
-    begin(ctx)
-    sleeps = work.sleep_seconds and (not work.sleep_attempts or ctx.attempt <= work.sleep_attempts)
-    # cooperative in every pool: a timeout or a shutdown sets ctx.cancelled
-    if sleeps and ctx.cancelled.wait(work.sleep_seconds):
-        ctx.raise_if_cancelled()
-    if ctx.attempt <= work.fail_times:
-        raise RuntimeError(f"chaos: planned failure on attempt {ctx.attempt}")
+    mark = begin(ctx)
+    try:
+        sleeps = work.sleep_seconds and (not work.sleep_attempts
+                                         or ctx.attempt <= work.sleep_attempts)
+        # cooperative in every pool: a timeout or a shutdown sets ctx.cancelled
+        if sleeps and ctx.cancelled.wait(work.sleep_seconds):
+            ctx.raise_if_cancelled()
+        if ctx.attempt <= work.fail_times:
+            raise RuntimeError(f"chaos: planned failure on attempt {ctx.attempt}")
+    finally:
+        end(ctx, mark)
 
 
 @outbox_job(name="chaos.quick", schema=Work, record="all", retry=RETRY, registry=REGISTRY)

@@ -8,13 +8,15 @@ broker restarted. Every execution must finish, none lost, no attempt begun twice
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from uuid import uuid4
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from celery_outbox.shutdown import SHUTDOWN
 from tests.chaos import app as chaos_app
 from tests.chaos.app import DOUBLES, RUNS, Work
 from tests.chaos.run import Chaos, Plan, chaos, free_port
@@ -48,7 +50,8 @@ def test_chaos_run_loses_nothing_and_runs_no_attempt_twice(
 
 def test_the_verdict_sees_a_lost_execution_and_a_double_run(pg_url: str, tmp_path: Path
                                                              ) -> None:
-    """The checks can fail: an execution never run is lost, a second start is doubled."""
+    """The checks can fail: an execution never run is lost, a second start is doubled; a
+    start after a first run stopped by a shutdown is a rerun."""
     run = Chaos(Plan(pools=("prefork",)), pg_url, tmp_path)
     run.redis.port = free_port()  # nobody listens: the publish fails, the row stays pending
     run.prepare()
@@ -59,15 +62,23 @@ def test_the_verdict_sees_a_lost_execution_and_a_double_run(pg_url: str, tmp_pat
         chaos_app.REGISTRY.outbox = run.outbox
         chaos_app.begin(twice)  # type: ignore[arg-type]
         chaos_app.begin(twice)  # type: ignore[arg-type]
+        handed = SimpleNamespace(execution_id=uuid4(), attempt=2)
+        chaos_app.begin(handed)  # type: ignore[arg-type]
+        with run.outbox.engine.begin() as conn:  # it stopped for a shutdown, then began again
+            conn.execute(update(RUNS).where(RUNS.c.execution_id == str(handed.execution_id))
+                         .values(ended=time.time(), cancel=SHUTDOWN))
+        chaos_app.begin(handed)  # type: ignore[arg-type]
         with run.outbox.engine.connect() as conn:
-            assert len(conn.execute(select(RUNS)).all()) == 1
-            assert len(conn.execute(select(DOUBLES)).all()) == 1
+            assert len(conn.execute(select(RUNS)).all()) == 2
+            assert len(conn.execute(select(DOUBLES)).all()) == 2
 
         run.check()
 
         assert [lost["id"] for lost in run.outcome.lost] == [str(never)]
         assert [(d["id"], d["attempt"]) for d in run.outcome.doubled] == [
             (str(twice.execution_id), 1)]
+        assert [(d["id"], d["attempt"]) for d in run.outcome.reruns] == [
+            (str(handed.execution_id), 2)]
         assert not run.outcome.ok
     finally:
         run.close()
