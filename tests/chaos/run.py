@@ -388,6 +388,9 @@ class Chaos:
             if row.status == "succeeded" and (str(row.id), row.attempt) not in runs:
                 out.anomalies.append(f"{row.id}: succeeded on attempt {row.attempt}, "
                                      "which never began")
+        for w in self.workers:  # an outbox receiver of a worker signal that failed
+            out.anomalies += [f"{w.pool.name}: {line}" for line in w.text().splitlines()
+                              if "Signal handler" in line and "celery_outbox" in line]
         by_key: dict[tuple[str, int], list[Any]] = {}
         for r in [*runs.values(), *doubles]:
             by_key.setdefault((r.execution_id, r.attempt), []).append(r)

@@ -24,10 +24,15 @@ from tests.chaos.workers import POOLS
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-# Pools whose known defects (issue 8: #7 --max-tasks-per-child, #8 threads/gevent warm
-# shutdown) make this run fail until their fixes are merged; the bounded run leaves them
-# out, the report says so. The lead empties it after merging those fixes.
-POOLS_PENDING_FIX: frozenset[str] = frozenset()
+# Pools whose known defects (issue 8) make this run fail until their fixes are merged; the
+# bounded run leaves them out. The lead empties it after merging the fix:
+# - gevent (defect 8, h3-lifecycle): a warm stop often never drains: the worker_shutting_down
+#   receiver runs in gevent's event-loop callback, where Drain.start's Thread.start() raises
+#   BlockingSwitchOutError ("Signal handler <bound method Drain._on_shutting_down ...> raised"),
+#   so nothing is handed back (the rows wait for their lease); and with a short drain the
+#   drain hands back rows whose handler is still finishing, which begin the same attempt
+#   again elsewhere (python -m tests.chaos --drain-seconds 0.3 --pools gevent).
+POOLS_PENDING_FIX: frozenset[str] = frozenset({"gevent"})
 SEED = 8
 
 
