@@ -82,6 +82,7 @@ class Outcome:
     pushed: list[UUID] = field(default_factory=list)
     statuses: Counter[str] = field(default_factory=Counter)
     runs: int = 0
+    runs_by_pool: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     lost: list[dict[str, Any]] = field(default_factory=list)
     doubled: list[dict[str, Any]] = field(default_factory=list)
@@ -100,9 +101,12 @@ class Outcome:
         f = self.faults
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
         lines = [
-            f"chaos run: seed {self.plan.seed}, pools {', '.join(self.plan.pools)}",
+            f"chaos run: seed {self.plan.seed}, pools {', '.join(self.plan.pools)}, drain "
+            f"{self.plan.drain:g} s",
             f"  executions {len(self.pushed)} ({statuses}), "
-            f"handler runs {self.runs}, {self.seconds:.0f} s",
+            f"handler runs {self.runs} "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(self.runs_by_pool.items()))}), "
+            f"{self.seconds:.0f} s",
             f"  faults survived: {f['kill']} kills (SIGKILL of a worker), {f['kill_child']} pool "
             f"children killed, {f['warm']} warm stops, {f['pg']} backend terminations "
             f"({f['pg_backends']} connections), {f['broker']} broker restarts "
@@ -372,6 +376,7 @@ class Chaos:
             runs = {(r.execution_id, r.attempt): r for r in conn.execute(select(RUNS))}
             doubles = list(conn.execute(select(DOUBLES).order_by(DOUBLES.c.id)))
         out.runs = len(runs) + len(doubles)
+        out.runs_by_pool = Counter(r.worker for r in [*runs.values(), *doubles])
         out.statuses = Counter(r.status for r in rows.values())
         terminal = {s.value for s in TERMINAL}
         for execution_id in out.pushed:
