@@ -13,6 +13,10 @@ injects faults:
 - ``pg``: ``pg_terminate_backend`` of every connection of the run (workers and producer);
 - ``broker``: the Redis server stopped, restarted after a moment (its queues are lost).
 
+The seed fixes the schedule (what is pushed when, which fault when) and the draws made
+during the run (which worker, how long until a restart); the processes' own timing still
+varies between two runs of one seed.
+
 The run calls ``outbox.sweep()`` itself every ``sweep_every`` seconds (lease and
 ``stale_after`` are seconds, so recovery is quick). After the fault phase every worker and
 the broker are brought back, and the sweep goes on until every execution is terminal or
@@ -234,7 +238,7 @@ class Chaos:
             if now >= next_sweep:
                 self.sweep()
                 next_sweep = now + self.plan.sweep_every
-            self.supervise(restart=True)
+            self.supervise()
             time.sleep(0.05)
         self.settle()
         self.outcome.seconds = time.monotonic() - started
@@ -307,7 +311,8 @@ class Chaos:
                 worker.state, worker.since = "stopping", time.monotonic()
             self.outcome.faults[kind] += 1
 
-    def supervise(self, restart: bool) -> None:
+    def supervise(self) -> None:
+        """Notice exits, restart what is down once its moment came, the broker too."""
         now = time.monotonic()
         if self.redis.proc is None and self.redis_back_at is not None and now >= self.redis_back_at:
             self.redis.start()
@@ -331,7 +336,7 @@ class Chaos:
                     f"{WARM_EXIT_LIMIT:.0f} s (killed); log {w.log_path}")
                 kill_group(w.proc)
                 w.state, w.restart_at = "down", now
-            if restart and w.state == "down" and now >= w.restart_at:
+            if w.state == "down" and now >= w.restart_at:
                 w.start()
 
     def died_of_broker_restart(self, worker: Worker) -> bool:
@@ -349,7 +354,7 @@ class Chaos:
             self.redis_back_at = 0.0
         deadline = time.monotonic() + self.plan.settle
         while time.monotonic() < deadline:
-            self.supervise(restart=True)
+            self.supervise()
             self.sweep()
             if self.active() == 0:
                 return
