@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench faults
+.PHONY: example test lint bench faults chaos
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project
 
@@ -30,3 +30,10 @@ faults: $(BIN)/.installed
 	OUTBOX_TEST_FAULTS=full OUTBOX_TEST_DEADLOCK_ROUNDS=30 $(BIN)/python -m pytest -q \
 		tests/integration/test_hung_database.py tests/integration/test_hung_broker.py \
 		tests/e2e/test_hung_database.py tests/integration/test_push_many_order.py
+
+# The chaos run, longer than the default suite's bounded one: EXECUTIONS, SEED, MINUTES.
+EXECUTIONS ?= 2000
+SEED ?= 1
+MINUTES ?= 5
+chaos: $(BIN)/.installed
+	$(BIN)/python -m tests.chaos --executions $(EXECUTIONS) --seed $(SEED) --minutes $(MINUTES)

@@ -1,0 +1,160 @@
+"""The Celery app the chaos run's workers serve: ``celery -A tests.chaos.app worker``.
+
+A worker reads its settings from the environment at import:
+
+- ``CHAOS_BROKER`` / ``CHAOS_DB`` / ``CHAOS_QUEUE``: broker URL, database URL (it holds the
+  outbox table :data:`TABLE` and the :data:`RUNS` and :data:`DOUBLES` tables), the queue.
+- ``CHAOS_WORKER``: this worker's label (e.g. ``prefork-mtpc``), written on each run.
+- ``CHAOS_LEASE_SECONDS`` / ``CHAOS_STALE_SECONDS`` / ``CHAOS_DRAIN_SECONDS``: the outbox's
+  ``lease``, ``stale_after`` and ``drain_timeout``.
+
+Every handler call first inserts ``(execution_id, attempt)`` into :data:`RUNS`, whose
+primary key is that pair: a second start of one attempt is a double run. The handler then
+records it in :data:`DOUBLES` (never raises for it) and goes on, so the run sees every one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from pydantic import BaseModel
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert, update
+from sqlalchemy.exc import IntegrityError
+
+from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
+
+TABLE = "chaos_outbox"
+REGISTRY = JobRegistry()
+METADATA = MetaData()
+RUNS = Table(
+    "chaos_runs",
+    METADATA,
+    Column("execution_id", String(36), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("worker", String(40), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("at", Float, nullable=False),  # time.time() when the handler began, seconds
+    Column("ended", Float),  # time.time() when the handler stopped (None: never, killed)
+    Column("cancel", String(40)),  # ctx.cancel_reason if ctx.cancelled was set by then
+)
+DOUBLES = Table(
+    "chaos_doubles",
+    METADATA,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("execution_id", String(36), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("worker", String(40), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("ended", Float),
+    Column("cancel", String(40)),
+)
+# Retries enough that the faults (a kill, a terminated connection) rarely use them all up.
+RETRY = RetryPolicy(retries=8, backoff=timedelta(milliseconds=100),
+                    backoff_max=timedelta(seconds=1))
+
+
+class Work(BaseModel):
+    """What one handler does: sleep ``sleep_seconds`` (on attempts up to ``sleep_attempts``,
+    0: every attempt), then fail while ``attempt <= fail_times``."""
+
+    sleep_seconds: float = 0.0
+    sleep_attempts: int = 0
+    fail_times: int = 0
+
+
+def begin(ctx: JobContext[Work]) -> Any:
+    """Insert this attempt's RUNS row; a duplicate goes to DOUBLES instead. Returns the
+    statement that marks this run ended."""
+    outbox = REGISTRY.outbox
+    assert outbox is not None, "no Outbox installed in this process"
+    row: dict[str, Any] = {"execution_id": str(ctx.execution_id), "attempt": ctx.attempt,
+                           "worker": os.environ.get("CHAOS_WORKER", "?"), "pid": os.getpid(),
+                           "at": time.time()}
+    try:
+        with outbox.engine.begin() as conn:
+            conn.execute(insert(RUNS).values(row))
+        return update(RUNS).where(RUNS.c.execution_id == row["execution_id"],
+                                  RUNS.c.attempt == ctx.attempt)
+    except IntegrityError:
+        with outbox.engine.begin() as conn:
+            double = conn.execute(insert(DOUBLES).values(row).returning(DOUBLES.c.id)).scalar()
+        return update(DOUBLES).where(DOUBLES.c.id == double)
+
+
+def end(ctx: JobContext[Work], mark: Any) -> None:
+    """Mark the run ended (best effort: the database may be the fault being injected)."""
+    outbox = REGISTRY.outbox
+    assert outbox is not None
+    cancel = ctx.cancel_reason if ctx.cancelled.is_set() else None
+    with contextlib.suppress(Exception), outbox.engine.begin() as conn:
+        conn.execute(mark.values(ended=time.time(), cancel=cancel))
+
+
+def body(ctx: JobContext[Work]) -> None:
+    work = ctx.payload
+    mark = begin(ctx)
+    try:
+        sleeps = work.sleep_seconds and (not work.sleep_attempts
+                                         or ctx.attempt <= work.sleep_attempts)
+        # cooperative in every pool: a timeout or a shutdown sets ctx.cancelled
+        if sleeps and ctx.cancelled.wait(work.sleep_seconds):
+            ctx.raise_if_cancelled()
+        if ctx.attempt <= work.fail_times:
+            raise RuntimeError(f"chaos: planned failure on attempt {ctx.attempt}")
+    finally:
+        end(ctx, mark)
+
+
+@outbox_job(name="chaos.quick", schema=Work, record="all", retry=RETRY, registry=REGISTRY)
+def quick(ctx: JobContext[Work]) -> None:
+    """The outbox's lease; no timeout."""
+    body(ctx)
+
+
+@outbox_job(name="chaos.sleepy", schema=Work, record="all", retry=RETRY,
+            timeout=timedelta(seconds=3), registry=REGISTRY)
+def sleepy(ctx: JobContext[Work]) -> None:
+    """Timeout 3 s (so a 6 s lease)."""
+    body(ctx)
+
+
+@outbox_job(name="chaos.timed", schema=Work, record="all", retry=RETRY,
+            timeout=timedelta(seconds=1), registry=REGISTRY)
+def timed(ctx: JobContext[Work]) -> None:
+    """Timeout 1 s (so a 2 s lease): a first attempt sleeping longer times out."""
+    body(ctx)
+
+
+
+def build(broker: str, database_url: str, queue: str, **settings: Any) -> tuple[Celery, Outbox]:
+    """A Celery app on ``broker`` routing to ``queue``, with the outbox on ``database_url``."""
+    app = Celery("chaos", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=2,
+        broker_connection_max_retries=None,  # the broker restarts: keep trying
+        worker_hijack_root_logger=True,
+    )
+    outbox = Outbox(app, database_url=database_url, registry=REGISTRY, table_name=TABLE,
+                    **settings)
+    return app, outbox
+
+
+def settings_from_env() -> dict[str, timedelta]:
+    return {
+        "lease": timedelta(seconds=float(os.environ.get("CHAOS_LEASE_SECONDS", "3"))),
+        "stale_after": timedelta(seconds=float(os.environ.get("CHAOS_STALE_SECONDS", "3"))),
+        "drain_timeout": timedelta(seconds=float(os.environ.get("CHAOS_DRAIN_SECONDS", "10"))),
+    }
+
+
+if os.environ.get("CHAOS_BROKER"):
+    app, outbox = build(os.environ["CHAOS_BROKER"], os.environ["CHAOS_DB"],
+                        os.environ["CHAOS_QUEUE"], **settings_from_env())

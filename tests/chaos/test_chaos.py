@@ -1,0 +1,89 @@
+"""The chaos run, bounded for the default suite (about a minute; ``make chaos`` runs longer).
+
+Real ``celery worker`` processes (prefork, prefork with ``--max-tasks-per-child``, threads,
+gevent), a private ``redis-server`` and the session's PostgreSQL database; faults at seeded
+moments: workers SIGKILLed and warm-stopped, pool children killed, backends terminated, the
+broker restarted. Every execution must finish, none lost, no attempt begun twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from uuid import uuid4
+
+import pytest
+from sqlalchemy import select, update
+
+from celery_outbox.shutdown import SHUTDOWN
+from tests.chaos import app as chaos_app
+from tests.chaos.app import DOUBLES, RUNS, Work
+from tests.chaos.run import Chaos, Plan, chaos, free_port
+from tests.chaos.workers import POOLS
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+# Pools whose known defects (issue 8) make this run fail until their fixes are merged; the
+# bounded run leaves them out. The lead empties it after merging the fix:
+# - gevent (defect 8, h3-lifecycle): a warm stop often never drains: the worker_shutting_down
+#   receiver runs in gevent's event-loop callback, where Drain.start's Thread.start() raises
+#   BlockingSwitchOutError ("Signal handler <bound method Drain._on_shutting_down ...> raised"),
+#   so nothing is handed back (the rows wait for their lease); and with a short drain the
+#   drain hands back rows whose handler is still finishing, which begin the same attempt
+#   again elsewhere (python -m tests.chaos --drain-seconds 0.3 --pools gevent).
+POOLS_PENDING_FIX: frozenset[str] = frozenset({"gevent"})
+SEED = 8
+
+
+def test_chaos_run_loses_nothing_and_runs_no_attempt_twice(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pools = tuple(p for p in POOLS if p not in POOLS_PENDING_FIX)
+    plan = Plan(executions=300, seed=SEED, duration=40.0, fault_every=3.0, pools=pools)
+
+    outcome = chaos(plan, pg_url, tmp_path)
+
+    with capsys.disabled():  # the figures reach CI's log, passed or failed
+        print("\n" + outcome.report())
+    assert outcome.ok, outcome.report()
+    assert set(outcome.statuses) <= {"succeeded", "failed"}, outcome.report()
+    assert len(outcome.pushed) == 300
+    for kind in ("kill", "warm", "pg", "broker", "kill_child"):  # the run was not a calm one
+        assert outcome.faults[kind] >= 1, outcome.report()
+
+
+def test_the_verdict_sees_a_lost_execution_and_a_double_run(pg_url: str, tmp_path: Path
+                                                             ) -> None:
+    """The checks can fail: an execution never run is lost, a second start is doubled; a
+    start after a first run stopped by a shutdown is a rerun."""
+    run = Chaos(Plan(pools=("prefork",)), pg_url, tmp_path)
+    run.redis.port = free_port()  # nobody listens: the publish fails, the row stays pending
+    run.prepare()
+    try:
+        never = run.outbox.push_many(chaos_app.quick.spec, [Work()])[0]
+        run.outcome.pushed.append(never)
+        twice = SimpleNamespace(execution_id=uuid4(), attempt=1)
+        chaos_app.REGISTRY.outbox = run.outbox
+        chaos_app.begin(twice)  # type: ignore[arg-type]
+        chaos_app.begin(twice)  # type: ignore[arg-type]
+        handed = SimpleNamespace(execution_id=uuid4(), attempt=2)
+        chaos_app.begin(handed)  # type: ignore[arg-type]
+        with run.outbox.engine.begin() as conn:  # it stopped for a shutdown, then began again
+            conn.execute(update(RUNS).where(RUNS.c.execution_id == str(handed.execution_id))
+                         .values(ended=time.time(), cancel=SHUTDOWN))
+        chaos_app.begin(handed)  # type: ignore[arg-type]
+        with run.outbox.engine.connect() as conn:
+            assert len(conn.execute(select(RUNS)).all()) == 2
+            assert len(conn.execute(select(DOUBLES)).all()) == 2
+
+        run.check()
+
+        assert [lost["id"] for lost in run.outcome.lost] == [str(never)]
+        assert [(d["id"], d["attempt"]) for d in run.outcome.doubled] == [
+            (str(twice.execution_id), 1)]
+        assert [(d["id"], d["attempt"]) for d in run.outcome.reruns] == [
+            (str(handed.execution_id), 2)]
+        assert not run.outcome.ok
+    finally:
+        run.close()
