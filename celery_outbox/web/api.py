@@ -152,6 +152,23 @@ def executions(
                             next_cursor=page.next_cursor)
 
 
+@router.post("/executions/bulk/{action}", response_model=BulkOut, responses=ACT,
+             tags=["actions"])
+def bulk(action: str, body: BulkIn, who: Operator, board: Board) -> BulkOut:
+    """Retry (``action=retry``) or cancel (``action=cancel``) every execution the filter
+    selects whose status allows it, newest first, at most 1,000; ``dry_run`` (the default)
+    only counts them."""
+    if action not in ("retry", "cancel"):
+        raise HTTPException(404, f"no bulk action {action!r}: use 'retry' or 'cancel'")
+    query = scoped_query(who, body.job, body.status, body.key, body.tenant, body.created_after,
+                         body.created_before, body.error)
+    if query is None:
+        return BulkOut(action=action, dry_run=body.dry_run,  # type: ignore[arg-type]
+                       matched=0, more=False, done=[], skipped=[])
+    return BulkOut.of(board.bulk(action, query, dry_run=body.dry_run, by=WHO,
+                                 by_name=who.name))
+
+
 @router.get("/executions/{execution_id}", response_model=ExecutionDetailOut, responses=READ,
             tags=["executions"])
 def execution(execution_id: UUID, who: Who, board: Board) -> ExecutionDetailOut:
@@ -180,23 +197,6 @@ def cancel(execution_id: UUID, who: Operator, board: Board) -> ActionOut:
                         organization_id=who.organization_id)
     return ActionOut(action="cancel", job_name=view.job_name, execution_id=view.id,
                      new_execution_id=None, status=Status(view.status))
-
-
-@router.post("/executions/bulk/{action}", response_model=BulkOut, responses=ACT,
-             tags=["actions"])
-def bulk(action: str, body: BulkIn, who: Operator, board: Board) -> BulkOut:
-    """Retry (``action=retry``) or cancel (``action=cancel``) every execution the filter
-    selects whose status allows it, newest first, at most 1,000; ``dry_run`` (the default)
-    only counts them."""
-    if action not in ("retry", "cancel"):
-        raise HTTPException(404, f"no bulk action {action!r}: use 'retry' or 'cancel'")
-    query = scoped_query(who, body.job, body.status, body.key, body.tenant, body.created_after,
-                         body.created_before, body.error)
-    if query is None:
-        return BulkOut(action=action, dry_run=body.dry_run,  # type: ignore[arg-type]
-                       matched=0, more=False, done=[], skipped=[])
-    return BulkOut.of(board.bulk(action, query, dry_run=body.dry_run, by=WHO,
-                                 by_name=who.name))
 
 
 @router.get("/failures", response_model=FailuresOut, responses=READ, tags=["executions"])
