@@ -23,6 +23,8 @@ from celery_outbox.states import Status
 from celery_outbox.web.api import scoped_query
 from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal
 
+LATE_AFTER = timedelta(minutes=5)
+"""The overview shows an oldest pending age beyond this in red (any age in amber)."""
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 router = APIRouter(include_in_schema=False)
 
@@ -79,7 +81,7 @@ def overview(request: Request) -> Response:
     data = _board(request).overview(who.organization_id)
     peak = max((b.succeeded + b.failed for j in data.jobs for b in j.last_hour), default=0)
     return render(request, "overview.html", overview=data, peak=max(peak, 1),
-                  statuses=[s.value for s in Status])
+                  statuses=[s.value for s in Status], late_after=LATE_AFTER.total_seconds())
 
 
 @router.get("/executions", response_class=HTMLResponse)
