@@ -27,8 +27,8 @@ import uvicorn
 from celery_outbox import Outbox, OutboxJob
 from celery_outbox.web import Auth, create_app
 from tests.conftest import CI
-from tests.procs import wait_for
 from tests.integration.fakes import RecordingDispatcher
+from tests.procs import wait_for
 from tests.web.conftest import PASSWORDS, Switch
 
 CHROMIUM = Path("/usr/bin/chromium")
