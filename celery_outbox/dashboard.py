@@ -172,7 +172,7 @@ class _Cache:
 class Dashboard:
     """The dashboard reads and tenant-scoped actions of one Outbox's admin service.
 
-    - ``count_cap``: counts per (job, status) stop here (default 10,000).
+    - ``count_cap``: counts per (job, status) stop here (default 1,000).
     - ``cache_for``: how long an overview is shared (default 3 s; ``timedelta(0)``: never).
     - ``failure_window``: how many recent failures :meth:`failures` groups (default 2,000).
     """
@@ -181,7 +181,7 @@ class Dashboard:
         self,
         admin: OutboxAdmin,
         *,
-        count_cap: int = 10_000,
+        count_cap: int = 1_000,
         cache_for: timedelta = timedelta(seconds=3),
         failure_window: int = 2_000,
     ) -> None:
@@ -221,7 +221,8 @@ class Dashboard:
         bucket = timedelta(hours=1) / HOUR_BUCKETS
         since = now - timedelta(hours=1)
         hour: dict[tuple[str, int], dict[str, int]] = {}
-        for job, status, index, n in self.store.outcomes_since(since, bucket, organization_id):
+        for job, status, index, n in self.store.outcomes_since(names, since, bucket,
+                                                               organization_id):
             if 0 <= index < HOUR_BUCKETS:
                 hour.setdefault((job, index), {})[status] = n
         jobs = tuple(
@@ -274,8 +275,8 @@ class Dashboard:
         for name in job_names or ():
             self.registry.get(name)
         start = datetime.now(timezone.utc) - since
-        rows = self.store.recent_failures(start, organization_id, job_names,
-                                          self.failure_window)
+        names = list(job_names) if job_names else sorted(s.name for s in self.registry)
+        rows = self.store.recent_failures(start, organization_id, names, self.failure_window)
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for row in rows:
             groups.setdefault((row["job_name"], error_type(row["error"])), []).append(row)

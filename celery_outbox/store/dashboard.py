@@ -164,34 +164,43 @@ class DashboardStore(StoreBase):
         return out
 
     def outcomes_since(
-        self, since: datetime, bucket: timedelta, organization_id: str | None
+        self, job_names: Sequence[str], since: datetime, bucket: timedelta,
+        organization_id: str | None,
     ) -> list[tuple[str, str, int, int]]:
-        """Read the rows that finished (succeeded or failed) since ``since``, counted per job,
-        status and time bucket of ``bucket`` (bucket 0 starts at ``since``).
+        """Read the rows of ``job_names`` that finished (succeeded or failed) since ``since``,
+        counted per job, status and time bucket of ``bucket`` (bucket 0 starts at ``since``).
 
-        Served by the index on finished rows ``(job_name, status, finished_at, id)``: its cost
-        follows the rows finished in the window. Returns ``[(job_name, status, bucket, n)]``.
+        ONE statement: a UNION ALL of one range scan of the index on finished rows
+        ``(job_name, status, finished_at, id)`` per (job, status), so its cost follows the
+        rows finished in the window, not the table. Returns ``[(job_name, status, bucket, n)]``.
         """
+        if not job_names:
+            return []
         t = self.t
         seconds = bucket.total_seconds()
         offset: Any
         if self.dialect == "postgresql":
             offset = func.extract("epoch", t.c.finished_at - since)
+            index: Any = cast(func.floor(offset / seconds), Integer)
         else:
             naive = since.replace(tzinfo=None).isoformat(sep=" ")
             offset = (func.julianday(t.c.finished_at) - func.julianday(naive)) * 86400.0
-        index = cast(func.floor(offset / seconds), Integer) if self.dialect == "postgresql" \
-            else cast(offset / seconds, Integer)
-        stmt = (
-            select(t.c.job_name, t.c.status, index.label("bucket"), func.count())
-            .where(t.c.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]),
-                   t.c.finished_at >= since)
-            .group_by(t.c.job_name, t.c.status, index)
-        )
-        if organization_id is not None:
-            stmt = stmt.where(t.c.organization_id == organization_id)
+            index = cast(offset / seconds, Integer)
+        parts = []
+        for name in job_names:
+            for status in (Status.SUCCEEDED, Status.FAILED):
+                part = (
+                    select(t.c.job_name, t.c.status, index.label("bucket"), func.count())
+                    .where(t.c.job_name == name, t.c.status == status.value,
+                           t.c.finished_at >= since)
+                    .group_by(t.c.job_name, t.c.status, index)
+                )
+                if organization_id is not None:
+                    part = part.where(t.c.organization_id == organization_id)
+                parts.append(part)
         with self.begin() as conn:
-            return [(str(j), str(s), int(b), int(n)) for j, s, b, n in conn.execute(stmt)]
+            return [(str(j), str(s), int(b), int(n))
+                    for j, s, b, n in conn.execute(union_all(*parts))]
 
     def page(
         self, q: ExecutionQuery, after: Cursor | None, limit: int
@@ -225,24 +234,35 @@ class DashboardStore(StoreBase):
         return dict(row._mapping) if row is not None else None
 
     def recent_failures(
-        self, since: datetime, organization_id: str | None, job_names: Sequence[str] | None,
+        self, since: datetime, organization_id: str | None, job_names: Sequence[str],
         limit: int,
     ) -> list[dict[str, Any]]:
-        """Read the newest failed rows finished since ``since`` (at most ``limit``), newest
-        first: ``id``, ``job_name``, ``finished_at`` and the first 500 characters of
-        ``last_error``. Served by the index on finished rows."""
+        """Read the newest failed rows of ``job_names`` finished since ``since`` (at most
+        ``limit``), newest first: ``id``, ``job_name``, ``finished_at`` and the first 500
+        characters of ``last_error``.
+
+        ONE statement: per job, a backward range scan of the index on finished rows (at most
+        ``limit`` rows each), merged and cut to ``limit``.
+        """
+        if not job_names:
+            return []
         t = self.t
-        stmt = (
-            select(t.c.id, t.c.job_name, t.c.finished_at,
-                   func.substr(t.c.last_error, 1, 500).label("error"))
-            .where(t.c.status == Status.FAILED.value, t.c.finished_at >= since)
-            .order_by(t.c.finished_at.desc(), t.c.id.desc())
-            .limit(limit)
-        )
-        if organization_id is not None:
-            stmt = stmt.where(t.c.organization_id == organization_id)
-        if job_names is not None:
-            stmt = stmt.where(t.c.job_name.in_(job_names))
+        parts = []
+        for name in job_names:
+            part = (
+                select(t.c.id, t.c.job_name, t.c.finished_at,
+                       func.substr(t.c.last_error, 1, 500).label("error"))
+                .where(t.c.job_name == name, t.c.status == Status.FAILED.value,
+                       t.c.finished_at >= since)
+                .order_by(t.c.finished_at.desc(), t.c.id.desc())
+                .limit(limit)
+            )
+            if organization_id is not None:
+                part = part.where(t.c.organization_id == organization_id)
+            parts.append(part.subquery().select())
+        merged = union_all(*parts).subquery()
+        stmt = (select(merged).order_by(merged.c.finished_at.desc(), merged.c.id.desc())
+                .limit(limit))
         with self.begin() as conn:
             return [dict(row._mapping) for row in conn.execute(stmt)]
 

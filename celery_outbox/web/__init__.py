@@ -49,14 +49,14 @@ def create_app(
     outbox: Outbox,
     auth: Auth | Resolver | Any | None = ...,
     *,
-    count_cap: int = 10_000,
+    count_cap: int = 1_000,
     cache_for: timedelta = timedelta(seconds=3),
     title: str = "celery_outbox",
 ) -> Any:
     """The dashboard and JSON API of ``outbox`` as a FastAPI application.
 
     - ``auth``: see the module docstring; left out, from the app's settings.
-    - ``count_cap``: counts per job and status stop at this (shown as "10000+").
+    - ``count_cap``: counts per job and status stop at this (shown as "1000+").
     - ``cache_for``: how long the overview's counts are shared by every viewer.
 
     Raises ImportError naming the ``web`` extra when FastAPI or Jinja2 is not installed,

@@ -53,7 +53,7 @@ def build(
     outbox: Outbox,
     auth: Auth | Resolver | None = FROM_SETTINGS,
     *,
-    count_cap: int = 10_000,
+    count_cap: int = 1_000,
     cache_for: timedelta = timedelta(seconds=3),
     title: str = "celery_outbox",
 ) -> FastAPI:
