@@ -174,7 +174,7 @@ class Dashboard:
 
     - ``count_cap``: counts per (job, status) stop here (default 1,000).
     - ``cache_for``: how long an overview is shared (default 3 s; ``timedelta(0)``: never).
-    - ``failure_window``: how many recent failures :meth:`failures` groups (default 2,000).
+    - ``failure_window``: how many recent failures :meth:`failures` groups (default 1,000).
     """
 
     def __init__(
@@ -183,7 +183,7 @@ class Dashboard:
         *,
         count_cap: int = 1_000,
         cache_for: timedelta = timedelta(seconds=3),
-        failure_window: int = 2_000,
+        failure_window: int = 1_000,
     ) -> None:
         if count_cap < 1 or failure_window < 1:
             raise ConfigurationError("Dashboard: count_cap and failure_window must be >= 1")

@@ -7,15 +7,17 @@ Times are aware UTC datetimes passed in by the caller.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
 from sqlalchemy import (
+    Float,
     Integer,
     and_,
+    bindparam,
     cast,
     func,
     literal,
@@ -83,6 +85,22 @@ class DashboardStore(StoreBase):
                 where.append(t.c.last_error.like(pattern, escape="\\"))
         return where
 
+    def _built(self, shape: Hashable, build: Callable[[], Any]) -> Any:
+        """The statement of ``shape``, built once (its values are bound parameters), so the
+        overview pays neither the construction of its UNION nor, once psycopg prepared it,
+        its planning on every read."""
+        cache: dict[Hashable, Any] = self.__dict__.setdefault("_dashboard_statements", {})
+        stmt = cache.get(shape)
+        if stmt is None:
+            stmt = cache[shape] = build()
+        return stmt
+
+    def _scoped(self, stmt: Any, scoped: bool) -> Any:
+        """``stmt`` restricted to the tenant bound as ``org`` when ``scoped``."""
+        if scoped:
+            return stmt.where(self.t.c.organization_id == bindparam("org"))
+        return stmt
+
     def capped_counts(
         self, job_names: Sequence[str], organization_id: str | None, cap: int
     ) -> dict[tuple[str, str], int]:
@@ -94,19 +112,24 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return {}
-        t = self.t
-        parts = []
-        for name in job_names:
-            for status in Status:
-                inner = select(literal(1)).where(t.c.job_name == name,
-                                                 t.c.status == status.value)
-                if organization_id is not None:
-                    inner = inner.where(t.c.organization_id == organization_id)
-                n = select(func.count()).select_from(inner.limit(cap).subquery())
-                parts.append(select(literal(name), literal(status.value),
-                                    n.scalar_subquery()))
+        t, scoped = self.t, organization_id is not None
+
+        def build() -> Any:
+            parts = []
+            for name in job_names:
+                for status in Status:
+                    inner = self._scoped(select(literal(1)).where(
+                        t.c.job_name == name, t.c.status == status.value), scoped)
+                    n = select(func.count()).select_from(
+                        inner.limit(bindparam("cap", type_=Integer)).subquery())
+                    parts.append(select(literal(name), literal(status.value),
+                                        n.scalar_subquery()))
+            return union_all(*parts)
+
+        stmt = self._built(("counts", tuple(job_names), scoped), build)
+        params = {"cap": cap, **({"org": organization_id} if scoped else {})}
         with self.begin() as conn:
-            return {(str(j), str(s)): int(n) for j, s, n in conn.execute(union_all(*parts))}
+            return {(str(j), str(s)): int(n) for j, s, n in conn.execute(stmt, params)}
 
     def oldest_pending(
         self, job_names: Sequence[str], organization_id: str | None
@@ -118,17 +141,20 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return {}
-        t = self.t
-        parts = []
-        for name in job_names:
-            inner = select(t.c.created_at).where(
-                t.c.job_name == name, t.c.status == Status.PENDING.value)
-            if organization_id is not None:
-                inner = inner.where(t.c.organization_id == organization_id)
-            first = inner.order_by(t.c.created_at).limit(1).scalar_subquery()
-            parts.append(select(literal(name), first))
+        t, scoped = self.t, organization_id is not None
+
+        def build() -> Any:
+            parts = []
+            for name in job_names:
+                inner = self._scoped(select(t.c.created_at).where(
+                    t.c.job_name == name, t.c.status == Status.PENDING.value), scoped)
+                first = inner.order_by(t.c.created_at).limit(1).scalar_subquery()
+                parts.append(select(literal(name), first))
+            return union_all(*parts)
+
+        stmt = self._built(("oldest", tuple(job_names), scoped), build)
         with self.begin() as conn:
-            rows = conn.execute(union_all(*parts)).all()
+            rows = conn.execute(stmt, {"org": organization_id} if scoped else {}).all()
         return {str(name): self._time(when) for name, when in rows if when is not None}
 
     def last_finished(
@@ -141,18 +167,21 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return {}
-        t = self.t
-        parts = []
-        for name in job_names:
-            for status in (Status.SUCCEEDED, Status.FAILED):
-                inner = select(t.c.finished_at).where(
-                    t.c.job_name == name, t.c.status == status.value)
-                if organization_id is not None:
-                    inner = inner.where(t.c.organization_id == organization_id)
-                newest = inner.order_by(t.c.finished_at.desc()).limit(1).scalar_subquery()
-                parts.append(select(literal(name), literal(status.value), newest))
+        t, scoped = self.t, organization_id is not None
+
+        def build() -> Any:
+            parts = []
+            for name in job_names:
+                for status in (Status.SUCCEEDED, Status.FAILED):
+                    inner = self._scoped(select(t.c.finished_at).where(
+                        t.c.job_name == name, t.c.status == status.value), scoped)
+                    newest = inner.order_by(t.c.finished_at.desc()).limit(1).scalar_subquery()
+                    parts.append(select(literal(name), literal(status.value), newest))
+            return union_all(*parts)
+
+        stmt = self._built(("last", tuple(job_names), scoped), build)
         with self.begin() as conn:
-            rows = conn.execute(union_all(*parts)).all()
+            rows = conn.execute(stmt, {"org": organization_id} if scoped else {}).all()
         return {(str(j), str(s)): self._time(w) for j, s, w in rows if w is not None}
 
     def _time(self, value: Any) -> datetime:
@@ -176,31 +205,40 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return []
-        t = self.t
-        seconds = bucket.total_seconds()
-        offset: Any
+        t, scoped = self.t, organization_id is not None
+        start = bindparam("since", type_=t.c.finished_at.type)
+
+        def build() -> Any:
+            offset: Any
+            seconds = bindparam("seconds", type_=Float)
+            if self.dialect == "postgresql":
+                offset = func.extract("epoch", t.c.finished_at - start)
+                index: Any = cast(func.floor(offset / seconds), Integer)
+            else:
+                offset = (func.julianday(t.c.finished_at)
+                          - func.julianday(bindparam("since_text"))) * 86400.0
+                index = cast(offset / seconds, Integer)
+            parts = []
+            for name in job_names:
+                for status in (Status.SUCCEEDED, Status.FAILED):
+                    parts.append(self._scoped(
+                        select(t.c.job_name, t.c.status, index.label("bucket"), func.count())
+                        .where(t.c.job_name == name, t.c.status == status.value,
+                               t.c.finished_at >= start)
+                        .group_by(t.c.job_name, t.c.status, index), scoped))
+            return union_all(*parts)
+
+        stmt = self._built(("outcomes", tuple(job_names), scoped), build)
+        params: dict[str, Any] = {
+            "since": since, "seconds": bucket.total_seconds(),
+            "since_text": since.astimezone(timezone.utc).replace(tzinfo=None).isoformat(sep=" "),
+            **({"org": organization_id} if scoped else {}),
+        }
         if self.dialect == "postgresql":
-            offset = func.extract("epoch", t.c.finished_at - since)
-            index: Any = cast(func.floor(offset / seconds), Integer)
-        else:
-            naive = since.replace(tzinfo=None).isoformat(sep=" ")
-            offset = (func.julianday(t.c.finished_at) - func.julianday(naive)) * 86400.0
-            index = cast(offset / seconds, Integer)
-        parts = []
-        for name in job_names:
-            for status in (Status.SUCCEEDED, Status.FAILED):
-                part = (
-                    select(t.c.job_name, t.c.status, index.label("bucket"), func.count())
-                    .where(t.c.job_name == name, t.c.status == status.value,
-                           t.c.finished_at >= since)
-                    .group_by(t.c.job_name, t.c.status, index)
-                )
-                if organization_id is not None:
-                    part = part.where(t.c.organization_id == organization_id)
-                parts.append(part)
+            del params["since_text"]
         with self.begin() as conn:
             return [(str(j), str(s), int(b), int(n))
-                    for j, s, b, n in conn.execute(union_all(*parts))]
+                    for j, s, b, n in conn.execute(stmt, params)]
 
     def page(
         self, q: ExecutionQuery, after: Cursor | None, limit: int
@@ -238,7 +276,7 @@ class DashboardStore(StoreBase):
         limit: int,
     ) -> list[dict[str, Any]]:
         """Read the newest failed rows of ``job_names`` finished since ``since`` (at most
-        ``limit``), newest first: ``id``, ``job_name``, ``finished_at`` and the first 500
+        ``limit``), newest first: ``id``, ``job_name``, ``finished_at`` and the first 300
         characters of ``last_error``.
 
         ONE statement: per job, a backward range scan of the index on finished rows (at most
@@ -251,7 +289,7 @@ class DashboardStore(StoreBase):
         for name in job_names:
             part = (
                 select(t.c.id, t.c.job_name, t.c.finished_at,
-                       func.substr(t.c.last_error, 1, 500).label("error"))
+                       func.substr(t.c.last_error, 1, 300).label("error"))
                 .where(t.c.job_name == name, t.c.status == Status.FAILED.value,
                        t.c.finished_at >= since)
                 .order_by(t.c.finished_at.desc(), t.c.id.desc())
