@@ -10,9 +10,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench
+.PHONY: example test lint bench bench-web
+# `make example DASHBOARD=1`: afterwards, keep the dashboard running on the run's data.
 example: $(BIN)/.installed
-	$(BIN)/python -m example_project
+	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
 
 test: lint
 	$(BIN)/python -m pytest -q
@@ -24,3 +25,7 @@ lint: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
+
+# The dashboard's reads at 1,000,000 rows on PostgreSQL (bench/README.md, "Dashboard").
+bench-web: $(BIN)/.installed
+	$(BIN)/python -m bench web
