@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).resolve().parent
 UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-OPEN_PATHS = ("/static/", "/login", "/logout")
-"""Reachable without a principal (the login form and its assets)."""
+OPEN_PATHS = ("/login", "/logout")
+OPEN_PREFIX = "/static/"
+"""Reachable without a principal: the login form, logging out, the pages' assets."""
 ANONYMOUS = Principal("anonymous", "operate")
 
 
@@ -114,7 +115,8 @@ def _install_guard(app: FastAPI) -> None:
             reason = cross_site(request, auth)
             if reason is not None:
                 return _error(request, 403, f"cross-site request refused: {reason}")
-        if relative_path(request).startswith(OPEN_PATHS):
+        rel = relative_path(request)
+        if rel in OPEN_PATHS or rel.startswith(OPEN_PREFIX):
             return await call_next(request)  # type: ignore[no-any-return]
         who: Principal | None
         if auth is None:

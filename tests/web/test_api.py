@@ -397,3 +397,27 @@ def test_a_resolver_hook_and_auth_none(web_outbox: Outbox, jobs: Jobs) -> None:
     # Left out: users and tokens from app.conf; none configured -> 401 for everyone.
     with TestClient(create_app(web_outbox)) as c:
         assert c.get("/api/v1/me").status_code == 401
+
+
+@sqlite_only
+def test_pages_answer_bad_input_with_a_page_naming_it(
+    client: TestClient, jobs: Jobs, web_outbox: Outbox
+) -> None:
+    failed(jobs, organization_id="globex")
+    ops = ("ops", PASSWORDS["ops"])
+    for path, status, names in (
+        ("/executions?status=bogus", 400, "bogus"),
+        ("/executions?cursor=garbage", 400, "cursor"),
+        ("/executions?job=nope", 404, "nope"),
+        ("/executions?created_after=yesterday", 400, "created_after"),
+        ("/executions/not-a-uuid", 404, "not-a-uuid"),
+        ("/failures?hours=abc", 400, "hours"),
+        ("/failures?hours=-1", 400, "hours"),
+        ("/nothing-here", 404, "/nothing-here"),
+        ("/loginx", 401, 'name="password"'),
+    ):
+        r = client.get(path, auth=ops if path != "/loginx" else None)
+        assert r.status_code == status, (path, r.text[:300])
+        assert names in r.text and r.headers["content-type"].startswith("text/html"), path
+    r = client.post("/login", data={"username": "ops", "password": "wrong"})
+    assert r.status_code == 401 and "unknown user or wrong password" in r.text
