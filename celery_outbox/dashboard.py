@@ -22,6 +22,7 @@ Misses raise what the admin raises (:class:`ExecutionNotFound`, :class:`JobNotRe
 from __future__ import annotations
 
 import base64
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -354,8 +355,8 @@ class Dashboard:
         wanted = set(query.statuses) & allowed if query.statuses is not None else set(allowed)
         if not wanted:
             return BulkResult(action, dry_run, 0, False)
-        scoped = ExecutionQuery(**{**query.__dict__,
-                                   "statuses": tuple(sorted(wanted, key=lambda s: s.value))})
+        scoped = dataclasses.replace(
+            query, statuses=tuple(sorted(wanted, key=lambda s: s.value)))
         ids = self.store.matching_ids(scoped, BULK_MAX + 1)
         more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
         if dry_run:
