@@ -10,9 +10,10 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench faults chaos
+.PHONY: example test lint bench bench-web faults chaos
+# `make example DASHBOARD=1`: afterwards, keep the dashboard running on the run's data.
 example: $(BIN)/.installed
-	$(BIN)/python -m example_project
+	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
 
 test: lint
 	$(BIN)/python -m pytest -q
@@ -37,3 +38,7 @@ SEED ?= 1
 MINUTES ?= 5
 chaos: $(BIN)/.installed
 	$(BIN)/python -m tests.chaos --executions $(EXECUTIONS) --seed $(SEED) --minutes $(MINUTES)
+
+# The dashboard's reads at 1,000,000 rows on PostgreSQL (bench/README.md, "Dashboard").
+bench-web: $(BIN)/.installed
+	$(BIN)/python -m bench web

@@ -15,6 +15,7 @@ The figures are measured in rounds, one of each figure per round, so both sides 
 machine; each figure is the median over rounds, each ratio the median of its per-round ratios.
 
 ``python -m bench sweep [--quick]``: the sweep / trim benchmark of issue 3 (bench/sweep.py).
+``python -m bench web [--rows N]``: the dashboard's reads at 1,000,000 rows (bench/web.py).
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import sweep
 
         return sweep.main(argv[1:])
+    if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
+        from bench import web
+
+        return web.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
                                      epilog="python -m bench sweep --help: the sweep / trim "
                                             "benchmark (issue 3)")

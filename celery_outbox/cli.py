@@ -7,8 +7,9 @@ passes it in click's context (``ctx.obj.app``); the Outbox is the one installed 
 
 Sub-commands: ``jobs``, ``executions JOB [--status S] [--limit N] [--organization-id ORG]``,
 ``show ID``, ``trigger JOB [--payload JSON]``, ``retry ID``, ``cancel ID``, ``sweep``,
-``trim``, ``create-schema``. ``jobs``, ``executions`` and ``show`` print tables for people;
-the others print one line; all print JSON with ``--json``.
+``trim``, ``create-schema``, ``web [--host H] [--port N] [--no-auth]`` (the dashboard and
+HTTP API, extra ``web``), ``hash-secret [--token]``. ``jobs``, ``executions`` and ``show``
+print tables for people; the others print one line; all print JSON with ``--json``.
 
 Exit status, each failure with one line ``Error: ...`` on stderr:
 
@@ -255,6 +256,72 @@ def create_schema_command(box: Outbox, as_json: bool) -> None:
         _print_json({"tables": tables})
         return
     click.echo(f"schema ready: {', '.join(tables)}")
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@outbox.command("web")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535),
+              help="Port to bind.")
+@click.option("--no-auth", is_flag=True,
+              help="No authentication: everyone is an operator. Binds loopback only.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@admin_command
+def web_command(box: Outbox, host: str, port: int, no_auth: bool, log_level: str) -> None:
+    """Serve the dashboard and its JSON API (/api/v1) with uvicorn.
+
+    Users and bearer tokens come from app.conf.outbox_web_users / outbox_web_tokens (see
+    the README); without any, every request answers 401.
+    """
+    try:
+        import uvicorn
+
+        from celery_outbox.web import create_app
+        from celery_outbox.web.auth import Auth
+    except ImportError as exc:
+        raise click.ClickException(
+            f"{exc}; the dashboard needs the web extra: pip install 'celery-outbox[web]'"
+        ) from exc
+    if no_auth:
+        if host not in LOOPBACK:
+            raise _BadInput(f"--no-auth serves only a loopback address (127.0.0.1, ::1), "
+                            f"got --host {host}")
+        app = create_app(box, auth=None)
+        click.echo(f"celery_outbox web: NO AUTHENTICATION (--no-auth): everyone who reaches "
+                   f"http://{_hostport(host, port)}/ is an operator; bound to loopback only",
+                   err=True)
+    else:
+        auth = Auth.from_settings(box.app.conf)
+        if not auth.configured:
+            click.echo("celery_outbox web: no users or tokens configured "
+                       "(app.conf.outbox_web_users / outbox_web_tokens): every request will "
+                       "answer 401; use --no-auth on loopback to try it", err=True)
+        app = create_app(box, auth=auth)
+    click.echo(f"celery_outbox web: serving http://{_hostport(host, port)}/ "
+               f"(API: /api/v1, OpenAPI: /openapi.json)", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@outbox.command("hash-secret")
+@click.option("--token", "is_token", is_flag=True,
+              help="Hash a bearer token (SHA-256) instead of a password (PBKDF2).")
+def hash_secret_command(is_token: bool) -> None:
+    """Read a password (or a token) without echo and print the hash to put in settings."""
+    from celery_outbox.web.auth import hash_secret
+
+    secret = click.prompt("token" if is_token else "password", hide_input=True,
+                          confirmation_prompt=not is_token)
+    try:
+        click.echo(hash_secret(secret, kind="token" if is_token else "password"))
+    except ConfigurationError as exc:
+        raise _BadInput(str(exc)) from exc
 
 
 # -- formatting -------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from celery_outbox.errors import ConfigurationError
 
 PREFIX = "outbox_"
+WEB_PREFIX = "outbox_web_"
+"""``app.conf.outbox_web_*`` belongs to the dashboard (:mod:`celery_outbox.web`), not here."""
 
 MAX_DURATION = timedelta(days=3650)
 """The longest duration a setting (and a job's lease) may hold: a time past it cannot be
@@ -130,7 +132,7 @@ class OutboxConfig(BaseModel):
         values: dict[str, Any] = {
             key[len(PREFIX) :]: value
             for key, value in (conf or {}).items()
-            if isinstance(key, str) and key.startswith(PREFIX)
+            if isinstance(key, str) and key.startswith(PREFIX) and not key.startswith(WEB_PREFIX)
         }
         values.update(overrides)
         unknown = sorted(set(values) - set(cls.model_fields))

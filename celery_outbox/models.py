@@ -165,6 +165,12 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     _index(  # admin: a job's executions newest first
         f"ix_{name}_job_created", executions, "job_name", "created_at",
     )
+    _index(  # dashboard: capped counts per (job, status), oldest pending, filtered pages
+        f"ix_{name}_job_status_created", executions, "job_name", "status", "created_at", "id",
+    )
+    _index(  # dashboard: every job's executions newest first (keyset pages)
+        f"ix_{name}_created", executions, "created_at", "id",
+    )
     cron_ticks = Table(
         f"{name}_cron",
         metadata,

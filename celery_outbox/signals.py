@@ -16,6 +16,13 @@ filters on it) and these keyword arguments:
 - ``job_cancel(execution_id, cancelled_by)``: an active execution was cancelled;
   ``cancelled_by`` is the ``by`` given to cancel (a str or None).
 
+- ``admin_action(action, execution_id, new_execution_id, principal, organization_id)``: a
+  person acted through the dashboard or its HTTP API; ``action`` is ``"trigger"``,
+  ``"retry"`` or ``"cancel"``; ``execution_id`` the execution acted on (for a trigger, the
+  new one), ``new_execution_id`` the execution a trigger or retry created (None for a
+  cancel); ``principal`` the name of who did it; ``organization_id`` their tenant or None.
+  Sent in the process serving the request, after the write committed.
+
 Order, for every execution a worker claims: ``job_begin``, then ``job_success`` or
 ``job_error``, then ``job_end``. Those four are sent in the worker process, on the thread
 running the handler; ``job_cancel`` is sent in the process that cancelled (the admin, the CLI,
@@ -34,5 +41,6 @@ job_success = Signal(name="job_success")
 job_error = Signal(name="job_error")
 job_end = Signal(name="job_end")
 job_cancel = Signal(name="job_cancel")
+admin_action = Signal(name="admin_action")
 
-__all__ = ["job_begin", "job_cancel", "job_end", "job_error", "job_success"]
+__all__ = ["admin_action", "job_begin", "job_cancel", "job_end", "job_error", "job_success"]

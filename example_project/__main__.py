@@ -261,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                              "are still dropped and recreated")
     parser.add_argument("--timeout-seconds", type=float, default=60.0,
                         help="how long to wait for the worker (default 60)")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="afterwards, keep the dashboard running on this run's data "
+                             "(http://127.0.0.1:PORT/, loopback only, no login) until Ctrl-C")
+    parser.add_argument("--dashboard-port", type=int, default=8000,
+                        help="the dashboard's port (default 8000)")
     args = parser.parse_args(argv)
     console = Console()
     if not console.is_terminal:  # piped or captured: room for the tables
@@ -291,10 +296,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"see its own log")
         print(f"FAILED: not everything happened within {args.timeout_seconds:.0f} s ({hint})")
     failures = verdict(run)
-    if done and not failures:
+    ok = done and not failures
+    if ok:
         print(f"OK: every order's receipt was sent ({len(run.placed)}/{len(run.placed)})")
-        return 0
-    return 1
+    if args.dashboard:
+        serve_dashboard(args.dashboard_port)
+    return 0 if ok else 1
+
+
+def serve_dashboard(port: int) -> None:
+    """The dashboard on the run's data, on loopback without a login, until Ctrl-C."""
+    import uvicorn
+
+    from celery_outbox.web import create_app
+
+    print(f"dashboard: http://127.0.0.1:{port}/ (loopback only, no login: auth=None); "
+          f"Ctrl-C to stop")
+    uvicorn.run(create_app(outbox, auth=None), host="127.0.0.1", port=port,
+                log_level="warning")
 
 
 if __name__ == "__main__":

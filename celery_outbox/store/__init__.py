@@ -19,6 +19,8 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
 - ``cron``: advance_tick, last_tick
 - ``admin``: cancel, get, status_of, job_stats, list_executions
+- ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
+  recent_failures, matching_ids (the reads of the HTTP API; ExecutionQuery, Cursor)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 from celery_outbox.store.admin import AdminStore, JobStats
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
+from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
 from celery_outbox.store.push import _COPY_MIN_ROWS as _COPY_MIN_ROWS
 from celery_outbox.store.push import NewExecution, PushStore
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
@@ -37,7 +40,9 @@ __all__ = [
     "FINISHED",
     "SUPPORTED_DIALECTS",
     "Claimed",
+    "Cursor",
     "Due",
+    "ExecutionQuery",
     "ExecutionStore",
     "Expired",
     "Fence",
@@ -53,7 +58,9 @@ __all__ = [
 ]
 
 
-class ExecutionStore(PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore):
+class ExecutionStore(
+    PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore
+):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 
     ``engine`` is used for the store's own short transactions; push methods take the caller's

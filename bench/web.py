@@ -1,0 +1,245 @@
+"""``python -m bench web``: the dashboard's overview, executions page and detail at 1,000,000 rows.
+
+One PostgreSQL table (database ``outbox_bench_web``) holding ``--rows`` executions (default
+1,000,000) of 6 jobs over the 30 days before now: 80 % succeeded, 10 % failed (with a
+traceback and logs), 2 % cancelled, 3 % pending, 3 % scheduled, 2 % running; 4 tenants and
+rows without one. Written once with ``INSERT ... SELECT generate_series`` (fixture SQL of the
+benchmark; what is measured is the package's SQL in ``celery_outbox/store/``), then
+``VACUUM ANALYZE``; kept between runs (``--rebuild`` writes it again).
+
+Each figure is ``--requests`` HTTP requests (default 200) through the whole ASGI app
+(auth by bearer token, routing, the store's SQL, pydantic, JSON or the Jinja2 page) with
+httpx's in-process transport; the overview's cache is off (``cache_for=0``), so every
+request reads the database as the first viewer in each period does (one more figure
+shows the default: the overview shared for 3 s). Printed: p50, p95 and
+max in milliseconds, against the target p95 < 100 ms; then the statements each read issued,
+under ``EXPLAIN (ANALYZE, BUFFERS)``, summarised (indexes, sequential scans, time), or in
+full with ``--plans``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from pydantic import BaseModel
+from sqlalchemy import create_engine, event, text
+
+from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
+from celery_outbox.web import Auth, Token, create_app, hash_secret
+
+PG_ADMIN_URL = "postgresql+psycopg://root@127.0.0.1:5432/test"
+PG_DATABASE = "outbox_bench_web"
+DATABASE_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{PG_DATABASE}"
+TABLE = "bench_web_executions"
+JOBS = ("shop.email", "shop.invoice", "shop.sync", "shop.report", "shop.export", "shop.ping")
+TOKEN = "bench-token-0123456789"
+TARGET_MS = 100.0
+
+FILL = f"""
+INSERT INTO {TABLE} (id, job_name, unique_key, organization_id, status, priority, attempt,
+    max_attempts, payload, created_at, updated_at, scheduled_at, started_at, finished_at,
+    last_error, logs)
+SELECT gen_random_uuid(), j.job, NULL,
+    CASE WHEN i % 5 = 0 THEN NULL ELSE 'tenant-' || (i % 5) END,
+    s.status, 2, CASE WHEN s.status IN ('pending', 'scheduled') THEN 0 ELSE 1 END, 1,
+    jsonb_build_object('n', i), c.created, c.created,
+    CASE WHEN s.status = 'scheduled' THEN now() + interval '1 hour' END,
+    CASE WHEN s.status IN ('pending', 'scheduled') THEN NULL ELSE c.created END,
+    CASE WHEN s.status IN ('succeeded', 'failed', 'cancelled')
+         THEN c.created + interval '2 seconds' END,
+    CASE WHEN s.status = 'failed' THEN
+        (ARRAY['ValueError: bad input ', 'TimeoutError: upstream slow ',
+               'ConnectionError: refused '])[1 + i % 3] || i
+        || E'\\n\\nTraceback (most recent call last):\\n  File "shop.py", line 1\\n' END,
+    CASE WHEN s.status = 'failed' THEN jsonb_build_array(jsonb_build_object(
+        'level', 'INFO', 'logger', 'shop', 'message', 'working on ' || i,
+        'time', to_char(c.created, 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'))) END
+FROM generate_series(1, :rows) AS i
+CROSS JOIN LATERAL (SELECT (CAST(:jobs AS text[]))[1 + i % 6] AS job) AS j
+CROSS JOIN LATERAL (SELECT now() - (interval '30 days' * i / :rows) AS created) AS c
+CROSS JOIN LATERAL (SELECT (CAST(i AS bigint) * 7919) % 100 AS r) AS k
+CROSS JOIN LATERAL (SELECT CASE
+    WHEN k.r < 80 THEN 'succeeded' WHEN k.r < 90 THEN 'failed' WHEN k.r < 92 THEN 'cancelled'
+    WHEN k.r < 95 THEN 'pending' WHEN k.r < 98 THEN 'scheduled' ELSE 'running' END AS status) AS s
+"""
+
+
+class Item(BaseModel):
+    n: int
+
+
+def build_outbox() -> Outbox:
+    registry = JobRegistry()
+    for name in JOBS:
+        def handler(ctx: JobContext[Item]) -> None:
+            return None
+        handler.__name__ = name.replace(".", "_")
+        outbox_job(schema=Item, name=name, registry=registry)(handler)
+    app = Celery("bench_web", broker="memory://")
+    return Outbox(app, database_url=DATABASE_URL, registry=registry, table_name=TABLE)
+
+
+def prepare(rows: int, rebuild: bool) -> Outbox:
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        if not conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"),
+                            {"d": PG_DATABASE}).scalar():
+            conn.execute(text(f'CREATE DATABASE "{PG_DATABASE}"'))
+    admin.dispose()
+    outbox = build_outbox()
+    with outbox.engine.connect() as conn:
+        have = conn.execute(text("SELECT to_regclass(:t)"), {"t": TABLE}).scalar()
+        count = conn.execute(text(f"SELECT count(*) FROM {TABLE}")).scalar() if have else 0
+    if rebuild or count != rows:
+        print(f"writing {rows:,} rows ...", flush=True)
+        started = time.perf_counter()
+        outbox.drop_schema()
+        outbox.create_schema()
+        with outbox.engine.begin() as conn:
+            conn.execute(text(FILL), {"rows": rows, "jobs": list(JOBS)})
+        with outbox.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
+        print(f"  written in {time.perf_counter() - started:.0f} s", flush=True)
+    return outbox
+
+
+@contextmanager
+def captured(outbox: Outbox) -> Iterator[list[tuple[str, Any]]]:
+    statements: list[tuple[str, Any]] = []
+
+    def listen(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+        if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "ROLLBACK", "SET")):
+            statements.append((statement, params))
+
+    event.listen(outbox.engine, "before_cursor_execute", listen)
+    try:
+        yield statements
+    finally:
+        event.remove(outbox.engine, "before_cursor_execute", listen)
+
+
+def timed(call: Callable[[], Any], requests: int) -> list[float]:
+    call()  # warm: compiled statement caches, the pool's connection
+    out = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def p(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def explain(outbox: Outbox, statements: list[tuple[str, Any]], full: bool) -> list[str]:
+    lines = []
+    with outbox.engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        for statement, params in statements:
+            with raw.cursor() as cur:
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, params)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+            raw.rollback()
+            indexes = sorted(set(re.findall(r"using (\w+)", plan)))
+            seq = "Seq Scan" in plan
+            ms = re.search(r"Execution Time: ([\d.]+) ms", plan)
+            head = " ".join(statement.split())[:90]
+            lines.append(f"    {float(ms.group(1)) if ms else 0:7.2f} ms  "
+                         f"{'SEQ SCAN ' if seq else ''}indexes: {', '.join(indexes) or '-'}"
+                         f"\n               {head}...")
+            if full:
+                lines.append(plan)
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench web", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--rebuild", action="store_true", help="write the table again")
+    parser.add_argument("--plans", action="store_true", help="print the full plans")
+    args = parser.parse_args(argv)
+    outbox = prepare(args.rows, args.rebuild)
+    auth = Auth(tokens=[Token("bench", token_hash=hash_secret(TOKEN, kind="token"),
+                              access="operate")])
+    app = create_app(outbox, auth=auth, cache_for=timedelta(0))
+    import httpx
+    from fastapi.testclient import TestClient
+
+    assert httpx
+    client = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    shared = TestClient(create_app(outbox, auth=auth),  # the default: shared for 3 s
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+    rng = random.Random(7)
+    with outbox.engine.connect() as conn:
+        sample = [str(r[0]) for r in conn.execute(
+            text(f"SELECT id FROM {TABLE} TABLESAMPLE SYSTEM (1) LIMIT 500"))]
+    deep = None
+    page = client.get("/api/v1/executions", params={"limit": 50}).json()
+    for _ in range(200):  # page 200: 10,000 rows down
+        deep = page["next_cursor"]
+        page = client.get("/api/v1/executions", params={"limit": 50, "cursor": deep}).json()
+    figures: list[tuple[str, Callable[[], Any]]] = [
+        ("overview  GET /api/v1/jobs", lambda: client.get("/api/v1/jobs")),
+        ("overview  GET / (page)", lambda: client.get("/")),
+        ("overview  GET /api/v1/jobs, shared 3 s (default)",
+         lambda: shared.get("/api/v1/jobs")),
+        ("executions GET /api/v1/executions?limit=50",
+         lambda: client.get("/api/v1/executions", params={"limit": 50})),
+        ("executions page 200 (cursor)",
+         lambda: client.get("/api/v1/executions", params={"limit": 50, "cursor": deep})),
+        ("executions job + status=failed",
+         lambda: client.get("/api/v1/executions",
+                            params={"job": "shop.invoice", "status": "failed"})),
+        ("executions tenant-3",
+         lambda: client.get("/api/v1/executions", params={"tenant": "tenant-3"})),
+        ("executions GET /executions (page)", lambda: client.get("/executions")),
+        ("detail    GET /api/v1/executions/{id}",
+         lambda: client.get(f"/api/v1/executions/{rng.choice(sample)}")),
+        ("detail    GET /executions/{id} (page)",
+         lambda: client.get(f"/executions/{rng.choice(sample)}")),
+        ("failures  GET /api/v1/failures", lambda: client.get("/api/v1/failures")),
+    ]
+    print(f"python {platform.python_version()}, {os.cpu_count()} cores, {args.rows:,} rows, "
+          f"{args.requests} requests per figure, target p95 < {TARGET_MS:.0f} ms")
+    print(f"  {'figure':<44} {'p50':>7} {'p95':>7} {'max':>7}  (ms)")
+    worst = 0.0
+    plans: list[tuple[str, list[tuple[str, Any]]]] = []
+    for label, call in figures:
+        assert call().status_code == 200, label
+        runs = timed(call, args.requests)
+        p95 = p(runs, 95)
+        worst = max(worst, p95)
+        print(f"  {label:<44} {p(runs, 50):7.1f} {p95:7.1f} {max(runs):7.1f}"
+              f"{'  OVER TARGET' if p95 > TARGET_MS else ''}", flush=True)
+        with captured(outbox) as statements:
+            call()
+        plans.append((label, statements))
+    print("\nplans (EXPLAIN ANALYZE, BUFFERS):")
+    for label, statements in plans:
+        print(f"  {label}")
+        for line in explain(outbox, statements, args.plans):
+            print(line)
+    print(f"\nworst p95 {worst:.1f} ms: {'OK' if worst < TARGET_MS else 'OVER'} "
+          f"(target < {TARGET_MS:.0f} ms)")
+    outbox.engine.dispose()
+    return 0 if worst < TARGET_MS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

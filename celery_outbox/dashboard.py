@@ -1,0 +1,471 @@
+"""Dashboard: the admin service as the HTTP API and its pages need it.
+
+:class:`Dashboard` (``Dashboard(outbox.admin)``) adds to :class:`~celery_outbox.admin.OutboxAdmin`
+what a screen shared by many people needs:
+
+- :meth:`Dashboard.overview`: every job with its counts per status (capped at ``count_cap``),
+  oldest pending row, last run and the last hour's outcomes in buckets, from four short
+  statements; the result is cached for ``cache_for`` and shared by every viewer (per tenant),
+  so ten open pages refreshing every few seconds cost one read every ``cache_for``.
+- :meth:`Dashboard.executions`: executions across jobs with filters, newest first, by keyset
+  pages (an opaque cursor; no OFFSET, no cap on how far one pages).
+- :meth:`Dashboard.failures`: the recent failures grouped by job and error type.
+- actions scoped to a tenant: :meth:`execution`, :meth:`retry`, :meth:`cancel`,
+  :meth:`bulk`; a row of another tenant is :class:`ExecutionNotFound`, as if absent.
+  Each action sends :data:`celery_outbox.signals.admin_action` naming who did it.
+
+Misses raise what the admin raises (:class:`ExecutionNotFound`, :class:`JobNotRegistered`,
+:class:`InvalidTransition`, :class:`JobLocked`, :class:`PayloadInvalid`); a bad argument
+(cursor, limit, time range) raises :class:`ConfigurationError` naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID
+
+from celery_outbox import signals
+from celery_outbox.admin import (
+    ExecutionDetail,
+    ExecutionView,
+    OutboxAdmin,
+    _execution_detail,
+    _execution_view,
+    _uuid,
+)
+from celery_outbox.cron import CronSchedule
+from celery_outbox.errors import ConfigurationError, ExecutionNotFound, OutboxError
+from celery_outbox.registry import JobSpec
+from celery_outbox.states import ACTIVE, RETRYABLE, Status
+from celery_outbox.store import Cursor, ExecutionQuery
+
+__all__ = [
+    "BulkResult",
+    "Dashboard",
+    "ExecutionPage",
+    "ExecutionQuery",
+    "FailureGroup",
+    "JobOverview",
+    "OutcomeBucket",
+    "Overview",
+]
+
+MAX_PAGE = 500
+"""The most executions one page holds."""
+BULK_MAX = 1000
+"""The most executions one bulk action touches (a dry run counts up to this too)."""
+HOUR_BUCKETS = 12
+"""The last hour's outcomes come in this many buckets (5 minutes each)."""
+
+
+@dataclass(frozen=True)
+class OutcomeBucket:
+    """Outcomes of one slice of the last hour: ``start`` (aware UTC), counts."""
+
+    start: datetime
+    succeeded: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class JobOverview:
+    """One registered job on the overview.
+
+    ``kind``: ``"queue"`` or ``"cron"``; ``next_tick_at``: a cron job's next tick (aware
+    UTC), None for a queue job. ``counts``: rows per status value, each at most the
+    dashboard's ``count_cap`` (``capped`` lists the statuses that reached it: "at least").
+    ``oldest_pending_at``: creation time of the oldest pending row; ``oldest_pending_age``
+    its age at ``generated_at``. ``last_hour``: :data:`HOUR_BUCKETS` buckets, oldest first.
+    """
+
+    name: str
+    kind: str
+    cron: str | None
+    timezone: str | None
+    next_tick_at: datetime | None
+    priority: str
+    queue: str | None
+    retries: int
+    timeout: timedelta | None
+    record: str
+    description: str | None
+    counts: dict[str, int]
+    capped: tuple[str, ...]
+    oldest_pending_at: datetime | None
+    oldest_pending_age: timedelta | None
+    last_run_at: datetime | None
+    last_status: str | None
+    recent_succeeded: int
+    recent_failed: int
+    last_hour: tuple[OutcomeBucket, ...]
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Every job (by name) as of ``generated_at``; counts stop at ``count_cap``."""
+
+    generated_at: datetime
+    count_cap: int
+    jobs: tuple[JobOverview, ...]
+
+
+@dataclass(frozen=True)
+class ExecutionPage:
+    """One page of executions, newest first; ``next_cursor`` fetches the next (None: last)."""
+
+    items: tuple[ExecutionView, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class FailureGroup:
+    """Failures of one job sharing an error type (``"ValueError"``, ``"lease expired"``).
+
+    ``count`` among the failures read; ``last_error`` the newest one's first line;
+    ``last_failed_at`` its time; ``execution_ids`` the newest few (at most 10).
+    """
+
+    job_name: str
+    error_type: str
+    count: int
+    last_error: str
+    last_failed_at: datetime
+    execution_ids: tuple[UUID, ...]
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    """What a bulk action matched and did.
+
+    ``matched``: executions the filter selected whose status allows the action (at most
+    :data:`BULK_MAX`; ``more`` says others match beyond it). ``done``: the ids acted on (for
+    retry: the new executions' ids), empty on a dry run; ``skipped``: matched ids whose
+    status changed meanwhile.
+    """
+
+    action: str
+    dry_run: bool
+    matched: int
+    more: bool
+    done: tuple[UUID, ...] = ()
+    skipped: tuple[UUID, ...] = ()
+
+
+@dataclass
+class _Cached:
+    expires: float
+    overview: Overview
+
+
+@dataclass
+class _Cache:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    entries: dict[str | None, _Cached] = field(default_factory=dict)
+
+
+class Dashboard:
+    """The dashboard reads and tenant-scoped actions of one Outbox's admin service.
+
+    - ``count_cap``: counts per (job, status) stop here (default 1,000).
+    - ``cache_for``: how long an overview is shared (default 3 s; ``timedelta(0)``: never).
+    - ``failure_window``: how many recent failures :meth:`failures` groups (default 1,000).
+    """
+
+    def __init__(
+        self,
+        admin: OutboxAdmin,
+        *,
+        count_cap: int = 1_000,
+        cache_for: timedelta = timedelta(seconds=3),
+        failure_window: int = 1_000,
+    ) -> None:
+        if count_cap < 1 or failure_window < 1:
+            raise ConfigurationError("Dashboard: count_cap and failure_window must be >= 1")
+        self.admin = admin
+        self.store = admin.store
+        self.registry = admin.registry
+        self.count_cap = count_cap
+        self.cache_for = cache_for
+        self.failure_window = failure_window
+        self._cache = _Cache()
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def overview(self, organization_id: str | None = None) -> Overview:
+        """Every job with counts, oldest pending, last run and the last hour's outcomes.
+
+        Shared by every caller of the same tenant for ``cache_for``: while one caller reads,
+        the others wait for its result instead of reading too. Raises :class:`StorageError`.
+        """
+        with self._cache.lock:
+            cached = self._cache.entries.get(organization_id)
+            if cached is not None and cached.expires > time.monotonic():
+                return cached.overview
+            overview = self._read_overview(organization_id, datetime.now(timezone.utc))
+            self._cache.entries[organization_id] = _Cached(
+                time.monotonic() + self.cache_for.total_seconds(), overview)
+            return overview
+
+    def _read_overview(self, organization_id: str | None, now: datetime) -> Overview:
+        specs = sorted(self.registry, key=lambda s: s.name)
+        names = [s.name for s in specs]
+        counts = self.store.capped_counts(names, organization_id, self.count_cap)
+        oldest = self.store.oldest_pending(names, organization_id)
+        last = self.store.last_finished(names, organization_id)
+        bucket = timedelta(hours=1) / HOUR_BUCKETS
+        since = now - timedelta(hours=1)
+        hour: dict[tuple[str, int], dict[str, int]] = {}
+        for job, status, index, n in self.store.outcomes_since(names, since, bucket,
+                                                               organization_id):
+            if 0 <= index < HOUR_BUCKETS:
+                hour.setdefault((job, index), {})[status] = n
+        jobs = tuple(
+            _job_overview(spec, now, since, bucket, counts, oldest, last, hour, self.count_cap,
+                          self.admin.outbox.app)
+            for spec in specs
+        )
+        return Overview(generated_at=now, count_cap=self.count_cap, jobs=jobs)
+
+    def executions(
+        self, query: ExecutionQuery, cursor: str | None = None, limit: int = 50
+    ) -> ExecutionPage:
+        """One page of executions matching ``query``, newest first; ``cursor`` is the
+        ``next_cursor`` of the page before. ``limit``: 1..500.
+
+        Raises :class:`JobNotRegistered` for an unknown job in ``query.job_names``,
+        :class:`ConfigurationError` naming ``limit``, ``cursor`` or the time range.
+        """
+        if isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
+            raise ConfigurationError(f"limit must be from 1 to {MAX_PAGE}, got {limit!r}")
+        self._check(query)
+        after = decode_cursor(cursor) if cursor else None
+        rows = self.store.page(query, after, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
+        return ExecutionPage(tuple(_execution_view(r) for r in rows), next_cursor)
+
+    def execution(
+        self, execution_id: UUID | str, organization_id: str | None = None
+    ) -> ExecutionDetail:
+        """One execution in full; :class:`ExecutionNotFound` when it does not exist or, with
+        ``organization_id``, belongs to another tenant."""
+        execution_id = _uuid(execution_id)
+        row = self.store.get_visible(execution_id, organization_id)
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        return _execution_detail(row)
+
+    def failures(
+        self,
+        since: timedelta = timedelta(hours=24),
+        organization_id: str | None = None,
+        job_names: Sequence[str] | None = None,
+    ) -> list[FailureGroup]:
+        """The failures of the last ``since`` (at most ``failure_window`` newest), grouped by
+        job and error type, the largest group first."""
+        if since <= timedelta(0):
+            raise ConfigurationError(f"since must be a positive duration, got {since}")
+        for name in job_names or ():
+            self.registry.get(name)
+        start = datetime.now(timezone.utc) - since
+        names = list(job_names) if job_names else sorted(s.name for s in self.registry)
+        rows = self.store.recent_failures(start, organization_id, names, self.failure_window)
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for row in rows:
+            groups.setdefault((row["job_name"], error_type(row["error"])), []).append(row)
+        out = [
+            FailureGroup(
+                job_name=job, error_type=kind, count=len(members),
+                last_error=_first_line(members[0]["error"]),
+                last_failed_at=members[0]["finished_at"],
+                execution_ids=tuple(m["id"] for m in members[:10]),
+            )
+            for (job, kind), members in groups.items()
+        ]
+        return sorted(out, key=lambda g: (-g.count, g.job_name, g.error_type))
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def trigger(
+        self, job_name: str, payload: Any, *, by: str, by_name: str,
+        organization_id: str | None = None,
+    ) -> UUID:
+        """Create one execution of ``job_name`` now (admin ``trigger``); a tenant's trigger
+        makes an execution of that tenant. Sends ``admin_action``."""
+        spec = self.registry.get(job_name)
+        if organization_id is not None and spec.mode == "cron":
+            raise ConfigurationError(
+                f"job {job_name!r} is a cron job: its executions belong to no tenant, so a "
+                f"tenant ({organization_id!r}) cannot trigger it")
+        if organization_id is not None and payload is not None:
+            new_id = self.admin.outbox.push_many(
+                spec, [payload], triggered_by=by, triggered_by_name=by_name,
+                organization_id=organization_id, index_items=False,
+            )[0]
+        else:
+            new_id = self.admin.trigger(job_name, payload, triggered_by=by,
+                                        triggered_by_name=by_name)
+        _signal(job_name, "trigger", new_id, new_id, by_name, organization_id)
+        return new_id
+
+    def retry(
+        self, execution_id: UUID | str, *, by: str, by_name: str,
+        organization_id: str | None = None,
+    ) -> UUID:
+        """manual retry of a visible execution; returns the new execution's id. Sends
+        ``admin_action``. Raises as :meth:`OutboxAdmin.retry`, and ExecutionNotFound for a
+        row of another tenant."""
+        row = self.execution(execution_id, organization_id)
+        new_id = self.admin.retry(row.id, triggered_by=by, triggered_by_name=by_name)
+        _signal(row.job_name, "retry", row.id, new_id, by_name, organization_id)
+        return new_id
+
+    def cancel(
+        self, execution_id: UUID | str, *, by: str, by_name: str,
+        organization_id: str | None = None,
+    ) -> ExecutionView:
+        """cancel a visible active execution; returns it cancelled. Sends ``admin_action``
+        (and ``job_cancel``). Raises as :meth:`OutboxAdmin.cancel`."""
+        row = self.execution(execution_id, organization_id)
+        view = self.admin.cancel(row.id, cancelled_by=by, cancelled_by_name=by_name)
+        _signal(row.job_name, "cancel", row.id, None, by_name, organization_id)
+        return view
+
+    def bulk(
+        self, action: str, query: ExecutionQuery, *, dry_run: bool, by: str, by_name: str,
+    ) -> BulkResult:
+        """Retry (``action="retry"``) or cancel (``"cancel"``) every execution matching
+        ``query`` whose status allows it, newest first, at most :data:`BULK_MAX`.
+
+        ``dry_run``: count only, write nothing. The query's ``organization_id`` scopes it.
+        Raises :class:`ConfigurationError` naming an unknown ``action``.
+        """
+        allowed = {"retry": RETRYABLE, "cancel": ACTIVE}.get(action)
+        if allowed is None:
+            raise ConfigurationError(f"action must be 'retry' or 'cancel', got {action!r}")
+        self._check(query)
+        wanted = set(query.statuses) & allowed if query.statuses is not None else set(allowed)
+        if not wanted:
+            return BulkResult(action, dry_run, 0, False)
+        scoped = dataclasses.replace(
+            query, statuses=tuple(sorted(wanted, key=lambda s: s.value)))
+        ids = self.store.matching_ids(scoped, BULK_MAX + 1)
+        more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
+        if dry_run:
+            return BulkResult(action, True, len(ids), more)
+        done: list[UUID] = []
+        skipped: list[UUID] = []
+        org = query.organization_id
+        for execution_id in ids:
+            try:
+                if action == "retry":
+                    done.append(self.retry(execution_id, by=by, by_name=by_name,
+                                           organization_id=org))
+                else:
+                    done.append(self.cancel(execution_id, by=by, by_name=by_name,
+                                            organization_id=org).id)
+            except OutboxError:
+                skipped.append(execution_id)
+        return BulkResult(action, False, len(ids), more, tuple(done), tuple(skipped))
+
+    def _check(self, query: ExecutionQuery) -> None:
+        for name in query.job_names or ():
+            self.registry.get(name)
+        after, before = query.created_after, query.created_before
+        for label, value in (("created_after", after), ("created_before", before)):
+            if value is not None and value.tzinfo is None:
+                raise ConfigurationError(f"{label} must be an aware datetime, got {value}")
+        if after is not None and before is not None and after > before:
+            raise ConfigurationError(
+                f"created_after ({after.isoformat()}) is later than created_before "
+                f"({before.isoformat()})")
+
+
+# -- cursors, error types -----------------------------------------------------------------------
+
+
+def encode_cursor(created_at: datetime, execution_id: UUID) -> str:
+    """An opaque page cursor for the row ``(created_at, id)``."""
+    raw = f"{created_at.astimezone(timezone.utc).isoformat()}|{execution_id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Cursor:
+    """The row a cursor names; :class:`ConfigurationError` naming ``cursor`` when malformed."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        when, _, ident = raw.partition("|")
+        created_at = datetime.fromisoformat(when)
+        if created_at.tzinfo is None:
+            raise ValueError("naive time")
+        return Cursor(created_at, UUID(ident))
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigurationError(
+            f"cursor {cursor[:60]!r} is not a cursor this API returned") from None
+
+
+def error_type(error: str | None) -> str:
+    """The type of a stored error: ``"ValueError: boom"`` -> ``"ValueError"``; ``"timed out:
+    X: ..."`` -> ``"timed out: X"``; ``"lease expired: ..."`` -> ``"lease expired"``."""
+    line = _first_line(error)
+    prefix = ""
+    if line.startswith("timed out: "):
+        prefix, line = "timed out: ", line[len("timed out: "):]
+    head = line.split(":", 1)[0].strip()
+    return prefix + (head or "(no message)")
+
+
+def _first_line(error: str | None) -> str:
+    return error.splitlines()[0] if error else ""
+
+
+def _signal(job: str, action: str, execution_id: UUID, new_id: UUID | None, by_name: str,
+            organization_id: str | None) -> None:
+    signals.admin_action.send(sender=job, action=action, execution_id=execution_id,
+                              new_execution_id=new_id, principal=by_name,
+                              organization_id=organization_id)
+
+
+def _job_overview(
+    spec: JobSpec, now: datetime, since: datetime, bucket: timedelta,
+    counts: dict[tuple[str, str], int], oldest: dict[str, datetime],
+    last: dict[tuple[str, str], datetime], hour: dict[tuple[str, int], dict[str, int]],
+    cap: int, app: Any,
+) -> JobOverview:
+    per_status = {s.value: counts.get((spec.name, s.value), 0) for s in Status}
+    ok_at = last.get((spec.name, Status.SUCCEEDED.value))
+    ko_at = last.get((spec.name, Status.FAILED.value))
+    last_run, last_status = None, None
+    if ok_at is not None and (ko_at is None or ok_at >= ko_at):
+        last_run, last_status = ok_at, Status.SUCCEEDED.value
+    elif ko_at is not None:
+        last_run, last_status = ko_at, Status.FAILED.value
+    buckets = tuple(
+        OutcomeBucket(since + bucket * i,
+                      hour.get((spec.name, i), {}).get(Status.SUCCEEDED.value, 0),
+                      hour.get((spec.name, i), {}).get(Status.FAILED.value, 0))
+        for i in range(HOUR_BUCKETS)
+    )
+    pending_at = oldest.get(spec.name)
+    next_tick = (CronSchedule(spec.cron, spec.timezone, app=app).next_after(now)
+                 if spec.cron else None)
+    return JobOverview(
+        name=spec.name, kind=spec.mode, cron=spec.cron, timezone=spec.timezone,
+        next_tick_at=next_tick, priority=spec.priority.label, queue=spec.queue,
+        retries=spec.retry.retries, timeout=spec.timeout, record=spec.record,
+        description=spec.description, counts=per_status,
+        capped=tuple(s for s, n in per_status.items() if n >= cap),
+        oldest_pending_at=pending_at,
+        oldest_pending_age=max(now - pending_at, timedelta(0)) if pending_at else None,
+        last_run_at=last_run, last_status=last_status,
+        recent_succeeded=sum(b.succeeded for b in buckets),
+        recent_failed=sum(b.failed for b in buckets), last_hour=buckets,
+    )

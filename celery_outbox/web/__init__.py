@@ -1,0 +1,72 @@
+"""The dashboard and HTTP API of an Outbox (optional extra: ``pip install 'celery-outbox[web]'``).
+
+::
+
+    from celery_outbox.web import Auth, User, Token, hash_secret, create_app
+
+    app = create_app(outbox, auth=Auth(
+        users=[User("ops", password_hash=hash_secret("..."), access="operate")],
+        tokens=[Token("ci", token_env="OUTBOX_CI_TOKEN", access="read")],
+    ))
+
+- ``create_app(outbox, auth=...)`` returns a FastAPI (ASGI) application: pages at its root,
+  JSON under ``/api/v1``, the OpenAPI document at ``/openapi.json``. Mount it under any path
+  (``host_app.mount("/outbox", app)``) or serve it with ``celery -A proj outbox web``.
+- ``auth``: an :class:`Auth`; a resolver ``(request) -> Principal | None``; ``None`` for no
+  authentication at all (every request is an ``operate`` principal named ``anonymous``: only
+  for a loopback address); left out, users and tokens come from ``app.conf.outbox_web_users``
+  / ``outbox_web_tokens`` and, when none are set, every request answers 401.
+
+:class:`Principal`, :class:`Auth`, :class:`User`, :class:`Token` and :func:`hash_secret` import
+without the extra; :func:`create_app` raises ImportError naming it when FastAPI is missing.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery_outbox.web.auth import Auth, Principal, Resolver, Token, User, hash_secret
+
+if TYPE_CHECKING:
+    from celery_outbox.outbox import Outbox
+
+EXTRA_HINT = "pip install 'celery-outbox[web]'"
+
+
+def _require_extra() -> None:
+    missing = []
+    for module in ("fastapi", "jinja2"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ImportError(f"celery_outbox.web needs {', '.join(missing)}: {EXTRA_HINT}")
+
+
+def create_app(
+    outbox: Outbox,
+    auth: Auth | Resolver | Any | None = ...,
+    *,
+    count_cap: int = 1_000,
+    cache_for: timedelta = timedelta(seconds=3),
+    title: str = "celery_outbox",
+) -> Any:
+    """The dashboard and JSON API of ``outbox`` as a FastAPI application.
+
+    - ``auth``: see the module docstring; left out, from the app's settings.
+    - ``count_cap``: counts per job and status stop at this (shown as "1000+").
+    - ``cache_for``: how long the overview's counts are shared by every viewer.
+
+    Raises ImportError naming the ``web`` extra when FastAPI or Jinja2 is not installed,
+    ConfigurationError for a bad ``auth``.
+    """
+    _require_extra()
+    from celery_outbox.web.app import FROM_SETTINGS, build
+
+    return build(outbox, FROM_SETTINGS if auth is ... else auth, count_cap=count_cap,
+                 cache_for=cache_for, title=title)
+
+
+__all__ = ["Auth", "Principal", "Resolver", "Token", "User", "create_app", "hash_secret"]

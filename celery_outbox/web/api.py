@@ -1,0 +1,219 @@
+"""The JSON API under ``/api/v1``: reads for any principal, actions for ``operate`` ones.
+
+Every route scopes what it reads or changes to the principal's tenant inside the query
+(:class:`~celery_outbox.dashboard.Dashboard` passes ``organization_id`` to the store), so
+another tenant's execution answers 404 as if it did not exist.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+
+from celery_outbox.dashboard import Dashboard, ExecutionQuery
+from celery_outbox.errors import ExecutionNotFound
+from celery_outbox.states import Status
+from celery_outbox.web.auth import Principal
+from celery_outbox.web.models import (
+    ActionOut,
+    BulkIn,
+    BulkOut,
+    ErrorOut,
+    ExecutionDetailOut,
+    ExecutionOut,
+    ExecutionPageOut,
+    FailureGroupOut,
+    FailuresOut,
+    JobsOut,
+    PrincipalOut,
+    TriggerIn,
+)
+
+WHO = "web"
+"""``triggered_by`` / ``cancelled_by`` of what the dashboard writes; ``*_name`` is the
+principal's name."""
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    described = {400: "Bad input (names the parameter)", 401: "Not authenticated",
+                 403: "Not allowed (read-only principal, or a cross-site request)",
+                 404: "No such job or execution (or another tenant's)",
+                 409: "The execution's status forbids the action",
+                 422: "Invalid field (named in errors)", 503: "The database failed"}
+    return {c: {"model": ErrorOut, "description": described[c]} for c in codes}
+
+
+READ = _errors(400, 401, 404, 422, 503)
+ACT = _errors(400, 401, 403, 404, 409, 422, 503)
+
+
+def principal(request: Request) -> Principal:
+    """The request's principal (set by the auth middleware)."""
+    found: Principal = request.state.principal
+    return found
+
+
+def operator(who: Annotated[Principal, Depends(principal)]) -> Principal:
+    """The principal, when it may act; 403 otherwise."""
+    if not who.can_operate:
+        raise HTTPException(403, f"{who.name!r} has read access: actions need operate access")
+    return who
+
+
+def dashboard(request: Request) -> Dashboard:
+    board: Dashboard = request.app.state.dashboard
+    return board
+
+
+Who = Annotated[Principal, Depends(principal)]
+Operator = Annotated[Principal, Depends(operator)]
+Board = Annotated[Dashboard, Depends(dashboard)]
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """A datetime from the query: naive means UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=timezone.utc)
+
+
+def scoped_query(
+    who: Principal, job: list[str] | None, status: list[Status] | None, key: str | None,
+    tenant: str | None, created_after: datetime | None, created_before: datetime | None,
+    error: str | None,
+) -> ExecutionQuery | None:
+    """The filter as the store reads it, the principal's tenant forced in; None when the
+    filter asks for another tenant than the principal's (nothing can match)."""
+    org = tenant
+    if who.organization_id is not None:
+        if tenant is not None and tenant != who.organization_id:
+            return None
+        org = who.organization_id
+    return ExecutionQuery(
+        job_names=tuple(job) if job else None, statuses=tuple(status) if status else None,
+        unique_key=key, organization_id=org, created_after=utc(created_after),
+        created_before=utc(created_before), error_contains=error or None,
+    )
+
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.get("/me", response_model=PrincipalOut, responses=READ, tags=["auth"])
+def me(who: Who) -> PrincipalOut:
+    """Who the request is authenticated as."""
+    return PrincipalOut(name=who.name, access=who.access, organization_id=who.organization_id)
+
+
+@router.get("/jobs", response_model=JobsOut, responses=READ, tags=["jobs"])
+def jobs(who: Who, board: Board) -> JobsOut:
+    """Every registered job: kind, schedule and next tick, retry, timeout, counts per status
+    (capped at ``count_cap``), oldest pending age, last run, the last hour's outcomes.
+    Shared by every viewer for a few seconds."""
+    return JobsOut.of(board.overview(who.organization_id))
+
+
+@router.post("/jobs/{job_name}/trigger", response_model=ActionOut, status_code=201,
+             responses=ACT, tags=["actions"])
+def trigger(job_name: str, who: Operator, board: Board,
+            body: Annotated[TriggerIn | None, Body()] = None) -> ActionOut:
+    """Create one execution of the job now; the payload is validated by the job's schema
+    (422 naming each invalid field as ``payload.<field>``)."""
+    payload = body.payload if body is not None else None
+    new_id = board.trigger(job_name, payload, by=WHO, by_name=who.name,
+                           organization_id=who.organization_id)
+    return ActionOut(action="trigger", job_name=job_name, execution_id=new_id,
+                     new_execution_id=new_id, status=_status_of(board, new_id, who))
+
+
+@router.get("/executions", response_model=ExecutionPageOut, responses=READ,
+            tags=["executions"])
+def executions(
+    who: Who, board: Board,
+    job: Annotated[list[str] | None, Query(description="Only these jobs")] = None,
+    status: Annotated[list[Status] | None, Query(description="Only these statuses")] = None,
+    key: Annotated[str | None, Query(max_length=255, description="This unique key")] = None,
+    tenant: Annotated[str | None, Query(max_length=64, description="This organization")] = None,
+    created_after: Annotated[datetime | None, Query(description="ISO 8601; naive: UTC")] = None,
+    created_before: Annotated[datetime | None, Query(description="ISO 8601; naive: UTC")] = None,
+    error: Annotated[str | None, Query(max_length=500, description="Error text holds")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
+) -> ExecutionPageOut:
+    """Executions across jobs, newest first, one keyset page at a time."""
+    query = scoped_query(who, job, status, key, tenant, created_after, created_before, error)
+    if query is None:
+        return ExecutionPageOut(items=[], next_cursor=None)
+    page = board.executions(query, cursor, limit)
+    return ExecutionPageOut(items=[ExecutionOut.of(v) for v in page.items],
+                            next_cursor=page.next_cursor)
+
+
+@router.post("/executions/bulk/{action}", response_model=BulkOut, responses=ACT,
+             tags=["actions"])
+def bulk(action: str, body: BulkIn, who: Operator, board: Board) -> BulkOut:
+    """Retry (``action=retry``) or cancel (``action=cancel``) every execution the filter
+    selects whose status allows it, newest first, at most 1,000; ``dry_run`` (the default)
+    only counts them."""
+    if action not in ("retry", "cancel"):
+        raise HTTPException(404, f"no bulk action {action!r}: use 'retry' or 'cancel'")
+    query = scoped_query(who, body.job, body.status, body.key, body.tenant, body.created_after,
+                         body.created_before, body.error)
+    if query is None:
+        return BulkOut(action=action, dry_run=body.dry_run,  # type: ignore[arg-type]
+                       matched=0, more=False, done=[], skipped=[])
+    return BulkOut.of(board.bulk(action, query, dry_run=body.dry_run, by=WHO,
+                                 by_name=who.name))
+
+
+@router.get("/executions/{execution_id}", response_model=ExecutionDetailOut, responses=READ,
+            tags=["executions"])
+def execution(execution_id: UUID, who: Who, board: Board) -> ExecutionDetailOut:
+    """One execution: payload, attempts, timeline, last error with traceback, captured logs,
+    and the actions its status allows."""
+    return ExecutionDetailOut.of(board.execution(execution_id, who.organization_id))
+
+
+@router.post("/executions/{execution_id}/retry", response_model=ActionOut, status_code=201,
+             responses=ACT, tags=["actions"])
+def retry(execution_id: UUID, who: Operator, board: Board) -> ActionOut:
+    """A failed or cancelled execution again: a new pending execution with the same job,
+    payload, key, priority and tenant (409 for any other status)."""
+    new_id = board.retry(execution_id, by=WHO, by_name=who.name,
+                         organization_id=who.organization_id)
+    view = board.execution(execution_id, who.organization_id)
+    return ActionOut(action="retry", job_name=view.job_name, execution_id=execution_id,
+                     new_execution_id=new_id, status=_status_of(board, new_id, who))
+
+
+@router.post("/executions/{execution_id}/cancel", response_model=ActionOut, responses=ACT,
+             tags=["actions"])
+def cancel(execution_id: UUID, who: Operator, board: Board) -> ActionOut:
+    """Cancel a pending, scheduled or running execution (409 when already finished)."""
+    view = board.cancel(execution_id, by=WHO, by_name=who.name,
+                        organization_id=who.organization_id)
+    return ActionOut(action="cancel", job_name=view.job_name, execution_id=view.id,
+                     new_execution_id=None, status=Status(view.status))
+
+
+@router.get("/failures", response_model=FailuresOut, responses=READ, tags=["executions"])
+def failures(
+    who: Who, board: Board,
+    since_seconds: Annotated[float, Query(gt=0, le=366 * 86400)] = 86400,
+    job: Annotated[list[str] | None, Query(description="Only these jobs")] = None,
+) -> FailuresOut:
+    """Recent failures grouped by job and error type, the largest group first."""
+    groups = board.failures(timedelta(seconds=since_seconds), who.organization_id, job)
+    return FailuresOut(since_seconds=since_seconds,
+                       groups=[FailureGroupOut.of(g) for g in groups])
+
+
+def _status_of(board: Dashboard, execution_id: UUID, who: Principal) -> Status | None:
+    """The new execution's status; None once it is gone (ran already and was not kept)."""
+    try:
+        return Status(board.execution(execution_id, who.organization_id).status)
+    except ExecutionNotFound:
+        return None

@@ -1,0 +1,189 @@
+"""The ASGI application: :func:`create_app` wires the dashboard, the auth guard, the JSON API,
+the pages and the error bodies. Imported only through :func:`celery_outbox.web.create_app`,
+which checks the ``web`` extra first.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from celery_outbox.dashboard import Dashboard
+from celery_outbox.errors import (
+    ConfigurationError,
+    ExecutionNotFound,
+    InvalidTransition,
+    JobLocked,
+    JobNotRegistered,
+    OutboxError,
+    PayloadInvalid,
+    StorageError,
+)
+from celery_outbox.web import api, pages
+from celery_outbox.web.auth import Auth, Principal, Resolver
+from celery_outbox.web.models import ErrorOut, FieldError
+
+if TYPE_CHECKING:
+    from celery_outbox.outbox import Outbox
+
+HERE = Path(__file__).resolve().parent
+UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+OPEN_PATHS = ("/login", "/logout")
+OPEN_PREFIX = "/static/"
+"""Reachable without a principal: the login form, logging out, the pages' assets."""
+ANONYMOUS = Principal("anonymous", "operate")
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<auth from app.conf.outbox_web_*>"
+
+
+FROM_SETTINGS: Any = _Default()
+
+
+def build(
+    outbox: Outbox,
+    auth: Auth | Resolver | None = FROM_SETTINGS,
+    *,
+    count_cap: int = 1_000,
+    cache_for: timedelta = timedelta(seconds=3),
+    title: str = "celery_outbox",
+) -> FastAPI:
+    """What :func:`celery_outbox.web.create_app` returns (see there)."""
+    if auth is FROM_SETTINGS:
+        auth = Auth.from_settings(outbox.app.conf)
+    elif auth is not None and not isinstance(auth, Auth):
+        if not callable(auth):
+            raise ConfigurationError(f"create_app: auth must be an Auth, a resolver "
+                                     f"(request) -> Principal | None, or None; got {auth!r}")
+        auth = Auth(resolver=auth)
+    app = FastAPI(title=f"{title} API", version="1",
+                  description="Jobs and executions of a celery_outbox Outbox.")
+    app.state.outbox = outbox
+    app.state.auth = auth
+    app.state.dashboard = Dashboard(outbox.admin, count_cap=count_cap, cache_for=cache_for)
+    app.state.title = title
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    _install_guard(app)
+    _install_errors(app)
+    return app
+
+
+def relative_path(request: Request) -> str:
+    """The path below the mount point (``/api/v1/jobs`` when mounted at ``/outbox``)."""
+    path: str = request.scope.get("path", "")
+    root: str = request.scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+def is_api(request: Request) -> bool:
+    rel = relative_path(request)
+    return rel.startswith("/api/") or rel in ("/openapi.json", "/docs", "/redoc")
+
+
+def cross_site(request: Request, auth: Auth | None) -> str | None:
+    """Why a state-changing request is not same-origin, or None when it is (or when the
+    client is no browser: no ``Origin`` nor ``Sec-Fetch-Site`` header)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        return f"Sec-Fetch-Site is {site!r}"
+    origin = request.headers.get("origin")
+    if origin is not None:
+        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        trusted = tuple(auth.trusted_origins) if auth is not None else ()
+        if origin.rstrip("/") != own and origin.rstrip("/") not in trusted:
+            return f"Origin {origin!r} is not this site ({own})"
+    return None
+
+
+def _install_guard(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        auth: Auth | None = app.state.auth
+        if request.method in UNSAFE:
+            reason = cross_site(request, auth)
+            if reason is not None:
+                return _error(request, 403, f"cross-site request refused: {reason}")
+        rel = relative_path(request)
+        if rel in OPEN_PATHS or rel.startswith(OPEN_PREFIX):
+            return await call_next(request)  # type: ignore[no-any-return]
+        who: Principal | None
+        if auth is None:
+            who, how = ANONYMOUS, "anonymous"
+        else:
+            who, how = await run_in_threadpool(auth.authenticate, request)
+        if who is None:
+            return _unauthenticated(request)
+        if (request.method in UNSAFE and how == "session"
+                and "origin" not in request.headers and "sec-fetch-site" not in request.headers):
+            return _error(request, 403, "cross-site request refused: a session cookie's "
+                          "action needs an Origin or Sec-Fetch-Site header")
+        request.state.principal = who
+        return await call_next(request)  # type: ignore[no-any-return]
+
+
+def _unauthenticated(request: Request) -> Response:
+    headers = {"WWW-Authenticate": 'Basic realm="celery_outbox", charset="UTF-8"'}
+    if is_api(request):
+        body = ErrorOut(detail="not authenticated: send HTTP Basic credentials or a bearer "
+                               "token").model_dump()
+        return JSONResponse(body, status_code=401, headers=headers)
+    # A browser gets the login form; no WWW-Authenticate, so it shows no Basic dialog.
+    return pages.login_page(request, status_code=401, next_url=str(request.url.path))
+
+
+def _error(request: Request, status: int, detail: str,
+           errors: list[FieldError] | None = None) -> Response:
+    if is_api(request) or request.method in UNSAFE:
+        body = ErrorOut(detail=detail, errors=errors or []).model_dump()
+        return JSONResponse(body, status_code=status)
+    return pages.error_page(request, status, detail)
+
+
+STATUS_OF: tuple[tuple[type[OutboxError], int], ...] = (
+    (ExecutionNotFound, 404), (JobNotRegistered, 404), (InvalidTransition, 409),
+    (JobLocked, 409), (PayloadInvalid, 422), (ConfigurationError, 400), (StorageError, 503),
+)
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(OutboxError)
+    async def outbox_error(request: Request, exc: OutboxError) -> Response:
+        status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 400)
+        errors: list[FieldError] = []
+        if isinstance(exc, PayloadInvalid):
+            errors = [FieldError(field=".".join(["payload", *(str(p) for p in e.get("loc", ()))]),
+                                 message=str(e.get("msg", "")), type=str(e.get("type", "")))
+                      for e in exc.errors]
+        return _error(request, status, " ".join(str(exc).split()), errors)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        errors = [FieldError(field=".".join(str(p) for p in e.get("loc", ())),
+                             message=str(e.get("msg", "")), type=str(e.get("type", "")))
+                  for e in exc.errors()]
+        detail = "invalid request: " + "; ".join(f"{e.field}: {e.message}" for e in errors)
+        return _error(request, 422, detail, errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no such path: {relative_path(request)}"
+        if exc.status_code == 405:
+            detail = f"method {request.method} is not allowed on {relative_path(request)}"
+        return _error(request, exc.status_code, detail)
+
+
+__all__ = ["FROM_SETTINGS", "build"]

@@ -1,0 +1,304 @@
+"""Who is asking: principals, HTTP Basic users, bearer tokens, a resolver hook, sessions.
+
+Nothing here imports FastAPI: :class:`Principal`, :class:`User`, :class:`Token`, :class:`Auth`
+and :func:`hash_secret` work without the ``web`` extra (e.g. in settings modules).
+
+- A :class:`Principal` has a ``name``, an ``access`` (``"read"``: see only; ``"operate"``:
+  also trigger, retry, cancel) and optionally an ``organization_id`` (a tenant: it sees and
+  acts on that tenant's executions only).
+- Secrets are compared in constant time (:func:`hmac.compare_digest`) and are either stored
+  hashed (``password_hash`` / ``token_hash`` from :func:`hash_secret`: PBKDF2-SHA256 for
+  passwords, SHA-256 for tokens) or read from an environment variable (``password_env`` /
+  ``token_env``) at each check, so no plain secret sits in settings.
+- Sessions (the dashboard's login form) are a signed cookie (HMAC-SHA256 with
+  ``secret_key``), ``HttpOnly`` and ``SameSite=Strict``, naming the user; the user's access
+  is looked up on every request, so removing a user ends their sessions.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from celery_outbox.errors import ConfigurationError
+
+Access = Literal["read", "operate"]
+ACCESS_LEVELS = ("read", "operate")
+PBKDF2_ITERATIONS = 200_000
+SESSION_COOKIE = "outbox_session"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request comes from.
+
+    ``access``: ``"read"`` (no actions: trigger, retry and cancel answer 403) or
+    ``"operate"``. ``organization_id``: None sees every tenant; a string restricts every read
+    and action to that tenant's executions (others answer 404).
+    """
+
+    name: str
+    access: Access = "read"
+    organization_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigurationError(f"Principal: name must be a non-empty string, got "
+                                     f"{self.name!r}")
+        if self.access not in ACCESS_LEVELS:
+            raise ConfigurationError(f"Principal {self.name!r}: access must be 'read' or "
+                                     f"'operate', got {self.access!r}")
+
+    @property
+    def can_operate(self) -> bool:
+        """True when this principal may trigger, retry and cancel."""
+        return self.access == "operate"
+
+
+def hash_secret(secret: str, *, kind: Literal["password", "token"] = "password") -> str:
+    """The hash to store instead of ``secret``.
+
+    Passwords: ``"pbkdf2_sha256$<iterations>$<salt>$<hash>"`` (slow on purpose);
+    tokens (long random strings): ``"sha256$<hash>"``. Raises ConfigurationError for an empty
+    secret.
+    """
+    if not secret:
+        raise ConfigurationError("hash_secret: the secret is empty")
+    if kind == "token":
+        return "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
+    salt = secrets.token_hex(16)
+    digest = hashlib.pbkdf2_hmac("sha256", secret.encode(), salt.encode(), PBKDF2_ITERATIONS)
+    return f"pbkdf2_sha256${PBKDF2_ITERATIONS}${salt}${digest.hex()}"
+
+
+def verify_secret(secret: str, stored: str) -> bool:
+    """True when ``secret`` matches ``stored`` (a :func:`hash_secret` result); constant time."""
+    scheme, _, rest = stored.partition("$")
+    if scheme == "sha256":
+        candidate = hashlib.sha256(secret.encode()).hexdigest()
+        return hmac.compare_digest(candidate, rest)
+    if scheme == "pbkdf2_sha256":
+        try:
+            iterations, salt, expected = rest.split("$")
+            digest = hashlib.pbkdf2_hmac("sha256", secret.encode(), salt.encode(),
+                                         int(iterations))
+        except ValueError:
+            return False
+        return hmac.compare_digest(digest.hex(), expected)
+    return False
+
+
+def _check_stored(what: str, name: str, hashed: str | None, env: str | None) -> None:
+    if (hashed is None) == (env is None):
+        raise ConfigurationError(
+            f"{what} {name!r}: give exactly one of {what.lower()}_hash (from hash_secret) "
+            f"and {what.lower()}_env (an environment variable's name)")
+    if hashed is not None and hashed.partition("$")[0] not in ("sha256", "pbkdf2_sha256"):
+        raise ConfigurationError(f"{what} {name!r}: {what.lower()}_hash is not a hash_secret "
+                                 f"result (it starts 'pbkdf2_sha256$' or 'sha256$')")
+
+
+def _matches(secret: str, hashed: str | None, env: str | None) -> bool:
+    if hashed is not None:
+        return verify_secret(secret, hashed)
+    expected = os.environ.get(env or "")
+    if not expected:
+        return False  # an unset variable never matches (not even an empty secret)
+    return hmac.compare_digest(secret.encode(), expected.encode())
+
+
+@dataclass(frozen=True)
+class User:
+    """An HTTP Basic (and login form) user: ``password_hash`` or ``password_env``."""
+
+    name: str
+    password_hash: str | None = None
+    password_env: str | None = None
+    access: Access = "read"
+    organization_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_stored("Password", self.name, self.password_hash, self.password_env)
+        self.principal()  # validates name and access
+
+    def principal(self) -> Principal:
+        return Principal(self.name, self.access, self.organization_id)
+
+    def check(self, password: str) -> bool:
+        """True when ``password`` is this user's (constant-time compare)."""
+        return _matches(password, self.password_hash, self.password_env)
+
+
+@dataclass(frozen=True)
+class Token:
+    """A bearer token (``Authorization: Bearer <token>``): ``token_hash`` or ``token_env``."""
+
+    name: str
+    token_hash: str | None = None
+    token_env: str | None = None
+    access: Access = "read"
+    organization_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_stored("Token", self.name, self.token_hash, self.token_env)
+        self.principal()
+
+    def principal(self) -> Principal:
+        return Principal(self.name, self.access, self.organization_id)
+
+    def check(self, token: str) -> bool:
+        return _matches(token, self.token_hash, self.token_env)
+
+
+Resolver = Callable[[Any], "Principal | None"]
+"""``(request) -> Principal | None``: the host application's own login (a Starlette
+``Request``). None means "not this resolver's request": the built-in methods are tried next."""
+
+
+@dataclass
+class Auth:
+    """How the dashboard recognises people: a resolver hook, bearer tokens, Basic users.
+
+    Tried in that order on each request; the first that names a principal wins. With none
+    configured every request answers 401 (the dashboard is never open by accident).
+    ``secret_key`` signs session cookies (default: ``$OUTBOX_WEB_SECRET_KEY``, else random
+    per process: sessions then end when the process restarts). ``session_max_age``: seconds.
+    ``trusted_origins``: extra ``scheme://host[:port]`` origins allowed to send actions
+    (e.g. the public address in front of a proxy that rewrites Host).
+    """
+
+    users: Iterable[User] = ()
+    tokens: Iterable[Token] = ()
+    resolver: Resolver | None = None
+    secret_key: str | None = None
+    session_max_age: int = 8 * 3600
+    trusted_origins: Iterable[str] = ()
+    _users: dict[str, User] = field(init=False, repr=False)
+    _tokens: tuple[Token, ...] = field(init=False, repr=False)
+    _cache: dict[str, tuple[float, Principal]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._users = {u.name: u for u in self.users}
+        self._tokens = tuple(self.tokens)
+        self.trusted_origins = tuple(o.rstrip("/") for o in self.trusted_origins)
+        key = self.secret_key or os.environ.get("OUTBOX_WEB_SECRET_KEY")
+        self.secret_key = key or secrets.token_urlsafe(32)
+        self._cache = {}
+
+    @classmethod
+    def from_settings(cls, conf: Mapping[str, Any]) -> Auth:
+        """Users and tokens from ``app.conf``: ``outbox_web_users`` and ``outbox_web_tokens``
+        (lists of dicts with :class:`User` / :class:`Token` fields), ``outbox_web_secret_key``,
+        ``outbox_web_trusted_origins``. Raises ConfigurationError naming a bad entry."""
+        def build(kind: type[Any], key: str) -> list[Any]:
+            entries = conf.get(key) or ()
+            try:
+                return [kind(**e) for e in entries]
+            except TypeError as exc:
+                raise ConfigurationError(f"{key}: {exc}") from None
+        return cls(users=build(User, "outbox_web_users"),
+                   tokens=build(Token, "outbox_web_tokens"),
+                   secret_key=conf.get("outbox_web_secret_key"),
+                   trusted_origins=conf.get("outbox_web_trusted_origins") or ())
+
+    @property
+    def configured(self) -> bool:
+        """True when at least one way in exists."""
+        return bool(self._users or self._tokens or self.resolver)
+
+    def user(self, name: str) -> User | None:
+        return self._users.get(name)
+
+    def authenticate(self, request: Any) -> tuple[Principal | None, str]:
+        """The request's principal and how it was found (``"resolver"``, ``"bearer"``,
+        ``"basic"``, ``"session"``), or ``(None, "")``."""
+        if self.resolver is not None:
+            found = self.resolver(request)
+            if found is not None:
+                return found, "resolver"
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value:
+            return self._cached(header, lambda: self._bearer(value.strip())), "bearer"
+        if scheme.lower() == "basic" and value:
+            return self._cached(header, lambda: self._basic(value.strip())), "basic"
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie:
+            return self.session_principal(cookie), "session"
+        return None, ""
+
+    def _cached(self, header: str, check: Callable[[], Principal | None]) -> Principal | None:
+        # PBKDF2 is slow on purpose: remember a verified header for a minute, keyed by its
+        # SHA-256 (the header itself is never kept).
+        key = hashlib.sha256(header.encode()).hexdigest()
+        hit = self._cache.get(key)
+        now = time.monotonic()
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = check()
+        if found is not None:
+            if len(self._cache) > 1000:
+                self._cache.clear()
+            self._cache[key] = (now + 60, found)
+        return found
+
+    def _bearer(self, value: str) -> Principal | None:
+        for token in self._tokens:
+            if token.check(value):
+                return token.principal()
+        return None
+
+    def _basic(self, value: str) -> Principal | None:
+        try:
+            name, _, password = base64.b64decode(value).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return self.login(name, password)
+
+    def login(self, name: str, password: str) -> Principal | None:
+        """The user's principal when ``password`` is theirs, else None."""
+        user = self._users.get(name)
+        if user is None:
+            # Spend the time a check would, so a wrong name and a wrong password look alike.
+            verify_secret(password, _dummy_hash())
+            return None
+        return user.principal() if user.check(password) else None
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def session_cookie(self, principal: Principal) -> str:
+        """A signed session value for ``principal`` (valid ``session_max_age`` seconds)."""
+        body = json.dumps({"u": principal.name, "exp": int(time.time()) + self.session_max_age})
+        payload = base64.urlsafe_b64encode(body.encode()).decode()
+        return f"{payload}.{self._sign(payload)}"
+
+    def session_principal(self, cookie: str) -> Principal | None:
+        payload, _, signature = cookie.partition(".")
+        if not hmac.compare_digest(self._sign(payload), signature):
+            return None
+        try:
+            data = json.loads(base64.urlsafe_b64decode(payload))
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("exp", 0) < time.time():
+            return None
+        user = self._users.get(str(data.get("u")))
+        return user.principal() if user is not None else None
+
+    def _sign(self, payload: str) -> str:
+        key = str(self.secret_key).encode()
+        return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    return hash_secret("not a password of anyone")

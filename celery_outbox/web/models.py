@@ -1,0 +1,254 @@
+"""The JSON shapes of the HTTP API (pydantic models: each one is in the OpenAPI document).
+
+Times are ISO 8601 in UTC; durations are seconds in fields named ``*_seconds``; ids are UUIDs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, Field
+
+from celery_outbox.admin import ExecutionDetail, ExecutionView, LogEntry
+from celery_outbox.dashboard import BulkResult, FailureGroup, JobOverview, Overview
+from celery_outbox.states import Status
+
+
+class FieldError(BaseModel):
+    """One invalid field: ``field`` is its dotted path (``payload.order_id``, ``query.limit``)."""
+
+    field: str
+    message: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx / 5xx body: ``detail`` names the thing; ``errors`` lists invalid fields."""
+
+    detail: str
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+class PrincipalOut(BaseModel):
+    name: str
+    access: Literal["read", "operate"]
+    organization_id: str | None
+
+
+class BucketOut(BaseModel):
+    start: datetime
+    succeeded: int
+    failed: int
+
+
+class JobOut(BaseModel):
+    """One job on the overview; ``counts`` per status stop at the overview's ``count_cap``."""
+
+    name: str
+    kind: Literal["queue", "cron"]
+    cron: str | None
+    timezone: str | None
+    next_tick_at: datetime | None
+    priority: str
+    queue: str | None
+    retries: int
+    timeout_seconds: float | None
+    record: str
+    description: str | None
+    counts: dict[str, int]
+    capped: list[str]
+    oldest_pending_at: datetime | None
+    oldest_pending_age_seconds: float | None
+    last_run_at: datetime | None
+    last_status: str | None
+    recent_succeeded: int
+    recent_failed: int
+    last_hour: list[BucketOut]
+
+    @classmethod
+    def of(cls, j: JobOverview) -> JobOut:
+        age = j.oldest_pending_age
+        return cls(
+            name=j.name, kind=j.kind, cron=j.cron, timezone=j.timezone,  # type: ignore[arg-type]
+            next_tick_at=j.next_tick_at, priority=j.priority, queue=j.queue, retries=j.retries,
+            timeout_seconds=j.timeout.total_seconds() if j.timeout else None, record=j.record,
+            description=j.description, counts=j.counts, capped=list(j.capped),
+            oldest_pending_at=j.oldest_pending_at,
+            oldest_pending_age_seconds=age.total_seconds() if age is not None else None,
+            last_run_at=j.last_run_at, last_status=j.last_status,
+            recent_succeeded=j.recent_succeeded, recent_failed=j.recent_failed,
+            last_hour=[BucketOut(start=b.start, succeeded=b.succeeded, failed=b.failed)
+                       for b in j.last_hour],
+        )
+
+
+class JobsOut(BaseModel):
+    generated_at: datetime
+    count_cap: int
+    jobs: list[JobOut]
+
+    @classmethod
+    def of(cls, o: Overview) -> JobsOut:
+        return cls(generated_at=o.generated_at, count_cap=o.count_cap,
+                   jobs=[JobOut.of(j) for j in o.jobs])
+
+
+class ExecutionOut(BaseModel):
+    """One execution as a list shows it; ``error`` is the last error's first line."""
+
+    id: UUID
+    job_name: str
+    status: Status
+    priority: str
+    attempt: int
+    max_attempts: int
+    unique_key: str | None
+    organization_id: str | None
+    created_at: datetime
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    triggered_by: str | None
+    triggered_by_name: str | None
+    cancelled_by: str | None
+    cancelled_by_name: str | None
+    can_retry: bool
+    can_cancel: bool
+
+    @classmethod
+    def of(cls, v: ExecutionView) -> ExecutionOut:
+        return cls(**{name: getattr(v, name) for name in ExecutionOut.model_fields})
+
+
+class LogOut(BaseModel):
+    level: str
+    logger: str
+    message: str
+    time: datetime | None
+    exception: str | None
+
+    @classmethod
+    def of(cls, e: LogEntry) -> LogOut:
+        return cls(level=e.level, logger=e.logger, message=e.message, time=e.time,
+                   exception=e.exception)
+
+
+class TimelineOut(BaseModel):
+    created_at: datetime
+    scheduled_at: datetime | None
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+
+
+class ExecutionDetailOut(ExecutionOut):
+    """One execution in full: payload, timeline, the last error's traceback, the logs its
+    latest attempt captured, and the actions its status allows."""
+
+    payload: Any
+    traceback: str | None
+    logs: list[LogOut]
+    claimed_by: str | None
+    lease_expires_at: datetime | None
+    dispatched_at: datetime | None
+    updated_at: datetime
+    timeline: TimelineOut
+    actions: list[Literal["retry", "cancel"]]
+
+    @classmethod
+    def of(cls, d: ExecutionDetail) -> ExecutionDetailOut:  # type: ignore[override]
+        base = {name: getattr(d, name) for name in ExecutionOut.model_fields}
+        actions: list[Literal["retry", "cancel"]] = []
+        if d.can_retry:
+            actions.append("retry")
+        if d.can_cancel:
+            actions.append("cancel")
+        return cls(
+            **base, payload=d.payload, traceback=d.traceback,
+            logs=[LogOut.of(e) for e in d.logs], claimed_by=d.claimed_by,
+            lease_expires_at=d.lease_expires_at, dispatched_at=d.dispatched_at,
+            updated_at=d.updated_at,
+            timeline=TimelineOut(created_at=d.created_at, scheduled_at=d.scheduled_at,
+                                 dispatched_at=d.dispatched_at, started_at=d.started_at,
+                                 finished_at=d.finished_at, updated_at=d.updated_at),
+            actions=actions,
+        )
+
+
+class ExecutionPageOut(BaseModel):
+    """Newest first; pass ``next_cursor`` as ``cursor`` for the next page (null: the last)."""
+
+    items: list[ExecutionOut]
+    next_cursor: str | None
+
+
+class FailureGroupOut(BaseModel):
+    job_name: str
+    error_type: str
+    count: int
+    last_error: str
+    last_failed_at: datetime
+    execution_ids: list[UUID]
+
+    @classmethod
+    def of(cls, g: FailureGroup) -> FailureGroupOut:
+        return cls(job_name=g.job_name, error_type=g.error_type, count=g.count,
+                   last_error=g.last_error, last_failed_at=g.last_failed_at,
+                   execution_ids=list(g.execution_ids))
+
+
+class FailuresOut(BaseModel):
+    since_seconds: float
+    groups: list[FailureGroupOut]
+
+
+class TriggerIn(BaseModel):
+    """The payload of the new execution (a queue job's schema); null for a cron job."""
+
+    payload: Any = None
+
+
+class ActionOut(BaseModel):
+    """What an action did: ``execution_id`` acted on, ``new_execution_id`` created (if any)."""
+
+    action: Literal["trigger", "retry", "cancel"]
+    job_name: str
+    execution_id: UUID
+    new_execution_id: UUID | None
+    status: Status | None = Field(
+        description="The status of the execution created or cancelled now; null when a new "
+                    "execution already ran and was not kept")
+
+
+class BulkIn(BaseModel):
+    """Which executions a bulk action selects (each field narrows) and whether to only count.
+
+    ``created_after`` / ``created_before``: ISO 8601; without an offset they are UTC.
+    """
+
+    job: list[str] | None = None
+    status: list[Status] | None = None
+    key: str | None = Field(None, max_length=255)
+    tenant: str | None = Field(None, max_length=64)
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    error: str | None = Field(None, max_length=500)
+    dry_run: bool = True
+
+
+class BulkOut(BaseModel):
+    action: Literal["retry", "cancel"]
+    dry_run: bool
+    matched: int
+    more: bool
+    done: list[UUID]
+    skipped: list[UUID]
+
+    @classmethod
+    def of(cls, r: BulkResult) -> BulkOut:
+        return cls(action=r.action, dry_run=r.dry_run,  # type: ignore[arg-type]
+                   matched=r.matched, more=r.more, done=list(r.done), skipped=list(r.skipped))
