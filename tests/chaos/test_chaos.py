@@ -24,23 +24,13 @@ from tests.chaos.workers import POOLS
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-# Pools whose known defects (issue 8) make this run fail until their fixes are merged; the
-# bounded run leaves them out. The lead empties it after merging the fix:
-# - gevent (defect 8, h3-lifecycle): a warm stop often never drains: the worker_shutting_down
-#   receiver runs in gevent's event-loop callback, where Drain.start's Thread.start() raises
-#   BlockingSwitchOutError ("Signal handler <bound method Drain._on_shutting_down ...> raised"),
-#   so nothing is handed back (the rows wait for their lease); and with a short drain the
-#   drain hands back rows whose handler is still finishing, which begin the same attempt
-#   again elsewhere (python -m tests.chaos --drain-seconds 0.3 --pools gevent).
-POOLS_PENDING_FIX: frozenset[str] = frozenset({"gevent"})
 SEED = 8
 
 
 def test_chaos_run_loses_nothing_and_runs_no_attempt_twice(
     pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pools = tuple(p for p in POOLS if p not in POOLS_PENDING_FIX)
-    plan = Plan(executions=300, seed=SEED, duration=40.0, fault_every=3.0, pools=pools)
+    plan = Plan(executions=300, seed=SEED, duration=40.0, fault_every=3.0, pools=POOLS)
 
     outcome = chaos(plan, pg_url, tmp_path)
 
