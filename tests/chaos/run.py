@@ -59,6 +59,7 @@ from tests.chaos.workers import POOLS, Processes, Redis, Worker, children, kill_
 FAULTS = ("kill", "warm", "pg", "broker", "kill_child")
 WARM_EXIT_LIMIT = 60.0  # seconds a warm stop may take before it counts as hung
 BROKER_EXIT_WINDOW = 30.0  # seconds after a broker stop in which a worker's exit is its doing
+CHILD_KILL_AFTER_START = 5.0  # seconds a prefork worker runs before its pool children are fair game
 
 
 @dataclass(frozen=True)
@@ -289,7 +290,10 @@ class Chaos:
             self.redis_back_at = time.monotonic() + self.rng.uniform(0.5, 3.0)
             self.outcome.faults["broker"] += 1
         elif kind == "kill_child":
-            prefork = [w for w in up if w.pool.pool == "prefork" and w.proc is not None]
+            # Only a worker past its start-up: billiard gives up on a pool whose child dies
+            # while it starts ("Could not start worker processes"), which is Celery's, not ours.
+            prefork = [w for w in up if w.pool.pool == "prefork" and w.proc is not None
+                       and time.monotonic() - w.since > CHILD_KILL_AFTER_START]
             pids = [p for w in prefork for p in children(w.proc.pid)]  # type: ignore[union-attr]
             if not pids:
                 return
