@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench
+.PHONY: example test lint bench soak
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project
 
@@ -24,3 +24,9 @@ lint: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
+
+# The model test with fresh random seeds for MINUTES minutes (half per database), then what it
+# explored: make soak MINUTES=30
+MINUTES ?= 10
+soak: $(BIN)/.installed
+	OUTBOX_SOAK_MINUTES=$(MINUTES) CI=true $(BIN)/python -m pytest tests/model -q -s -p no:logging

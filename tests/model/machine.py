@@ -14,6 +14,7 @@ other semantics than the one written here).
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections import Counter
@@ -39,7 +40,11 @@ from tests.model.model import JobCfg, MFence, Model, MRow, OutboxCfg, when_predi
 from tests.model.world import Gate, Plan, World, wait_for
 
 # -- known defects (issue 8), each fixed on another branch ----------------------------------
-H1_STORE_MERGED = False
+KNOWN_DEFECTS = os.environ.get("OUTBOX_MODEL_KNOWN_DEFECTS") == "1"
+"""Set OUTBOX_MODEL_KNOWN_DEFECTS=1 to generate the known defects' cases before their fixes
+are merged (to see the model find them)."""
+
+H1_STORE_MERGED = False or KNOWN_DEFECTS
 """Flip once branch h1-store is merged. Until then the model does not generate:
 defect 1, backoff overflow (a RetryPolicy whose ``backoff * 2**(n-1)`` overflows timedelta
 before the cap, e.g. retries=60, backoff=1h, backoff_max=1h, and backoff_max so large that
@@ -49,7 +54,7 @@ whose never-started rows the rescuer hands back to the same worker process); def
 It also turns on the checks of h1's new rules: a fence is never issued twice, cancelled rows
 are trimmed, admin retry is idempotent."""
 
-H3_LIFECYCLE_MERGED = False
+H3_LIFECYCLE_MERGED = False or KNOWN_DEFECTS
 """Flip once branch h3-lifecycle is merged: defect 8, a drain while a handler that ignores
 ``ctx.cancelled`` is still running (it must not hand the row back before the handler stops)."""
 

@@ -79,7 +79,7 @@ class World:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.begins: list[tuple[UUID, int]] = []
-        self.live: dict[UUID, int] = {}  # execution id -> thread ident of its live handler
+        self.live: dict[UUID, dict[int, int]] = {}  # id -> {thread ident: attempt}
         self.violations: list[str] = []
         self.gates: dict[UUID, Gate] = {}
         self.contexts: dict[tuple[UUID, int], JobContext[Any]] = {}
@@ -92,11 +92,15 @@ class World:
             if key in self.begins:
                 self.violations.append(f"attempt {ctx.attempt} of {ctx.execution_id} "
                                        "begun twice")
-            if ctx.execution_id in self.live:
+            live = self.live.setdefault(ctx.execution_id, {})
+            # A zombie (an older attempt still running after a rescue or a cancel) may live
+            # on; its writes are fenced out. A live handler of this attempt or a later one
+            # means two runners hold the execution at once.
+            if any(attempt >= ctx.attempt for attempt in live.values()):
                 self.violations.append(f"{ctx.execution_id} has two live handlers "
-                                       f"(attempt {ctx.attempt})")
+                                       f"(attempt {ctx.attempt}, live {live})")
             self.begins.append(key)
-            self.live[ctx.execution_id] = me
+            live[me] = ctx.attempt
             self.contexts[key] = ctx
             gate = self.gates.get(ctx.execution_id)
         try:
@@ -107,8 +111,7 @@ class World:
             act(ctx.payload.step(ctx.attempt), ctx)
         finally:
             with self.lock:
-                if self.live.get(ctx.execution_id) == me:
-                    del self.live[ctx.execution_id]
+                self.live[ctx.execution_id].pop(me, None)
 
     @staticmethod
     def _wait(gate: Gate, ctx: JobContext[Any]) -> None:
