@@ -40,35 +40,43 @@ from tests.model.model import JobCfg, MFence, Model, MRow, OutboxCfg, when_predi
 from tests.model.world import Gate, Plan, World, wait_for
 
 # -- known defects (issue 8), each fixed on another branch ----------------------------------
-KNOWN_DEFECTS = os.environ.get("OUTBOX_MODEL_KNOWN_DEFECTS") == "1"
-"""Set OUTBOX_MODEL_KNOWN_DEFECTS=1 to generate the known defects' cases before their fixes
-are merged (to see the model find them)."""
-
-H1_STORE_MERGED = False or KNOWN_DEFECTS
+H1_STORE_MERGED = False
 """Flip once branch h1-store is merged. Until then the model does not generate:
 defect 1, backoff overflow (a RetryPolicy whose ``backoff * 2**(n-1)`` overflows timedelta
 before the cap, e.g. retries=60, backoff=1h, backoff_max=1h, and backoff_max so large that
 ``now + delay`` overflows datetime); defect 2, fence reuse (a background run of several ids
 whose never-started rows the rescuer hands back to the same worker process); defect 3, a
 ``RetryPolicy.when`` that raises; defect 4, a handler that calls ``ctx.cancel()`` and stops.
-It also turns on the checks of h1's new rules: a fence is never issued twice, cancelled rows
-are trimmed, admin retry is idempotent."""
+It also turns on the checks of h1's new rules: cancelled rows are trimmed, admin retry is
+idempotent."""
 
-H3_LIFECYCLE_MERGED = False or KNOWN_DEFECTS
+H3_LIFECYCLE_MERGED = False
 """Flip once branch h3-lifecycle is merged: defect 8, a drain while a handler that ignores
 ``ctx.cancelled`` is still running (it must not hand the row back before the handler stops)."""
+
+DRAIN_KEEPS_ATTEMPT = False
+"""Flip once a fix is merged for what this model found (not in issue 8's list): a warm
+shutdown hands back a row whose handler had begun with its attempt decremented, so the next
+worker begins the same (execution, attempt) again. Until then the drain rule stops only
+workers with nothing in flight."""
+
+DEFECTS = ({"1", "2", "3", "4"} if H1_STORE_MERGED else set()) | (
+    {"8"} if H3_LIFECYCLE_MERGED else set()) | ({"drain"} if DRAIN_KEEPS_ATTEMPT else set())
+DEFECTS |= {n.strip() for n in os.environ.get("OUTBOX_MODEL_DEFECTS", "").split(",") if n}
+"""The known defects whose cases the model generates. ``OUTBOX_MODEL_DEFECTS=1,3,drain``
+adds some before their fix is merged, to see the model find them."""
 
 START = datetime(2031, 1, 1, tzinfo=timezone.utc)
 MICRO = timedelta(microseconds=1)
 
 BACKOFFS = [timedelta(0), timedelta(seconds=1), timedelta(seconds=30), timedelta(hours=1)]
 BACKOFF_MAXES = [timedelta(0), timedelta(seconds=1), timedelta(minutes=10), timedelta(hours=1),
-                 timedelta(days=3650)] + ([timedelta.max] if H1_STORE_MERGED else [])
+                 timedelta(days=3650)] + ([timedelta.max] if "1" in DEFECTS else [])
 JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=3),
          timedelta(minutes=5, seconds=1), timedelta(minutes=31), timedelta(hours=2),
          timedelta(days=3)]
 STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop"] + (
-    ["cancel"] if H1_STORE_MERGED else [])
+    ["cancel"] if "4" in DEFECTS else [])
 KEYS = [None, None, "k1", "k2", "k3"]
 
 
@@ -85,12 +93,12 @@ def overflows(policy: RetryPolicy) -> bool:
 @st.composite
 def policies(draw: st.DrawFn) -> tuple[RetryPolicy, str]:
     retries = draw(st.sampled_from([0, 1, 2, 5, 60]))
-    when = draw(st.sampled_from(["none", "reject_flaky"] + (["raises"] if H1_STORE_MERGED
+    when = draw(st.sampled_from(["none", "reject_flaky"] + (["raises"] if "3" in DEFECTS
                                                              else [])))
     policy = RetryPolicy(retries=retries, backoff=draw(st.sampled_from(BACKOFFS)),
                          backoff_max=draw(st.sampled_from(BACKOFF_MAXES)),
                          jitter=draw(st.booleans()), when=when_predicate(when))  # type: ignore
-    if not H1_STORE_MERGED and overflows(policy):  # defect 1: see H1_STORE_MERGED
+    if "1" not in DEFECTS and overflows(policy):  # defect 1: see H1_STORE_MERGED
         policy = RetryPolicy(retries=retries, backoff=timedelta(seconds=1),
                              backoff_max=timedelta(hours=1), jitter=policy.jitter,
                              when=policy.when)
@@ -257,7 +265,7 @@ class OutboxMachine(RuleBasedStateMachine):
         """The model of one handler run and its outcome write."""
         self.expected_begins.append((fence.id, fence.attempt))
         step = self.model.rows[fence.id].plan.step(fence.attempt)
-        self.model.outcome(fence, step, self.clock_now, fixed=H1_STORE_MERGED)
+        self.model.outcome(fence, step, self.clock_now, fixed=bool(DEFECTS & {"3", "4"}))
 
     # -- push ----------------------------------------------------------------------------
 
@@ -355,7 +363,7 @@ class OutboxMachine(RuleBasedStateMachine):
     def run_in_background(self, data: st.DataObject) -> None:
         """A worker starts a message whose first handler hangs until ``open_gate``."""
         slots = self.live_slots()
-        most = 3 if H1_STORE_MERGED else 1  # defect 2: see H1_STORE_MERGED
+        most = 3 if "2" in DEFECTS else 1  # defect 2: see H1_STORE_MERGED
         ids = self.draw_ids(data, most)
         if not slots or not ids:
             return
@@ -407,7 +415,7 @@ class OutboxMachine(RuleBasedStateMachine):
         first = run.first
         if not (run.gate.cooperative and first.id in run.cancelled):
             step = self.model.rows[first.id].plan.step(first.attempt)
-            self.model.outcome(first, step, self.clock_now, fixed=H1_STORE_MERGED)
+            self.model.outcome(first, step, self.clock_now, fixed=bool(DEFECTS & {"3", "4"}))
         self.follow(run.fences, 1, run.cancelled)
 
     def settle_cancelled(self) -> None:
@@ -463,9 +471,13 @@ class OutboxMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def drain(self, data: st.DataObject) -> None:
         """A worker process stops (warm shutdown, drain_timeout 0) and is replaced."""
-        slots = [s for s in self.live_slots()
-                 if H3_LIFECYCLE_MERGED or not any(  # defect 8: see H3_LIFECYCLE_MERGED
-                     r.slot is s and not r.gate.cooperative for r in self.background)]
+        def drainable(slot: Slot) -> bool:
+            runs = [r for r in self.background if r.slot is slot]
+            if runs and "drain" not in DEFECTS:  # see DRAIN_KEEPS_ATTEMPT
+                return False
+            return "8" in DEFECTS or all(r.gate.cooperative for r in runs)  # defect 8
+
+        slots = [s for s in self.live_slots() if drainable(s)]
         if not slots:
             return
         self.hit("drain")
@@ -484,8 +496,10 @@ class OutboxMachine(RuleBasedStateMachine):
             for fence in list(run.held):
                 run.held.remove(fence)
                 run.cancelled.add(fence.id)
-                if run.gate.cooperative or not H3_LIFECYCLE_MERGED:
+                if run.gate.cooperative:  # it stops: cancelled, it raises at once
                     self.model.release(fence, self.clock_now)
+                # A handler that ignores ctx.cancelled (defect 8) keeps its row: handed back
+                # only once it stopped; the rescuer takes it when its lease expires.
         self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
                              lambda: self.dispatcher, self.clock))
 
@@ -649,7 +663,7 @@ class OutboxMachine(RuleBasedStateMachine):
             assert 0 <= r["attempt"] <= r["max_attempts"], f"attempt out of range: {r}"
             if r["status"] == Status.RUNNING.value:
                 assert r["lease_expires_at"] is not None, f"running without a lease: {r}"
-        if H1_STORE_MERGED:
+        if "2" in DEFECTS:
             fences = Counter(self.model.claims)
             assert all(n == 1 for n in fences.values()), "a fence was issued twice"
         self.stats.transitions.update(self.model.transitions)

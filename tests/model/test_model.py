@@ -15,7 +15,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.model.machine import H1_STORE_MERGED, H3_LIFECYCLE_MERGED, OutboxMachine, Stats
+from tests.model.machine import (
+    DEFECTS,
+    H1_STORE_MERGED,
+    H3_LIFECYCLE_MERGED,
+    OutboxMachine,
+    Stats,
+)
 
 SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -41,7 +47,8 @@ def report(dialect: str, stats: Stats, seconds: float, runs: int) -> str:
             f"{stats.examples} examples, {stats.steps} steps, "
             f"{len(stats.states)} distinct states\n  rules: {rules}\n  transitions: {moves}\n"
             f"  flags: H1_STORE_MERGED={H1_STORE_MERGED} "
-            f"H3_LIFECYCLE_MERGED={H3_LIFECYCLE_MERGED}")
+            f"H3_LIFECYCLE_MERGED={H3_LIFECYCLE_MERGED}, known defects generated: "
+            f"{sorted(DEFECTS) or 'none'}")
 
 
 @pytest.mark.timeout(int(SOAK_MINUTES * 60) + 900 if SOAK_MINUTES else 600)
