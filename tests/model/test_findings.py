@@ -25,7 +25,8 @@ from tests.integration.fakes import RecordingDispatcher
 from tests.model.world import Plan
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="found by the model test: a warm shutdown hands back a "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="found by the model test: a warm shutdown hands back a "
                    "row whose handler had begun with its attempt decremented, so the next "
                    "worker begins the same (execution, attempt) again (DRAIN_KEEPS_ATTEMPT)")
 def test_a_drained_attempt_is_never_begun_again(db_url: str) -> None:
@@ -66,7 +67,8 @@ def test_a_drained_attempt_is_never_begun_again(db_url: str) -> None:
         outbox.engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason="found by the model test: with a backoff_max so large "
+@pytest.mark.xfail(strict=True, raises=OverflowError,
+                   reason="found by the model test: with a backoff_max so large "
                    "that now + delay passes year 9999 (timedelta.max: 'no cap'), the runner's "
                    "retry raises OverflowError ('date value out of range') and the row stays "
                    "running; fixing RetryPolicy.delay alone (defect 1) does not cover it")
