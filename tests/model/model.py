@@ -205,10 +205,6 @@ class Model:
         self.move(row, "retry", Status.SCHEDULED)
         self.schedule(row, now, delay, jittered=not step.startswith("later:") and
                       job.retry.jitter)
-        if delay <= self.cfg.max_eta:
-            self.dispatch(row, now)
-        else:
-            row.dispatched_at = None
 
     def retry_delay(self, row: MRow, job: JobCfg, step: str, *, fixed: bool
                     ) -> timedelta | None:
@@ -224,11 +220,26 @@ class Model:
         return job.retry.delay(row.attempt, rng=lambda: 1.0)
 
     def schedule(self, row: MRow, now: datetime, delay: timedelta, *, jittered: bool) -> None:
+        """scheduled_at = now + delay, and dispatched now when delay <= max_eta. With jitter
+        the delay is drawn in [0, delay]: both are settled by :meth:`read_back`."""
         if jittered:
-            row.scheduled_at = None
+            row.scheduled_at = row.dispatched_at = None
             self.readbacks.append(Readback(row.id, "scheduled_at", now, now + delay))
+            return
+        row.scheduled_at = now + delay
+        if delay <= self.cfg.max_eta:
+            self.dispatch(row, now)
         else:
-            row.scheduled_at = now + delay
+            row.dispatched_at = None
+
+    def read_back(self, rb: Readback, value: datetime) -> None:
+        """The jittered run time the table holds: in [lo, hi]; dispatched when due within
+        max_eta."""
+        assert rb.lo <= value <= rb.hi, f"{rb.id}.{rb.column} = {value}, not in [{rb.lo}, {rb.hi}]"
+        row = self.rows[rb.id]
+        row.scheduled_at = value
+        if value - rb.lo <= self.cfg.max_eta:
+            self.dispatch(row, rb.lo)
 
     def heartbeat(self, fence: MFence, now: datetime) -> bool:
         """heartbeat: lease renewed when ``fence`` still holds; False: lost."""
@@ -288,10 +299,6 @@ class Model:
         delay = job.retry.delay(row.attempt, rng=lambda: 1.0)
         self.move(row, "rescue_retry", Status.SCHEDULED)
         self.schedule(row, now, delay, jittered=job.retry.jitter)
-        if delay <= self.cfg.max_eta:
-            self.dispatch(row, now)
-        else:
-            row.dispatched_at = None
 
     def cancel(self, row: MRow, now: datetime) -> None:
         self.move(row, "cancel", Status.CANCELLED)
