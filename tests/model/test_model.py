@@ -7,6 +7,7 @@ minutes in all (half per database) and prints what it explored.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -61,6 +62,10 @@ def test_model(dialect: str, request: pytest.FixtureRequest, capsys: Any) -> Non
         run_state_machine_as_test(machine, settings=settings.get_profile("model"))
         assert machine.stats.examples > 0 and machine.stats.steps > 0
         return
+    quiet = logging.getLogger("celery_outbox")  # retries and failures by the thousand
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    request.addfinalizer(lambda: quiet.setLevel(level))
     started = time.monotonic()
     deadline = started + SOAK_MINUTES * 30  # half of the minutes per database
     runs = 0
