@@ -28,7 +28,7 @@ SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 settings.register_profile(
-    "model", max_examples=30, stateful_step_count=50, derandomize=True, deadline=None,
+    "model", max_examples=20, stateful_step_count=50, derandomize=True, deadline=None,
     database=None, suppress_health_check=SLOW, print_blob=True,
 )
 settings.register_profile(
