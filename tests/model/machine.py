@@ -672,6 +672,10 @@ class OutboxMachine(RuleBasedStateMachine):
         """The table equals the model, and the guarantee's invariants hold."""
         if self.outbox is None:
             return
+        assert not self.world.violations, self.world.violations
+        if "2" in DEFECTS:
+            reused = [f for f, n in Counter(self.model.claims).items() if n > 1]
+            assert not reused, f"a fence was issued twice: {reused}"
         self.settle_cancelled()
         self.readback()
         table = self.table()
@@ -687,9 +691,6 @@ class OutboxMachine(RuleBasedStateMachine):
             assert 0 <= r["attempt"] <= r["max_attempts"], f"attempt out of range: {r}"
             if r["status"] == Status.RUNNING.value:
                 assert r["lease_expires_at"] is not None, f"running without a lease: {r}"
-        if "2" in DEFECTS:
-            fences = Counter(self.model.claims)
-            assert all(n == 1 for n in fences.values()), "a fence was issued twice"
         self.stats.transitions.update(self.model.transitions)
         self.model.transitions.clear()
         self.stats.states.add(tuple(sorted(
