@@ -260,8 +260,9 @@ class OutboxMachine(RuleBasedStateMachine):
         return data.draw(st.sampled_from(sorted(self.model.jobs.values(), key=lambda j: j.name)),
                          label="job")
 
-    def draw_ids(self, data: st.DataObject, most: int) -> list[UUID]:
-        ids = list(self.model.rows)  # creation order: the same draws pick the same rows
+    def draw_ids(self, data: st.DataObject, most: int, job: str | None = None) -> list[UUID]:
+        """1 to ``most`` known ids (of ``job``, when given), in creation order."""
+        ids = [i for i, r in self.model.rows.items() if job is None or r.job == job]
         active = [i for i in ids if self.model.rows[i].status in ACTIVE]
         if active and data.draw(st.booleans(), label="active rows only"):
             ids = active  # most rules do something only on active rows
@@ -359,12 +360,13 @@ class OutboxMachine(RuleBasedStateMachine):
     def run(self, data: st.DataObject) -> None:
         """A worker process runs a message of 1 to 3 ids, now, in this thread."""
         slots = self.live_slots()
-        ids = self.draw_ids(data, 3)
+        job = self.draw_job(data).name  # a message carries ids of one job
+        ids = self.draw_ids(data, 3, job)
         if not slots or not ids:
             return
         self.hit("run")
         slot = data.draw(st.sampled_from(slots), label="runner")
-        self.run_on(slot, self.draw_job(data).name, ids)
+        self.run_on(slot, job, ids)
 
     def run_on(self, slot: Slot, job: str, ids: list[UUID]) -> None:
         fences = self.model.claim(slot.runner.worker_id, job, ids, self.clock_now)
@@ -391,11 +393,11 @@ class OutboxMachine(RuleBasedStateMachine):
         """A worker starts a message whose first handler hangs until ``open_gate``."""
         slots = self.live_slots()
         most = 3 if "2" in DEFECTS else 1  # defect 2: see H1_STORE_MERGED
-        ids = self.draw_ids(data, most)
+        job = self.draw_job(data).name
+        ids = self.draw_ids(data, most, job)
         if not slots or not ids:
             return
         slot = data.draw(st.sampled_from(slots), label="runner")
-        job = self.draw_job(data).name
         worker = slot.runner.worker_id
         claimable = [i for i in ids if self.model.claimable(self.model.rows[i], job,
                                                              self.clock_now)]
