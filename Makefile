@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench bench-web faults chaos
+.PHONY: example test lint bench bench-web faults chaos soak
 # `make example DASHBOARD=1`: afterwards, keep the dashboard running on the run's data.
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
@@ -42,3 +42,8 @@ chaos: $(BIN)/.installed
 # The dashboard's reads at 1,000,000 rows on PostgreSQL (bench/README.md, "Dashboard").
 bench-web: $(BIN)/.installed
 	$(BIN)/python -m bench web
+
+# The model test with fresh random seeds for MINUTES minutes (half per database), then what it
+# explored: make soak MINUTES=30 (MINUTES defaults to 5, as for chaos)
+soak: $(BIN)/.installed
+	OUTBOX_SOAK_MINUTES=$(MINUTES) CI=true $(BIN)/python -m pytest tests/model -q -s -p no:logging

@@ -1,0 +1,774 @@
+"""The stateful model test: Hypothesis drives the real outbox against :mod:`tests.model.model`.
+
+One example is one outbox (a table of its own) with 1 to 3 jobs drawn with extreme options,
+runners with distinct worker ids ("processes"), and a fake clock every service reads. Rules
+push, run (now, or in a background thread whose handler hangs until a later rule opens its
+gate), deliver recorded messages again, renew leases (or fail to), jump the clock, sweep,
+trim, cancel, retry, drain, and drive one execution to its end. After every step the table
+must equal the model, and the invariants of the guarantee must hold (see :meth:`check`).
+
+Known defects, fixed on other branches, are reachable only behind the flags below; the lead
+flips each flag once its fix is merged (and adjusts the model's expectation if the fix chose
+other semantics than the one written here).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, ClassVar
+from unittest import mock
+from uuid import UUID
+
+from celery import Celery
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from celery_outbox import JobRegistry, Outbox, RetryPolicy, outbox_job
+from celery_outbox.errors import ExecutionNotFound, InvalidTransition, StorageError
+from celery_outbox.runner import Runner
+from celery_outbox.shutdown import Drain
+from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, TRANSITIONS, Status
+from tests.integration.fakes import RecordingDispatcher
+from tests.model.model import JobCfg, MFence, Model, MRow, OutboxCfg, when_predicate
+from tests.model.world import Gate, Plan, World, wait_for
+
+# -- known defects (issue 8), each fixed on another branch ----------------------------------
+H1_STORE_MERGED = False
+"""Flip once branch h1-store is merged. Until then the model does not generate: defect 1,
+backoff overflow (a RetryPolicy whose ``backoff * 2**(n-1)`` overflows timedelta before the
+cap, e.g. retries=60, backoff=1h, backoff_max=1h); defect 2, fence reuse (a background run of
+several ids, whose never-started rows the rescuer hands back to the same worker process);
+defect 3, a ``RetryPolicy.when`` that raises; defect 4, a handler that calls ``ctx.cancel()``
+and stops. It also turns on the checks of h1's new rules: cancelled rows are trimmed, admin
+retry is idempotent."""
+
+H3_LIFECYCLE_MERGED = False
+"""Flip once branch h3-lifecycle is merged: defect 8, a drain while a handler that ignores
+``ctx.cancelled`` is still running (it must not hand the row back before the handler stops)."""
+
+DRAIN_KEEPS_ATTEMPT = False
+"""Flip once a fix is merged for what this model found (not in issue 8's list): a warm
+shutdown hands back a row whose handler had begun with its attempt decremented, so the next
+worker begins the same (execution, attempt) again. Until then the drain rule stops only
+workers with nothing in flight."""
+
+UNCAPPED_BACKOFF_FIXED = False
+"""Flip once a fix is merged for what this model found (not in issue 8's list, though akin to
+defect 1): a backoff_max so large that ``now + delay`` passes year 9999 (``timedelta.max``,
+"no cap") makes the runner's retry raise OverflowError and leaves the row running. (Or, if
+such a value is refused at declaration, drop ``timedelta.max`` from BACKOFF_MAXES.)"""
+
+DEFECTS = ({"1", "2", "3", "4"} if H1_STORE_MERGED else set()) | (
+    {"8"} if H3_LIFECYCLE_MERGED else set()) | ({"drain"} if DRAIN_KEEPS_ATTEMPT else set()) | (
+    {"uncapped"} if UNCAPPED_BACKOFF_FIXED else set())
+DEFECTS |= {n.strip() for n in os.environ.get("OUTBOX_MODEL_DEFECTS", "").split(",") if n}
+"""The known defects whose cases the model generates. ``OUTBOX_MODEL_DEFECTS=1,3,drain``
+adds some before their fix is merged, to see the model find them (labels: 1, 2, 3, 4, 8,
+drain, uncapped)."""
+
+START = datetime(2031, 1, 1, tzinfo=timezone.utc)
+
+BACKOFFS = [timedelta(0), timedelta(seconds=1), timedelta(seconds=30), timedelta(hours=1)]
+BACKOFF_MAXES = [timedelta(0), timedelta(seconds=1), timedelta(minutes=10), timedelta(hours=1),
+                 timedelta(days=3650)] + (
+    [timedelta.max] if "uncapped" in DEFECTS else [])
+JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=3),
+         timedelta(minutes=5, seconds=1), timedelta(minutes=31), timedelta(hours=2),
+         timedelta(days=3)]
+STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop"] + (
+    ["cancel"] if "4" in DEFECTS else [])
+KEYS = [None, None, "k1", "k2", "k3"]
+
+
+def overflows(policy: RetryPolicy) -> str | None:
+    """Which overflow the policy's delays reach: "1" (the delay itself overflows timedelta:
+    defect 1), "uncapped" (``now + delay`` passes year 9999), or None."""
+    for attempt in range(1, policy.max_attempts + 1):
+        try:
+            delay = policy.delay(attempt, rng=lambda: 1.0)
+        except OverflowError:
+            return "1"
+        try:
+            START + timedelta(days=36500) + delay
+        except OverflowError:
+            return "uncapped"
+    return None
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> tuple[RetryPolicy, str]:
+    retries = draw(st.sampled_from([0, 1, 2, 5, 60]))
+    when = draw(st.sampled_from(["none", "reject_flaky"] + (["raises"] if "3" in DEFECTS
+                                                             else [])))
+    policy = RetryPolicy(retries=retries, backoff=draw(st.sampled_from(BACKOFFS)),
+                         backoff_max=draw(st.sampled_from(BACKOFF_MAXES)),
+                         jitter=draw(st.booleans()), when=when_predicate(when))  # type: ignore
+    overflow = overflows(policy)
+    if overflow is not None and overflow not in DEFECTS:  # see H1_STORE_MERGED, UNCAPPED_...
+        policy = RetryPolicy(retries=retries, backoff=timedelta(seconds=1),
+                             backoff_max=timedelta(hours=1), jitter=policy.jitter,
+                             when=policy.when)
+    return policy, when
+
+
+@dataclass
+class Slot:
+    """One runner: a worker process (its own worker id); ``retired`` once drained."""
+
+    runner: Runner
+    retired: bool = False
+
+
+@dataclass
+class Background:
+    """A run in a background thread whose first handler waits on ``gate``."""
+
+    slot: Slot
+    job: str
+    fences: list[MFence]
+    gate: Gate
+    thread: threading.Thread
+    held: list[MFence]
+    cancelled: set[UUID] = field(default_factory=set)  # ids whose ctx.cancelled is set
+    errors: list[BaseException] = field(default_factory=list)
+
+    @property
+    def first(self) -> MFence:
+        return self.fences[0]
+
+
+@dataclass
+class Stats:
+    """What the runs explored (printed by the soak)."""
+
+    examples: int = 0
+    steps: int = 0
+    rules: Counter[str] = field(default_factory=Counter)
+    transitions: Counter[str] = field(default_factory=Counter)
+    states: set[tuple[Any, ...]] = field(default_factory=set)
+
+
+class OutboxMachine(RuleBasedStateMachine):
+    url: ClassVar[str] = ""
+    stats: ClassVar[Stats] = Stats()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outbox: Outbox | None = None
+        self.world = World()
+        self.clock_now = START
+        self.slots: list[Slot] = []
+        self.background: list[Background] = []
+        self.expected_begins: list[tuple[UUID, int]] = []
+        self.retries_of: dict[UUID, set[UUID]] = {}
+        self.seen_dispatches = 0
+        self.patch: Any = None
+        self.ids: Any = None
+        self.id_count = 0
+        self.before: dict[UUID, Status | None] = {}
+
+    def clock(self) -> datetime:
+        return self.clock_now
+
+    def next_id(self) -> UUID:
+        self.id_count += 1
+        return UUID(int=self.id_count, version=4)
+
+    # -- set-up and tear-down ------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        cfg = OutboxCfg(
+            lease=data.draw(st.sampled_from([timedelta(minutes=1), timedelta(minutes=30)])),
+            stale_after=data.draw(st.sampled_from([timedelta(minutes=1), timedelta(minutes=5)])),
+            max_eta=data.draw(st.sampled_from([timedelta(0), timedelta(minutes=5)])),
+            keep_succeeded=data.draw(st.sampled_from([0, 1, 3])),
+            keep_failed=data.draw(st.sampled_from([0, 2])),
+        )
+        registry = JobRegistry()
+        jobs: dict[str, JobCfg] = {}
+        for n in range(data.draw(st.integers(1, 3), label="jobs")):
+            policy, when = data.draw(policies())
+            job = JobCfg(
+                name=f"model.job{n}", retry=policy, when=when,
+                record=data.draw(st.sampled_from(["errors", "all", "none"])),
+                keep=data.draw(st.sampled_from([None, {"succeeded": 0, "failed": 0},
+                                                {"succeeded": 1, "failed": 1},
+                                                {"succeeded": 3, "failed": 2}])),
+                timeout=data.draw(st.sampled_from([None, timedelta(minutes=2),
+                                                   timedelta(days=1)])),
+                priority=data.draw(st.integers(0, 3)),
+            )
+            outbox_job(schema=Plan, name=job.name, registry=registry, retry=job.retry,
+                       record=job.record, keep=job.keep, timeout=job.timeout,
+                       priority=job.priority)(self.world.handler)
+            jobs[job.name] = job
+        self.model = Model(cfg, jobs)
+        self.dispatcher = RecordingDispatcher()
+        self.patch = mock.patch("celery_outbox.outbox.utcnow", self.clock)
+        self.patch.start()
+        # Execution ids in push order: the trim breaks ties of finished_at by id, so random
+        # ids would make an example's outcome (and Hypothesis's replay) vary.
+        self.ids = mock.patch("celery_outbox.outbox.uuid4", self.next_id)
+        self.ids.start()
+        app = Celery(f"model-{uuid.uuid4().hex[:8]}", broker="memory://")
+        self.outbox = Outbox(
+            app, database_url=self.url, registry=registry, dispatcher=self.dispatcher,
+            table_name=f"ob_model_{uuid.uuid4().hex[:10]}", lease=cfg.lease,
+            stale_after=cfg.stale_after, max_eta=cfg.max_eta,
+            keep_succeeded=cfg.keep_succeeded, keep_failed=cfg.keep_failed,
+            batch_size=data.draw(st.sampled_from([1, 2, 500]), label="batch_size"),
+        )
+        self.outbox.create_schema()
+        self.add_slot(self.outbox.runner)
+        self.add_slot(Runner(self.outbox.store, registry, self.outbox.config,
+                             lambda: self.dispatcher, self.clock))
+        self.stats.examples += 1
+
+    def add_slot(self, runner: Runner) -> None:
+        runner.clock = self.clock
+        runner.heartbeat.clock = self.clock
+        # Leases are renewed by the heartbeat rule at the fake clock, not by a timer thread.
+        runner.heartbeat._ensure_thread = lambda: None  # type: ignore[method-assign]
+        self.slots.append(Slot(runner))
+
+    def teardown(self) -> None:
+        for run in self.background:
+            run.gate.opened.set()
+            run.thread.join(30)
+        if self.patch is not None:
+            self.patch.stop()
+            self.ids.stop()
+        if self.outbox is not None:
+            self.outbox.drop_schema()
+            self.outbox.engine.dispose()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def hit(self, rule_name: str) -> None:
+        self.stats.rules[rule_name] += 1
+        self.stats.steps += 1
+
+    def draw_job(self, data: st.DataObject) -> JobCfg:
+        return data.draw(st.sampled_from(sorted(self.model.jobs.values(), key=lambda j: j.name)),
+                         label="job")
+
+    def draw_ids(self, data: st.DataObject, most: int, job: str | None = None) -> list[UUID]:
+        """1 to ``most`` known ids (of ``job``, when given), in creation order."""
+        ids = [i for i, r in self.model.rows.items() if job is None or r.job == job]
+        active = [i for i in ids if self.model.rows[i].status in ACTIVE]
+        if active and data.draw(st.booleans(), label="active rows only"):
+            ids = active  # most rules do something only on active rows
+        if not ids:
+            return []
+        return data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=most,
+                                  unique=True), label="ids")
+
+    def live_slots(self) -> list[Slot]:
+        return [s for s in self.slots if not s.retired]
+
+    def plan(self, data: st.DataObject) -> Plan:
+        return Plan(steps=data.draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=4),
+                                    label="plan"))
+
+    def follow(self, fences: list[MFence], begin: int, cancelled: set[UUID]) -> None:
+        """The model of the runner's loop from ``fences[begin]`` on: each row begins when
+        the previous outcome write's start hit it and its ctx was not cancelled."""
+        for index in range(begin, len(fences)):
+            fence = fences[index]
+            if index > 0:
+                runs = self.model.start(fence) and fence.id not in cancelled
+                if not runs:
+                    continue
+            self.begin(fence)
+
+    def begin(self, fence: MFence) -> None:
+        """The model of one handler run and its outcome write."""
+        self.expected_begins.append((fence.id, fence.attempt))
+        step = self.model.rows[fence.id].plan.step(fence.attempt)
+        self.model.outcome(fence, step, self.clock_now, fixed=bool(DEFECTS & {"3", "4"}))
+
+    # -- push ----------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def push(self, data: st.DataObject) -> None:
+        self.hit("push")
+        job = self.draw_job(data)
+        self.push_items(data, job, [(data.draw(st.sampled_from(KEYS)), self.plan(data))])
+
+    @rule(data=st.data())
+    def push_many(self, data: st.DataObject) -> None:
+        self.hit("push_many")
+        job = self.draw_job(data)
+        n = data.draw(st.integers(1, 4))
+        self.push_items(data, job, [(data.draw(st.sampled_from(KEYS)), self.plan(data))
+                                    for _ in range(n)])
+
+    def push_items(self, data: st.DataObject, job: JobCfg,
+                   items: list[tuple[str | None, Plan]]) -> None:
+        assert self.outbox is not None
+        delay = data.draw(st.sampled_from([None, timedelta(0), timedelta(seconds=30),
+                                           timedelta(minutes=10), timedelta(days=2)]))
+        priority = data.draw(st.sampled_from([None, 0, 3]))
+        org = data.draw(st.sampled_from([None, "acme", "globex"]))
+        how = data.draw(st.sampled_from(["own", "commit", "rollback"]))
+        spec = self.outbox.registry.get(job.name)
+        kwargs: dict[str, Any] = dict(keys=[k for k, _ in items], delay=delay,
+                                      priority=priority, organization_id=org)
+        payloads = [p.model_dump() for _, p in items]
+        if how == "own":
+            ids = self.outbox.push_many(spec, payloads, **kwargs)
+        else:
+            with Session(self.outbox.engine) as session:
+                ids = self.outbox.push_many(spec, payloads, session=session, **kwargs)
+                if how == "commit":
+                    session.commit()
+                else:
+                    session.rollback()
+        if how == "rollback":
+            for i in ids:
+                assert i in self.model.rows or self.outbox.store.get(i) is None, (
+                    f"rolled-back push left row {i}")
+            return
+        now = self.clock_now
+        run_at = now + delay if delay is not None else None
+        fresh: dict[str, UUID] = {}
+        for (key, plan), got in zip(items, ids, strict=True):
+            holder = self.model.active_holder(job.name, key) if key else None
+            expected = holder.id if holder else fresh.get(key or "")
+            if expected is not None:
+                assert got == expected, f"push with key {key!r}: got {got}, holder {expected}"
+                continue
+            assert got not in self.model.rows, f"push returned a known id {got}"
+            self.model.push(MRow(
+                id=got, job=job.name, plan=plan, key=key, org=org,
+                priority=job.priority if priority is None else priority,
+                max_attempts=job.retry.max_attempts, status=None), now, run_at)
+            if key:
+                fresh[key] = got
+
+    # -- run -----------------------------------------------------------------------------
+
+    @rule(data=st.data())
+    def run(self, data: st.DataObject) -> None:
+        """A worker process runs a message of 1 to 3 ids, now, in this thread."""
+        slots = self.live_slots()
+        job = self.draw_job(data).name  # a message carries ids of one job
+        ids = self.draw_ids(data, 3, job)
+        if not slots or not ids:
+            return
+        self.hit("run")
+        slot = data.draw(st.sampled_from(slots), label="runner")
+        self.run_on(slot, job, ids)
+
+    def run_on(self, slot: Slot, job: str, ids: list[UUID]) -> None:
+        fences = self.model.claim(slot.runner.worker_id, job, ids, self.clock_now)
+        result = slot.runner.run(job, ids)
+        assert result.claimed == len(fences), f"claimed {result.claimed}, model {fences}"
+        self.follow(fences, 0, set())
+
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        """A recorded message (any, again: redelivery and duplicates) reaches a worker."""
+        items = self.dispatcher.items
+        slots = self.live_slots()
+        if not items or not slots:
+            return
+        self.hit("deliver")
+        index = data.draw(st.integers(0, len(items) - 1), label="message")
+        item = items[index]
+        batch = [i.execution_id for i in items[index:index + 3] if i.job_name == item.job_name]
+        self.run_on(data.draw(st.sampled_from(slots)), item.job_name, list(dict.fromkeys(batch)))
+
+    @precondition(lambda self: len(self.background) < 2)
+    @rule(data=st.data())
+    def run_in_background(self, data: st.DataObject) -> None:
+        """A worker starts a message whose first handler hangs until ``open_gate``."""
+        slots = self.live_slots()
+        most = 3 if "2" in DEFECTS else 1  # defect 2: see H1_STORE_MERGED
+        job = self.draw_job(data).name
+        ids = self.draw_ids(data, most, job)
+        if not slots or not ids:
+            return
+        slot = data.draw(st.sampled_from(slots), label="runner")
+        worker = slot.runner.worker_id
+        claimable = [i for i in ids if self.model.claimable(self.model.rows[i], job,
+                                                             self.clock_now)]
+        if not claimable:
+            return
+        self.hit("run_in_background")
+        go = threading.Event()
+        errors: list[BaseException] = []
+
+        def body() -> None:
+            go.wait(30)
+            try:
+                slot.runner.run(job, ids)
+            except BaseException as exc:  # reported by open_gate
+                errors.append(exc)
+
+        thread = threading.Thread(target=body, daemon=True, name="model-background")
+        thread.start()
+        assert thread.ident is not None
+        gate = Gate(thread.ident, cooperative=data.draw(st.booleans(), label="cooperative"))
+        self.world.gates[claimable[0]] = gate
+        fences = self.model.claim(worker, job, ids, self.clock_now)
+        run = Background(slot, job, fences, gate, thread, list(fences), errors=errors)
+        self.background.append(run)
+        self.expected_begins.append((run.first.id, run.first.attempt))
+        go.set()
+        wait_for(f"the handler of {run.first.id} to begin", gate.entered.is_set)
+
+    @precondition(lambda self: bool(self.background))
+    @rule(data=st.data())
+    def open_gate(self, data: st.DataObject) -> None:
+        """The hanging handler goes on: its late write must be fenced out if the row moved."""
+        self.hit("open_gate")
+        run = data.draw(st.sampled_from(self.background), label="background")
+        run.gate.opened.set()
+        self.finish(run)
+
+    def finish(self, run: Background) -> None:
+        run.thread.join(30)
+        assert not run.thread.is_alive(), "a background run did not end"
+        self.background.remove(run)
+        del self.world.gates[run.first.id]
+        assert not run.errors, f"Runner.run raised: {run.errors[0]!r}"
+        first = run.first
+        if not (run.gate.cooperative and first.id in run.cancelled):
+            step = self.model.rows[first.id].plan.step(first.attempt)
+            self.model.outcome(first, step, self.clock_now, fixed=bool(DEFECTS & {"3", "4"}))
+        self.follow(run.fences, 1, run.cancelled)
+
+    def settle_cancelled(self) -> None:
+        """A cooperative hanging handler whose ctx was cancelled stops by itself: wait for it."""
+        for run in list(self.background):
+            ctx = self.world.contexts.get((run.first.id, run.first.attempt))
+            assert ctx is not None
+            assert ctx.cancelled.is_set() == (run.first.id in run.cancelled), (
+                f"ctx.cancelled of {run.first.id} is {ctx.cancelled.is_set()}, model "
+                f"{run.first.id in run.cancelled}")
+            if run.gate.cooperative and run.first.id in run.cancelled:
+                self.finish(run)
+
+    # -- lease, clock, drain -------------------------------------------------------------
+
+    @rule(data=st.data())
+    def heartbeat(self, data: st.DataObject) -> None:
+        """One heartbeat of a worker: renews its held leases, or its write fails."""
+        self.hit("heartbeat")
+        slot = data.draw(st.sampled_from(self.slots), label="runner")
+        beat = slot.runner.heartbeat
+        if data.draw(st.booleans(), label="write fails"):
+            self.hit("heartbeat_fails")
+            real = beat.store
+
+            class Failing:
+                def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+                    raise StorageError("heartbeat write failed (injected)")
+
+            beat.store = Failing()  # type: ignore[assignment]
+            try:
+                assert beat.beat() == 0
+            finally:
+                beat.store = real
+            return
+        lost = beat.beat()
+        expected_lost = 0
+        for run in self.background:
+            if run.slot is not slot:
+                continue
+            for fence in list(run.held):
+                if not self.model.heartbeat(fence, self.clock_now):
+                    run.held.remove(fence)
+                    run.cancelled.add(fence.id)
+                    expected_lost += 1
+        assert lost == expected_lost, f"heartbeat lost {lost}, model {expected_lost}"
+
+    @rule(jump=st.sampled_from(JUMPS))
+    def clock_jump(self, jump: timedelta) -> None:
+        self.hit("clock_jump")
+        self.clock_now += jump
+
+    @rule(data=st.data())
+    def drain(self, data: st.DataObject) -> None:
+        """A worker process stops (warm shutdown, drain_timeout 0) and is replaced."""
+        def drainable(slot: Slot) -> bool:
+            runs = [r for r in self.background if r.slot is slot]
+            if runs and "drain" not in DEFECTS:  # see DRAIN_KEEPS_ATTEMPT
+                return False
+            return "8" in DEFECTS or all(r.gate.cooperative for r in runs)  # defect 8
+
+        slots = [s for s in self.live_slots() if drainable(s)]
+        if not slots:
+            return
+        self.hit("drain")
+        assert self.outbox is not None
+        slot = data.draw(st.sampled_from(slots), label="runner")
+        Drain(slot.runner, timedelta(0), self.clock).run()
+        slot.retired = True
+        runs = [r for r in self.background if r.slot is slot]
+        running = {r.first.id for r in runs}
+        for run in runs:  # first the rows claimed but not begun, then the running ones
+            for fence in [f for f in run.held if f.id not in running]:
+                run.held.remove(fence)
+                run.cancelled.add(fence.id)
+                self.model.release(fence, self.clock_now)
+        for run in runs:
+            for fence in list(run.held):
+                run.held.remove(fence)
+                run.cancelled.add(fence.id)
+                if run.gate.cooperative:  # it stops: cancelled, it raises at once
+                    self.model.release(fence, self.clock_now)
+                # A handler that ignores ctx.cancelled (defect 8) keeps its row: handed back
+                # only once it stopped; the rescuer takes it when its lease expires.
+        self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
+                             lambda: self.dispatcher, self.clock))
+
+    @precondition(lambda self: len(self.slots) < 5)
+    @rule()
+    def add_worker(self) -> None:
+        self.hit("add_worker")
+        assert self.outbox is not None
+        self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
+                             lambda: self.dispatcher, self.clock))
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    @rule()
+    def sweep(self) -> None:
+        self.hit("sweep")
+        assert self.outbox is not None
+        self.model.sweep(self.clock_now)
+        self.outbox.sweeper.run_once(self.clock_now)
+        for r in self.table().values():
+            if r["status"] == Status.RUNNING.value:
+                assert r["lease_expires_at"] >= self.clock_now, (
+                    f"running with an expired lease after the sweep: {r}")
+
+    @rule()
+    def trim(self) -> None:
+        self.hit("trim")
+        assert self.outbox is not None
+        before = self.table()
+        self.outbox.pruner.run_once(self.clock_now)
+        after = self.table()
+        trimmed = {Status.SUCCEEDED, Status.FAILED} | (
+            {Status.CANCELLED} if H1_STORE_MERGED else set())
+        for i in set(before) - set(after):
+            status = Status(before[i]["status"])
+            assert status in trimmed, f"trim deleted {i}, which was {status}"
+            self.model.move(self.model.rows[i], "trim", None)
+        for job in self.model.jobs.values():
+            keep = {Status.SUCCEEDED: self.keep(job, "succeeded"),
+                    Status.FAILED: self.keep(job, "failed")}
+            for status, n in keep.items():
+                rows = sorted((r for r in before.values()
+                               if r["job_name"] == job.name and r["status"] == status.value),
+                              key=lambda r: (r["finished_at"], r["id"]), reverse=True)
+                newest = {r["id"] for r in rows[:n]}
+                assert newest <= set(after), (
+                    f"trim of {job.name} kept fewer than the newest {n} {status} rows")
+
+    def keep(self, job: JobCfg, status: str) -> int:
+        default = (self.model.cfg.keep_succeeded if status == "succeeded"
+                   else self.model.cfg.keep_failed)
+        return (job.keep or {}).get(status, default)
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        ids = self.draw_ids(data, 1)
+        if not ids:
+            return
+        self.hit("cancel")
+        assert self.outbox is not None
+        row = self.model.rows[ids[0]]
+        try:
+            self.outbox.admin.cancel(row.id, cancelled_by="model")
+        except ExecutionNotFound:
+            assert row.status is None, f"cancel: {row.id} not found, model {row.status}"
+            return
+        except InvalidTransition:
+            assert row.status in TERMINAL, f"cancel refused, model {row.status}"
+            return
+        assert row.status in ACTIVE, f"cancel of a {row.status} row succeeded"
+        self.model.cancel(row, self.clock_now)
+        for run in self.background:  # Outbox.cancel stops a handler of its own runner
+            if run.slot.runner is self.outbox.runner and run.first.id == row.id:
+                run.cancelled.add(row.id)
+
+    @rule(data=st.data())
+    def admin_retry(self, data: st.DataObject) -> None:
+        ids = self.draw_ids(data, 1)
+        if not ids:
+            return
+        self.hit("admin_retry")
+        assert self.outbox is not None
+        row = self.model.rows[ids[0]]
+        try:
+            got = self.outbox.admin.retry(row.id, triggered_by="model")
+        except ExecutionNotFound:
+            assert row.status is None, f"retry: {row.id} not found, model {row.status}"
+            return
+        except InvalidTransition:
+            assert row.status not in RETRYABLE, f"retry refused, model {row.status}"
+            return
+        assert row.status in RETRYABLE, f"retry of a {row.status} row succeeded"
+        holder = self.model.active_holder(row.job, row.key) if row.key else None
+        earlier = self.retries_of.setdefault(row.id, set())
+        if holder is not None or (H1_STORE_MERGED and got in earlier):
+            assert got in ({holder.id} if holder else set()) | earlier, (
+                f"retry of {row.id} returned {got}")
+            return
+        assert got not in self.model.rows, f"retry returned a known id {got}"
+        earlier.add(got)
+        self.model.push(MRow(id=got, job=row.job, plan=row.plan, key=row.key, org=row.org,
+                             priority=row.priority, max_attempts=row.max_attempts,
+                             status=None), self.clock_now, None)
+
+    @rule(data=st.data())
+    def settle(self, data: st.DataObject) -> None:
+        """A worker runs one execution again and again, the clock following its retries,
+        until it finishes (up to 70 attempts: a policy of 60 retries goes all the way)."""
+        slots = self.live_slots()
+        ids = self.draw_ids(data, 1)
+        if not slots or not ids:
+            return
+        self.hit("settle")
+        slot = data.draw(st.sampled_from(slots), label="runner")
+        row = self.model.rows[ids[0]]
+        for _ in range(70):
+            if row.status is Status.SCHEDULED:
+                assert row.scheduled_at is not None
+                self.clock_now = max(self.clock_now, row.scheduled_at)
+            elif row.status is not Status.PENDING:
+                return
+            self.run_on(slot, row.job, [row.id])
+            self.readback()
+
+    # -- checks --------------------------------------------------------------------------
+
+    def table(self) -> dict[UUID, dict[str, Any]]:
+        assert self.outbox is not None
+        t = self.outbox.tables.executions
+        with self.outbox.engine.connect() as conn:
+            return {r["id"]: dict(r) for r in conn.execute(select(t)).mappings()}
+
+    def readback(self) -> None:
+        if not self.model.readbacks:
+            return
+        table = self.table()
+        for rb in self.model.readbacks:
+            self.model.read_back(rb, table[rb.id][rb.column])
+        self.model.readbacks.clear()
+
+    @invariant()
+    def check(self) -> None:
+        """The table equals the model, and the guarantee's invariants hold."""
+        if self.outbox is None:
+            return
+        assert not self.world.violations, self.world.violations
+        if "2" in DEFECTS:
+            reused = [f for f, n in Counter(self.model.claims).items() if n > 1]
+            assert not reused, f"a fence was issued twice: {reused}"
+        self.settle_cancelled()
+        self.readback()
+        table = self.table()
+        assert not self.world.violations, self.world.violations
+        self.check_rows(table)
+        self.check_begins()
+        self.check_dispatches()
+        self.check_transitions(table)
+        active_keys = Counter((r["job_name"], r["unique_key"]) for r in table.values()
+                              if r["unique_key"] and r["status"] in {s.value for s in ACTIVE})
+        assert all(n == 1 for n in active_keys.values()), f"two active rows: {active_keys}"
+        for r in table.values():
+            assert 0 <= r["attempt"] <= r["max_attempts"], f"attempt out of range: {r}"
+            if r["status"] == Status.RUNNING.value:
+                assert r["lease_expires_at"] is not None, f"running without a lease: {r}"
+        self.stats.transitions.update(self.model.transitions)
+        self.model.transitions.clear()
+        self.stats.states.add(tuple(sorted(
+            (r.job[-1], str(r.status), r.attempt) for r in self.model.rows.values())))
+
+    def check_rows(self, table: dict[UUID, dict[str, Any]]) -> None:
+        unknown = set(table) - set(self.model.rows)
+        assert not unknown, f"rows the model does not know: {unknown}"
+        for row in self.model.rows.values():
+            actual = table.get(row.id)
+            if row.status is None:
+                assert actual is None, f"{row.id} should be gone ({row.gone}): {actual}"
+                continue
+            assert actual is not None, f"{row.id} lost: model says {row.status}"
+            want = self.expected(row)
+            got = {k: actual[k] if k != "started" else actual["started_at"] is not None
+                   for k in want}
+            assert got == want, f"row {row.id} differs:\n table {got}\n model {want}"
+
+    @staticmethod
+    def expected(row: MRow) -> dict[str, Any]:
+        want: dict[str, Any] = {
+            "status": row.status.value if row.status else None, "attempt": row.attempt,
+            "max_attempts": row.max_attempts, "unique_key": row.key,
+            "organization_id": row.org, "priority": row.priority,
+        }
+        if row.status is Status.RUNNING:
+            want.update(claimed_by=row.claimed_by, lease_expires_at=row.lease,
+                        started=row.started)
+        if row.status is Status.SCHEDULED:
+            want.update(scheduled_at=row.scheduled_at, dispatched_at=row.dispatched_at)
+        if row.status is Status.PENDING:
+            want.update(dispatched_at=row.dispatched_at)
+        return want
+
+    def check_begins(self) -> None:
+        begun = Counter(self.world.begins)
+        twice = [k for k, n in begun.items() if n > 1]
+        assert not twice, f"attempts begun twice: {twice}"
+        assert begun == Counter(self.expected_begins), (
+            f"handlers begun {sorted(begun)} but the model expected "
+            f"{sorted(Counter(self.expected_begins))}")
+
+    def check_dispatches(self) -> None:
+        new = {i.execution_id for i in self.dispatcher.items[self.seen_dispatches:]}
+        self.seen_dispatches = len(self.dispatcher.items)
+        expected, self.model.expect_dispatch = self.model.expect_dispatch, set()
+        assert expected <= new, f"not dispatched: {expected - new}"
+        assert new <= expected, f"dispatched without a reason: {new - expected}"
+
+    def check_transitions(self, table: dict[UUID, dict[str, Any]]) -> None:
+        """Each row's status change over the step is a path of states.py's transitions."""
+        now = {i: Status(r["status"]) for i, r in table.items()}
+        for i in set(self.before) | set(now):
+            a, b = self.before.get(i), now.get(i)
+            if a != b:
+                assert b in REACHABLE[a], f"{i}: {a} -> {b} is no path of states.TRANSITIONS"
+        self.before = dict(now)
+
+
+def _reachable() -> dict[Status | None, set[Status | None]]:
+    edges: dict[Status | None, set[Status | None]] = {}
+    for starts, end in TRANSITIONS.values():
+        for s in starts:
+            edges.setdefault(s, set()).add(end)
+    closure: dict[Status | None, set[Status | None]] = {}
+    for s in [None, *Status]:
+        seen: set[Status | None] = set()
+        todo = list(edges.get(s, ()))
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(edges.get(n, ()) if n is not None else ())
+        closure[s] = seen
+    return closure
+
+
+REACHABLE = _reachable()

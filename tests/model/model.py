@@ -1,0 +1,316 @@
+"""A plain-Python model of the execution state machine of ``celery_outbox.states``.
+
+It holds what each row should be (status, attempt, holder, lease, times) and applies the
+transitions the real services make, each named as in ``states.TRANSITIONS`` and checked
+against that table. The state machine in :mod:`tests.model.machine` compares it with the
+real table after every step. Nothing here touches a database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from celery_outbox import RetryPolicy
+from celery_outbox.states import ACTIVE, TRANSITIONS, Status
+from tests.model.world import Flaky, Plan
+
+DELETED_INSTEAD = {"complete", "fail", "rescue_fail"}
+"""Transitions that delete the row instead when the job keeps no such row (``record``)."""
+
+
+@dataclass(frozen=True)
+class JobCfg:
+    """One job of the model test, as declared."""
+
+    name: str
+    retry: RetryPolicy
+    when: str  # "none" | "reject_flaky" | "raises"
+    record: str
+    keep: dict[str, int] | None
+    timeout: timedelta | None
+    priority: int
+
+
+@dataclass(frozen=True)
+class OutboxCfg:
+    lease: timedelta
+    stale_after: timedelta
+    max_eta: timedelta
+    keep_succeeded: int
+    keep_failed: int
+
+
+@dataclass(frozen=True)
+class MFence:
+    id: UUID
+    worker: str
+    attempt: int
+
+
+@dataclass
+class MRow:
+    """What one row should be. ``status`` None: the row is gone (``gone`` says why)."""
+
+    id: UUID
+    job: str
+    plan: Plan
+    key: str | None
+    org: str | None
+    priority: int
+    max_attempts: int
+    status: Status | None
+    attempt: int = 0
+    claimed_by: str | None = None
+    lease: datetime | None = None
+    started: bool = False
+    scheduled_at: datetime | None = None
+    dispatched_at: datetime | None = None
+    finished_at: datetime | None = None
+    gone: str | None = None
+
+
+@dataclass
+class Readback:
+    """A time the model cannot know (jitter): read from the table, checked in [lo, hi]."""
+
+    id: UUID
+    column: str
+    lo: datetime
+    hi: datetime
+
+
+@dataclass
+class Model:
+    """The rows, the claims issued, what must be dispatched in the current step."""
+
+    cfg: OutboxCfg
+    jobs: dict[str, JobCfg]
+    rows: dict[UUID, MRow] = field(default_factory=dict)
+    claims: list[MFence] = field(default_factory=list)
+    expect_dispatch: set[UUID] = field(default_factory=set)
+    readbacks: list[Readback] = field(default_factory=list)
+    transitions: dict[str, int] = field(default_factory=dict)
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def move(self, row: MRow, name: str, to: Status | None) -> None:
+        """Apply transition ``name`` to ``row`` (its status becomes ``to``), checked
+        against ``states.TRANSITIONS``."""
+        starts, end = TRANSITIONS[name]
+        assert row.status in starts, f"model: {name} from {row.status} not in states.py"
+        assert to == end or (to is None and name in DELETED_INSTEAD), (
+            f"model: {name} to {to} but states.py says {end}")
+        self.transitions[name] = self.transitions.get(name, 0) + 1
+        row.status = to
+        if to is None:
+            row.gone = name
+        if to is not Status.RUNNING:
+            row.claimed_by, row.lease = None, None
+
+    def job(self, row: MRow) -> JobCfg:
+        return self.jobs[row.job]
+
+    def lease_of(self, job: JobCfg) -> timedelta:
+        return 2 * job.timeout if job.timeout is not None else self.cfg.lease
+
+    def keep_succeeded_row(self, job: JobCfg) -> bool:
+        keep = (job.keep or {}).get("succeeded", self.cfg.keep_succeeded)
+        return job.record == "all" and keep > 0
+
+    def active_holder(self, job: str, key: str) -> MRow | None:
+        for row in self.rows.values():
+            if row.job == job and row.key == key and row.status in ACTIVE:
+                return row
+        return None
+
+    def matches(self, fence: MFence) -> bool:
+        row = self.rows[fence.id]
+        return (row.status is Status.RUNNING and row.claimed_by == fence.worker
+                and row.attempt == fence.attempt)
+
+    def dispatch(self, row: MRow, now: datetime) -> None:
+        row.dispatched_at = now
+        self.expect_dispatch.add(row.id)
+
+    # -- push ---------------------------------------------------------------------------
+
+    def push(self, row: MRow, now: datetime, run_at: datetime | None) -> None:
+        """none -> pending, or scheduled when due later (``row.status`` is None on entry)."""
+        due_later = run_at is not None and run_at > now
+        self.rows[row.id] = row
+        row.status = None
+        self.move(row, "push_scheduled" if due_later else "push",
+                  Status.SCHEDULED if due_later else Status.PENDING)
+        row.scheduled_at = run_at if due_later else None
+        if not due_later or (run_at is not None and run_at - now <= self.cfg.max_eta):
+            self.dispatch(row, now)
+
+    # -- worker -------------------------------------------------------------------------
+
+    def claimable(self, row: MRow, job: str, now: datetime) -> bool:
+        return row.job == job and (
+            row.status is Status.PENDING
+            or (row.status is Status.SCHEDULED and row.scheduled_at is not None
+                and row.scheduled_at <= now))
+
+    def claim(self, worker: str, job: str, ids: list[UUID], now: datetime) -> list[MFence]:
+        """pending / due scheduled -> running for each of ``ids`` (in order, once each);
+        the first claimed row is started."""
+        fences: list[MFence] = []
+        for i in dict.fromkeys(ids):
+            row = self.rows.get(i)
+            if row is None or not self.claimable(row, job, now):
+                continue
+            self.move(row, "claim", Status.RUNNING)
+            row.attempt += 1
+            row.claimed_by = worker
+            row.lease = now + self.lease_of(self.job(row))
+            row.started = not fences
+            fence = MFence(row.id, worker, row.attempt)
+            self.claims.append(fence)
+            fences.append(fence)
+        return fences
+
+    def start(self, fence: MFence) -> bool:
+        """start (running -> running, started_at set) when ``fence`` still holds."""
+        if not self.matches(fence):
+            return False
+        self.rows[fence.id].started = True
+        return True
+
+    def outcome(self, fence: MFence, step: str, now: datetime, *, fixed: bool) -> None:
+        """The runner's fenced outcome write for plan ``step`` (a miss changes nothing).
+        ``fixed``: the known runner defects (when raising, ctx.cancel) are fixed."""
+        if not self.matches(fence):
+            return
+        row = self.rows[fence.id]
+        job = self.job(row)
+        if step == "ok":
+            keep = self.keep_succeeded_row(job)
+            self.move(row, "complete", Status.SUCCEEDED if keep else None)
+            row.finished_at = now
+            return
+        if step == "cancel":
+            assert fixed, "plan step 'cancel' is generated only once defect 4 is fixed"
+            self.move(row, "cancel", Status.CANCELLED)
+            row.finished_at = now
+            return
+        delay = self.retry_delay(row, job, step, fixed=fixed)
+        if delay is None:
+            self.move(row, "fail", Status.FAILED if job.record != "none" else None)
+            row.finished_at = now
+            return
+        self.move(row, "retry", Status.SCHEDULED)
+        self.schedule(row, now, delay, jittered=not step.startswith("later:") and
+                      job.retry.jitter)
+
+    def retry_delay(self, row: MRow, job: JobCfg, step: str, *, fixed: bool
+                    ) -> timedelta | None:
+        if step == "stop" or row.attempt >= row.max_attempts:
+            return None
+        if step.startswith("later:"):
+            return timedelta(seconds=int(step.split(":", 1)[1]))
+        if job.when == "raises":
+            assert fixed, "a raising RetryPolicy.when is generated only once defect 3 is fixed"
+            return None  # the predicate's error fails the row
+        if job.when == "reject_flaky" and step == "flaky":
+            return None
+        return job.retry.delay(row.attempt, rng=lambda: 1.0)
+
+    def schedule(self, row: MRow, now: datetime, delay: timedelta, *, jittered: bool) -> None:
+        """scheduled_at = now + delay, and dispatched now when delay <= max_eta. With jitter
+        the delay is drawn in [0, delay]: both are settled by :meth:`read_back`."""
+        if jittered:
+            row.scheduled_at = row.dispatched_at = None
+            self.readbacks.append(Readback(row.id, "scheduled_at", now, now + delay))
+            return
+        row.scheduled_at = now + delay
+        if delay <= self.cfg.max_eta:
+            self.dispatch(row, now)
+        else:
+            row.dispatched_at = None
+
+    def read_back(self, rb: Readback, value: datetime) -> None:
+        """The jittered run time the table holds: in [lo, hi]; dispatched when due within
+        max_eta."""
+        assert rb.lo <= value <= rb.hi, f"{rb.id}.{rb.column} = {value}, not in [{rb.lo}, {rb.hi}]"
+        row = self.rows[rb.id]
+        row.scheduled_at = value
+        if value - rb.lo <= self.cfg.max_eta:
+            self.dispatch(row, rb.lo)
+
+    def heartbeat(self, fence: MFence, now: datetime) -> bool:
+        """heartbeat: lease renewed when ``fence`` still holds; False: lost."""
+        if not self.matches(fence):
+            return False
+        row = self.rows[fence.id]
+        row.lease = now + self.lease_of(self.job(row))
+        return True
+
+    def release(self, fence: MFence, now: datetime) -> bool:
+        """release (shutdown): running -> pending, attempt - 1, dispatched now."""
+        if not self.matches(fence):
+            return False
+        row = self.rows[fence.id]
+        self.move(row, "release", Status.PENDING)
+        row.attempt -= 1
+        row.started = False
+        self.dispatch(row, now)
+        return True
+
+    # -- maintenance --------------------------------------------------------------------
+
+    def sweep(self, now: datetime) -> None:
+        """stage, then rescue, then redispatch, all at ``now``."""
+        stale_before = now - self.cfg.stale_after
+        for row in self.ordered():
+            if (row.status is Status.SCHEDULED and row.scheduled_at is not None
+                    and row.scheduled_at <= now
+                    and (row.dispatched_at is None or row.scheduled_at < stale_before)):
+                self.move(row, "stage", Status.PENDING)
+                self.dispatch(row, now)
+        for row in self.ordered():
+            if row.status is Status.RUNNING and row.lease is not None and row.lease < now:
+                self.rescue(row, now)
+        for row in self.ordered():
+            if row.status is Status.PENDING and (
+                    row.dispatched_at is None or row.dispatched_at < stale_before):
+                self.move(row, "redispatch", Status.PENDING)
+                self.dispatch(row, now)
+
+    def ordered(self) -> list[MRow]:
+        return list(self.rows.values())
+
+    def rescue(self, row: MRow, now: datetime) -> None:
+        job = self.job(row)
+        if not row.started:
+            self.move(row, "release", Status.PENDING)  # handed back: never began
+            row.attempt -= 1
+            self.dispatch(row, now)
+            return
+        # LeaseExpired: reject_flaky retries it; a raising predicate fails the row.
+        retry = row.attempt < row.max_attempts and job.when != "raises"
+        if not retry:
+            self.move(row, "rescue_fail", Status.FAILED if job.record != "none" else None)
+            row.finished_at = now
+            return
+        delay = job.retry.delay(row.attempt, rng=lambda: 1.0)
+        self.move(row, "rescue_retry", Status.SCHEDULED)
+        self.schedule(row, now, delay, jittered=job.retry.jitter)
+
+    def cancel(self, row: MRow, now: datetime) -> None:
+        self.move(row, "cancel", Status.CANCELLED)
+        row.finished_at = now
+
+
+def when_predicate(kind: str) -> object:
+    """The ``RetryPolicy.when`` of ``kind``: None, reject Flaky, or one that raises."""
+    if kind == "reject_flaky":
+        return lambda exc: not isinstance(exc, Flaky)
+    if kind == "raises":
+        def broken(exc: BaseException) -> bool:
+            raise RuntimeError("the retry predicate is broken")
+        return broken
+    return None

@@ -1,0 +1,105 @@
+"""What the model test found that is not fixed on this branch, each as a plain test.
+
+Each is marked ``xfail(strict=True, raises=...)``: it fails today, with that error, as
+reported. Once a fix is merged it passes (an XPASS, which strict makes a failure) or fails
+otherwise (e.g. the option refused at declaration): either way the test fails, and must be
+updated, the marker removed (and the model's flag for it, in :mod:`tests.model.machine`,
+flipped).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
+from celery_outbox.runner import Runner
+from celery_outbox.shutdown import Drain
+from tests.integration.fakes import RecordingDispatcher
+from tests.model.world import Plan
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="found by the model test: a warm shutdown hands back a "
+                   "row whose handler had begun with its attempt decremented, so the next "
+                   "worker begins the same (execution, attempt) again (DRAIN_KEEPS_ATTEMPT)")
+def test_a_drained_attempt_is_never_begun_again(db_url: str) -> None:
+    begins: list[tuple[uuid.UUID, int]] = []
+    entered = threading.Event()
+    registry = JobRegistry()
+
+    @outbox_job(schema=Plan, name="model.drained", registry=registry)
+    def handler(ctx: JobContext[Any]) -> None:
+        begins.append((ctx.execution_id, ctx.attempt))
+        if len(begins) == 1:  # the first run waits for the drain to cancel it
+            entered.set()
+            deadline = time.monotonic() + 10
+            while not ctx.cancelled.wait(0.01) and time.monotonic() < deadline:
+                pass
+            ctx.raise_if_cancelled()
+
+    outbox = Outbox(Celery(f"f-{uuid.uuid4().hex[:8]}", broker="memory://"),
+                    database_url=db_url, registry=registry, dispatcher=RecordingDispatcher(),
+                    table_name=f"ob_found_{uuid.uuid4().hex[:10]}")
+    outbox.create_schema()
+    try:
+        execution_id = outbox.push_many(registry.get("model.drained"), [{"steps": ["ok"]}])[0]
+        worker = threading.Thread(target=outbox.runner.run,
+                                  args=("model.drained", [execution_id]), daemon=True)
+        worker.start()
+        assert entered.wait(10), "the handler never began"
+        assert Drain(outbox.runner, timedelta(0)).run() == [execution_id]  # warm shutdown
+        worker.join(10)
+        assert not worker.is_alive()
+        other = Runner(outbox.store, registry, outbox.config, lambda: outbox.dispatcher)
+        assert other.run("model.drained", [execution_id]).succeeded == 1
+        assert len(begins) == 2
+        assert begins[0] != begins[1], f"attempt begun twice: {begins}"
+    finally:
+        outbox.runner.heartbeat.stop()
+        outbox.drop_schema()
+        outbox.engine.dispose()
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError,
+                   reason="found by the model test: with a backoff_max so large "
+                   "that now + delay passes year 9999 (timedelta.max: 'no cap'), the runner's "
+                   "retry raises OverflowError ('date value out of range') and the row stays "
+                   "running; fixing RetryPolicy.delay alone (defect 1) does not cover it")
+def test_an_uncapped_backoff_never_leaves_a_row_running(db_url: str) -> None:
+    registry = JobRegistry()
+
+    @outbox_job(schema=Plan, name="model.uncapped", registry=registry,
+                retry=RetryPolicy(retries=60, backoff=timedelta(hours=1),
+                                  backoff_max=timedelta.max, jitter=False))
+    def handler(ctx: JobContext[Any]) -> None:
+        raise ValueError(f"attempt {ctx.attempt} failed")
+
+    now = [datetime(2031, 1, 1, tzinfo=timezone.utc)]
+    outbox = Outbox(Celery(f"f-{uuid.uuid4().hex[:8]}", broker="memory://"),
+                    database_url=db_url, registry=registry, dispatcher=RecordingDispatcher(),
+                    table_name=f"ob_found_{uuid.uuid4().hex[:10]}")
+    outbox.create_schema()
+    runner = Runner(outbox.store, registry, outbox.config, lambda: outbox.dispatcher,
+                    clock=lambda: now[0])
+    try:
+        execution_id = outbox.push_many(registry.get("model.uncapped"), [{"steps": ["fail"]}])[0]
+        for _ in range(61):
+            row = outbox.store.get(execution_id)
+            assert row is not None
+            if row["status"] not in ("pending", "scheduled"):
+                break
+            now[0] = max(now[0], row["scheduled_at"] or now[0])
+            runner.run("model.uncapped", [execution_id])  # attempt 27 raised OverflowError
+        row = outbox.store.get(execution_id)
+        assert row is not None and row["status"] != "running", row
+    finally:
+        runner.heartbeat.stop()
+        outbox.drop_schema()
+        outbox.engine.dispose()
