@@ -193,17 +193,17 @@ def test_heartbeat_extends_only_leases_still_held(store: ExecutionStore) -> None
 def test_release_hands_the_row_back_without_counting_the_attempt(
     store: ExecutionStore,
 ) -> None:
+    """A started attempt keeps its number (never begun again) and one more is allowed."""
     fence = claim(store, add(store))
     later = T0 + timedelta(seconds=3)
     assert store.release([fence], later) == [fence.id]
     row = store.get(fence.id)
     assert row is not None
-    assert (row["status"], row["attempt"], row["claimed_by"], row["dispatched_at"]) == (
-        "pending", 0, None, later,
-    )
+    assert (row["status"], row["attempt"], row["max_attempts"], row["claimed_by"],
+            row["dispatched_at"]) == ("pending", 1, 4, None, later)
     assert store.release([fence], later) == []  # no longer running
     assert store.release([], later) == []
-    assert claim(store, fence.id, "w2").attempt == 1
+    assert claim(store, fence.id, "w2").attempt == 2
 
 
 @pytest.mark.parametrize("status", [Status.PENDING, Status.SCHEDULED, Status.RUNNING])

@@ -40,7 +40,7 @@ from tests.model.model import JobCfg, MFence, Model, MRow, OutboxCfg, when_predi
 from tests.model.world import Gate, Plan, World, wait_for
 
 # -- known defects (issue 8), each fixed on another branch ----------------------------------
-H1_STORE_MERGED = False
+H1_STORE_MERGED = True
 """Flip once branch h1-store is merged. Until then the model does not generate: defect 1,
 backoff overflow (a RetryPolicy whose ``backoff * 2**(n-1)`` overflows timedelta before the
 cap, e.g. retries=60, backoff=1h, backoff_max=1h); defect 2, fence reuse (a background run of
@@ -49,17 +49,17 @@ defect 3, a ``RetryPolicy.when`` that raises; defect 4, a handler that calls ``c
 and stops. It also turns on the checks of h1's new rules: cancelled rows are trimmed, admin
 retry is idempotent."""
 
-H3_LIFECYCLE_MERGED = False
+H3_LIFECYCLE_MERGED = True
 """Flip once branch h3-lifecycle is merged: defect 8, a drain while a handler that ignores
 ``ctx.cancelled`` is still running (it must not hand the row back before the handler stops)."""
 
-DRAIN_KEEPS_ATTEMPT = False
+DRAIN_KEEPS_ATTEMPT = True
 """Flip once a fix is merged for what this model found (not in issue 8's list): a warm
 shutdown hands back a row whose handler had begun with its attempt decremented, so the next
 worker begins the same (execution, attempt) again. Until then the drain rule stops only
 workers with nothing in flight."""
 
-UNCAPPED_BACKOFF_FIXED = False
+UNCAPPED_BACKOFF_FIXED = False  # refused at declaration now: never generated
 """Flip once a fix is merged for what this model found (not in issue 8's list, though akin to
 defect 1): a backoff_max so large that ``now + delay`` passes year 9999 (``timedelta.max``,
 "no cap") makes the runner's retry raise OverflowError and leaves the row running. (Or, if
@@ -675,9 +675,6 @@ class OutboxMachine(RuleBasedStateMachine):
         if self.outbox is None:
             return
         assert not self.world.violations, self.world.violations
-        if "2" in DEFECTS:
-            reused = [f for f, n in Counter(self.model.claims).items() if n > 1]
-            assert not reused, f"a fence was issued twice: {reused}"
         self.settle_cancelled()
         self.readback()
         table = self.table()
@@ -710,6 +707,8 @@ class OutboxMachine(RuleBasedStateMachine):
             want = self.expected(row)
             got = {k: actual[k] if k != "started" else actual["started_at"] is not None
                    for k in want}
+            if got.get("claimed_by"):  # the model knows the worker, not the claim's own token
+                got["claimed_by"] = got["claimed_by"].split("/")[0]
             assert got == want, f"row {row.id} differs:\n table {got}\n model {want}"
 
     @staticmethod

@@ -250,12 +250,16 @@ class Model:
         return True
 
     def release(self, fence: MFence, now: datetime) -> bool:
-        """release (shutdown): running -> pending, attempt - 1, dispatched now."""
+        """release (shutdown): running -> pending, dispatched now; a row never started gets
+        its attempt back, a started one keeps it and gets one more allowed."""
         if not self.matches(fence):
             return False
         row = self.rows[fence.id]
         self.move(row, "release", Status.PENDING)
-        row.attempt -= 1
+        if row.started:
+            row.max_attempts += 1
+        else:
+            row.attempt -= 1
         row.started = False
         self.dispatch(row, now)
         return True

@@ -19,16 +19,14 @@ import pytest
 from celery import Celery
 
 from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
+from celery_outbox.errors import ConfigurationError
+from celery_outbox.retry import MAX_WAIT
 from celery_outbox.runner import Runner
 from celery_outbox.shutdown import Drain
 from tests.integration.fakes import RecordingDispatcher
 from tests.model.world import Plan
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="found by the model test: a warm shutdown hands back a "
-                   "row whose handler had begun with its attempt decremented, so the next "
-                   "worker begins the same (execution, attempt) again (DRAIN_KEEPS_ATTEMPT)")
 def test_a_drained_attempt_is_never_begun_again(db_url: str) -> None:
     begins: list[tuple[uuid.UUID, int]] = []
     entered = threading.Event()
@@ -67,17 +65,17 @@ def test_a_drained_attempt_is_never_begun_again(db_url: str) -> None:
         outbox.engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="found by the model test: with a backoff_max so large "
-                   "that now + delay passes year 9999 (timedelta.max: 'no cap'), the runner's "
-                   "retry raises OverflowError ('date value out of range') and the row stays "
-                   "running; fixing RetryPolicy.delay alone (defect 1) does not cover it")
 def test_an_uncapped_backoff_never_leaves_a_row_running(db_url: str) -> None:
+    """Found by the model: ``backoff_max=timedelta.max`` ("no cap") made ``now + delay`` pass
+    year 9999 at attempt 27 and left the row running. Such a cap is now refused at
+    declaration, and the largest one allowed retries to the end."""
+    with pytest.raises(ConfigurationError, match="backoff_max"):
+        RetryPolicy(retries=60, backoff=timedelta(hours=1), backoff_max=timedelta.max)
     registry = JobRegistry()
 
     @outbox_job(schema=Plan, name="model.uncapped", registry=registry,
                 retry=RetryPolicy(retries=60, backoff=timedelta(hours=1),
-                                  backoff_max=timedelta.max, jitter=False))
+                                  backoff_max=MAX_WAIT, jitter=False))
     def handler(ctx: JobContext[Any]) -> None:
         raise ValueError(f"attempt {ctx.attempt} failed")
 
@@ -98,7 +96,7 @@ def test_an_uncapped_backoff_never_leaves_a_row_running(db_url: str) -> None:
             now[0] = max(now[0], row["scheduled_at"] or now[0])
             runner.run("model.uncapped", [execution_id])  # attempt 27 raised OverflowError
         row = outbox.store.get(execution_id)
-        assert row is not None and row["status"] != "running", row
+        assert row is not None and (row["status"], row["attempt"]) == ("failed", 61), row
     finally:
         runner.heartbeat.stop()
         outbox.drop_schema()
