@@ -141,8 +141,11 @@ class Runner:
         fences = [Fence(row.id, worker, row.attempt) for row in claimed]
         for fence, ctx in zip(fences, contexts, strict=True):
             self.heartbeat.track(fence, lease, _on_lost(ctx))
-        if claimed and claimed[0].id != uuids[0]:
-            self.store.start(fences[0], now)  # the claim marked the first of ids started
+        # The claim marked the first of ids started; a miss: handed back, rescued or
+        # cancelled since, so not ours to begin.
+        if (claimed and claimed[0].id != uuids[0]
+                and not self.store.start(fences[0], now)):
+            contexts[0]._interrupt("cancelled")
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0, "cancelled": 0}
         try:
             following: Start | None = None
