@@ -187,8 +187,14 @@ class Drain:
         while left:
             running = {ctx.execution_id for ctx in self.runner.running()}
             stopped = [f for f in left if f.id not in running]
-            left = [f for f in left if f.id in running]
-            for fence in stopped:  # first, so the runner does not start a waiting one
+            for fence in stopped:  # first, so the runner does not begin a waiting one
+                self.runner.heartbeat.warn(fence.id)
+            # One the runner began between the look and the warning (a message claimed after
+            # the drain began) is running now: it stays held like the others (as in run()).
+            running = {ctx.execution_id for ctx in self.runner.running()}
+            stopped = [f for f in stopped if f.id not in running]
+            left = [f for f in left if f not in stopped]
+            for fence in stopped:
                 self.runner.heartbeat.drop(fence.id)
             handed += self._hand_back(stopped)
             if left and not announced:
