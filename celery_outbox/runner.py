@@ -161,8 +161,8 @@ class Runner:
                 }.get(outcome.status, "lost") if outcome.status else "lost"
                 counts[key] += 1
         finally:
-            for row in claimed:
-                self.heartbeat.untrack(row.id)
+            for fence in fences:
+                self.heartbeat.untrack(fence)
         return RunResult(claimed=len(claimed), **counts)
 
     # -- one execution ----------------------------------------------------------------------
@@ -241,7 +241,8 @@ class Runner:
                                            following)
         finally:
             with self._contexts_lock:
-                self._contexts.pop(row.id, None)
+                if self._contexts.get(row.id) is ctx:  # not a later claim's, in this process
+                    del self._contexts[row.id]
         status = outcome.status.value if outcome.status else Status.CANCELLED.value
         signals.job_end.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                              status=status)

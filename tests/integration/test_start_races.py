@@ -11,6 +11,7 @@ Each test puts the other actor's real write at the exact point of the race (a st
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -21,6 +22,7 @@ from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
 from celery_outbox.maintenance.rescuer import Rescuer
 from celery_outbox.runner import Runner
 from celery_outbox.store import Expired, Fence, RescueVerdict
+from tests import procs
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -110,3 +112,48 @@ def test_a_message_carrying_one_id_twice_runs_its_attempt_once(
     assert begun == Counter({(row_id, 1): 1}), (result, begun)
     row = outbox.store.get(row_id)
     assert row is None or row["status"] == "succeeded"
+
+
+def test_a_claim_ending_does_not_stop_the_heartbeat_of_a_later_claim_of_its_row(
+    pg_url: str, registry: JobRegistry, make_outbox: MakeOutbox,
+) -> None:
+    # One process (a threads or gevent pool): a message [x, y] runs x for longer than the
+    # lease goes unrenewed (a stalled process, a database that did not answer), the sweep hands
+    # y back, and another thread of the same process claims y. When the first message ends,
+    # the heartbeat must keep renewing y for the second claim, or y is rescued while it runs.
+    go_x, go_y, y_running = threading.Event(), threading.Event(), threading.Event()
+
+    @outbox_job(name="race.held", schema=Order, registry=registry)
+    def held(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 1:
+            assert go_x.wait(10)
+        else:
+            y_running.set()
+            assert go_y.wait(10)
+
+    outbox: Outbox = make_outbox(pg_url, registry, RecordingDispatcher())
+    x, y = held.push_many([Order(order_id=1), Order(order_id=2)])
+    runner = outbox.runner
+    first = threading.Thread(target=runner.run, args=(held.name, [x, y]))
+    first.start()
+    second: threading.Thread | None = None
+    try:
+        procs.wait_for(lambda: x in {c.execution_id for c in runner.running()}, 10, "x begins")
+        Rescuer(outbox.store, registry, lambda: outbox.dispatcher).run_once(
+            datetime.now(timezone.utc) + 3 * outbox.config.lease)
+        second = threading.Thread(target=runner.run, args=(held.name, [y]))
+        second.start()
+        assert y_running.wait(10)
+        holder = outbox.store.get(y)
+        assert holder is not None and holder["status"] == "running"
+        go_x.set()
+        first.join(10)
+        assert not first.is_alive()
+        assert [(f.id, f.claimed_by) for f in runner.heartbeat.held()] == [
+            (y, holder["claimed_by"])]
+    finally:
+        go_x.set()
+        go_y.set()
+        first.join(10)
+        if second is not None:
+            second.join(10)
