@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
-from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
+from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
 from celery_outbox.maintenance.rescuer import Rescuer
 from celery_outbox.runner import Runner
 from celery_outbox.store import Expired, Fence, RescueVerdict
@@ -154,6 +154,49 @@ def test_a_claim_ending_does_not_stop_the_heartbeat_of_a_later_claim_of_its_row(
     finally:
         go_x.set()
         go_y.set()
+        first.join(10)
+        if second is not None:
+            second.join(10)
+
+
+def test_an_attempt_ending_leaves_a_later_attempt_of_its_row_running_in_the_process(
+    pg_url: str, registry: JobRegistry, make_outbox: MakeOutbox,
+) -> None:
+    # Attempt 1 stalls past its lease and is rescued into a retry, which another thread of the
+    # same process claims (attempt 2). When attempt 1 returns, attempt 2 must still be seen
+    # running (by a shutdown drain, an admin cancel), or it is handed back while it runs.
+    go_first, go_second, second_running = threading.Event(), threading.Event(), threading.Event()
+
+    @outbox_job(name="race.stalled", schema=Order, registry=registry,
+                retry=RetryPolicy(retries=1, backoff=timedelta(0), backoff_max=timedelta(0)))
+    def stalled(ctx: JobContext[Order]) -> None:
+        if ctx.attempt == 1:
+            assert go_first.wait(10)
+        else:
+            second_running.set()
+            assert go_second.wait(10)
+
+    outbox: Outbox = make_outbox(pg_url, registry, RecordingDispatcher())
+    row_id = stalled.push(Order(order_id=1))
+    runner = outbox.runner
+    first = threading.Thread(target=runner.run, args=(stalled.name, [row_id]))
+    first.start()
+    second: threading.Thread | None = None
+    try:
+        procs.wait_for(lambda: runner.running(), 10, "attempt 1 begins")
+        later = datetime.now(timezone.utc) + 3 * outbox.config.lease
+        Rescuer(outbox.store, registry, lambda: outbox.dispatcher).run_once(later)
+        runner.clock = lambda: later  # the retry is due
+        second = threading.Thread(target=runner.run, args=(stalled.name, [row_id]))
+        second.start()
+        assert second_running.wait(10)
+        go_first.set()
+        first.join(10)
+        assert not first.is_alive()
+        assert [(c.execution_id, c.attempt) for c in runner.running()] == [(row_id, 2)]
+    finally:
+        go_first.set()
+        go_second.set()
         first.join(10)
         if second is not None:
             second.join(10)
