@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from uuid import UUID
 
 from celery_outbox.store import ExecutionStore, Fence
 
@@ -134,12 +135,18 @@ class Heartbeat:
             held = list(self._held.values())
         if not held:
             return 0
-        by_lease: dict[timedelta, list[_Held]] = defaultdict(list)
+        # One UPDATE per lease length, each naming an execution once: the UPDATE returns ids,
+        # and an earlier claim of a row this process claimed again (after a hand-back or a
+        # rescue) must not pass for held because the later claim is.
+        by_lease: dict[tuple[timedelta, int], list[_Held]] = defaultdict(list)
+        rounds: dict[tuple[timedelta, UUID], int] = defaultdict(int)
         for h in held:
-            by_lease[h.lease].append(h)
+            n = rounds[(h.lease, h.fence.id)]
+            rounds[(h.lease, h.fence.id)] += 1
+            by_lease[(h.lease, n)].append(h)
         lost = 0
         now = self.clock()
-        for lease, group in by_lease.items():
+        for (lease, _), group in by_lease.items():
             try:
                 kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease)
             except Exception as exc:

@@ -159,19 +159,22 @@ def test_a_claim_ending_does_not_stop_the_heartbeat_of_a_later_claim_of_its_row(
             second.join(10)
 
 
-def test_an_attempt_ending_leaves_a_later_attempt_of_its_row_running_in_the_process(
+def test_a_later_attempt_of_a_row_in_the_same_process_does_not_hide_the_earlier_one(
     pg_url: str, registry: JobRegistry, make_outbox: MakeOutbox,
 ) -> None:
     # Attempt 1 stalls past its lease and is rescued into a retry, which another thread of the
-    # same process claims (attempt 2). When attempt 1 returns, attempt 2 must still be seen
-    # running (by a shutdown drain, an admin cancel), or it is handed back while it runs.
+    # same process claims (attempt 2). The heartbeat must tell attempt 1 it lost the row
+    # (ctx.cancelled), and when attempt 1 returns, attempt 2 must still be seen running (by a
+    # shutdown drain, an admin cancel) and heartbeated, or it is handed back while it runs.
     go_first, go_second, second_running = threading.Event(), threading.Event(), threading.Event()
+    told: list[bool] = []
 
     @outbox_job(name="race.stalled", schema=Order, registry=registry,
                 retry=RetryPolicy(retries=1, backoff=timedelta(0), backoff_max=timedelta(0)))
     def stalled(ctx: JobContext[Order]) -> None:
         if ctx.attempt == 1:
             assert go_first.wait(10)
+            told.append(ctx.cancelled.is_set())
         else:
             second_running.set()
             assert go_second.wait(10)
@@ -190,10 +193,13 @@ def test_an_attempt_ending_leaves_a_later_attempt_of_its_row_running_in_the_proc
         second = threading.Thread(target=runner.run, args=(stalled.name, [row_id]))
         second.start()
         assert second_running.wait(10)
+        runner.heartbeat.beat()  # renews attempt 2; attempt 1 is no longer held: told so
         go_first.set()
         first.join(10)
         assert not first.is_alive()
+        assert told == [True]
         assert [(c.execution_id, c.attempt) for c in runner.running()] == [(row_id, 2)]
+        assert [f.attempt for f in runner.heartbeat.held()] == [2]
     finally:
         go_first.set()
         go_second.set()
