@@ -45,7 +45,9 @@ class Heartbeat:
         self.store = store
         self.clock = clock
         self.idle_interval = idle_interval
-        self._held: dict[UUID, _Held] = {}
+        # By fence, not by execution: a later claim of the same row in this process (after a
+        # hand-back) is held on its own, and the earlier claim's end does not stop it.
+        self._held: dict[Fence, _Held] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -57,30 +59,30 @@ class Heartbeat:
         with self._lock:
             self._ensure_thread()
             shorter = not self._held or lease < min(h.lease for h in self._held.values())
-            self._held[fence.id] = _Held(fence, lease, on_lost)
+            self._held[fence] = _Held(fence, lease, on_lost)
         if shorter:
             self._wake.set()
 
-    def untrack(self, execution_id: UUID) -> None:
-        """Stop renewing ``execution_id``'s lease."""
+    def untrack(self, fence: Fence) -> None:
+        """Stop renewing ``fence``'s lease (another claim of the same row stays held)."""
         with self._lock:
-            self._held.pop(execution_id, None)
+            self._held.pop(fence, None)
 
-    def drop(self, execution_id: UUID) -> bool:
-        """Stop renewing ``execution_id`` and fire its ``on_lost`` now (its handler's
+    def drop(self, fence: Fence) -> bool:
+        """Stop renewing ``fence`` and fire its ``on_lost`` now (its handler's
         ``ctx.cancelled`` is set). True when it was held (shutdown hands the row back)."""
         with self._lock:
-            held = self._held.pop(execution_id, None)
+            held = self._held.pop(fence, None)
         if held is None:
             return False
         held.on_lost()
         return True
 
-    def warn(self, execution_id: UUID) -> bool:
-        """Fire ``execution_id``'s ``on_lost`` now (its handler's ``ctx.cancelled`` is set)
-        but keep renewing its lease. True when it was held."""
+    def warn(self, fence: Fence) -> bool:
+        """Fire ``fence``'s ``on_lost`` now (its handler's ``ctx.cancelled`` is set) but keep
+        renewing its lease. True when it was held."""
         with self._lock:
-            held = self._held.get(execution_id)
+            held = self._held.get(fence)
         if held is None:
             return False
         held.on_lost()
@@ -133,12 +135,18 @@ class Heartbeat:
             held = list(self._held.values())
         if not held:
             return 0
-        by_lease: dict[timedelta, list[_Held]] = defaultdict(list)
+        # One UPDATE per lease length, each naming an execution once: the UPDATE returns ids,
+        # and an earlier claim of a row this process claimed again (after a hand-back or a
+        # rescue) must not pass for held because the later claim is.
+        by_lease: dict[tuple[timedelta, int], list[_Held]] = defaultdict(list)
+        rounds: dict[tuple[timedelta, UUID], int] = defaultdict(int)
         for h in held:
-            by_lease[h.lease].append(h)
+            n = rounds[(h.lease, h.fence.id)]
+            rounds[(h.lease, h.fence.id)] += 1
+            by_lease[(h.lease, n)].append(h)
         lost = 0
         now = self.clock()
-        for lease, group in by_lease.items():
+        for (lease, _), group in by_lease.items():
             try:
                 kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease)
             except Exception as exc:
@@ -148,7 +156,7 @@ class Heartbeat:
             for h in group:
                 if h.fence.id not in kept:
                     with self._lock:
-                        still_tracked = self._held.pop(h.fence.id, None) is not None
+                        still_tracked = self._held.pop(h.fence, None) is not None
                     if still_tracked:
                         lost += 1
                         h.on_lost()

@@ -141,12 +141,17 @@ class Runner:
         fences = [Fence(row.id, worker, row.attempt) for row in claimed]
         for fence, ctx in zip(fences, contexts, strict=True):
             self.heartbeat.track(fence, lease, _on_lost(ctx))
-        if claimed and claimed[0].id != uuids[0]:
-            self.store.start(fences[0], now)  # the claim marked the first of ids started
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0, "cancelled": 0}
+        reached = -1  # the last row whose handler may have begun
         try:
+            # The claim marked the first of ids started; a miss: handed back, rescued or
+            # cancelled since, so not ours to begin.
+            if (claimed and claimed[0].id != uuids[0]
+                    and not self.store.start(fences[0], now)):
+                contexts[0]._interrupt("cancelled")
             following: Start | None = None
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
+                reached = index
                 if following is not None and following.hit is False:
                     ctx._interrupt("cancelled")  # no longer ours: cancelled, rescued, handed back
                 # Each outcome write also marks the next row started (see ExecutionStore.claim).
@@ -157,10 +162,33 @@ class Runner:
                     Status.FAILED: "failed", Status.CANCELLED: "cancelled",
                 }.get(outcome.status, "lost") if outcome.status else "lost"
                 counts[key] += 1
+        except StorageError:
+            # The failed write may have committed and marked the next row started (its
+            # answer lost): hand back the rows never begun, or each would count an attempt.
+            self._hand_back_unbegun(spec.name, fences[reached + 1:])
+            raise
         finally:
-            for row in claimed:
-                self.heartbeat.untrack(row.id)
+            for fence in fences:
+                self.heartbeat.untrack(fence)
         return RunResult(claimed=len(claimed), **counts)
+
+    def _hand_back_unbegun(self, job_name: str, fences: Sequence[Fence]) -> None:
+        """release: running -> pending (the attempt not counted, dispatched now) for the rows
+        of ``fences``, claimed by this run and never begun, after the database failed. When
+        it fails too, the rescuer takes them once their leases expire."""
+        if not fences:
+            return
+        try:
+            released = self.store.release(fences, self.clock())
+            due = self.store.dispatchable(released)
+        except Exception as exc:
+            log.warning("celery_outbox: could not hand back %d execution(s) of %r never begun "
+                        "(%s); the rescuer takes them when their leases expire", len(fences),
+                        job_name, exc)
+            return
+        self.dispatcher().dispatch([DispatchItem(r.id, r.job_name, r.priority) for r in due])
+        log.warning("celery_outbox: the database failed; %d execution(s) of %r never begun "
+                    "handed back (pending again, dispatched at once)", len(released), job_name)
 
     # -- one execution ----------------------------------------------------------------------
 
@@ -238,7 +266,8 @@ class Runner:
                                            following)
         finally:
             with self._contexts_lock:
-                self._contexts.pop(row.id, None)
+                if self._contexts.get(row.id) is ctx:  # not a later claim's, in this process
+                    del self._contexts[row.id]
         status = outcome.status.value if outcome.status else Status.CANCELLED.value
         signals.job_end.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                              status=status)

@@ -147,13 +147,13 @@ class Drain:
         running = {ctx.execution_id for ctx in self.runner.running()}
         waiting = [f for f in heartbeat.held() if f.id not in running]
         for fence in waiting:  # first, so the runner does not start them
-            heartbeat.warn(fence.id)
+            heartbeat.warn(fence)
         # One the runner began meanwhile (it checks ctx.cancelled and registers the handler
         # under one lock) is running now: it waits for its handler like the others.
         running = {ctx.execution_id for ctx in self.runner.running()}
         waiting = [f for f in waiting if f.id not in running]
         for fence in waiting:
-            heartbeat.drop(fence.id)
+            heartbeat.drop(fence)
         handed = self._hand_back(waiting)
         deadline = time.monotonic() + self.timeout.total_seconds()
         while self.runner.running() and time.monotonic() < deadline:
@@ -187,9 +187,15 @@ class Drain:
         while left:
             running = {ctx.execution_id for ctx in self.runner.running()}
             stopped = [f for f in left if f.id not in running]
-            left = [f for f in left if f.id in running]
-            for fence in stopped:  # first, so the runner does not start a waiting one
-                self.runner.heartbeat.drop(fence.id)
+            for fence in stopped:  # first, so the runner does not begin a waiting one
+                self.runner.heartbeat.warn(fence)
+            # One the runner began between the look and the warning (a message claimed after
+            # the drain began) is running now: it stays held like the others (as in run()).
+            running = {ctx.execution_id for ctx in self.runner.running()}
+            stopped = [f for f in stopped if f.id not in running]
+            left = [f for f in left if f not in stopped]
+            for fence in stopped:
+                self.runner.heartbeat.drop(fence)
             handed += self._hand_back(stopped)
             if left and not announced:
                 announced = True

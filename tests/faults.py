@@ -35,6 +35,7 @@ class _Pipe:
     to_server: bytearray = field(default_factory=bytearray)
     to_client: bytearray = field(default_factory=bytearray)
     hung: bool = False
+    mute: bool = False  # requests still reach the server; its answers are held back
 
 
 class Proxy:
@@ -90,6 +91,15 @@ class Proxy:
                 pipe.hung = True
         self._wake()
 
+    def mute_open_connections(self) -> None:
+        """The connections open now keep sending to the server, which runs and commits what
+        it gets, but none of its answers come back (a reply lost on the way, a one-way
+        partition); new connections are forwarded both ways."""
+        with self._lock:
+            for pipe in self._pipes:
+                pipe.mute = True
+        self._wake()
+
     def resume(self) -> None:
         """Forward again, including what arrived while hung."""
         with self._lock:
@@ -129,6 +139,8 @@ class Proxy:
                 events = 0
                 if forwarding and not pipe.hung:
                     events = selectors.EVENT_READ | (selectors.EVENT_WRITE if pending else 0)
+                    if pipe.mute and sock is pipe.server:  # read no answer from the server
+                        events &= ~selectors.EVENT_READ
                 self._watch(sock, events, pipe)
 
     def _watch(self, sock: socket.socket, events: int, pipe: _Pipe) -> None:

@@ -162,7 +162,8 @@ class SweepStore(StoreBase):
         ``job_name`` in ``job_names``. The batch is read without holding any lock; each row
         then gets the verdict of ``decide(row)``, computed in Python with no transaction open
         (it runs the job's ``RetryPolicy``, user code), and one write of its own fenced by
-        ``claimed_by`` and ``attempt`` that re-checks the expired lease: a row that finished,
+        ``claimed_by`` and ``attempt`` that re-checks the expired lease (and, to hand a row
+        back, that it still has not begun): a row that finished,
         was cancelled, renewed, or rescued by a concurrent sweep meanwhile is left alone, and
         the zombie attempt's later writes miss.
 
@@ -204,7 +205,9 @@ class SweepStore(StoreBase):
         fenced = and_(self._fenced(Fence(row.id, row.claimed_by, row.attempt)),
                       t.c.lease_expires_at < now)
         if verdict.release:
-            stmt: Any = update(t).where(fenced).values(
+            # Re-checks that it never began: its worker may have begun it since the read
+            # (handing it back then would let another worker begin the same attempt).
+            stmt: Any = update(t).where(fenced, t.c.started_at.is_(None)).values(
                 status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
                 started_at=None, lease_expires_at=None, updated_at=now, dispatched_at=now,
             )
