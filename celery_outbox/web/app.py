@@ -5,6 +5,7 @@ which checks the ``web`` extra first.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from celery_outbox.web.models import ErrorOut, FieldError
 if TYPE_CHECKING:
     from celery_outbox.outbox import Outbox
 
+logger = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 OPEN_PATHS = ("/login", "/logout")
@@ -161,6 +163,10 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(OutboxError)
     async def outbox_error(request: Request, exc: OutboxError) -> Response:
         status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 400)
+        if isinstance(exc, StorageError):
+            # Its text names the database URL, tables and SQL: the log gets it, clients not.
+            logger.error("%s %s: %s", request.method, relative_path(request), exc)
+            return _error(request, status, "the database failed; the server's log says why")
         errors: list[FieldError] = []
         if isinstance(exc, PayloadInvalid):
             errors = [FieldError(field=".".join(["payload", *(str(p) for p in e.get("loc", ()))]),

@@ -283,6 +283,8 @@ class Auth:
 
     def session_principal(self, cookie: str) -> Principal | None:
         payload, _, signature = cookie.partition(".")
+        if not cookie.isascii():  # compare_digest takes ASCII strings only; ours are
+            return None
         if not hmac.compare_digest(self._sign(payload), signature):
             return None
         try:

@@ -129,7 +129,7 @@ def failures(request: Request) -> Response:
     try:
         since = timedelta(hours=float(hours))
         groups = _board(request).failures(since, who.organization_id)
-    except (ValueError, OutboxError) as exc:
+    except (ValueError, OverflowError, OutboxError) as exc:
         return error_page(request, 400, f"hours: {exc}")
     return render(request, "failures.html", groups=groups, hours=hours)
 
@@ -142,8 +142,11 @@ def login_form(request: Request) -> Response:
 @router.post("/login")
 async def login(request: Request) -> Response:
     auth: Auth | None = request.app.state.auth
-    form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"),
-                                         max_num_fields=10).items()}
+    try:
+        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"),
+                                             max_num_fields=10).items()}
+    except ValueError as exc:  # more fields than a login form has
+        return error_page(request, 400, f"login form: {exc}")
     name, password = form.get("username", ""), form.get("password", "")
     next_url = form.get("next", "")
     who = auth.login(name, password) if auth is not None else None
