@@ -9,6 +9,7 @@ import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -94,6 +95,18 @@ def is_api(request: Request) -> bool:
     return rel.startswith("/api/") or rel in ("/openapi.json", "/docs", "/redoc")
 
 
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def loopback_host(request: Request) -> bool:
+    """True when the request's ``Host`` header names a loopback address."""
+    try:
+        name = urlsplit("//" + request.headers.get("host", "")).hostname
+    except ValueError:
+        return False
+    return name in LOOPBACK_NAMES
+
+
 def cross_site(request: Request, auth: Auth | None) -> str | None:
     """Why a state-changing request is not same-origin, or None when it is (or when the
     client is no browser: no ``Origin`` nor ``Sec-Fetch-Site`` header)."""
@@ -113,6 +126,12 @@ def _install_guard(app: FastAPI) -> None:
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
         auth: Auth | None = app.state.auth
+        if auth is None and not loopback_host(request):
+            # No login: only a loopback name may reach it, or a page of any site could
+            # rebind its own name to 127.0.0.1 (DNS rebinding) and act as the same origin.
+            return _error(request, 403, f"no authentication (auth=None) answers only a "
+                          f"loopback Host (127.0.0.1, localhost, [::1]); got Host "
+                          f"{request.headers.get('host', '')!r}")
         if request.method in UNSAFE:
             reason = cross_site(request, auth)
             if reason is not None:

@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from celery_outbox import OutboxJob
+from celery_outbox.store import ExecutionQuery
 from tests.web.conftest import bearer
 
 Jobs = dict[str, OutboxJob[Any]]
@@ -113,3 +114,22 @@ def test_a_database_error_names_no_url_table_or_sql(client: TestClient, jobs: Jo
     assert "database" in detail
     for leak in (table, "SELECT", "127.0.0.1", web_outbox.store.engine.url.database):
         assert leak not in detail, (leak, detail)
+
+
+@sqlite_only
+def test_without_auth_only_a_loopback_host_is_answered(web_outbox: Any, jobs: Jobs) -> None:
+    """DNS rebinding: a page of evil.example re-resolves its name to 127.0.0.1, so the
+    browser sends Host and Origin of evil.example, same-origin in the browser's eyes."""
+    from celery_outbox.web import create_app
+
+    with TestClient(create_app(web_outbox, auth=None), base_url="http://evil.example:8000") as c:
+        origin = {"Origin": "http://evil.example:8000", "Sec-Fetch-Site": "same-origin"}
+        r = c.post("/api/v1/jobs/shop.receipt/trigger", json={"payload": {"order_id": 7}},
+                   headers=origin)
+        assert r.status_code == 403 and "loopback" in r.json()["detail"], r.text
+        assert c.get("/api/v1/executions").status_code == 403
+        assert c.get("/").status_code == 403
+    assert web_outbox.store.page(ExecutionQuery(), None, 10) == []
+    for host in ("127.0.0.1:8000", "localhost", "[::1]:8000"):
+        with TestClient(create_app(web_outbox, auth=None), base_url=f"http://{host}") as c:
+            assert c.get("/api/v1/me").status_code == 200, host
