@@ -185,6 +185,7 @@ class Auth:
     _users: dict[str, User] = field(init=False, repr=False)
     _tokens: tuple[Token, ...] = field(init=False, repr=False)
     _cache: dict[str, tuple[float, Principal]] = field(init=False, repr=False)
+    _revoked: dict[str, float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._users = {u.name: u for u in self.users}
@@ -193,6 +194,7 @@ class Auth:
         key = self.secret_key or os.environ.get("OUTBOX_WEB_SECRET_KEY")
         self.secret_key = key or secrets.token_urlsafe(32)
         self._cache = {}
+        self._revoked = {}
 
     @classmethod
     def from_settings(cls, conf: Mapping[str, Any]) -> Auth:
@@ -293,8 +295,22 @@ class Auth:
             return None
         if not isinstance(data, dict) or data.get("exp", 0) < time.time():
             return None
+        if signature in self._revoked:
+            return None
         user = self._users.get(str(data.get("u")))
         return user.principal() if user is not None else None
+
+    def revoke_session(self, cookie: str) -> None:
+        """End the session ``cookie`` names (logging out): from now on this process treats
+        it as no session, though it has not expired. Kept in memory until it expires; other
+        processes serving the dashboard still accept it."""
+        if self.session_principal(cookie) is None:
+            return
+        payload, _, signature = cookie.partition(".")
+        data = json.loads(base64.urlsafe_b64decode(payload))
+        now = time.time()
+        self._revoked = {s: e for s, e in self._revoked.items() if e >= now}
+        self._revoked[signature] = float(data["exp"])
 
     def _sign(self, payload: str) -> str:
         key = str(self.secret_key).encode()

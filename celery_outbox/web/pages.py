@@ -165,6 +165,10 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 def logout(request: Request) -> Response:
+    auth: Auth | None = request.app.state.auth
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if auth is not None and cookie:
+        auth.revoke_session(cookie)  # a copy of the cookie (stolen, cached) ends too
     base = _base(request)
     response = RedirectResponse(base + "/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=base or "/")

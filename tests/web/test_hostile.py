@@ -133,3 +133,22 @@ def test_without_auth_only_a_loopback_host_is_answered(web_outbox: Any, jobs: Jo
     for host in ("127.0.0.1:8000", "localhost", "[::1]:8000"):
         with TestClient(create_app(web_outbox, auth=None), base_url=f"http://{host}") as c:
             assert c.get("/api/v1/me").status_code == 200, host
+
+
+@sqlite_only
+def test_a_session_cookie_replayed_after_logout_is_no_session(
+    client: TestClient, jobs: Jobs
+) -> None:
+    from tests.web.conftest import PASSWORDS
+
+    r = client.post("/login", data={"username": "ops", "password": PASSWORDS["ops"]},
+                    follow_redirects=False)
+    stolen = r.cookies["outbox_session"]
+    client.cookies.clear()
+    session = {"Cookie": f"outbox_session={stolen}"}
+    assert client.get("/api/v1/me", headers=session).status_code == 200
+    r = client.post("/logout", headers={**session, "Origin": "http://testserver"},
+                    follow_redirects=False)
+    assert r.status_code == 303
+    assert client.get("/api/v1/me", headers=session).status_code == 401
+    assert client.get("/", headers=session).status_code == 401
