@@ -25,6 +25,8 @@ from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal
 
 LATE_AFTER = timedelta(minutes=5)
 """The overview shows an oldest pending age beyond this in red (any age in amber)."""
+LOGIN_MAX_BYTES = 16 * 1024
+"""The largest login form body read; a larger one answers 413."""
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 router = APIRouter(include_in_schema=False)
 
@@ -142,8 +144,13 @@ def login_form(request: Request) -> Response:
 @router.post("/login")
 async def login(request: Request) -> Response:
     auth: Auth | None = request.app.state.auth
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > LOGIN_MAX_BYTES:  # anyone may post here: never read a body whole
+            return error_page(request, 413, f"login form: larger than {LOGIN_MAX_BYTES} bytes")
     try:
-        form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"),
+        form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"),
                                              max_num_fields=10).items()}
     except ValueError as exc:  # more fields than a login form has
         return error_page(request, 400, f"login form: {exc}")

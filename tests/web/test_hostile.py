@@ -152,3 +152,16 @@ def test_a_session_cookie_replayed_after_logout_is_no_session(
     assert r.status_code == 303
     assert client.get("/api/v1/me", headers=session).status_code == 401
     assert client.get("/", headers=session).status_code == 401
+
+
+@sqlite_only
+def test_an_oversized_login_body_is_refused_unread(client: TestClient, jobs: Jobs) -> None:
+    """POST /login is reachable without credentials: its body must not be read whole."""
+    def body() -> Any:
+        yield b"username=ops&password="
+        for _ in range(64):  # 64 MiB if read to the end
+            yield b"a" * (1 << 20)
+
+    r = client.post("/login", content=body(),
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 413 and "login form" in r.text, (r.status_code, r.text[:200])
