@@ -273,6 +273,10 @@ class Auth:
             # Spend the time a check would, so a wrong name and a wrong password look alike.
             verify_secret(password, _dummy_hash())
             return None
+        if user.password_hash is None:
+            # An environment password compares in microseconds: spend the PBKDF2 an unknown
+            # name spends, or the response time tells which names exist.
+            verify_secret(password, _dummy_hash())
         return user.principal() if user.check(password) else None
 
     # -- sessions -----------------------------------------------------------------------------

@@ -165,3 +165,34 @@ def test_an_oversized_login_body_is_refused_unread(client: TestClient, jobs: Job
     r = client.post("/login", content=body(),
                     headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 413 and "login form" in r.text, (r.status_code, r.text[:200])
+
+
+def test_a_user_with_password_env_takes_as_long_as_an_unknown_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Timing: an unknown name spends one PBKDF2; a known name whose password comes from the
+    environment must too, or the response time tells which names exist."""
+    import hashlib
+
+    from celery_outbox.web import Auth, User, hash_secret
+    from celery_outbox.web import auth as auth_module
+
+    monkeypatch.setenv("H9_OPS_PASSWORD", "env-secret")
+    auth = Auth(users=[User("env-ops", password_env="H9_OPS_PASSWORD"),
+                       User("hashed", password_hash=hash_secret("pw"))])
+    real = hashlib.pbkdf2_hmac
+    calls: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> bytes:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    auth_module._dummy_hash()  # built before counting
+    monkeypatch.setattr(auth_module.hashlib, "pbkdf2_hmac", counting)
+    spent = {}
+    for name in ("nobody", "env-ops", "hashed"):
+        calls.clear()
+        assert auth.login(name, "wrong") is None
+        spent[name] = len(calls)
+    assert spent == {"nobody": 1, "env-ops": 1, "hashed": 1}, spent
+    assert auth.login("env-ops", "env-secret") is not None
