@@ -144,7 +144,8 @@ class FailureGroup:
 class BulkResult:
     """What a bulk action matched and did.
 
-    ``matched``: executions the filter selected whose status allows the action (at most
+    ``matched``: executions the filter selected whose status allows the action (for retry:
+    not retried already by an earlier retry) (at most
     :data:`BULK_MAX`; ``more`` says others match beyond it). ``done``: the ids acted on (for
     retry: the new executions' ids), empty on a dry run; ``skipped``: matched ids whose
     status changed meanwhile.
@@ -361,7 +362,8 @@ class Dashboard:
             return BulkResult(action, dry_run, 0, False)
         scoped = dataclasses.replace(
             query, statuses=tuple(sorted(wanted, key=lambda s: s.value)))
-        ids = self.store.matching_ids(scoped, BULK_MAX + 1)
+        # A retried execution is not selected again: a second "retry all" retries nothing twice.
+        ids = self.store.matching_ids(scoped, BULK_MAX + 1, unretried=action == "retry")
         more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
         if dry_run:
             return BulkResult(action, True, len(ids), more)

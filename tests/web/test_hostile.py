@@ -196,3 +196,22 @@ def test_a_user_with_password_env_takes_as_long_as_an_unknown_name(
         spent[name] = len(calls)
     assert spent == {"nobody": 1, "env-ops": 1, "hashed": 1}, spent
     assert auth.login("env-ops", "env-secret") is not None
+
+
+def test_a_second_bulk_retry_selects_nothing_already_retried(
+    client: TestClient, jobs: Jobs, web_outbox: Any, switch: Any
+) -> None:
+    """A double click on "retry all": the second finds every failure retried already, so it
+    counts none and reports none as retried (the admin retry writes nothing twice)."""
+    for i in range(2):
+        jobs["receipt"].push({"order_id": i})
+    switch.broken = False
+    first = client.post("/api/v1/executions/bulk/retry", json={"dry_run": False},
+                        headers=bearer()).json()
+    assert first["matched"] == 2 and len(first["done"]) == 2
+    total = len(web_outbox.store.page(ExecutionQuery(), None, 100))
+    dry = client.post("/api/v1/executions/bulk/retry", json={}, headers=bearer()).json()
+    again = client.post("/api/v1/executions/bulk/retry", json={"dry_run": False},
+                        headers=bearer()).json()
+    assert (dry["matched"], again["matched"], again["done"]) == (0, 0, []), (dry, again)
+    assert len(web_outbox.store.page(ExecutionQuery(), None, 100)) == total
