@@ -144,9 +144,9 @@ class FailureGroup:
 class BulkResult:
     """What a bulk action matched and did.
 
-    ``matched``: executions the filter selected whose status allows the action (for retry:
-    not retried already by an earlier retry) (at most
-    :data:`BULK_MAX`; ``more`` says others match beyond it). ``done``: the ids acted on (for
+    ``matched``: executions the filter selected whose status allows the action and, for a
+    retry, that no earlier retry retries already (at most :data:`BULK_MAX`; ``more`` says
+    others match beyond it). ``done``: the ids acted on (for
     retry: the new executions' ids), empty on a dry run; ``skipped``: matched ids whose
     status changed meanwhile.
     """
