@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from celery_outbox.dashboard import Dashboard
-from celery_outbox.errors import OutboxError
+from celery_outbox.errors import ConfigurationError, ExecutionNotFound
 from celery_outbox.states import Status
 from celery_outbox.web.api import scoped_query
 from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal
@@ -118,7 +118,7 @@ def execution(request: Request, execution_id: str) -> Response:
     who: Principal = request.state.principal
     try:
         detail = _board(request).execution(execution_id, who.organization_id)
-    except OutboxError as exc:
+    except ExecutionNotFound as exc:
         return error_page(request, 404, str(exc))
     return render(request, "execution.html", e=detail,
                   payload=_json(detail.payload), live=detail.can_cancel)
@@ -131,7 +131,7 @@ def failures(request: Request) -> Response:
     try:
         since = timedelta(hours=float(hours))
         groups = _board(request).failures(since, who.organization_id)
-    except (ValueError, OverflowError, OutboxError) as exc:
+    except (ValueError, OverflowError, ConfigurationError) as exc:
         return error_page(request, 400, f"hours: {exc}")
     return render(request, "failures.html", groups=groups, hours=hours)
 

@@ -106,6 +106,8 @@ def test_a_database_error_names_no_url_table_or_sql(client: TestClient, jobs: Jo
         conn.exec_driver_sql(f'ALTER TABLE "{table}" RENAME TO "{table}_gone"')
     try:
         r = client.get("/api/v1/executions", headers=bearer())
+        pages = [client.get(path, headers=bearer()) for path in
+                 ("/executions", "/failures", "/executions/00000000-0000-4000-8000-000000000000")]
     finally:
         with web_outbox.store.engine.begin() as conn:
             conn.exec_driver_sql(f'ALTER TABLE "{table}_gone" RENAME TO "{table}"')
@@ -114,6 +116,8 @@ def test_a_database_error_names_no_url_table_or_sql(client: TestClient, jobs: Jo
     assert "database" in detail
     for leak in (table, "SELECT", "127.0.0.1", web_outbox.store.engine.url.database):
         assert leak not in detail, (leak, detail)
+        for page in pages:
+            assert page.status_code == 503 and leak not in page.text, (page.url, leak)
 
 
 @sqlite_only
