@@ -95,6 +95,10 @@ def is_api(request: Request) -> bool:
     return rel.startswith("/api/") or rel in ("/openapi.json", "/docs", "/redoc")
 
 
+FRAMING = {"X-Frame-Options": "SAMEORIGIN", "Content-Security-Policy": "frame-ancestors 'self'",
+           "X-Content-Type-Options": "nosniff"}
+"""On every response: no other site may frame the pages (clickjacking of the action buttons
+by a page that frames them while the browser holds Basic credentials)."""
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
@@ -125,6 +129,11 @@ def cross_site(request: Request, auth: Auth | None) -> str | None:
 def _install_guard(app: FastAPI) -> None:
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
+        response = await _guarded(request, call_next)
+        response.headers.update(FRAMING)
+        return response
+
+    async def _guarded(request: Request, call_next: Any) -> Response:
         auth: Auth | None = app.state.auth
         if auth is None and not loopback_host(request):
             # No login: only a loopback name may reach it, or a page of any site could

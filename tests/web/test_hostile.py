@@ -219,3 +219,15 @@ def test_a_second_bulk_retry_selects_nothing_already_retried(
                         headers=bearer()).json()
     assert (dry["matched"], again["matched"], again["done"]) == (0, 0, []), (dry, again)
     assert len(web_outbox.store.page(ExecutionQuery(), None, 100)) == total
+
+
+@sqlite_only
+def test_no_other_site_may_frame_the_dashboard(client: TestClient, jobs: Jobs) -> None:
+    """Clickjacking: a page of another site framing the dashboard (a browser sends cached
+    Basic credentials into the frame) must be refused by the browser."""
+    for path in ("/", "/executions", "/failures", "/login", "/api/v1/jobs", "/nope"):
+        r = client.get(path, headers=bearer())
+        assert r.headers.get("x-frame-options") == "SAMEORIGIN", (path, dict(r.headers))
+        assert "frame-ancestors 'self'" in r.headers.get("content-security-policy", ""), path
+        assert r.headers.get("x-content-type-options") == "nosniff", path
+    assert client.get("/").headers.get("x-frame-options") == "SAMEORIGIN"  # the 401 login
