@@ -41,7 +41,12 @@ from celery_outbox.admin import (
     _uuid,
 )
 from celery_outbox.cron import CronSchedule
-from celery_outbox.errors import ConfigurationError, ExecutionNotFound, OutboxError
+from celery_outbox.errors import (
+    ConfigurationError,
+    ExecutionNotFound,
+    InvalidTransition,
+    OutboxError,
+)
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import ACTIVE, RETRYABLE, Status
 from celery_outbox.store import Cursor, ExecutionQuery
@@ -326,10 +331,18 @@ class Dashboard:
         organization_id: str | None = None,
     ) -> UUID:
         """manual retry of a visible execution; returns the new execution's id. Sends
-        ``admin_action``. Raises as :meth:`OutboxAdmin.retry`, and ExecutionNotFound for a
-        row of another tenant."""
+        ``admin_action``. Raises as :meth:`OutboxAdmin.retry`, ExecutionNotFound for a row
+        of another tenant, and InvalidTransition (nothing written) when, for a tenant, the
+        execution holding the key is another tenant's (its id is not handed out)."""
         row = self.execution(execution_id, organization_id)
         new_id = self.admin.retry(row.id, triggered_by=by, triggered_by_name=by_name)
+        if (organization_id is not None
+                and self.store.get_visible(new_id, organization_id) is None
+                and self.store.get(new_id) is not None):
+            # Keys are unique per job across tenants: the push found another tenant's active
+            # execution holding the key and wrote nothing. Its id is not this tenant's to see.
+            raise InvalidTransition(row.id, f"{row.status}, and an active execution of "
+                                    f"another tenant holds its key", "retry")
         _signal(row.job_name, "retry", row.id, new_id, by_name, organization_id)
         return new_id
 

@@ -231,3 +231,25 @@ def test_no_other_site_may_frame_the_dashboard(client: TestClient, jobs: Jobs) -
         assert "frame-ancestors 'self'" in r.headers.get("content-security-policy", ""), path
         assert r.headers.get("x-content-type-options") == "nosniff", path
     assert client.get("/").headers.get("x-frame-options") == "SAMEORIGIN"  # the 401 login
+
+
+@sqlite_only
+def test_a_tenant_retry_never_answers_another_tenants_execution_id(
+    client: TestClient, jobs: Jobs, web_outbox: Any
+) -> None:
+    """Keys are unique per job across tenants: retrying acme's failed row whose key an active
+    globex row holds writes nothing; the answer must not hand acme the globex row's id."""
+    import base64 as b64
+
+    from tests.web.conftest import PASSWORDS
+
+    mine = jobs["receipt"].push({"order_id": 1}, key="order-1", organization_id="acme")
+    theirs = jobs["receipt"].push({"order_id": 1}, key="order-1", organization_id="globex",
+                                  delay=__import__("datetime").timedelta(hours=1))
+    acme = {"Authorization": "Basic " + b64.b64encode(
+        f"acme-ops:{PASSWORDS['acme-ops']}".encode()).decode()}
+    r = client.post(f"/api/v1/executions/{mine}/retry", headers=acme)
+    assert str(theirs) not in r.text, r.text
+    assert r.status_code == 409 and "key" in r.json()["detail"], r.text
+    bulk = client.post("/api/v1/executions/bulk/retry", json={"dry_run": False}, headers=acme)
+    assert str(theirs) not in bulk.text and bulk.json()["skipped"] == [str(mine)], bulk.text
