@@ -253,3 +253,24 @@ def test_a_tenant_retry_never_answers_another_tenants_execution_id(
     assert r.status_code == 409 and "key" in r.json()["detail"], r.text
     bulk = client.post("/api/v1/executions/bulk/retry", json={"dry_run": False}, headers=acme)
     assert str(theirs) not in bulk.text and bulk.json()["skipped"] == [str(mine)], bulk.text
+
+
+@sqlite_only
+def test_a_misspelt_bulk_filter_is_refused_not_dropped(
+    client: TestClient, jobs: Jobs, web_outbox: Any
+) -> None:
+    """A careless operator types "jobs" for "job" (or "statuses" for "status"): an unknown
+    field must answer 422 naming it, never widen the action to every execution."""
+    from datetime import timedelta
+
+    waiting = [jobs["receipt"].push({"order_id": i}, delay=timedelta(hours=1))
+               for i in range(3)]
+    for body in ({"jobs": ["shop.nightly"], "dry_run": False},
+                 {"statuses": ["running"], "dry_run": False}):
+        r = client.post("/api/v1/executions/bulk/cancel", json=body, headers=bearer())
+        field = next(k for k in body if k != "dry_run")
+        assert r.status_code == 422 and field in r.json()["detail"], r.text
+    assert {web_outbox.admin.get_execution(w).status for w in waiting} == {"scheduled"}
+    r = client.post("/api/v1/jobs/shop.nightly/trigger", json={"paylaod": {}},
+                    headers=bearer())
+    assert r.status_code == 422 and "paylaod" in r.json()["detail"], r.text
