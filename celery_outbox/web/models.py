@@ -231,13 +231,14 @@ class BulkIn(BaseModel):
     """Which executions a bulk action selects (each field narrows) and whether to only count.
 
     ``created_after`` / ``created_before``: ISO 8601; without an offset they are UTC. Any
-    other field answers 422 (a misspelt filter must not widen the action to everything).
+    other field, and an empty ``job`` or ``status`` list, answer 422 (a misspelt or empty
+    filter must not widen the action to every execution).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    job: list[str] | None = None
-    status: list[Status] | None = None
+    job: list[str] | None = Field(None, min_length=1)
+    status: list[Status] | None = Field(None, min_length=1)
     key: str | None = Field(None, max_length=255)
     tenant: str | None = Field(None, max_length=64)
     created_after: datetime | None = None

@@ -274,3 +274,19 @@ def test_a_misspelt_bulk_filter_is_refused_not_dropped(
     r = client.post("/api/v1/jobs/shop.nightly/trigger", json={"paylaod": {}},
                     headers=bearer())
     assert r.status_code == 422 and "paylaod" in r.json()["detail"], r.text
+
+
+@sqlite_only
+def test_an_empty_bulk_filter_list_is_refused_not_everything(
+    client: TestClient, jobs: Jobs, web_outbox: Any
+) -> None:
+    """``"job": []`` (an empty selection in a client's UI) selects no job: it must not act on
+    every job's executions."""
+    from datetime import timedelta
+
+    waiting = jobs["receipt"].push({"order_id": 1}, delay=timedelta(hours=1))
+    for field in ("job", "status"):
+        r = client.post("/api/v1/executions/bulk/cancel", json={field: [], "dry_run": False},
+                        headers=bearer())
+        assert r.status_code == 422 and field in r.json()["detail"], r.text
+    assert web_outbox.admin.get_execution(waiting).status == "scheduled"
