@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from celery_outbox.errors import ConfigurationError
 
@@ -190,7 +191,7 @@ class Auth:
     def __post_init__(self) -> None:
         self._users = {u.name: u for u in self.users}
         self._tokens = tuple(self.tokens)
-        self.trusted_origins = tuple(o.rstrip("/") for o in self.trusted_origins)
+        self.trusted_origins = _origins(self.trusted_origins)
         key = self.secret_key or os.environ.get("OUTBOX_WEB_SECRET_KEY")
         self.secret_key = key or secrets.token_urlsafe(32)
         self._cache = {}
@@ -319,6 +320,23 @@ class Auth:
     def _sign(self, payload: str) -> str:
         key = str(self.secret_key).encode()
         return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+def _origins(given: Iterable[str]) -> tuple[str, ...]:
+    """``scheme://host[:port]`` each (a trailing slash dropped); ConfigurationError naming
+    ``trusted_origins`` for a single string or anything else."""
+    if isinstance(given, str):
+        raise ConfigurationError(f"trusted_origins must be a list of origins, got the string "
+                                 f"{given!r} (write [{given!r}])")
+    out = []
+    for origin in given:
+        parts = urlsplit(str(origin).rstrip("/")) if isinstance(origin, str) else None
+        if (parts is None or parts.scheme not in ("http", "https") or not parts.netloc
+                or parts.path or parts.query or parts.fragment):
+            raise ConfigurationError(f"trusted_origins: {origin!r} is not an origin "
+                                     f"(scheme://host[:port], e.g. 'https://ops.example.com')")
+        out.append(f"{parts.scheme}://{parts.netloc.lower()}")
+    return tuple(out)
 
 
 @functools.cache

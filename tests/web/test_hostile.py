@@ -290,3 +290,16 @@ def test_an_empty_bulk_filter_list_is_refused_not_everything(
                         headers=bearer())
         assert r.status_code == 422 and field in r.json()["detail"], r.text
     assert web_outbox.admin.get_execution(waiting).status == "scheduled"
+
+
+def test_trusted_origins_given_as_one_string_or_a_bad_origin_is_refused_at_setup() -> None:
+    """``outbox_web_trusted_origins = "https://ops.example.com"`` (a string, not a list) was
+    read letter by letter; an origin with a path never matches a browser's Origin."""
+    from celery_outbox.errors import ConfigurationError
+    from celery_outbox.web import Auth
+
+    for bad in ("https://ops.example.com", ["ops.example.com"], ["https://ops.example.com/x"]):
+        with pytest.raises(ConfigurationError, match="trusted_origins"):
+            Auth.from_settings({"outbox_web_trusted_origins": bad})
+    auth = Auth(trusted_origins=["https://ops.example.com/", "http://127.0.0.1:8000"])
+    assert tuple(auth.trusted_origins) == ("https://ops.example.com", "http://127.0.0.1:8000")
