@@ -24,6 +24,7 @@ import hmac
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ Access = Literal["read", "operate"]
 ACCESS_LEVELS = ("read", "operate")
 PBKDF2_ITERATIONS = 200_000
 SESSION_COOKIE = "outbox_session"
+_REVOKE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -314,8 +316,10 @@ class Auth:
         payload, _, signature = cookie.partition(".")
         data = json.loads(base64.urlsafe_b64decode(payload))
         now = time.time()
-        self._revoked = {s: e for s, e in self._revoked.items() if e >= now}
-        self._revoked[signature] = float(data["exp"])
+        with _REVOKE_LOCK:  # logouts run on several threads: prune and add as one step
+            for gone in [s for s, e in self._revoked.items() if e < now]:
+                del self._revoked[gone]
+            self._revoked[signature] = float(data["exp"])
 
     def _sign(self, payload: str) -> str:
         key = str(self.secret_key).encode()
