@@ -97,8 +97,9 @@ def is_api(request: Request) -> bool:
 
 FRAMING = {"X-Frame-Options": "SAMEORIGIN", "Content-Security-Policy": "frame-ancestors 'self'",
            "X-Content-Type-Options": "nosniff"}
-"""On every response: no other site may frame the pages (clickjacking of the action buttons
-by a page that frames them while the browser holds Basic credentials)."""
+"""On every response: no other origin may frame the pages (clickjacking of the action
+buttons: a page on another port or subdomain is the same *site*, so the SameSite=Strict
+login cookie goes into its frame, as cached Basic credentials do)."""
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
