@@ -41,7 +41,12 @@ from celery_outbox.admin import (
     _uuid,
 )
 from celery_outbox.cron import CronSchedule
-from celery_outbox.errors import ConfigurationError, ExecutionNotFound, OutboxError
+from celery_outbox.errors import (
+    ConfigurationError,
+    ExecutionNotFound,
+    InvalidTransition,
+    OutboxError,
+)
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import ACTIVE, RETRYABLE, Status
 from celery_outbox.store import Cursor, ExecutionQuery
@@ -144,8 +149,9 @@ class FailureGroup:
 class BulkResult:
     """What a bulk action matched and did.
 
-    ``matched``: executions the filter selected whose status allows the action (at most
-    :data:`BULK_MAX`; ``more`` says others match beyond it). ``done``: the ids acted on (for
+    ``matched``: executions the filter selected whose status allows the action and, for a
+    retry, that no earlier retry retries already (at most :data:`BULK_MAX`; ``more`` says
+    others match beyond it). ``done``: the ids acted on (for
     retry: the new executions' ids), empty on a dry run; ``skipped``: matched ids whose
     status changed meanwhile.
     """
@@ -244,7 +250,7 @@ class Dashboard:
         """
         if isinstance(limit, bool) or not 1 <= limit <= MAX_PAGE:
             raise ConfigurationError(f"limit must be from 1 to {MAX_PAGE}, got {limit!r}")
-        self._check(query)
+        query = self._check(query)
         after = decode_cursor(cursor) if cursor else None
         rows = self.store.page(query, after, limit + 1)
         more = len(rows) > limit
@@ -273,9 +279,13 @@ class Dashboard:
         job and error type, the largest group first."""
         if since <= timedelta(0):
             raise ConfigurationError(f"since must be a positive duration, got {since}")
+        job_names = tuple(dict.fromkeys(job_names)) if job_names else None
         for name in job_names or ():
             self.registry.get(name)
-        start = datetime.now(timezone.utc) - since
+        try:
+            start = datetime.now(timezone.utc) - since
+        except OverflowError:
+            raise ConfigurationError(f"since reaches before year 1: {since}") from None
         names = list(job_names) if job_names else sorted(s.name for s in self.registry)
         rows = self.store.recent_failures(start, organization_id, names, self.failure_window)
         groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -321,10 +331,18 @@ class Dashboard:
         organization_id: str | None = None,
     ) -> UUID:
         """manual retry of a visible execution; returns the new execution's id. Sends
-        ``admin_action``. Raises as :meth:`OutboxAdmin.retry`, and ExecutionNotFound for a
-        row of another tenant."""
+        ``admin_action``. Raises as :meth:`OutboxAdmin.retry`, ExecutionNotFound for a row
+        of another tenant, and InvalidTransition (nothing written) when, for a tenant, the
+        execution holding the key is another tenant's (its id is not handed out)."""
         row = self.execution(execution_id, organization_id)
         new_id = self.admin.retry(row.id, triggered_by=by, triggered_by_name=by_name)
+        if (organization_id is not None
+                and self.store.get_visible(new_id, organization_id) is None
+                and self.store.get(new_id) is not None):
+            # Keys are unique per job across tenants: the push found another tenant's active
+            # execution holding the key and wrote nothing. Its id is not this tenant's to see.
+            raise InvalidTransition(row.id, f"{row.status}, and an active execution of "
+                                    f"another tenant holds its key", "retry")
         _signal(row.job_name, "retry", row.id, new_id, by_name, organization_id)
         return new_id
 
@@ -351,13 +369,14 @@ class Dashboard:
         allowed = {"retry": RETRYABLE, "cancel": ACTIVE}.get(action)
         if allowed is None:
             raise ConfigurationError(f"action must be 'retry' or 'cancel', got {action!r}")
-        self._check(query)
+        query = self._check(query)
         wanted = set(query.statuses) & allowed if query.statuses is not None else set(allowed)
         if not wanted:
             return BulkResult(action, dry_run, 0, False)
         scoped = dataclasses.replace(
             query, statuses=tuple(sorted(wanted, key=lambda s: s.value)))
-        ids = self.store.matching_ids(scoped, BULK_MAX + 1)
+        # A retried execution is not selected again: a second "retry all" retries nothing twice.
+        ids = self.store.matching_ids(scoped, BULK_MAX + 1, unretried=action == "retry")
         more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
         if dry_run:
             return BulkResult(action, True, len(ids), more)
@@ -376,17 +395,38 @@ class Dashboard:
                 skipped.append(execution_id)
         return BulkResult(action, False, len(ids), more, tuple(done), tuple(skipped))
 
-    def _check(self, query: ExecutionQuery) -> None:
-        for name in query.job_names or ():
+    def _check(self, query: ExecutionQuery) -> ExecutionQuery:
+        """``query`` checked (registered jobs, aware times inside the UTC range, no NUL in its
+        texts) with its job names and statuses each once; ConfigurationError naming a field."""
+        jobs = tuple(dict.fromkeys(query.job_names)) if query.job_names is not None else None
+        for name in jobs or ():
             self.registry.get(name)
+        for label, text in (("key", query.unique_key), ("tenant", query.organization_id),
+                            ("error", query.error_contains)):
+            if text is not None and "\x00" in text:
+                raise ConfigurationError(f"{label} must not hold a NUL character")
         after, before = query.created_after, query.created_before
         for label, value in (("created_after", after), ("created_before", before)):
-            if value is not None and value.tzinfo is None:
-                raise ConfigurationError(f"{label} must be an aware datetime, got {value}")
+            _utc_time(label, value)
         if after is not None and before is not None and after > before:
             raise ConfigurationError(
                 f"created_after ({after.isoformat()}) is later than created_before "
                 f"({before.isoformat()})")
+        statuses = tuple(dict.fromkeys(query.statuses)) if query.statuses is not None else None
+        return dataclasses.replace(query, job_names=jobs, statuses=statuses)
+
+
+def _utc_time(label: str, value: datetime | None) -> None:
+    """ConfigurationError naming ``label`` unless ``value`` is None or an aware time that
+    has a UTC equivalent (``0001-01-01T00:00+14:00`` has none)."""
+    if value is None:
+        return
+    if value.tzinfo is None:
+        raise ConfigurationError(f"{label} must be an aware datetime, got {value}")
+    try:
+        value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ConfigurationError(f"{label} {value.isoformat()} is out of range in UTC") from None
 
 
 # -- cursors, error types -----------------------------------------------------------------------
@@ -406,8 +446,9 @@ def decode_cursor(cursor: str) -> Cursor:
         created_at = datetime.fromisoformat(when)
         if created_at.tzinfo is None:
             raise ValueError("naive time")
+        created_at.astimezone(timezone.utc)  # OverflowError when it has no UTC equivalent
         return Cursor(created_at, UUID(ident))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, OverflowError):
         raise ConfigurationError(
             f"cursor {cursor[:60]!r} is not a cursor this API returned") from None
 

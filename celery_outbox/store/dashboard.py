@@ -19,6 +19,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     cast,
+    exists,
     func,
     literal,
     or_,
@@ -304,11 +305,19 @@ class DashboardStore(StoreBase):
         with self.begin() as conn:
             return [dict(row._mapping) for row in conn.execute(stmt)]
 
-    def matching_ids(self, q: ExecutionQuery, limit: int) -> list[UUID]:
-        """Read the ids of the rows matching ``q``, newest first, at most ``limit``."""
+    def matching_ids(self, q: ExecutionQuery, limit: int, *,
+                     unretried: bool = False) -> list[UUID]:
+        """Read the ids of the rows matching ``q``, newest first, at most ``limit``.
+
+        ``unretried``: only rows no other row retries (none has them as ``retry_of``; served
+        by the unique index on ``retry_of``)."""
         t = self.t
+        where = self._filters(q)
+        if unretried:
+            retries = t.alias("retries")
+            where.append(~exists().where(retries.c.retry_of == t.c.id))
         stmt = (
-            select(t.c.id).where(*self._filters(q))
+            select(t.c.id).where(*where)
             .order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
         )
         with self.begin() as conn:

@@ -13,8 +13,9 @@
   JSON under ``/api/v1``, the OpenAPI document at ``/openapi.json``. Mount it under any path
   (``host_app.mount("/outbox", app)``) or serve it with ``celery -A proj outbox web``.
 - ``auth``: an :class:`Auth`; a resolver ``(request) -> Principal | None``; ``None`` for no
-  authentication at all (every request is an ``operate`` principal named ``anonymous``: only
-  for a loopback address); left out, users and tokens come from ``app.conf.outbox_web_users``
+  authentication at all (every request is an ``operate`` principal named ``anonymous``; a
+  request whose ``Host`` is not ``127.0.0.1``, ``localhost`` or ``[::1]`` answers 403);
+  left out, users and tokens come from ``app.conf.outbox_web_users``
   / ``outbox_web_tokens`` and, when none are set, every request answers 401.
 
 :class:`Principal`, :class:`Auth`, :class:`User`, :class:`Token` and :func:`hash_secret` import

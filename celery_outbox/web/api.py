@@ -157,7 +157,8 @@ def executions(
 def bulk(action: str, body: BulkIn, who: Operator, board: Board) -> BulkOut:
     """Retry (``action=retry``) or cancel (``action=cancel``) every execution the filter
     selects whose status allows it, newest first, at most 1,000; ``dry_run`` (the default)
-    only counts them."""
+    only counts them. A retry skips executions retried already (a second click retries
+    nothing twice)."""
     if action not in ("retry", "cancel"):
         raise HTTPException(404, f"no bulk action {action!r}: use 'retry' or 'cancel'")
     query = scoped_query(who, body.job, body.status, body.key, body.tenant, body.created_after,

@@ -5,9 +5,11 @@ which checks the ``web`` extra first.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +36,7 @@ from celery_outbox.web.models import ErrorOut, FieldError
 if TYPE_CHECKING:
     from celery_outbox.outbox import Outbox
 
+logger = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 OPEN_PATHS = ("/login", "/logout")
@@ -92,6 +95,23 @@ def is_api(request: Request) -> bool:
     return rel.startswith("/api/") or rel in ("/openapi.json", "/docs", "/redoc")
 
 
+FRAMING = {"X-Frame-Options": "SAMEORIGIN", "Content-Security-Policy": "frame-ancestors 'self'",
+           "X-Content-Type-Options": "nosniff"}
+"""On every response: no other origin may frame the pages (clickjacking of the action
+buttons: a page on another port or subdomain is the same *site*, so the SameSite=Strict
+login cookie goes into its frame, as cached Basic credentials do)."""
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def loopback_host(request: Request) -> bool:
+    """True when the request's ``Host`` header names a loopback address."""
+    try:
+        name = urlsplit("//" + request.headers.get("host", "")).hostname
+    except ValueError:
+        return False
+    return name in LOOPBACK_NAMES
+
+
 def cross_site(request: Request, auth: Auth | None) -> str | None:
     """Why a state-changing request is not same-origin, or None when it is (or when the
     client is no browser: no ``Origin`` nor ``Sec-Fetch-Site`` header)."""
@@ -110,7 +130,18 @@ def cross_site(request: Request, auth: Auth | None) -> str | None:
 def _install_guard(app: FastAPI) -> None:
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
+        response = await _guarded(request, call_next)
+        response.headers.update(FRAMING)
+        return response
+
+    async def _guarded(request: Request, call_next: Any) -> Response:
         auth: Auth | None = app.state.auth
+        if auth is None and not loopback_host(request):
+            # No login: only a loopback name may reach it, or a page of any site could
+            # rebind its own name to 127.0.0.1 (DNS rebinding) and act as the same origin.
+            return _error(request, 403, f"no authentication (auth=None) answers only a "
+                          f"loopback Host (127.0.0.1, localhost, [::1]); got Host "
+                          f"{request.headers.get('host', '')!r}")
         if request.method in UNSAFE:
             reason = cross_site(request, auth)
             if reason is not None:
@@ -161,6 +192,10 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(OutboxError)
     async def outbox_error(request: Request, exc: OutboxError) -> Response:
         status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 400)
+        if isinstance(exc, StorageError):
+            # Its text names the database URL, tables and SQL: the log gets it, clients not.
+            logger.error("%s %s: %s", request.method, relative_path(request), exc)
+            return _error(request, status, "the database failed; the server's log says why")
         errors: list[FieldError] = []
         if isinstance(exc, PayloadInvalid):
             errors = [FieldError(field=".".join(["payload", *(str(p) for p in e.get("loc", ()))]),

@@ -24,10 +24,12 @@ import hmac
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from celery_outbox.errors import ConfigurationError
 
@@ -35,6 +37,7 @@ Access = Literal["read", "operate"]
 ACCESS_LEVELS = ("read", "operate")
 PBKDF2_ITERATIONS = 200_000
 SESSION_COOKIE = "outbox_session"
+_REVOKE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -185,14 +188,16 @@ class Auth:
     _users: dict[str, User] = field(init=False, repr=False)
     _tokens: tuple[Token, ...] = field(init=False, repr=False)
     _cache: dict[str, tuple[float, Principal]] = field(init=False, repr=False)
+    _revoked: dict[str, float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._users = {u.name: u for u in self.users}
         self._tokens = tuple(self.tokens)
-        self.trusted_origins = tuple(o.rstrip("/") for o in self.trusted_origins)
+        self.trusted_origins = _origins(self.trusted_origins)
         key = self.secret_key or os.environ.get("OUTBOX_WEB_SECRET_KEY")
         self.secret_key = key or secrets.token_urlsafe(32)
         self._cache = {}
+        self._revoked = {}
 
     @classmethod
     def from_settings(cls, conf: Mapping[str, Any]) -> Auth:
@@ -271,6 +276,10 @@ class Auth:
             # Spend the time a check would, so a wrong name and a wrong password look alike.
             verify_secret(password, _dummy_hash())
             return None
+        if user.password_hash is None:
+            # An environment password compares in microseconds: spend the PBKDF2 an unknown
+            # name spends, or the response time tells which names exist.
+            verify_secret(password, _dummy_hash())
         return user.principal() if user.check(password) else None
 
     # -- sessions -----------------------------------------------------------------------------
@@ -283,6 +292,8 @@ class Auth:
 
     def session_principal(self, cookie: str) -> Principal | None:
         payload, _, signature = cookie.partition(".")
+        if not cookie.isascii():  # compare_digest takes ASCII strings only; ours are
+            return None
         if not hmac.compare_digest(self._sign(payload), signature):
             return None
         try:
@@ -291,12 +302,45 @@ class Auth:
             return None
         if not isinstance(data, dict) or data.get("exp", 0) < time.time():
             return None
+        if signature in self._revoked:
+            return None
         user = self._users.get(str(data.get("u")))
         return user.principal() if user is not None else None
+
+    def revoke_session(self, cookie: str) -> None:
+        """End the session ``cookie`` names (logging out): from now on this process treats
+        it as no session, though it has not expired. Kept in memory until it expires; other
+        processes serving the dashboard still accept it."""
+        if self.session_principal(cookie) is None:
+            return
+        payload, _, signature = cookie.partition(".")
+        data = json.loads(base64.urlsafe_b64decode(payload))
+        now = time.time()
+        with _REVOKE_LOCK:  # logouts run on several threads: prune and add as one step
+            for gone in [s for s, e in self._revoked.items() if e < now]:
+                del self._revoked[gone]
+            self._revoked[signature] = float(data["exp"])
 
     def _sign(self, payload: str) -> str:
         key = str(self.secret_key).encode()
         return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+def _origins(given: Iterable[str]) -> tuple[str, ...]:
+    """``scheme://host[:port]`` each (a trailing slash dropped); ConfigurationError naming
+    ``trusted_origins`` for a single string or anything else."""
+    if isinstance(given, str):
+        raise ConfigurationError(f"trusted_origins must be a list of origins, got the string "
+                                 f"{given!r} (write [{given!r}])")
+    out = []
+    for origin in given:
+        parts = urlsplit(str(origin).rstrip("/")) if isinstance(origin, str) else None
+        if (parts is None or parts.scheme not in ("http", "https") or not parts.netloc
+                or parts.path or parts.query or parts.fragment):
+            raise ConfigurationError(f"trusted_origins: {origin!r} is not an origin "
+                                     f"(scheme://host[:port], e.g. 'https://ops.example.com')")
+        out.append(f"{parts.scheme}://{parts.netloc.lower()}")
+    return tuple(out)
 
 
 @functools.cache

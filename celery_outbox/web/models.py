@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from celery_outbox.admin import ExecutionDetail, ExecutionView, LogEntry
 from celery_outbox.dashboard import BulkResult, FailureGroup, JobOverview, Overview
@@ -207,7 +207,10 @@ class FailuresOut(BaseModel):
 
 
 class TriggerIn(BaseModel):
-    """The payload of the new execution (a queue job's schema); null for a cron job."""
+    """The payload of the new execution (a queue job's schema); null for a cron job. Any
+    other field answers 422."""
+
+    model_config = ConfigDict(extra="forbid")
 
     payload: Any = None
 
@@ -227,11 +230,15 @@ class ActionOut(BaseModel):
 class BulkIn(BaseModel):
     """Which executions a bulk action selects (each field narrows) and whether to only count.
 
-    ``created_after`` / ``created_before``: ISO 8601; without an offset they are UTC.
+    ``created_after`` / ``created_before``: ISO 8601; without an offset they are UTC. Any
+    other field, and an empty ``job`` or ``status`` list, answer 422 (a misspelt or empty
+    filter must not widen the action to every execution).
     """
 
-    job: list[str] | None = None
-    status: list[Status] | None = None
+    model_config = ConfigDict(extra="forbid")
+
+    job: list[str] | None = Field(None, min_length=1)
+    status: list[Status] | None = Field(None, min_length=1)
     key: str | None = Field(None, max_length=255)
     tenant: str | None = Field(None, max_length=64)
     created_after: datetime | None = None

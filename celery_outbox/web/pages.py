@@ -18,13 +18,15 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from celery_outbox.dashboard import Dashboard
-from celery_outbox.errors import OutboxError
+from celery_outbox.errors import ConfigurationError, ExecutionNotFound
 from celery_outbox.states import Status
 from celery_outbox.web.api import scoped_query
 from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal
 
 LATE_AFTER = timedelta(minutes=5)
 """The overview shows an oldest pending age beyond this in red (any age in amber)."""
+LOGIN_MAX_BYTES = 16 * 1024
+"""The largest login form body read; a larger one answers 413."""
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 router = APIRouter(include_in_schema=False)
 
@@ -116,7 +118,7 @@ def execution(request: Request, execution_id: str) -> Response:
     who: Principal = request.state.principal
     try:
         detail = _board(request).execution(execution_id, who.organization_id)
-    except OutboxError as exc:
+    except ExecutionNotFound as exc:
         return error_page(request, 404, str(exc))
     return render(request, "execution.html", e=detail,
                   payload=_json(detail.payload), live=detail.can_cancel)
@@ -129,7 +131,7 @@ def failures(request: Request) -> Response:
     try:
         since = timedelta(hours=float(hours))
         groups = _board(request).failures(since, who.organization_id)
-    except (ValueError, OutboxError) as exc:
+    except (ValueError, OverflowError, ConfigurationError) as exc:
         return error_page(request, 400, f"hours: {exc}")
     return render(request, "failures.html", groups=groups, hours=hours)
 
@@ -142,8 +144,16 @@ def login_form(request: Request) -> Response:
 @router.post("/login")
 async def login(request: Request) -> Response:
     auth: Auth | None = request.app.state.auth
-    form = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace"),
-                                         max_num_fields=10).items()}
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > LOGIN_MAX_BYTES:  # anyone may post here: never read a body whole
+            return error_page(request, 413, f"login form: larger than {LOGIN_MAX_BYTES} bytes")
+    try:
+        form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"),
+                                             max_num_fields=10).items()}
+    except ValueError as exc:  # more fields than a login form has
+        return error_page(request, 400, f"login form: {exc}")
     name, password = form.get("username", ""), form.get("password", "")
     next_url = form.get("next", "")
     who = auth.login(name, password) if auth is not None else None
@@ -162,6 +172,10 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 def logout(request: Request) -> Response:
+    auth: Auth | None = request.app.state.auth
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if auth is not None and cookie:
+        auth.revoke_session(cookie)  # a copy of the cookie (stolen, cached) ends too
     base = _base(request)
     response = RedirectResponse(base + "/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=base or "/")

@@ -392,7 +392,7 @@ def test_a_resolver_hook_and_auth_none(web_outbox: Outbox, jobs: Jobs) -> None:
         me = c.get("/api/v1/me", headers={"X-User": "sso-alice"}).json()
         assert me == {"name": "sso-alice", "access": "read", "organization_id": "acme"}
         assert c.get("/api/v1/executions", headers={"X-User": "x"}).json()["items"] == []
-    with TestClient(create_app(web_outbox, auth=None)) as c:
+    with TestClient(create_app(web_outbox, auth=None), base_url="http://127.0.0.1") as c:
         assert c.get("/api/v1/me").json()["access"] == "operate"
     # Left out: users and tokens from app.conf; none configured -> 401 for everyone.
     with TestClient(create_app(web_outbox)) as c:

@@ -230,3 +230,18 @@ def test_a_cross_site_form_post_is_refused(
     assert "cross-site request refused" in answer.value.text()
     assert len(web_outbox.admin.list_executions("shop.receipt")) == 1
     page.context.close()
+
+
+def test_a_page_of_another_port_cannot_frame_the_logged_in_dashboard(
+    browser: Any, site: str, jobs: Jobs
+) -> None:
+    """Another port of the same host is the same *site*: the SameSite=Strict cookie goes into
+    its frame, so only the framing headers keep the buttons from being clickjacked."""
+    page = log_in(browser, site, "ops")
+    with other_site(f'<iframe src="{site}/" width="800" height="600"></iframe>') as evil:
+        page.goto(evil + "/")
+        frame = page.frames[1]
+        wait_for(lambda: frame.url != "about:blank", 10, "the frame to settle")
+        assert not frame.url.startswith(site), frame.url  # chrome-error: refused to frame
+        assert frame.locator("#principal").count() == 0
+    page.context.close()
