@@ -58,7 +58,8 @@ templates.env.filters["when"] = _when
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
     who: Principal | None = getattr(request.state, "principal", None)
-    context.update(base=_base(request), who=who, title=request.app.state.title)
+    context.update(base=_base(request), who=who, title=request.app.state.title,
+                   can_log_out=request.app.state.auth is not None)  # auth=None: no login
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 

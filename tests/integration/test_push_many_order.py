@@ -9,6 +9,7 @@ import os
 import threading
 from uuid import UUID
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -20,6 +21,10 @@ ROUNDS = int(os.environ.get("OUTBOX_TEST_DEADLOCK_ROUNDS", "2"))
 """Rounds of the race; each round deadlocked on the first try before the fix. More: set the
 variable (e.g. 50) for a longer run."""
 KEYS = 2_000  # two INSERT batches of the store, so the two calls overlap
+
+# A round takes about 10 s on two busy cores (most of it compiling the 2,000-row INSERTs), so
+# `make faults` (30 rounds) outgrew the suite's 300 s timeout; allow 30 s a round instead.
+pytestmark = pytest.mark.timeout(max(300, 60 + 30 * ROUNDS))
 
 
 def test_same_keys_in_opposite_orders_never_deadlock(

@@ -394,6 +394,11 @@ def test_a_resolver_hook_and_auth_none(web_outbox: Outbox, jobs: Jobs) -> None:
         assert c.get("/api/v1/executions", headers={"X-User": "x"}).json()["items"] == []
     with TestClient(create_app(web_outbox, auth=None), base_url="http://127.0.0.1") as c:
         assert c.get("/api/v1/me").json()["access"] == "operate"
+        page = c.get("/")
+        assert page.status_code == 200 and "anonymous" in page.text
+        assert "Log out" not in page.text  # there is no login to end
+    with TestClient(create_app(web_outbox, auth=resolver)) as c:
+        assert "Log out" in c.get("/", headers={"X-User": "sso-alice"}).text
     # Left out: users and tokens from app.conf; none configured -> 401 for everyone.
     with TestClient(create_app(web_outbox)) as c:
         assert c.get("/api/v1/me").status_code == 401
