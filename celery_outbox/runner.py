@@ -179,7 +179,7 @@ class Runner:
         if not fences:
             return
         try:
-            released = self.store.release(fences, self.clock())
+            released = self.store.release(fences, self.clock(), begun=False)
             due = self.store.dispatchable(released)
         except Exception as exc:
             log.warning("celery_outbox: could not hand back %d execution(s) of %r never begun "

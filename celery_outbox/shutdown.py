@@ -154,7 +154,7 @@ class Drain:
         waiting = [f for f in waiting if f.id not in running]
         for fence in waiting:
             heartbeat.drop(fence)
-        handed = self._hand_back(waiting)
+        handed = self._hand_back(waiting, begun=False)  # warned: the runner never begins them
         deadline = time.monotonic() + self.timeout.total_seconds()
         while self.runner.running() and time.monotonic() < deadline:
             time.sleep(_POLL)
@@ -206,13 +206,14 @@ class Drain:
                 time.sleep(_POLL)
         return handed
 
-    def _hand_back(self, fences: list[Fence]) -> list[UUID]:
-        """release: running -> pending for ``fences``, then dispatch them and wait."""
+    def _hand_back(self, fences: list[Fence], begun: bool | None = None) -> list[UUID]:
+        """release: running -> pending for ``fences``, then dispatch them and wait.
+        ``begun``: as for :meth:`ExecutionStore.release`."""
         if not fences:
             return []
         store = self.runner.store
         try:
-            released = store.release(fences, self.clock())
+            released = store.release(fences, self.clock(), begun=begun)
             due = store.dispatchable(released)
         except Exception:
             log.exception("celery_outbox: could not hand back %d execution(s) at shutdown; "

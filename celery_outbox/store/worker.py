@@ -267,15 +267,19 @@ class WorkerStore(StoreBase):
         with self.begin() as conn:
             return {row[0] for row in conn.execute(stmt)}
 
-    def release(self, fences: Sequence[Fence], now: datetime) -> list[UUID]:
+    def release(
+        self, fences: Sequence[Fence], now: datetime, *, begun: bool | None = None
+    ) -> list[UUID]:
         """release: running -> pending, dispatched now (graceful shutdown).
 
         The interrupted attempt does not count against the job's retries, and its number is
         never begun again: a row that was never started (``started_at`` unset) gets its
         attempt back (``attempt - 1``: that number was never begun); a row whose attempt began
         keeps its attempt and gets one more allowed (``max_attempts + 1``), so the next claim
-        begins the next number. Guard per row: status running, ``claimed_by`` and ``attempt``
-        as in the fence. Returns the ids released (to dispatch at once).
+        begins the next number. ``begun``: None decides by ``started_at`` as above; False
+        when the caller knows no handler of these claims began (it holds their fences), so
+        every row gets its attempt back. Guard per row: status running, ``claimed_by`` and
+        ``attempt`` as in the fence. Returns the ids released (to dispatch at once).
         """
         if not fences:
             return []
@@ -285,9 +289,11 @@ class WorkerStore(StoreBase):
             .where(or_(*(self._fenced(f) for f in fences)))
             .values(
                 status=Status.PENDING.value,
-                attempt=case((t.c.started_at.is_(None), t.c.attempt - 1), else_=t.c.attempt),
-                max_attempts=case((t.c.started_at.is_(None), t.c.max_attempts),
-                                  else_=t.c.max_attempts + 1),
+                attempt=(t.c.attempt - 1 if begun is False else
+                         case((t.c.started_at.is_(None), t.c.attempt - 1), else_=t.c.attempt)),
+                max_attempts=(t.c.max_attempts if begun is False else
+                              case((t.c.started_at.is_(None), t.c.max_attempts),
+                                   else_=t.c.max_attempts + 1)),
                 claimed_by=None,
                 lease_expires_at=None, started_at=None, updated_at=now, dispatched_at=now,
             )

@@ -23,12 +23,10 @@ the broker are brought back, and the sweep goes on until every execution is term
 ``settle`` seconds passed. The :class:`Outcome` holds the figures and the findings: executions
 not terminal (lost), attempts begun twice (doubled), and other anomalies.
 
-A warm stop whose ``drain`` expires hands the rows of its still-running handlers back with the
-attempt not counted: once the handler stopped, the same attempt number may begin again
-(``reruns``, by design, not a double run). With the default ``drain`` (10 s, longer than any
-handler here) a warm stop never expires, so every second start of an attempt is a double run;
-``--drain-seconds 0.3`` makes warm stops expire on purpose. A second start that began before
-the first run stopped, or after a first run that did not stop for a shutdown, is doubled.
+A warm stop whose ``drain`` expires hands the rows of its still-running handlers back once
+they stopped; an attempt that began keeps its number and the next start begins the next one,
+so any second start of one (execution, attempt) is a double run, whatever the drain
+(``--drain-seconds 0.3`` makes warm stops expire on purpose).
 """
 
 from __future__ import annotations
@@ -50,7 +48,6 @@ from uuid import UUID
 
 from sqlalchemy import func, select, text
 
-from celery_outbox.shutdown import SHUTDOWN
 from celery_outbox.states import TERMINAL
 from tests.chaos import app as chaos_app
 from tests.chaos.app import DOUBLES, METADATA, RUNS, Work
@@ -91,7 +88,6 @@ class Outcome:
     seconds: float = 0.0
     lost: list[dict[str, Any]] = field(default_factory=list)
     doubled: list[dict[str, Any]] = field(default_factory=list)
-    reruns: list[dict[str, Any]] = field(default_factory=list)  # see Chaos.check
     anomalies: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)  # worker log lines of doubled ids
     sweep_errors: int = 0
@@ -117,8 +113,7 @@ class Outcome:
             f"({f['pg_backends']} connections), {f['broker']} broker restarts "
             f"({f['broker_exits']} workers exited on them and were restarted)",
             f"  sweep calls failed {self.sweep_errors}, pushes retried {self.push_errors}",
-            f"  {len(self.lost)} lost / {len(self.doubled)} doubled; {len(self.reruns)} attempts "
-            "begun again after a warm stop handed back their stopped handler",
+            f"  {len(self.lost)} lost / {len(self.doubled)} doubled",
         ]
         lines += [f"  LOST {row}" for row in self.lost[:20]]
         lines += [f"  DOUBLED {row}" for row in self.doubled[:20]]
@@ -415,11 +410,7 @@ class Chaos:
                         "first": f"{before.worker} pid {before.pid} {before.at:.3f}-"
                                  f"{before.ended} ({before.cancel})",
                         "again": f"{again.worker} pid {again.pid} {again.at:.3f}"}
-                if (before.cancel == SHUTDOWN and before.ended is not None
-                        and before.ended <= again.at):
-                    out.reruns.append(pair)  # handed back once stopped: by design
-                else:
-                    out.doubled.append(pair)
+                out.doubled.append(pair)
 
     def evidence(self, execution_id: str) -> list[str]:
         """The worker log lines that name ``execution_id``."""

@@ -45,8 +45,8 @@ def test_chaos_run_loses_nothing_and_runs_no_attempt_twice(
 
 def test_the_verdict_sees_a_lost_execution_and_a_double_run(pg_url: str, tmp_path: Path
                                                              ) -> None:
-    """The checks can fail: an execution never run is lost, a second start is doubled; a
-    start after a first run stopped by a shutdown is a rerun."""
+    """The checks can fail: an execution never run is lost, a second start is doubled, also
+    after a first run that stopped for a shutdown (a hand-back never reuses an attempt)."""
     run = Chaos(Plan(pools=("prefork",)), pg_url, tmp_path)
     run.redis.port = free_port()  # nobody listens: the publish fails, the row stays pending
     run.prepare()
@@ -70,10 +70,8 @@ def test_the_verdict_sees_a_lost_execution_and_a_double_run(pg_url: str, tmp_pat
         run.check()
 
         assert [lost["id"] for lost in run.outcome.lost] == [str(never)]
-        assert [(d["id"], d["attempt"]) for d in run.outcome.doubled] == [
-            (str(twice.execution_id), 1)]
-        assert [(d["id"], d["attempt"]) for d in run.outcome.reruns] == [
-            (str(handed.execution_id), 2)]
+        assert sorted((d["id"], d["attempt"]) for d in run.outcome.doubled) == sorted([
+            (str(twice.execution_id), 1), (str(handed.execution_id), 2)])
         assert not run.outcome.ok
     finally:
         run.close()

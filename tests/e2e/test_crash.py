@@ -29,7 +29,15 @@ from sqlalchemy import func, select, text
 from celery_outbox import Outbox, OutboxJob, signals
 from celery_outbox.states import Status
 from tests import procs
-from tests.e2e.crash_app import RUNS, Step, build, crash_once, crash_step, crash_timed
+from tests.e2e.crash_app import (
+    NO_BACKOFF,
+    RUNS,
+    Step,
+    build,
+    crash_once,
+    crash_step,
+    crash_timed,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -392,7 +400,9 @@ def test_warm_shutdown_drains_then_hands_the_running_execution_back(
             assert time.monotonic() - asked < 10, "drain 1 s, then the handler is stopped"
         back = outbox.store.get(execution_id)
         assert back is not None
-        assert (back["status"], back["attempt"], back["claimed_by"]) == ("pending", 0, None)
+        # The begun attempt keeps its number and one more is allowed: never begun twice.
+        assert (back["status"], back["attempt"], back["max_attempts"], back["claimed_by"]) == (
+            "pending", 1, NO_BACKOFF.max_attempts + 1, None)
         assert queued(redis_url, queue) == 1  # dispatched again at once, for another worker
         text_ = log.read_text(errors="replace")
         assert "handed back 1 execution(s)" in text_

@@ -215,9 +215,11 @@ def test_drain_hands_back_waiting_rows_at_once_and_running_ones_after_the_timeou
     assert handed == [second, first]  # the waiting one at once, then the running one
     assert seen == [(first, SHUTDOWN)]  # the second never started
     assert results[0].claimed == 2 and results[0].succeeded == 0
-    for execution_id in (first, second):
+    # The waiting one gets its attempt back; the begun one keeps its number, one more allowed.
+    for execution_id, attempt, max_attempts in ((first, 1, 2), (second, 0, 1)):
         back = row(outbox, execution_id)
-        assert (back["status"], back["attempt"], back["claimed_by"]) == ("pending", 0, None)
+        assert (back["status"], back["attempt"], back["max_attempts"], back["claimed_by"]) == (
+            "pending", attempt, max_attempts, None)
     assert recording.ids[2:] == [second, first]  # dispatched again at once
 
 
@@ -241,5 +243,5 @@ def test_drain_interrupts_a_handler_blocking_the_main_thread(
     assert (result.claimed, result.succeeded, result.failed) == (1, 0, 0)
     assert drains[0].wait(timedelta(seconds=5))  # hands back once the handler stopped
     back = row(outbox, execution_id)
-    assert (back["status"], back["attempt"]) == ("pending", 0)
+    assert (back["status"], back["attempt"], back["max_attempts"]) == ("pending", 1, 2)
     assert recording.ids == [execution_id, execution_id]
