@@ -39,7 +39,7 @@ from tests.integration.fakes import RecordingDispatcher
 from tests.model.model import JobCfg, MFence, Model, MRow, OutboxCfg, when_predicate
 from tests.model.world import Gate, Plan, World, wait_for
 
-# -- known defects (issue 8), each fixed on another branch ----------------------------------
+# -- known defects (issue 8): generated since their fixes landed; False keeps a case out ----
 H1_STORE_MERGED = True
 """Flip once branch h1-store is merged. Until then the model does not generate: defect 1,
 backoff overflow (a RetryPolicy whose ``backoff * 2**(n-1)`` overflows timedelta before the

@@ -1,10 +1,9 @@
-"""What the model test found that is not fixed on this branch, each as a plain test.
+"""What the model test found beyond issue 8's list, each as a plain regression test.
 
-Each is marked ``xfail(strict=True, raises=...)``: it fails today, with that error, as
-reported. Once a fix is merged it passes (an XPASS, which strict makes a failure) or fails
-otherwise (e.g. the option refused at declaration): either way the test fails, and must be
-updated, the marker removed (and the model's flag for it, in :mod:`tests.model.machine`,
-flipped).
+- A warm shutdown handed back a row whose handler had begun with its attempt decremented, so
+  the next worker began the same (execution, attempt) again.
+- A ``backoff_max`` of ``timedelta.max`` ("no cap") made ``now + delay`` pass year 9999 and
+  left the row running.
 """
 
 from __future__ import annotations
