@@ -1,0 +1,409 @@
+"""The executor on a SQLAlchemy Engine (sync): the store's own transactions, and a caller's
+Session, ``scoped_session`` or Connection joined, with callbacks after its outermost commit.
+
+Two shortcuts serve a bulk insert query with the same rows: ``COPY ... FROM STDIN`` for a
+large batch on psycopg, and one INSERT straight on the pooled psycopg connection for a single
+row committing alone. Values go through each column type's SQLAlchemy bind processor, so the
+rows are the ones an INSERT through SQLAlchemy writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Dialect, Engine, Table, event
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session, SessionTransaction, scoped_session
+
+from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.executors.base import Observer
+from celery_outbox.queries import Query, Shape
+
+log = logging.getLogger("celery_outbox.executors")
+
+R = TypeVar("R")
+SUPPORTED_DIALECTS = ("postgresql", "sqlite")
+COPY_MIN_ROWS = 100
+"""From this many rows on, a bulk insert on psycopg goes by COPY instead of an INSERT per row."""
+
+Callback = Callable[[], None]
+
+
+class SqlAlchemyExecutor:
+    """Runs queries on ``engine`` (PostgreSQL or SQLite); joins callers' Sessions and
+    Connections.
+
+    ``observers`` are called after each query with the query and its duration in seconds
+    (benchmarks and tracing); none by default. Raises :class:`ConfigurationError` for another
+    dialect.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        if engine.dialect.name not in SUPPORTED_DIALECTS:
+            raise ConfigurationError(
+                f"database dialect {engine.dialect.name!r} is not supported; "
+                f"use one of {', '.join(SUPPORTED_DIALECTS)}"
+            )
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.observers: list[Observer] = []
+        # Shares the engine's pool; a checked-out connection is switched to autocommit and
+        # back on its return.
+        self._autocommit = (
+            engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self.dialect == "postgresql" else engine
+        )
+        self._compiled: dict[tuple[Table, tuple[str, ...]], tuple[str, list[Any]]] = {}
+
+    def where(self) -> str:
+        url = self.engine.url
+        port = f":{url.port}" if url.port else ""
+        return f"{url.drivername}://{url.host or ''}{port}/{url.database or ''}"
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def run(self, query: Query[R]) -> R:
+        """Run ``query`` alone: autocommit on PostgreSQL (no BEGIN/COMMIT round trips), its
+        own transaction on SQLite. A one-row bulk insert on psycopg goes straight on the
+        driver unless something listens to the engine's statements (tracing, echo)."""
+        if query.bulk and isinstance(query.params, list) and len(query.params) == 1 \
+                and self._direct_ok():
+            started = time.perf_counter()
+            self._insert_direct(query.statement.table, query.params[0])
+            self._observed(query, started)
+            return query.mapper(None)
+        try:
+            with self._autocommit.begin() as conn:
+                return self._run(conn, query)
+        except DBAPIError as exc:
+            raise self._error(exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[_Own]:
+        own = _Own(self)
+        try:
+            with self.engine.begin() as conn:
+                own.conn = conn
+                yield own
+        except DBAPIError as exc:
+            raise self._error(exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        _call(own.callbacks)
+
+    def join(self, caller: Any) -> _Joined:
+        """``caller``: a :class:`~sqlalchemy.orm.Session`, a
+        :class:`~sqlalchemy.orm.scoped_session` (its current Session; Flask-SQLAlchemy's
+        ``db.session``) or a :class:`~sqlalchemy.engine.Connection`, inside the transaction
+        to write in. Anything else raises :class:`ConfigurationError`."""
+        if isinstance(caller, scoped_session):
+            caller = caller()
+        if isinstance(caller, Session):
+            try:
+                conn = caller.connection()
+            except DBAPIError as exc:
+                raise self._error(exc) from exc
+            return _Joined(self, conn, caller)
+        if isinstance(caller, Connection):
+            return _Joined(self, caller, None)
+        raise ConfigurationError(
+            f"expected a SQLAlchemy Session, scoped_session or Connection, got "
+            f"{type(caller).__name__}"
+        )
+
+    # -- running ---------------------------------------------------------------------------
+
+    def _run(self, conn: Connection, query: Query[R]) -> R:
+        started = time.perf_counter() if self.observers else 0.0
+        if query.bulk and isinstance(query.params, list) \
+                and len(query.params) >= COPY_MIN_ROWS and conn.dialect.driver == "psycopg":
+            self._copy(conn, query.statement.table, query.params)
+            result: Any = None
+        else:
+            result = conn.execute(query.statement, query.params)
+        if query.shape is Shape.ROWS:
+            raw: Any = [row._mapping for row in result]
+        elif query.shape is Shape.ROWCOUNT:
+            raw = result.rowcount
+        else:
+            raw = None
+        if self.observers:
+            self._observed(query, started)
+        return query.mapper(raw)
+
+    def _observed(self, query: Query[Any], started: float) -> None:
+        elapsed = time.perf_counter() - started
+        for observe in self.observers:
+            observe(query, elapsed)
+
+    def _error(self, exc: DBAPIError) -> StorageError:
+        return StorageError(f"database error on {self.where()}: {exc.orig}")
+
+    def _direct_ok(self) -> bool:
+        engine = self.engine
+        return (
+            engine.dialect.driver == "psycopg"
+            and not engine.dispatch.before_execute and not engine.dispatch.after_execute
+            and not engine.dispatch.before_cursor_execute
+            and not engine.dispatch.after_cursor_execute
+            and not engine.logger.isEnabledFor(logging.INFO)
+        )
+
+    def _prepared(self, table: Table, columns: Sequence[str]) -> tuple[str, list[Any]]:
+        """The INSERT of ``columns`` into ``table`` compiled once, and each column's bind
+        processor (None: value as is)."""
+        key = (table, tuple(columns))
+        found = self._compiled.get(key)
+        if found is None:
+            dialect = self.engine.dialect
+            compiled = table.insert().compile(dialect=dialect, column_keys=list(columns))
+            found = self._compiled[key] = (str(compiled), _processors(table, dialect, columns))
+        return found
+
+    def _insert_direct(self, table: Table, values: dict[str, Any]) -> None:
+        """One row by one INSERT on the pooled psycopg connection itself, in autocommit.
+
+        One round trip and none of SQLAlchemy's per-statement work, which costs about as much
+        as that round trip (bench/README.md). A driver error discards the connection (it is
+        not pooled again) and becomes :class:`StorageError`.
+        """
+        sql, processors = self._prepared(table, list(values))
+        params = {name: value if process is None else process(value)
+                  for (name, value), process in zip(values.items(), processors, strict=True)}
+        driver_error = self.engine.dialect.loaded_dbapi.Error
+        try:
+            raw = self.engine.raw_connection()  # the pool raises the driver's own errors
+        except (DBAPIError, driver_error) as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        try:
+            driver = raw.driver_connection
+            assert driver is not None
+            driver.autocommit = True
+            try:
+                driver.execute(sql, params)
+            finally:
+                driver.autocommit = False
+        except driver_error as exc:
+            raw.invalidate()
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        finally:
+            raw.close()
+
+    def _copy(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert ``rows`` (same columns) with one ``COPY ... FROM STDIN`` on ``conn``
+        (psycopg 3), in its transaction. Driver errors become :class:`StorageError`."""
+        prep = conn.dialect.identifier_preparer
+        columns = list(rows[0])
+        processors = _processors(table, conn.dialect, columns)
+        sql = (f"COPY {prep.format_table(table)} "
+               f"({', '.join(prep.quote(name) for name in columns)}) FROM STDIN")
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        try:
+            with driver.cursor() as cursor, cursor.copy(sql) as copy:
+                for row in rows:
+                    copy.write_row([
+                        value if process is None else process(value)
+                        for value, process in zip(row.values(), processors, strict=True)
+                    ])
+        except conn.dialect.loaded_dbapi.Error as exc:
+            raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
+
+
+def _processors(table: Table, dialect: Dialect, columns: Sequence[str]) -> list[Any]:
+    """Each column's SQLAlchemy bind processor for ``dialect`` (None: value as is)."""
+    return [table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+            for name in columns]
+
+
+class _Own:
+    """A transaction of the executor's own; callbacks run after its commit."""
+
+    def __init__(self, executor: SqlAlchemyExecutor) -> None:
+        self.executor = executor
+        self.conn: Connection | None = None
+        self.callbacks: list[Callback] = []
+
+    def run(self, query: Query[R]) -> R:
+        assert self.conn is not None
+        return self.executor._run(self.conn, query)  # errors: transaction() maps them
+
+    def after_commit(self, callback: Callback) -> None:
+        self.callbacks.append(callback)
+
+
+class _Joined:
+    """A caller's transaction, on the Connection its Session (or itself) writes with."""
+
+    def __init__(self, executor: SqlAlchemyExecutor, conn: Connection,
+                 session: Session | None) -> None:
+        self.executor = executor
+        self.conn = conn
+        self.session = session
+
+    def run(self, query: Query[R]) -> R:
+        try:
+            return self.executor._run(self.conn, query)
+        except DBAPIError as exc:
+            raise self.executor._error(exc) from exc
+
+    def after_commit(self, callback: Callback) -> None:
+        if self.session is not None:
+            _SessionHook.get(self.session).add(self.session, callback)
+        else:
+            _ConnectionHook.get(self.conn).add(callback)
+
+
+def _call(callbacks: list[Callback]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # after commit the rows are safe; never fail the caller here
+            log.exception("celery_outbox: a callback after commit failed (a dispatch: the "
+                          "sweep sends it again)")
+
+
+_SESSION_KEY = "celery_outbox.after_commit"
+
+
+class _SessionHook:
+    """Per-Session queue of after-commit callbacks, tagged with the (nested) transaction that
+    added them and the Connection that wrote the rows.
+
+    A Session bound to a Connection that was already in a transaction (the
+    ``join_transaction_mode`` recipes) commits no more than a savepoint, or nothing, on
+    ``commit()``: the rows are durable only when that outer transaction commits. Its
+    callbacks then move to the Connection's queue (:class:`_ConnectionHook`), which runs
+    them on the outer commit and drops them on its rollback.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.entries: list[tuple[SessionTransaction, Connection, Callback]] = []
+        event.listen(session, "after_commit", self.on_commit)
+        event.listen(session, "after_soft_rollback", self.on_soft_rollback)
+        event.listen(session, "after_transaction_end", self.on_transaction_end)
+
+    @classmethod
+    def get(cls, session: Session) -> _SessionHook:
+        hook = session.info.get(_SESSION_KEY)
+        if hook is None:
+            hook = session.info[_SESSION_KEY] = cls(session)
+        return hook
+
+    def add(self, session: Session, callback: Callback) -> None:
+        tx = session.get_nested_transaction() or session.get_transaction()
+        if tx is None:
+            raise RuntimeError("push(session=...) needs the session inside a transaction")
+        self.entries.append((tx, session.connection(), callback))
+
+    def on_commit(self, session: Session) -> None:
+        if session.in_nested_transaction():
+            # SQLAlchemy fires after_commit for a released savepoint too: nothing is durable
+            # yet. Its entries stay, tagged with the savepoint, whose parents a later
+            # rollback still reaches.
+            return
+        entries, self.entries = self.entries, []
+        durable: list[Callback] = []
+        for _, conn, callback in entries:
+            if conn.in_transaction():
+                # The Session joined a transaction it does not own: wait for that one.
+                _ConnectionHook.get(conn).add(callback)
+            else:
+                durable.append(callback)
+        _call(durable)
+
+    def on_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
+        def inside(tx: SessionTransaction | None) -> bool:
+            while tx is not None:
+                if tx is previous:
+                    return True
+                tx = tx.parent
+            return False
+
+        self.entries = [(tx, c, d) for tx, c, d in self.entries if not inside(tx)]
+
+    def on_transaction_end(self, session: Session, transaction: SessionTransaction) -> None:
+        if transaction.parent is None:
+            # The root transaction ended. After a commit, on_commit has run its entries
+            # already; any left were never committed: close() and reset() roll back without
+            # an after_soft_rollback event, and must not leave them for the next commit.
+            self.entries = []
+
+
+class _ConnectionHook:
+    """Per-Connection queue of after-commit callbacks, one frame per savepoint opened since
+    the first one was added.
+
+    SQLAlchemy's Connection has no after-commit event, only ``commit`` fired just before the
+    DBAPI commit. The hook commits the DBAPI connection itself there, then runs the
+    callbacks; the commit SQLAlchemy issues next is a no-op on an idle DBAPI connection. If
+    that commit fails, the error propagates from the caller's ``commit()`` and no callback
+    runs.
+    """
+
+    _hooks: weakref.WeakKeyDictionary[Connection, _ConnectionHook] = weakref.WeakKeyDictionary()
+
+    def __init__(self, conn: Connection) -> None:
+        self.frames: list[tuple[str | None, list[Callback]]] = [(None, [])]
+        event.listen(conn, "commit", self.on_commit)
+        event.listen(conn, "rollback", self.on_rollback)
+        event.listen(conn, "savepoint", self.on_savepoint)
+        event.listen(conn, "rollback_savepoint", self.on_rollback_savepoint)
+        event.listen(conn, "release_savepoint", self.on_release_savepoint)
+
+    @classmethod
+    def get(cls, conn: Connection) -> _ConnectionHook:
+        hook = cls._hooks.get(conn)
+        if hook is None:
+            hook = cls._hooks[conn] = cls(conn)
+        return hook
+
+    def add(self, callback: Callback) -> None:
+        self.frames[-1][1].append(callback)
+
+    def on_commit(self, conn: Connection) -> None:
+        frames, self.frames = self.frames, [(None, [])]
+        callbacks = [c for _, cs in frames for c in cs]
+        if not callbacks:
+            return
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None:
+            dbapi.commit()
+        _call(callbacks)
+
+    def on_rollback(self, conn: Connection) -> None:
+        self.frames = [(None, [])]
+
+    def on_savepoint(self, conn: Connection, name: str | None) -> None:
+        # SQLAlchemy passes None here for the names it generates (the usual case): such a
+        # frame is matched by position, as the innermost open savepoint.
+        self.frames.append((name, []))
+
+    def on_rollback_savepoint(self, conn: Connection, name: str, context: object) -> None:
+        if len(self.frames) == 1:
+            # A savepoint opened before this hook existed: all queued so far is inside it.
+            self.frames = [(None, [])]
+            return
+        self._pop(name)
+
+    def on_release_savepoint(self, conn: Connection, name: str, context: object) -> None:
+        if len(self.frames) > 1:
+            released = self._pop(name)
+            self.frames[-1][1].extend(released)
+
+    def _pop(self, name: str) -> list[Callback]:
+        """Pop the frame of savepoint ``name`` and those opened after it; their callbacks."""
+        popped: list[Callback] = []
+        while len(self.frames) > 1:
+            frame_name, callbacks = self.frames.pop()
+            popped[:0] = callbacks
+            if frame_name is None or frame_name == name:
+                break
+        return popped

@@ -1,0 +1,88 @@
+"""Outcomes as values: what an attempt ended in, and the fence its write must still match.
+
+The runner decides an outcome in Python (no transaction open, user code done), then the store
+writes it in one statement: :meth:`ExecutionStore.finish <celery_outbox.store.ExecutionStore.finish>`
+takes one of :data:`Outcome` and a :class:`Fence` and answers a :class:`Finished`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+Logs = list[dict[str, Any]] | None
+"""Captured log records of the attempt (JSON-ready dicts), or None to leave the column."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a write on a running row must still match: the holder and its attempt.
+
+    ``claimed_by`` is the claim's own token (the runner's ``claim_token()``: the worker id and
+    a nonce per claim), so two claims of one row never share a fence, even at one attempt
+    after a hand-back.
+    """
+
+    id: UUID
+    claimed_by: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    """running -> succeeded (``keep``), or the row is deleted (the job keeps no succeeded
+    rows)."""
+
+    keep: bool
+    logs: Logs = None
+
+
+@dataclass(frozen=True)
+class Retrying:
+    """running -> scheduled at ``run_at`` (aware datetime), ``error`` becomes ``last_error``.
+
+    ``dispatched``: a message with an ``eta`` goes out now, so the sweep does not stage the row
+    again; False clears ``dispatched_at`` and the sweep stages it when due.
+    """
+
+    run_at: datetime
+    error: str
+    logs: Logs = None
+    dispatched: bool = False
+
+
+@dataclass(frozen=True)
+class Failed:
+    """running -> failed (``keep``), or the row is deleted (``record="none"``)."""
+
+    error: str
+    logs: Logs = None
+    keep: bool = True
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """running -> cancelled by the attempt itself (its handler called ``ctx.cancel``);
+    ``cancelled_by`` / ``cancelled_by_name`` = ``by`` / ``by_name``, each cut to 200
+    characters."""
+
+    by: str | None
+    by_name: str | None
+    logs: Logs = None
+
+
+Outcome = Succeeded | Retrying | Failed | Cancelled
+"""What one attempt ended in, as the runner decided it."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The answer of ``finish``: ``hit`` is False when the row was no longer this attempt's
+    (cancelled, rescued or handed back meanwhile), so nothing was written. ``started``: the
+    next execution of the same claim was marked started in the same round trip (True), was no
+    longer the claim's to begin (False), or none was asked (None)."""
+
+    hit: bool
+    started: bool | None = None

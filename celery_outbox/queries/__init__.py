@@ -1,0 +1,41 @@
+"""Named queries: pure functions from (tables, dialect, arguments) to a :class:`Query`.
+
+No engine, no I/O: a query is a statement, its parameters, the shape of its result and a
+mapper; an executor (:mod:`celery_outbox.executors`) runs it. Every builder is registered in
+:data:`QUERIES` under its name with a one-line purpose; statements that do not depend on the
+arguments' shape are built once per table. One module per area of the store.
+"""
+
+from __future__ import annotations
+
+from celery_outbox.queries.base import (
+    QUERIES,
+    Named,
+    Plan,
+    Query,
+    Row,
+    Shape,
+    drive,
+    execute,
+    first,
+    named,
+    rowcount,
+    rows,
+    single,
+)
+
+__all__ = [
+    "QUERIES",
+    "Named",
+    "Plan",
+    "Query",
+    "Row",
+    "Shape",
+    "drive",
+    "execute",
+    "first",
+    "named",
+    "rowcount",
+    "rows",
+    "single",
+]

@@ -1,0 +1,51 @@
+"""Clauses and statement pieces every area's queries share."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Table, and_, bindparam
+from sqlalchemy.dialects import postgresql, sqlite
+
+from celery_outbox.outcomes import Fence
+from celery_outbox.states import ACTIVE, Status
+
+
+def upsert(table: Table, dialect: str) -> Any:
+    """An INSERT with ON CONFLICT for ``dialect`` (``"postgresql"`` or ``"sqlite"``)."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
+def active(t: Table) -> Any:
+    """``status`` is one of the active statuses (the row may still run)."""
+    return t.c.status.in_(sorted(s.value for s in ACTIVE))
+
+
+def fenced(t: Table, fence: Fence) -> Any:
+    """The row of ``fence``, still running and held by that claim and attempt (literal
+    values; :func:`fenced_bound` for statements built once)."""
+    return and_(
+        t.c.id == fence.id,
+        t.c.status == Status.RUNNING.value,
+        t.c.claimed_by == fence.claimed_by,
+        t.c.attempt == fence.attempt,
+    )
+
+
+@cache
+def fenced_bound(t: Table, prefix: str = "fence") -> Any:
+    """:func:`fenced` with bound parameters ``<prefix>_id``, ``<prefix>_by`` and
+    ``<prefix>_attempt`` (:func:`fence_params`), so a statement using it is built once."""
+    return and_(
+        t.c.id == bindparam(f"{prefix}_id", type_=t.c.id.type),
+        t.c.status == Status.RUNNING.value,
+        t.c.claimed_by == bindparam(f"{prefix}_by", type_=t.c.claimed_by.type),
+        t.c.attempt == bindparam(f"{prefix}_attempt", type_=t.c.attempt.type),
+    )
+
+
+def fence_params(fence: Fence, prefix: str = "fence") -> dict[str, Any]:
+    """The bound parameters of :func:`fenced_bound` for ``fence``."""
+    return {f"{prefix}_id": fence.id, f"{prefix}_by": fence.claimed_by,
+            f"{prefix}_attempt": fence.attempt}
