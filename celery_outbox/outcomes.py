@@ -1,7 +1,7 @@
 """Outcomes as values: what an attempt ended in, and the fence its write must still match.
 
 The runner decides an outcome in Python (no transaction open, user code done), then the store
-writes it in one statement: :meth:`ExecutionStore.finish <celery_outbox.store.ExecutionStore.finish>`
+writes it in one statement: ``ExecutionStore.finish``
 takes one of :data:`Outcome` and a :class:`Fence` and answers a :class:`Finished`.
 """
 

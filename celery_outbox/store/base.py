@@ -13,7 +13,7 @@ from uuid import UUID
 
 from sqlalchemy import Engine
 
-from celery_outbox.executors import Executor, SqlAlchemyExecutor, Transaction
+from celery_outbox.executors import SqlAlchemyExecutor, Transaction
 from celery_outbox.executors.sqlalchemy import SUPPORTED_DIALECTS
 from celery_outbox.models import Tables
 from celery_outbox.outcomes import Fence
@@ -48,10 +48,6 @@ class StoreBase:
         transitions that write in it (:meth:`insert`, :meth:`advance_tick`)."""
         return self.executor.join(caller)
 
-    @property
-    def own(self) -> Executor:
-        """The executor of the store's own transactions."""
-        return self.executor
 
     @staticmethod
     def _hit(rowcount: int, transition: str, execution_id: UUID) -> bool:
