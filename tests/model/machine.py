@@ -562,7 +562,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.hit("trim")
         assert self.outbox is not None
         before = self.table()
-        self.outbox.pruner.run_once(self.clock_now)
+        self.outbox.trimmer.run_once(self.clock_now)
         after = self.table()
         trimmed = {Status.SUCCEEDED, Status.FAILED} | (
             {Status.CANCELLED} if H1_STORE_MERGED else set())
