@@ -6,14 +6,9 @@ leaves out: the dashboard reads, the trim's watermarks (the twin always counts a
 is what the real trim does after a full count), row locks and isolation (one lock serialises
 every call; a transaction's writes are visible at once and undone on rollback).
 
-Test hooks: :meth:`MemoryStore.put` seeds a row in any state, :meth:`MemoryStore.fail_next`
-makes the next writes raise (before or after they applied), ``calls`` lists every call.
-
-Example::
-
-    store = MemoryStore()
-    row_id = store.put(job_name="shop.receipt")
-    [claimed] = store.claim([row_id], "shop.receipt", "w1", T0, T0 + LEASE)
+Test hooks: :meth:`MemoryStore.put` seeds a row in any state (``store.put(status="running",
+claimed_by="w1/a", attempt=1)``), :meth:`MemoryStore.fail_next` makes the next writes raise
+(before or after they applied), ``calls`` lists the name of every call.
 """
 
 from __future__ import annotations
@@ -23,9 +18,9 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from sqlalchemy import MetaData
@@ -33,19 +28,12 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from celery_outbox.errors import StorageError
 from celery_outbox.models import build_tables
-from celery_outbox.outcomes import (
-    Cancelled,
-    Failed,
-    Fence,
-    Finished,
-    Outcome,
-    Retrying,
-    Succeeded,
-)
+from celery_outbox.outcomes import Cancelled, Failed, Fence, Finished, Outcome, Retrying, Succeeded
 from celery_outbox.states import ACTIVE, Status
 from celery_outbox.store import Claimed, Due, Expired, NewExecution, RescueVerdict
 
 log = logging.getLogger("tests.twin")
+T = TypeVar("T")
 
 COLUMNS = tuple(c.name for c in build_tables(MetaData()).executions.c)
 """The columns of the executions table, in its order: every row of the twin has them all."""
@@ -116,8 +104,6 @@ class MemoryStore:
         self._joined: dict[int, tuple[object, MemoryTransaction]] = {}
         self._lock = threading.RLock()
 
-    # -- test hooks ---------------------------------------------------------------------------
-
     def put(self, **values: Any) -> UUID:
         """Seed one row (any status, any column) directly; its id. Defaults: a pending row of
         ``shop.receipt``, priority 2, attempt 0 of 1, created at ``values["created_at"]``."""
@@ -158,15 +144,12 @@ class MemoryStore:
             if fault is not None:
                 raise fault.exc
 
-    def _set(self, row_id: UUID, row: dict[str, Any] | None,
-             tx: MemoryTransaction | None = None) -> None:
-        if tx is not None:
-            before = self.rows.get(row_id)
-            tx._undo.append((row_id, None if before is None else dict(before), self.rows))
-        if row is None:
-            self.rows.pop(row_id, None)
+    def _write(self, row: dict[str, Any], values: dict[str, Any] | None) -> None:
+        """``row.update(values)``; None deletes the row."""
+        if values is None:
+            del self.rows[row["id"]]
         else:
-            self.rows[row_id] = row
+            row.update(values)
 
     def _held(self, fence: Fence) -> dict[str, Any] | None:
         row = self.rows.get(fence.id)
@@ -174,8 +157,6 @@ class MemoryStore:
                 or row["attempt"] != fence.attempt):
             return None
         return row
-
-    # -- transactions -------------------------------------------------------------------------
 
     @contextmanager
     def transaction(self) -> Iterator[MemoryTransaction]:
@@ -191,7 +172,7 @@ class MemoryStore:
 
     def join(self, caller: Any) -> MemoryTransaction:
         """``caller`` itself when it is a twin transaction; else the transaction the twin
-        keeps open for ``caller`` until :meth:`commit` / :meth:`rollback` of it."""
+        keeps open for ``caller`` until :meth:`end`."""
         if isinstance(caller, MemoryTransaction):
             return caller
         with self._lock:
@@ -200,23 +181,15 @@ class MemoryStore:
                 joined = self._joined[id(caller)] = (caller, MemoryTransaction(self))
             return joined[1]
 
-    def commit(self, caller: Any) -> None:
-        """End ``caller``'s joined transaction: commit (its after_commit callbacks run)."""
+    def end(self, caller: Any, *, commit: bool = True) -> None:
+        """End ``caller``'s joined transaction: commit (its after_commit callbacks run) or
+        roll back (its writes and callbacks go)."""
         with self._lock:
             _, tx = self._joined.pop(id(caller))
-        tx.commit()
+        tx.commit() if commit else tx.rollback()
 
-    def rollback(self, caller: Any) -> None:
-        """End ``caller``'s joined transaction: roll back (its writes and callbacks go)."""
-        with self._lock:
-            _, tx = self._joined.pop(id(caller))
-        tx.rollback()
-
-    # -- push ---------------------------------------------------------------------------------
-
-    def insert(
-        self, tx: MemoryTransaction, rows: Sequence[NewExecution]
-    ) -> list[tuple[UUID, bool]]:
+    def insert(self, tx: MemoryTransaction,
+               rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
         """push: none -> pending / scheduled in ``tx``; a keyed row whose key an active row of
         its job holds is not inserted (that row's id, False); a ``retry_of`` row only once."""
         with self._op("insert"):
@@ -229,24 +202,20 @@ class MemoryStore:
 
     def _insert_one(self, tx: MemoryTransaction, new: NewExecution) -> tuple[UUID, bool]:
         if new.retry_of is not None:
-            done = next((r["id"] for r in self.rows.values() if r["retry_of"] == new.retry_of),
-                        None)
-            if done is not None:
-                return done, False
+            done = [i for i, r in self.rows.items() if r["retry_of"] == new.retry_of]
+            if done:
+                return done[0], False
         if new.unique_key is not None:
-            holder = next((r["id"] for r in self.rows.values() if r["status"] in _ACTIVE
-                           and (r["job_name"], r["unique_key"]) == (new.job_name,
-                                                                     new.unique_key)), None)
-            if holder is not None:
-                return holder, False
+            key = (new.job_name, new.unique_key)
+            holder = [i for i, r in self.rows.items()
+                      if r["status"] in _ACTIVE and (r["job_name"], r["unique_key"]) == key]
+            if holder:
+                return holder[0], False
         if new.id in self.rows:
             raise StorageError(f"duplicate key: execution {new.id} exists")
-        row = dict.fromkeys(COLUMNS)
-        row.update(new.values())
-        self._set(new.id, row, tx)
+        self.rows[new.id] = {**dict.fromkeys(COLUMNS), **new.values()}
+        tx._undo.append((new.id, None, self.rows))
         return new.id, True
-
-    # -- worker -------------------------------------------------------------------------------
 
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime,
               lease_until: datetime) -> list[Claimed]:
@@ -263,9 +232,7 @@ class MemoryStore:
                 row.update(status=_RUNNING, attempt=row["attempt"] + 1, claimed_by=worker,
                            started_at=now if i == ids[0] else None, updated_at=now,
                            lease_expires_at=lease_until)
-                got[i] = Claimed(**{f: row[f] for f in (
-                    "id", "job_name", "attempt", "max_attempts", "payload", "priority",
-                    "unique_key", "organization_id", "lease_expires_at")})
+                got[i] = _pick(Claimed, row)
             return [got[i] for i in ids if i in got]
 
     def start(self, fence: Fence, now: datetime) -> bool:
@@ -285,36 +252,9 @@ class MemoryStore:
         marked started in the same call (``Finished.started``)."""
         with self._op("finish"):
             row = self._held(fence)
-            if row is None:
-                pass
-            elif isinstance(outcome, Succeeded):
-                if outcome.keep:
-                    row.update(status=Status.SUCCEEDED.value, finished_at=now, updated_at=now,
-                               lease_expires_at=None, logs=outcome.logs)
-                else:
-                    self._set(fence.id, None)
-            elif isinstance(outcome, Retrying):
-                row.update(status=_SCHEDULED, scheduled_at=outcome.run_at, updated_at=now,
-                           claimed_by=None, lease_expires_at=None, last_error=outcome.error,
-                           logs=outcome.logs,
-                           dispatched_at=now if outcome.dispatched else None)
-            elif isinstance(outcome, Failed):
-                if outcome.keep:
-                    row.update(status=Status.FAILED.value, finished_at=now, updated_at=now,
-                               lease_expires_at=None, last_error=outcome.error,
-                               logs=outcome.logs)
-                else:
-                    self._set(fence.id, None)
-            elif isinstance(outcome, Cancelled):
-                row.update(status=Status.CANCELLED.value, finished_at=now, updated_at=now,
-                           lease_expires_at=None, logs=outcome.logs,
-                           cancelled_by=None if outcome.by is None else outcome.by[:200],
-                           cancelled_by_name=(None if outcome.by_name is None
-                                              else outcome.by_name[:200]))
-            else:
-                raise TypeError(f"not an outcome: {outcome!r}")
-            started = None if start is None else self._start(start, now)
-            return Finished(row is not None, started)
+            if row is not None:
+                self._write(row, _outcome_values(outcome, now))
+            return Finished(row is not None, None if start is None else self._start(start, now))
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
                   lease_until: datetime) -> set[UUID]:
@@ -348,36 +288,33 @@ class MemoryStore:
                 out.append(fence.id)
             return out
 
-    # -- sweep --------------------------------------------------------------------------------
-
     def stage(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
               limit: int) -> list[Due]:
         """stage: due scheduled rows with no eta message on its way -> pending, dispatched
         now; highest priority first, then earliest scheduled_at; at most ``limit``."""
-        with self._op("stage"):
-            picked = sorted(
-                (r for r in self.rows.values() if r["status"] == _SCHEDULED
-                 and r["scheduled_at"] <= now and r["job_name"] in job_names
-                 and (r["dispatched_at"] is None or r["scheduled_at"] < stale_before)),
-                key=lambda r: (r["priority"], r["scheduled_at"]))[:limit]
-            for r in picked:
-                r.update(status=_PENDING, dispatched_at=now, updated_at=now)
-            return [Due(r["id"], r["job_name"], r["priority"]) for r in picked]
+        return self._move("stage", lambda r: (
+            r["status"] == _SCHEDULED and r["scheduled_at"] <= now and r["job_name"] in job_names
+            and (r["dispatched_at"] is None or r["scheduled_at"] < stale_before)),
+            lambda r: (r["priority"], r["scheduled_at"]), limit,
+            status=_PENDING, dispatched_at=now, updated_at=now)
 
     def redispatch(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
                    limit: int) -> list[Due]:
         """redispatch: pending rows never dispatched or last dispatched before
         ``stale_before`` -> dispatched now; highest priority first, then the longest waiting
         (never dispatched last, as PostgreSQL sorts NULL); at most ``limit``."""
-        with self._op("redispatch"):
-            picked = sorted(
-                (r for r in self.rows.values() if r["status"] == _PENDING
-                 and r["job_name"] in job_names
-                 and (r["dispatched_at"] is None or r["dispatched_at"] < stale_before)),
-                key=lambda r: (r["priority"], r["dispatched_at"] is None,
-                               r["dispatched_at"] or now))[:limit]
+        return self._move("redispatch", lambda r: (
+            r["status"] == _PENDING and r["job_name"] in job_names
+            and (r["dispatched_at"] is None or r["dispatched_at"] < stale_before)),
+            lambda r: (r["priority"], r["dispatched_at"] is None, r["dispatched_at"] or now),
+            limit, dispatched_at=now, updated_at=now)
+
+    def _move(self, name: str, where: Callable[[dict[str, Any]], bool],
+              order: Callable[[dict[str, Any]], Any], limit: int, **values: Any) -> list[Due]:
+        with self._op(name):
+            picked = sorted(filter(where, self.rows.values()), key=order)[:limit]
             for r in picked:
-                r.update(dispatched_at=now, updated_at=now)
+                r.update(values)
             return [Due(r["id"], r["job_name"], r["priority"]) for r in picked]
 
     def rescue(self, now: datetime, *, job_names: Sequence[str], limit: int,
@@ -388,9 +325,7 @@ class MemoryStore:
         if not job_names:
             return []
         with self._op("rescue"):
-            expired = [Expired(**{f: r[f] for f in (
-                "id", "job_name", "claimed_by", "attempt", "max_attempts", "priority",
-                "started_at")}) for r in sorted(
+            expired = [_pick(Expired, r) for r in sorted(
                 (r for r in self.rows.values() if r["status"] == _RUNNING
                  and r["lease_expires_at"] < now and r["job_name"] in job_names),
                 key=lambda r: (r["lease_expires_at"], r["id"]))[:limit]]
@@ -411,22 +346,19 @@ class MemoryStore:
 
     def _rescue_one(self, row: Expired, verdict: RescueVerdict, now: datetime) -> bool:
         r = self._held(Fence(row.id, row.claimed_by, row.attempt))
-        if r is None or not r["lease_expires_at"] < now:
+        if r is None or not r["lease_expires_at"] < now or (
+                verdict.release and r["started_at"] is not None):
             return False
         if verdict.release:
-            if r["started_at"] is not None:
-                return False
-            r.update(status=_PENDING, attempt=r["attempt"] - 1, claimed_by=None,
-                     started_at=None, lease_expires_at=None, updated_at=now, dispatched_at=now)
+            values: dict[str, Any] | None = dict(
+                status=_PENDING, attempt=r["attempt"] - 1, claimed_by=None, started_at=None,
+                lease_expires_at=None, updated_at=now, dispatched_at=now)
         elif verdict.run_at is not None:
-            r.update(status=_SCHEDULED, scheduled_at=verdict.run_at, claimed_by=None,
-                     lease_expires_at=None, last_error=verdict.error, updated_at=now,
-                     dispatched_at=now if verdict.dispatched else None)
-        elif verdict.keep:
-            r.update(status=Status.FAILED.value, finished_at=now, updated_at=now,
-                     lease_expires_at=None, last_error=verdict.error)
+            values = _outcome_values(Retrying(verdict.run_at, verdict.error,
+                                              dispatched=verdict.dispatched), now, logs=False)
         else:
-            self._set(row.id, None)
+            values = _outcome_values(Failed(verdict.error, keep=verdict.keep), now, logs=False)
+        self._write(r, values)
         return True
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
@@ -434,8 +366,6 @@ class MemoryStore:
         with self._lock:
             return [Due(r["id"], r["job_name"], r["priority"]) for r in
                     (self.rows.get(i) for i in ids) if r is not None and r["status"] == _PENDING]
-
-    # -- trim, cron, admin --------------------------------------------------------------------
 
     def trim(self, job_name: str, *, keep_succeeded: int, keep_failed: int, now: datetime,
              keep_cancelled: int | None = None) -> int:
@@ -453,7 +383,7 @@ class MemoryStore:
                     key=lambda r: (r["finished_at"], r["id"]), reverse=True)
                 doomed += [r["id"] for r in finished[keep:]]
             for i in doomed:
-                self._set(i, None)
+                del self.rows[i]
             return len(doomed)
 
     def advance_tick(self, tx: MemoryTransaction, job_name: str, tick: datetime,
@@ -469,8 +399,7 @@ class MemoryStore:
             return True
 
     def last_tick(self, job_name: str) -> datetime | None:
-        with self._lock:
-            return self.ticks.get(job_name)
+        return self.ticks.get(job_name)
 
     def cancel(self, execution_id: UUID, now: datetime, *, by: str | None,
                by_name: str | None, job_name: str | None = None) -> str | None:
@@ -485,19 +414,43 @@ class MemoryStore:
             return str(row["job_name"])
 
     def get(self, execution_id: UUID) -> dict[str, Any] | None:
-        with self._lock:
-            row = self.rows.get(execution_id)
-            return None if row is None else dict(row)
+        row = self.rows.get(execution_id)
+        return None if row is None else dict(row)
 
     def status_of(self, execution_id: UUID) -> str | None:
-        with self._lock:
-            row = self.rows.get(execution_id)
-            return None if row is None else str(row["status"])
+        row = self.rows.get(execution_id)
+        return None if row is None else str(row["status"])
 
     def statuses(self) -> dict[UUID, str]:
         """Every row's status (a test's view of the whole table)."""
-        with self._lock:
-            return {i: str(r["status"]) for i, r in self.rows.items()}
+        return {i: str(r["status"]) for i, r in list(self.rows.items())}
+
+
+def _pick(cls: type[T], row: dict[str, Any]) -> T:
+    """``cls`` (a dataclass) from the columns of ``row`` it names."""
+    return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+
+def _outcome_values(outcome: Outcome, now: datetime, *,
+                    logs: bool = True) -> dict[str, Any] | None:
+    """The columns an outcome write sets (``logs``: the rescuer's leave that column); None:
+    the row is deleted."""
+    kept = {"logs": outcome.logs} if logs else {}
+    done = {"finished_at": now, "updated_at": now, "lease_expires_at": None, **kept}
+    if isinstance(outcome, Succeeded):
+        return {**done, "status": Status.SUCCEEDED.value} if outcome.keep else None
+    if isinstance(outcome, Failed):
+        return ({**done, "status": Status.FAILED.value, "last_error": outcome.error}
+                if outcome.keep else None)
+    if isinstance(outcome, Cancelled):
+        return {**done, "status": Status.CANCELLED.value,
+                "cancelled_by": None if outcome.by is None else outcome.by[:200],
+                "cancelled_by_name": None if outcome.by_name is None else outcome.by_name[:200]}
+    if isinstance(outcome, Retrying):
+        return {"status": _SCHEDULED, "scheduled_at": outcome.run_at, "updated_at": now,
+                "claimed_by": None, "lease_expires_at": None, "last_error": outcome.error,
+                "dispatched_at": now if outcome.dispatched else None, **kept}
+    raise TypeError(f"not an outcome: {outcome!r}")
 
 
 def _decided(decide: Callable[[Expired], RescueVerdict], row: Expired) -> RescueVerdict:
