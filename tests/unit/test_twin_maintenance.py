@@ -15,7 +15,6 @@ from sqlalchemy.exc import OperationalError
 from celery_outbox import JobContext, JobRegistry, OutboxConfig, RetryPolicy, outbox_job
 from celery_outbox.errors import StorageError
 from celery_outbox.maintenance import (
-    Pruner,
     Redispatcher,
     RedispatcherConfig,
     Rescuer,
@@ -23,6 +22,7 @@ from celery_outbox.maintenance import (
     Stager,
     StagerConfig,
     Sweeper,
+    Trimmer,
 )
 from celery_outbox.outcomes import Fence, Succeeded
 from tests.twin import MemoryStore
@@ -280,16 +280,16 @@ def test_trim_keeps_the_newest_n_of_each_job_and_status(
     active = put(store, 3) + put(store, 2, status="running")
     flaky = put(store, 4, job_name="shop.flaky", status="succeeded", finished_at=T0)
     registry.get("shop.flaky").__dict__["keep"] = {"succeeded": 1}  # JobSpec is frozen
-    pruner = Pruner(store, registry)
+    trimmer = Trimmer(store, registry)
 
-    result = pruner.run_once(T0)
+    result = trimmer.run_once(T0)
 
     assert (result.deleted, result.jobs) == (2 + 5 + 3, 2)
     left = set(store.statuses())
     assert left >= set(succeeded[2:]) | set(failed[5:]) | set(cancelled) | set(active)
     assert not left & (set(succeeded[:2]) | set(failed[:5]))
     assert left & set(flaky) == {max(flaky)}  # same finished_at: the highest id is newest
-    assert pruner.run_once(T0).deleted == 0
+    assert trimmer.run_once(T0).deleted == 0
 
 
 def test_one_jobs_failed_trim_does_not_stop_the_others(
@@ -299,6 +299,6 @@ def test_one_jobs_failed_trim_does_not_stop_the_others(
         put(store, 12, job_name=job, status="failed", finished_at=T0)
     store.fail_next(on=["trim"])
     with pytest.raises(StorageError):
-        Pruner(store, registry).run_once(T0)
+        Trimmer(store, registry).run_once(T0)
     assert len(store.statuses()) == 12 + 10  # the first job's trim failed, the second's ran
     assert "trim of job 'shop.receipt' failed" in caplog.text
