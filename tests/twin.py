@@ -1,0 +1,465 @@
+"""MemoryStore: an in-memory twin of :class:`celery_outbox.store.ExecutionStore` for unit tests.
+
+Rows are dicts with the columns of the executions table; every transition has the guards,
+fences and results of the real store (its docstrings are the contract), without SQL. What it
+leaves out: the dashboard reads, the trim's watermarks (the twin always counts afresh, which
+is what the real trim does after a full count), row locks and isolation (one lock serialises
+every call; a transaction's writes are visible at once and undone on rollback).
+
+Test hooks: :meth:`MemoryStore.put` seeds a row in any state (``store.put(status="running",
+claimed_by="w1/a", attempt=1)``), :meth:`MemoryStore.fail_next` makes the next writes raise
+(before or after they applied), ``calls`` lists the name of every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from sqlalchemy import MetaData
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from celery_outbox.errors import StorageError
+from celery_outbox.models import build_tables
+from celery_outbox.outcomes import Cancelled, Failed, Fence, Finished, Outcome, Retrying, Succeeded
+from celery_outbox.states import ACTIVE, Status
+from celery_outbox.store import Claimed, Due, Expired, NewExecution, RescueVerdict
+
+log = logging.getLogger("tests.twin")
+T = TypeVar("T")
+
+COLUMNS = tuple(c.name for c in build_tables(MetaData()).executions.c)
+"""The columns of the executions table, in its order: every row of the twin has them all."""
+
+WRITES = frozenset({
+    "insert", "claim", "start", "finish", "heartbeat", "release", "stage", "redispatch",
+    "rescue", "rescue_write", "trim", "advance_tick", "cancel",
+})
+"""The names :meth:`MemoryStore.fail_next` takes (``rescue``: the rescue's read)."""
+
+_PENDING, _SCHEDULED, _RUNNING = Status.PENDING.value, Status.SCHEDULED.value, Status.RUNNING.value
+_ACTIVE = frozenset(s.value for s in ACTIVE)
+
+
+@dataclass
+class _Fault:
+    left: int
+    exc: BaseException
+    on: frozenset[str]
+    after: bool
+
+
+class MemoryTransaction:
+    """A Transaction of the twin: writes apply at once and are undone by :meth:`rollback`;
+    ``after_commit`` callbacks run on :meth:`commit` and are dropped on rollback."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._undo: list[tuple[Any, Any, dict[Any, Any]]] = []  # (key, before, table)
+        self._callbacks: list[Callable[[], None]] = []
+
+    def run(self, query: Any) -> Any:
+        raise TypeError("MemoryStore runs no SQL; call the store's transitions")
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def commit(self) -> None:
+        self._undo.clear()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("after_commit callback raised")
+
+    def rollback(self) -> None:
+        with self._store._lock:
+            for key, before, table in reversed(self._undo):
+                if before is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = before
+        self._undo.clear()
+        self._callbacks.clear()
+
+
+class MemoryStore:
+    """The store API on dicts (see the module docstring). Thread-safe: one lock."""
+
+    dialect = "memory"
+
+    def __init__(self) -> None:
+        self.rows: dict[UUID, dict[str, Any]] = {}
+        self.ticks: dict[str, datetime] = {}
+        self.calls: list[str] = []
+        self._faults: list[_Fault] = []
+        self._joined: dict[int, tuple[object, MemoryTransaction]] = {}
+        self._lock = threading.RLock()
+
+    def put(self, **values: Any) -> UUID:
+        """Seed one row (any status, any column) directly; its id. Defaults: a pending row of
+        ``shop.receipt``, priority 2, attempt 0 of 1, created at ``values["created_at"]``."""
+        now = values.get("created_at") or values.get("updated_at") or datetime.now().astimezone()
+        row = dict.fromkeys(COLUMNS)
+        row.update(id=uuid.uuid4(), job_name="shop.receipt", status=_PENDING, priority=2,
+                   attempt=0, max_attempts=1, payload={}, created_at=now, updated_at=now)
+        row.update({k: v.value if isinstance(v, Status) else v for k, v in values.items()})
+        unknown = set(row) - set(COLUMNS)
+        assert not unknown, f"no such column(s): {sorted(unknown)}"
+        with self._lock:
+            self.rows[row["id"]] = row
+        return UUID(str(row["id"]))
+
+    def fail_next(self, n: int = 1, exc: BaseException | None = None, *,
+                  on: Sequence[str] = (), after: bool = False) -> None:
+        """Make the next ``n`` writes (of the methods named in ``on``; any write when empty)
+        raise ``exc`` (default ``StorageError("injected")``). ``after``: the write applies
+        first, then raises (a reply lost after the commit). ``rescue`` is the rescue's read,
+        ``rescue_write`` the write of one verdict."""
+        unknown = set(on) - WRITES
+        assert not unknown, f"not a write of the twin: {sorted(unknown)}"
+        self._faults.append(_Fault(n, exc or StorageError("injected fault"), frozenset(on),
+                                   after))
+
+    @contextmanager
+    def _op(self, name: str) -> Iterator[None]:
+        with self._lock:
+            self.calls.append(name)
+            fault = next((f for f in self._faults if not f.on or name in f.on), None)
+            if fault is not None:
+                fault.left -= 1
+                if fault.left <= 0:
+                    self._faults.remove(fault)
+                if not fault.after:
+                    raise fault.exc
+            yield
+            if fault is not None:
+                raise fault.exc
+
+    def _write(self, row: dict[str, Any], values: dict[str, Any] | None) -> None:
+        """``row.update(values)``; None deletes the row."""
+        if values is None:
+            del self.rows[row["id"]]
+        else:
+            row.update(values)
+
+    def _held(self, fence: Fence) -> dict[str, Any] | None:
+        row = self.rows.get(fence.id)
+        if (row is None or row["status"] != _RUNNING or row["claimed_by"] != fence.claimed_by
+                or row["attempt"] != fence.attempt):
+            return None
+        return row
+
+    @contextmanager
+    def transaction(self) -> Iterator[MemoryTransaction]:
+        """A transaction of the twin's own: committed when the block ends, rolled back when
+        it raises."""
+        tx = MemoryTransaction(self)
+        try:
+            yield tx
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
+
+    def join(self, caller: Any) -> MemoryTransaction:
+        """``caller`` itself when it is a twin transaction; else the transaction the twin
+        keeps open for ``caller`` until :meth:`end`."""
+        if isinstance(caller, MemoryTransaction):
+            return caller
+        with self._lock:
+            joined = self._joined.get(id(caller))
+            if joined is None:
+                joined = self._joined[id(caller)] = (caller, MemoryTransaction(self))
+            return joined[1]
+
+    def end(self, caller: Any, *, commit: bool = True) -> None:
+        """End ``caller``'s joined transaction: commit (its after_commit callbacks run) or
+        roll back (its writes and callbacks go)."""
+        with self._lock:
+            _, tx = self._joined.pop(id(caller))
+        tx.commit() if commit else tx.rollback()
+
+    def insert(self, tx: MemoryTransaction,
+               rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
+        """push: none -> pending / scheduled in ``tx``; a keyed row whose key an active row of
+        its job holds is not inserted (that row's id, False); a ``retry_of`` row only once."""
+        with self._op("insert"):
+            return [self._insert_one(tx, r) for r in rows]
+
+    def insert_alone(self, rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
+        """push in a transaction of the twin's own (as :meth:`insert`)."""
+        with self.transaction() as tx:
+            return self.insert(tx, rows)
+
+    def _insert_one(self, tx: MemoryTransaction, new: NewExecution) -> tuple[UUID, bool]:
+        if new.retry_of is not None:
+            done = [i for i, r in self.rows.items() if r["retry_of"] == new.retry_of]
+            if done:
+                return done[0], False
+        if new.unique_key is not None:
+            key = (new.job_name, new.unique_key)
+            holder = [i for i, r in self.rows.items()
+                      if r["status"] in _ACTIVE and (r["job_name"], r["unique_key"]) == key]
+            if holder:
+                return holder[0], False
+        if new.id in self.rows:
+            raise StorageError(f"duplicate key: execution {new.id} exists")
+        self.rows[new.id] = {**dict.fromkeys(COLUMNS), **new.values()}
+        tx._undo.append((new.id, None, self.rows))
+        return new.id, True
+
+    def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime,
+              lease_until: datetime) -> list[Claimed]:
+        """claim: pending (or scheduled and due) -> running, attempt + 1; started_at = now on
+        the first of ``ids`` only. The claimed rows in ``ids`` order."""
+        with self._op("claim"):
+            got: dict[UUID, Claimed] = {}
+            for i in dict.fromkeys(ids):
+                row = self.rows.get(i)
+                if row is None or row["job_name"] != job_name or not (
+                        row["status"] == _PENDING or (row["status"] == _SCHEDULED
+                                                      and row["scheduled_at"] <= now)):
+                    continue
+                row.update(status=_RUNNING, attempt=row["attempt"] + 1, claimed_by=worker,
+                           started_at=now if i == ids[0] else None, updated_at=now,
+                           lease_expires_at=lease_until)
+                got[i] = _pick(Claimed, row)
+            return [got[i] for i in ids if i in got]
+
+    def start(self, fence: Fence, now: datetime) -> bool:
+        """start: running -> running, started_at = now; fenced; a miss returns False."""
+        with self._op("start"):
+            return self._start(fence, now)
+
+    def _start(self, fence: Fence, now: datetime) -> bool:
+        row = self._held(fence)
+        if row is not None:
+            row.update(started_at=now, updated_at=now)
+        return row is not None
+
+    def finish(self, outcome: Outcome, fence: Fence, now: datetime, *,
+               start: Fence | None = None) -> Finished:
+        """running -> the outcome's status (or deleted), fenced; with ``start``, that row is
+        marked started in the same call (``Finished.started``)."""
+        with self._op("finish"):
+            row = self._held(fence)
+            if row is not None:
+                self._write(row, _outcome_values(outcome, now))
+            return Finished(row is not None, None if start is None else self._start(start, now))
+
+    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
+                  lease_until: datetime) -> set[UUID]:
+        """heartbeat: running -> running, lease extended, per fence (and ``worker``, when
+        given, must be the holder). The ids still held."""
+        with self._op("heartbeat"):
+            kept: set[UUID] = set()
+            for fence in fences:
+                row = self._held(fence)
+                if row is not None and (worker is None or row["claimed_by"] == worker):
+                    row.update(lease_expires_at=lease_until, updated_at=now)
+                    kept.add(fence.id)
+            return kept
+
+    def release(self, fences: Sequence[Fence], now: datetime, *,
+                begun: bool | None = None) -> list[UUID]:
+        """release: running -> pending, dispatched now. Never begun (or ``begun=False``):
+        attempt - 1; begun: attempt kept, max_attempts + 1. The ids released."""
+        with self._op("release"):
+            out: list[UUID] = []
+            for fence in fences:
+                row = self._held(fence)
+                if row is None:
+                    continue
+                if begun is False or row["started_at"] is None:
+                    row["attempt"] -= 1
+                else:
+                    row["max_attempts"] += 1
+                row.update(status=_PENDING, claimed_by=None, lease_expires_at=None,
+                           started_at=None, updated_at=now, dispatched_at=now)
+                out.append(fence.id)
+            return out
+
+    def stage(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
+              limit: int) -> list[Due]:
+        """stage: due scheduled rows with no eta message on its way -> pending, dispatched
+        now; highest priority first, then earliest scheduled_at; at most ``limit``."""
+        return self._move("stage", lambda r: (
+            r["status"] == _SCHEDULED and r["scheduled_at"] <= now and r["job_name"] in job_names
+            and (r["dispatched_at"] is None or r["scheduled_at"] < stale_before)),
+            lambda r: (r["priority"], r["scheduled_at"]), limit,
+            status=_PENDING, dispatched_at=now, updated_at=now)
+
+    def redispatch(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
+                   limit: int) -> list[Due]:
+        """redispatch: pending rows never dispatched or last dispatched before
+        ``stale_before`` -> dispatched now; highest priority first, then the longest waiting
+        (never dispatched last, as PostgreSQL sorts NULL); at most ``limit``."""
+        return self._move("redispatch", lambda r: (
+            r["status"] == _PENDING and r["job_name"] in job_names
+            and (r["dispatched_at"] is None or r["dispatched_at"] < stale_before)),
+            lambda r: (r["priority"], r["dispatched_at"] is None, r["dispatched_at"] or now),
+            limit, dispatched_at=now, updated_at=now)
+
+    def _move(self, name: str, where: Callable[[dict[str, Any]], bool],
+              order: Callable[[dict[str, Any]], Any], limit: int, **values: Any) -> list[Due]:
+        with self._op(name):
+            picked = sorted(filter(where, self.rows.values()), key=order)[:limit]
+            for r in picked:
+                r.update(values)
+            return [Due(r["id"], r["job_name"], r["priority"]) for r in picked]
+
+    def rescue(self, now: datetime, *, job_names: Sequence[str], limit: int,
+               decide: Callable[[Expired], RescueVerdict]) -> list[tuple[Expired, RescueVerdict]]:
+        """rescue: running rows whose lease expired -> each ``decide(row)``'s verdict, written
+        fenced (and re-checking the lease, and for a release that it never began). A decide
+        that raises fails the row; a write failing for its row alone skips it."""
+        if not job_names:
+            return []
+        with self._op("rescue"):
+            expired = [_pick(Expired, r) for r in sorted(
+                (r for r in self.rows.values() if r["status"] == _RUNNING
+                 and r["lease_expires_at"] < now and r["job_name"] in job_names),
+                key=lambda r: (r["lease_expires_at"], r["id"]))[:limit]]
+        rescued: list[tuple[Expired, RescueVerdict]] = []
+        for row in expired:
+            verdict = _decided(decide, row)  # no lock held: user code
+            try:
+                with self._op("rescue_write"):
+                    hit = self._rescue_one(row, verdict, now)
+            except StorageError as exc:
+                if isinstance(exc.__cause__, (OperationalError, InterfaceError)):
+                    raise
+                log.exception("rescue: writing the verdict of %s failed; skipped", row.id)
+                continue
+            if hit:
+                rescued.append((row, verdict))
+        return rescued
+
+    def _rescue_one(self, row: Expired, verdict: RescueVerdict, now: datetime) -> bool:
+        r = self._held(Fence(row.id, row.claimed_by, row.attempt))
+        if r is None or not r["lease_expires_at"] < now or (
+                verdict.release and r["started_at"] is not None):
+            return False
+        if verdict.release:
+            values: dict[str, Any] | None = dict(
+                status=_PENDING, attempt=r["attempt"] - 1, claimed_by=None, started_at=None,
+                lease_expires_at=None, updated_at=now, dispatched_at=now)
+        elif verdict.run_at is not None:
+            values = _outcome_values(Retrying(verdict.run_at, verdict.error,
+                                              dispatched=verdict.dispatched), now, logs=False)
+        else:
+            values = _outcome_values(Failed(verdict.error, keep=verdict.keep), now, logs=False)
+        self._write(r, values)
+        return True
+
+    def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
+        """The pending rows among ``ids`` (in ``ids`` order), to dispatch."""
+        with self._lock:
+            return [Due(r["id"], r["job_name"], r["priority"]) for r in
+                    (self.rows.get(i) for i in ids) if r is not None and r["status"] == _PENDING]
+
+    def trim(self, job_name: str, *, keep_succeeded: int, keep_failed: int, now: datetime,
+             keep_cancelled: int | None = None) -> int:
+        """trim: a job's finished rows beyond the newest ``keep_*`` of each status (newest:
+        latest finished_at, then highest id) -> deleted. The number deleted."""
+        keeps = {Status.SUCCEEDED.value: keep_succeeded, Status.FAILED.value: keep_failed,
+                 Status.CANCELLED.value: keep_failed if keep_cancelled is None
+                 else keep_cancelled}
+        with self._op("trim"):
+            doomed: list[UUID] = []
+            for status, keep in keeps.items():
+                finished = sorted(
+                    (r for r in self.rows.values() if r["job_name"] == job_name
+                     and r["status"] == status and r["finished_at"] is not None),
+                    key=lambda r: (r["finished_at"], r["id"]), reverse=True)
+                doomed += [r["id"] for r in finished[keep:]]
+            for i in doomed:
+                del self.rows[i]
+            return len(doomed)
+
+    def advance_tick(self, tx: MemoryTransaction, job_name: str, tick: datetime,
+                     now: datetime) -> bool:
+        """cron tick: none or an earlier last_tick -> last_tick = tick, in ``tx``; a miss
+        (this tick or a later one fired already) returns False."""
+        with self._op("advance_tick"):
+            last = self.ticks.get(job_name)
+            if last is not None and not last < tick:
+                return False
+            tx._undo.append((job_name, last, self.ticks))
+            self.ticks[job_name] = tick
+            return True
+
+    def last_tick(self, job_name: str) -> datetime | None:
+        return self.ticks.get(job_name)
+
+    def cancel(self, execution_id: UUID, now: datetime, *, by: str | None,
+               by_name: str | None, job_name: str | None = None) -> str | None:
+        """cancel: active -> cancelled (of ``job_name`` when given); the job name, or None."""
+        with self._op("cancel"):
+            row = self.rows.get(execution_id)
+            if row is None or row["status"] not in _ACTIVE or (
+                    job_name is not None and row["job_name"] != job_name):
+                return None
+            row.update(status=Status.CANCELLED.value, finished_at=now, updated_at=now,
+                       lease_expires_at=None, cancelled_by=by, cancelled_by_name=by_name)
+            return str(row["job_name"])
+
+    def get(self, execution_id: UUID) -> dict[str, Any] | None:
+        row = self.rows.get(execution_id)
+        return None if row is None else dict(row)
+
+    def status_of(self, execution_id: UUID) -> str | None:
+        row = self.rows.get(execution_id)
+        return None if row is None else str(row["status"])
+
+    def statuses(self) -> dict[UUID, str]:
+        """Every row's status (a test's view of the whole table)."""
+        return {i: str(r["status"]) for i, r in list(self.rows.items())}
+
+
+def _pick(cls: type[T], row: dict[str, Any]) -> T:
+    """``cls`` (a dataclass) from the columns of ``row`` it names."""
+    return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+
+def _outcome_values(outcome: Outcome, now: datetime, *,
+                    logs: bool = True) -> dict[str, Any] | None:
+    """The columns an outcome write sets (``logs``: the rescuer's leave that column); None:
+    the row is deleted."""
+    kept = {"logs": outcome.logs} if logs else {}
+    done = {"finished_at": now, "updated_at": now, "lease_expires_at": None, **kept}
+    if isinstance(outcome, Succeeded):
+        return {**done, "status": Status.SUCCEEDED.value} if outcome.keep else None
+    if isinstance(outcome, Failed):
+        return ({**done, "status": Status.FAILED.value, "last_error": outcome.error}
+                if outcome.keep else None)
+    if isinstance(outcome, Cancelled):
+        return {**done, "status": Status.CANCELLED.value,
+                "cancelled_by": None if outcome.by is None else outcome.by[:200],
+                "cancelled_by_name": None if outcome.by_name is None else outcome.by_name[:200]}
+    if isinstance(outcome, Retrying):
+        return {"status": _SCHEDULED, "scheduled_at": outcome.run_at, "updated_at": now,
+                "claimed_by": None, "lease_expires_at": None, "last_error": outcome.error,
+                "dispatched_at": now if outcome.dispatched else None, **kept}
+    raise TypeError(f"not an outcome: {outcome!r}")
+
+
+def _decided(decide: Callable[[Expired], RescueVerdict], row: Expired) -> RescueVerdict:
+    """``decide(row)``; when it raises, a verdict that fails the row and says why (as the
+    real store's rescue)."""
+    try:
+        return decide(row)
+    except Exception as exc:
+        log.exception("rescue: deciding the fate of %s raised; failing it", row.id)
+        return RescueVerdict(f"lease expired: attempt {row.attempt} of execution {row.id}, "
+                             f"held by {row.claimed_by}; not retried: deciding its retry "
+                             f"raised {type(exc).__name__}: {exc}")
