@@ -219,7 +219,7 @@ def test_sigkill_mid_message_fails_only_the_execution_that_was_running(
     result = procs.wait_for(lambda: (swept := crash.outbox.sweep()).failed and swept, 15,
                             "the rescuer to take the killed message's rows", 0.2)
 
-    assert (result.rescued, result.failed) == (3, 1)
+    assert (result.rescued, result.failed, result.handed_back) == (0, 1, 3)
     assert crash.row(ids[0])["status"] == Status.FAILED.value
     for execution_id, m in zip(ids[1:], marks[1:], strict=True):
         assert crash.wait_status(execution_id, Status.SUCCEEDED.value)["attempt"] == 1

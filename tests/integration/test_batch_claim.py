@@ -100,7 +100,7 @@ def test_rescue_fails_the_execution_that_began_and_hands_back_those_that_never_d
 
     result = batch.sweep(now=T0 + LEASE + timedelta(seconds=1))
 
-    assert (result.rescued, result.failed) == (2, 1)
+    assert (result.rescued, result.failed, result.handed_back) == (0, 1, 2)
     failed = store.get(ids[1])
     assert failed is not None
     assert (failed["status"], failed["attempt"]) == ("failed", 1)
@@ -151,7 +151,7 @@ def test_a_runner_stopped_mid_message_leaves_the_rest_to_be_handed_back(
     assert [started(store, i) is not None for i in ids] == [True, False, False]
 
     result = batch.sweep(now=datetime.now(timezone.utc) + timedelta(hours=1))
-    assert (result.rescued, result.failed) == (2, 1)
+    assert (result.rescued, result.failed, result.handed_back) == (0, 1, 2)
     assert [store.status_of(i) for i in ids] == ["failed", "pending", "pending"]
     assert batch.run_now("shop.dies", ids[1:]).succeeded == 2
     assert calls == [0, 1, 2]
