@@ -190,8 +190,12 @@ def test_finish_writes_the_outcome(store: ExecutionStore, name: str, with_start:
     if with_start:
         assert_row(store, following.id, whole=True,
                    **claimed(following, started_at=LATER, updated_at=LATER))
-    # The attempt is over: the same write again misses.
-    assert store.finish(outcome, fence, LATER) == Finished(hit=False)
+    # The attempt is over: any later write of it misses and writes nothing.
+    before = store.get(row.id)
+    for again, _ in OUTCOMES.values():
+        assert store.finish(again, fence, LATER + LEASE) == Finished(hit=False)
+    if before is not None:
+        assert_unchanged(store, before)
 
 
 @pytest.mark.parametrize("name", list(OUTCOMES))
@@ -210,19 +214,20 @@ def test_finish_answers_started_false_when_the_next_row_is_gone(
     assert_unchanged(store, before)
 
 
-def fence_missing(store: ExecutionStore, miss: str) -> tuple[Fence, Fence]:
-    """A running row, and a fence of it that misses for ``miss``: another holder, another
-    attempt, or a row no longer running (cancelled, never claimed)."""
+def fences_missing(store: ExecutionStore, miss: str) -> list[Fence]:
+    """Fences of one row that miss for ``miss``: another holder, another attempt, a row no
+    longer running (cancelled) or never claimed."""
     if miss == "never_claimed":
         row = add(store)
-        return Fence(row.id, "w1", 1), Fence(row.id, "w1", 0)
+        return [Fence(row.id, "w1", 0), Fence(row.id, "w1", 1)]
     fence = running(store)
     if miss == "cancelled":
         assert store.cancel(fence.id, T0, by=None, by_name=None) == JOB
-        return fence, fence
+        return [fence]
     if miss == "holder":
-        return fence, Fence(fence.id, "w2", fence.attempt)
-    return fence, Fence(fence.id, fence.claimed_by, fence.attempt + 1)
+        return [Fence(fence.id, "w2", fence.attempt)]
+    return [Fence(fence.id, fence.claimed_by, fence.attempt + 1),
+            Fence(fence.id, fence.claimed_by, fence.attempt - 1)]
 
 
 MISSES = ["holder", "attempt", "cancelled", "never_claimed"]
@@ -233,10 +238,11 @@ MISSES = ["holder", "attempt", "cancelled", "never_claimed"]
 def test_finish_guard_misses_write_nothing(store: ExecutionStore, name: str,
                                            miss: str) -> None:
     outcome, _ = OUTCOMES[name]
-    _, wrong = fence_missing(store, miss)
-    before = store.get(wrong.id)
+    wrong = fences_missing(store, miss)
+    before = store.get(wrong[0].id)
     assert before is not None
-    assert store.finish(outcome, wrong, LATER) == Finished(hit=False)
+    for fence in wrong:
+        assert store.finish(outcome, fence, LATER) == Finished(hit=False)
     assert store.finish(outcome, Fence(uuid.uuid4(), "w1", 1), LATER) == Finished(hit=False)
     assert_unchanged(store, before)
 
@@ -335,11 +341,12 @@ def test_release_not_begun_gives_every_attempt_back(store: ExecutionStore) -> No
 
 @pytest.mark.parametrize("miss", MISSES)
 def test_release_guard_misses_write_nothing(store: ExecutionStore, miss: str) -> None:
-    _, wrong = fence_missing(store, miss)
-    before = store.get(wrong.id)
+    wrong = fences_missing(store, miss)
+    before = store.get(wrong[0].id)
     assert before is not None
-    assert store.release([wrong], LATER) == []
-    assert store.release([wrong], LATER, begun=False) == []
+    assert store.release(wrong, LATER) == []
+    assert store.release(wrong, LATER, begun=False) == []
+    assert store.heartbeat(None, wrong, LATER, LATER + LEASE) == set()
     assert_unchanged(store, before)
 
 
