@@ -181,3 +181,30 @@ def test_retries_of_others_mix_with_plain_rows_in_order(store: ExecutionStore) -
     assert push(store, rows) == [
         (rows[0].id, True), (rows[1].id, True), (rows[2].id, True), (rows[0].id, False),
     ]
+
+
+def test_a_key_repeated_past_a_thousand_rows_finds_its_first_row(store: ExecutionStore) -> None:
+    """Keyed rows go in batches of 1,000: a key repeated in a later batch finds the row an
+    earlier batch of the same call inserted."""
+    rows = [make_row(unique_key=f"k{i:04}") for i in range(1000)]
+    again = make_row(unique_key="k0999")
+    assert push(store, [again, *rows]) == [
+        (again.id, True), *((r.id, True) for r in rows[:-1]), (again.id, False)]
+    assert_gone(store, rows[-1].id)
+
+
+# -- the transaction a push writes in ---------------------------------------------------------
+
+
+def test_after_commit_callbacks_run_once_committed(store: ExecutionStore) -> None:
+    calls: list[str] = []
+    row = make_row()
+    with store.transaction() as tx:
+        store.insert(tx, [row])
+        tx.after_commit(lambda: calls.append("sent"))
+        assert calls == []
+    assert calls == ["sent"]
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        tx.after_commit(lambda: calls.append("rolled back"))
+        raise RuntimeError("caller's work failed")
+    assert calls == ["sent"]
