@@ -1,9 +1,10 @@
 """The contract suite's one fixture: ``store``, an ExecutionStore on each executor.
 
 Every test of this package runs once per entry of :data:`EXECUTORS`. An executor joins the
-suite by one entry: its id and a factory that opens a store on fresh, empty tables of the test's
-own and cleans up when the test ends. A factory that needs a server asks for its fixture
-(``pg_url``), which skips locally and fails under ``CI`` when the server is absent.
+suite by one entry: its id and a factory (a context manager) that opens a store on fresh, empty
+tables of the test's own and releases what it opened when the test ends. A factory that needs
+a server asks for its fixture (``pg_url``), which skips locally and fails under ``CI`` when
+the server is absent.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ from celery_outbox.store import ExecutionStore
 StoreFactory = Callable[[pytest.FixtureRequest], AbstractContextManager[ExecutionStore]]
 
 
-@contextmanager
-def _on_engine(engine: Engine) -> Iterator[ExecutionStore]:
-    """An ExecutionStore (SqlAlchemyExecutor) on tables of a unique name, dropped after."""
+def _on_engine(engine: Engine) -> ExecutionStore:
+    """An ExecutionStore (SqlAlchemyExecutor) on new tables of a unique name.
+
+    They are never dropped: the database they are in is the test's own (SQLite) or the
+    session's, dropped when the session ends (PostgreSQL); a DROP per test would only slow
+    every test.
+    """
     tables = build_tables(MetaData(), f"ob_{uuid.uuid4().hex[:12]}")
-    metadata = tables.executions.metadata
-    metadata.create_all(engine, tables=tables.all())
-    try:
-        yield ExecutionStore(engine, tables)
-    finally:
-        metadata.drop_all(engine, tables=tables.all())
+    tables.executions.metadata.create_all(engine, tables=tables.all())
+    return ExecutionStore(engine, tables)
 
 
 @contextmanager
@@ -39,8 +40,7 @@ def sqlite_store(request: pytest.FixtureRequest) -> Iterator[ExecutionStore]:
     """SQLAlchemy on a SQLite file of the test's own."""
     engine = make_engine(str(request.getfixturevalue("sqlite_url")))
     try:
-        with _on_engine(engine) as store:
-            yield store
+        yield _on_engine(engine)
     finally:
         engine.dispose()
 
@@ -48,15 +48,15 @@ def sqlite_store(request: pytest.FixtureRequest) -> Iterator[ExecutionStore]:
 @contextmanager
 def postgresql_store(request: pytest.FixtureRequest) -> Iterator[ExecutionStore]:
     """SQLAlchemy (psycopg) on the session's PostgreSQL database, tables of the test's own."""
-    with _on_engine(request.getfixturevalue("pg_engine")) as store:
-        yield store
+    yield _on_engine(request.getfixturevalue("pg_engine"))
 
 
 EXECUTORS: dict[str, StoreFactory] = {
     "sqlite": sqlite_store,
     "postgresql": postgresql_store,
 }
-"""Executor id -> a factory of a store on empty tables. Adding an executor is adding one."""
+"""Executor id -> a factory of a store on empty tables. Adding an executor is adding one entry,
+e.g. ``"memory": lambda request: contextlib.nullcontext(MemoryStore())``."""
 
 
 @pytest.fixture(scope="session")
