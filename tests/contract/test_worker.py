@@ -198,20 +198,19 @@ def test_finish_writes_the_outcome(store: ExecutionStore, name: str, with_start:
         assert_unchanged(store, before)
 
 
-@pytest.mark.parametrize("name", list(OUTCOMES))
 def test_finish_answers_started_false_when_the_next_row_is_gone(
-    store: ExecutionStore, name: str,
+    store: ExecutionStore,
 ) -> None:
-    outcome, _ = OUTCOMES[name]
-    row, following = add(store), add(store)
-    store.claim([row.id, following.id], JOB, "w1", T0, T0 + LEASE)
-    assert store.cancel(following.id, T0, by="admin", by_name=None) == JOB
-    before = store.get(following.id)
-    assert before is not None
-    answer = store.finish(outcome, Fence(row.id, "w1", 1), LATER,
-                          start=Fence(following.id, "w1", 1))
-    assert answer == Finished(hit=True, started=False)
-    assert_unchanged(store, before)
+    for name, (outcome, _) in OUTCOMES.items():
+        row, following = add(store), add(store)
+        store.claim([row.id, following.id], JOB, "w1", T0, T0 + LEASE)
+        assert store.cancel(following.id, T0, by="admin", by_name=None) == JOB
+        before = store.get(following.id)
+        assert before is not None
+        answer = store.finish(outcome, Fence(row.id, "w1", 1), LATER,
+                              start=Fence(following.id, "w1", 1))
+        assert answer == Finished(hit=True, started=False), name
+        assert_unchanged(store, before)
 
 
 def fences_missing(store: ExecutionStore, miss: str) -> list[Fence]:
@@ -234,17 +233,17 @@ MISSES = ["holder", "attempt", "cancelled", "never_claimed"]
 
 
 @pytest.mark.parametrize("miss", MISSES)
-@pytest.mark.parametrize("name", list(OUTCOMES))
-def test_finish_guard_misses_write_nothing(store: ExecutionStore, name: str,
-                                           miss: str) -> None:
-    outcome, _ = OUTCOMES[name]
+def test_finish_guard_misses_write_nothing(store: ExecutionStore, miss: str) -> None:
+    """Every outcome, on each kind of miss: hit False, and the whole row as it was."""
     wrong = fences_missing(store, miss)
     before = store.get(wrong[0].id)
     assert before is not None
-    for fence in wrong:
-        assert store.finish(outcome, fence, LATER) == Finished(hit=False)
-    assert store.finish(outcome, Fence(uuid.uuid4(), "w1", 1), LATER) == Finished(hit=False)
-    assert_unchanged(store, before)
+    for name, (outcome, _) in OUTCOMES.items():
+        for fence in wrong:
+            assert store.finish(outcome, fence, LATER) == Finished(hit=False), (name, fence)
+        assert store.finish(outcome, Fence(uuid.uuid4(), "w1", 1), LATER) == Finished(
+            hit=False), name
+        assert_unchanged(store, before)
 
 
 def test_finish_that_misses_still_starts_the_next_row(store: ExecutionStore) -> None:
