@@ -30,7 +30,7 @@ from celery_outbox.errors import StorageError
 from celery_outbox.models import build_tables
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Finished, Outcome, Retrying, Succeeded
 from celery_outbox.states import ACTIVE, Status
-from celery_outbox.store import Claimed, Due, Expired, NewExecution, RescueVerdict
+from celery_outbox.store import Claimed, Due, Expired, JobStats, NewExecution, RescueVerdict
 
 log = logging.getLogger("tests.twin")
 T = TypeVar("T")
@@ -421,9 +421,37 @@ class MemoryStore:
         row = self.rows.get(execution_id)
         return None if row is None else str(row["status"])
 
+    def job_stats(self) -> dict[str, JobStats]:
+        """Succeeded / failed counts and newest finish times per job with finished rows."""
+        stats: dict[str, JobStats] = {}
+        for row in list(self.rows.values()):
+            if row["status"] not in (Status.SUCCEEDED.value, Status.FAILED.value):
+                continue
+            ok = row["status"] == Status.SUCCEEDED.value
+            old = stats.get(row["job_name"]) or JobStats(row["job_name"], 0, 0, None, None)
+            stats[row["job_name"]] = JobStats(
+                old.job_name, old.succeeded + ok, old.failed + (not ok),
+                _latest(old.last_succeeded_at, row["finished_at"] if ok else None),
+                _latest(old.last_failed_at, None if ok else row["finished_at"]))
+        return stats
+
+    def list_executions(self, job_name: str, *, status: Status | None,
+                        organization_id: str | None, limit: int) -> list[dict[str, Any]]:
+        """A job's rows newest first (created_at, then id), without payload and logs."""
+        found = [r for r in list(self.rows.values()) if r["job_name"] == job_name
+                 and (status is None or r["status"] == status.value)
+                 and (organization_id is None or r["organization_id"] == organization_id)]
+        found.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        return [{k: v for k, v in r.items() if k not in ("payload", "logs")}
+                for r in found[:limit]]
+
     def statuses(self) -> dict[UUID, str]:
         """Every row's status (a test's view of the whole table)."""
         return {i: str(r["status"]) for i, r in list(self.rows.items())}
+
+
+def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _pick(cls: type[T], row: dict[str, Any]) -> T:

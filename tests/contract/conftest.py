@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import pytest
 from sqlalchemy import Engine, MetaData
@@ -19,6 +19,7 @@ from sqlalchemy import Engine, MetaData
 from celery_outbox.engine import make_engine
 from celery_outbox.models import build_tables
 from celery_outbox.store import ExecutionStore
+from tests.twin import MemoryStore
 
 StoreFactory = Callable[[pytest.FixtureRequest], AbstractContextManager[ExecutionStore]]
 
@@ -54,9 +55,12 @@ def postgresql_store(request: pytest.FixtureRequest) -> Iterator[ExecutionStore]
 EXECUTORS: dict[str, StoreFactory] = {
     "sqlite": sqlite_store,
     "postgresql": postgresql_store,
+    # The in-memory twin the unit tests of the runner, heartbeat and services use: the same
+    # contract keeps it honest.
+    "memory": lambda request: nullcontext(MemoryStore()),  # type: ignore[arg-type,return-value]
 }
-"""Executor id -> a factory of a store on empty tables. Adding an executor is adding one entry,
-e.g. ``"memory": lambda request: contextlib.nullcontext(MemoryStore())``."""
+"""Executor id -> a factory of a store on empty tables. Adding an executor is adding one
+entry."""
 
 
 @pytest.fixture(scope="session")
