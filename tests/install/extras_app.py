@@ -43,7 +43,6 @@ app.conf.update(
     task_default_queue=os.environ["EXTRAS_QUEUE"],
     broker_connection_retry_on_startup=True,
     broker_connection_timeout=5,
-    broker_transport_options={"polling_interval": 0.2},  # kombu's SQLAlchemy transport
 )
 outbox = Outbox(app, database_url=DB)
 
