@@ -20,7 +20,7 @@ SQLAlchemy transport on a SQLite file (core, web, async, django), Redis (redis),
 locally and fails it when ``CI`` is set.
 
 The default suite runs the bounded cases ``core`` and ``redis`` (the reported bug: kombu's
-Redis transport imports ``packaging``), about 40 s on two cores with a warm pip cache. All six:
+Redis transport imports ``packaging``), 45 to 70 s on two busy cores with a warm pip cache. All six:
 ``OUTBOX_TEST_EXTRAS=all`` (``make extras``), or a list: ``OUTBOX_TEST_EXTRAS=web,async``.
 """
 
@@ -98,7 +98,7 @@ class Installs:
     """The wheel of this tree, built once, and one venv per extra, installed in parallel.
 
     The first :meth:`venv` call starts every selected extra's install (``PARALLEL`` at once);
-    each call then waits for its own. The venvs are removed at the end of the session.
+    each call then waits for its own. A venv is removed once its case is over.
     """
 
     def __init__(self, root: Path, extras: tuple[str, ...]) -> None:
@@ -117,11 +117,20 @@ class Installs:
                 self._venvs = {e: self._pool.submit(self._install, e) for e in self.extras}
         return self._venvs[extra].result()
 
+    def discard(self, extra: str) -> None:
+        """Remove ``extra``'s venv in the background (the next cases run meanwhile)."""
+        with self._lock:
+            if self._pool is not None and extra in self._venvs:
+                venv = self.root / f"venv-{extra}"
+                self._pool.submit(shutil.rmtree, venv, ignore_errors=True)
+
     def close(self) -> None:
+        """Wait for the installs and removals under way; then remove everything."""
         if self._pool is not None:
             for future in self._venvs.values():
                 future.cancel()
             self._pool.shutdown(wait=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def _build_wheel(self) -> Path:
         """``pip wheel`` of a copy of the tree (the build leaves nothing in the work tree)."""
@@ -156,10 +165,12 @@ class Installs:
 
 def clean_env(venv: Path, **extra: str) -> dict[str, str]:
     """The environment of a process of ``venv``: this one's, less what points into the test's
-    venv or source tree."""
+    venv or source tree, and less PYTHONDONTWRITEBYTECODE: the venv is installed without
+    compiling, so its first process compiles what it imports and the others reuse it (each
+    would otherwise compile Celery and SQLAlchemy again, seconds apiece)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP",
-                        "DJANGO_SETTINGS_MODULE")}
+                        "DJANGO_SETTINGS_MODULE", "PYTHONDONTWRITEBYTECODE")}
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return {**env, **extra}
@@ -173,7 +184,6 @@ def installs() -> Iterator[Installs]:
         yield built
     finally:
         built.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @contextmanager
@@ -242,6 +252,7 @@ def test_extra_installs_a_worker_that_runs_a_job(extra: str, installs: Installs,
     try:
         run_case(extra, venv, app_dir, out, env, tmp_path)
     finally:
+        installs.discard(extra)
         forget_queue(extra, broker, queue)
 
 
