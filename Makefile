@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench bench-web faults chaos soak
+.PHONY: example test lint bench bench-web faults chaos soak extras
 # `make example DASHBOARD=1`: afterwards, keep the dashboard running on the run's data.
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
@@ -47,3 +47,8 @@ bench-web: $(BIN)/.installed
 # explored: make soak MINUTES=30 (MINUTES defaults to 5, as for chaos)
 soak: $(BIN)/.installed
 	OUTBOX_SOAK_MINUTES=$(MINUTES) CI=true $(BIN)/python -m pytest tests/model -q -s -p no:logging
+
+# Every extra (core, redis, amqp, web, async, django) installed into a fresh venv of its own,
+# then a real worker from that venv runs a job (`make test` runs core and redis only).
+extras: $(BIN)/.installed
+	OUTBOX_TEST_EXTRAS=all $(BIN)/python -m pytest -q tests/install
