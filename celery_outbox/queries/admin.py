@@ -37,9 +37,9 @@ def _counts(row: Row) -> JobCounts:
 @cache
 def _cancel(t: Table, of_job: bool) -> Any:
     now = bindparam("now", type_=t.c.finished_at.type)
-    guard = [t.c.id == bindparam("id", type_=t.c.id.type), active(t)]
+    guard = [t.c.id == bindparam("cancel_id", type_=t.c.id.type), active(t)]
     if of_job:
-        guard.append(t.c.job_name == bindparam("job_name"))
+        guard.append(t.c.job_name == bindparam("cancel_job"))
     return (
         update(t).where(*guard)
         .values(status=Status.CANCELLED.value, finished_at=now, updated_at=now,
@@ -52,9 +52,9 @@ def _cancel(t: Table, of_job: bool) -> Any:
 @named("cancel: an active row (of the job, when given) -> cancelled; its job name")
 def cancel(t: Table, execution_id: UUID, now: datetime, *, by: str | None,
            by_name: str | None, job_name: str | None) -> Query[str | None]:
-    params = {"id": execution_id, "now": now, "by": by, "by_name": by_name}
+    params = {"cancel_id": execution_id, "now": now, "by": by, "by_name": by_name}
     if job_name is not None:
-        params["job_name"] = job_name
+        params["cancel_job"] = job_name
     return first("cancel", _cancel(t, job_name is not None), _job_name, params)
 
 

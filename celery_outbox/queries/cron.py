@@ -25,7 +25,7 @@ def _advanced(row: Row) -> bool:
 def _advance(c: Table, dialect: str) -> Any:
     insert = upsert(c, dialect)
     return insert.values(
-        job_name=bindparam("job_name", type_=c.c.job_name.type),
+        job_name=bindparam("tick_job", type_=c.c.job_name.type),
         last_tick=bindparam("tick", type_=c.c.last_tick.type),
         updated_at=bindparam("now", type_=c.c.updated_at.type),
     ).on_conflict_do_update(
@@ -40,7 +40,7 @@ def advance_tick(c: Table, dialect: str, job_name: str, tick: datetime,
                  now: datetime) -> Query[bool | None]:
     """True when the tick row moved (or was created); None on a miss."""
     return first("advance_tick", _advance(c, dialect), _advanced,
-                 {"job_name": job_name, "tick": tick, "now": now})
+                 {"tick_job": job_name, "tick": tick, "now": now})
 
 
 @cache

@@ -179,7 +179,7 @@ def _rescue_retry(t: Table) -> Any:
         scheduled_at=bindparam("run_at", type_=t.c.scheduled_at.type),
         claimed_by=None, lease_expires_at=None,
         last_error=bindparam("error", type_=t.c.last_error.type),
-        updated_at=_now(t), dispatched_at=bindparam("dispatched_at", type_=t.c.dispatched_at.type),
+        updated_at=_now(t), dispatched_at=bindparam("dispatch_at", type_=t.c.dispatched_at.type),
     )
 
 
@@ -188,7 +188,7 @@ def rescue_retry(t: Table, row: Expired, now: datetime, *, run_at: datetime, err
                  dispatched: bool) -> Query[int]:
     return rowcount("rescue_retry", _rescue_retry(t), {
         **_fence(row), "now": now, "run_at": run_at, "error": error,
-        "dispatched_at": now if dispatched else None})
+        "dispatch_at": now if dispatched else None})
 
 
 @cache
