@@ -34,6 +34,10 @@ from celery_outbox import (
     outbox_job,
 )
 from celery_outbox.errors import StorageError
+from celery_outbox.executors.sqlalchemy_async import AsyncSqlAlchemyExecutor
+from celery_outbox.queries import rows
+from celery_outbox.runner import utcnow
+from celery_outbox.store import NewExecution
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -299,3 +303,36 @@ async def test_the_package_imports_without_the_asyncio_extension() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
+
+
+# -- the executor on an AsyncEngine of its own ----------------------------------------------
+
+
+async def test_the_async_executor_runs_plans_in_transactions_of_its_own(
+    aoutbox: Outbox, aengine: AsyncEngine,
+) -> None:
+    executor = AsyncSqlAlchemyExecutor(aengine)
+    t = aoutbox.tables.executions
+    counted = rows("count", select(func.count().label("n")).select_from(t),
+                   lambda row: int(row["n"]))
+    seen: list[str] = []
+
+    def row(n: int) -> NewExecution:
+        return NewExecution.create("shop.receipt", {"order_id": n}, utcnow(), priority=1,
+                                   max_attempts=1)
+
+    kept = row(1)
+    async with executor.transaction() as tx:
+        assert await aoutbox.store.ainsert(tx, [kept]) == [(kept.id, True)]
+        tx.after_commit(lambda: seen.append("committed"))
+        assert seen == []
+    assert seen == ["committed"]
+    with pytest.raises(RuntimeError):
+        async with executor.transaction() as tx:
+            await aoutbox.store.ainsert(tx, [row(2)])
+            tx.after_commit(lambda: seen.append("rolled back"))
+            raise RuntimeError
+    assert seen == ["committed"]
+    assert await executor.run(counted) == [1] == [count(aoutbox)]
+    with pytest.raises(ConfigurationError, match="only joins"):
+        await AsyncSqlAlchemyExecutor(dialect=executor.dialect).run(counted)
