@@ -39,6 +39,7 @@ from celery_outbox.dispatch import (
 )
 from celery_outbox.engine import make_engine
 from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
+from celery_outbox.executors import AsyncTransaction, Transaction
 from celery_outbox.maintenance import (
     Pruner,
     PrunerConfig,
@@ -280,10 +281,7 @@ class Outbox:
         if caller is not None:
             tx = self.store.join(caller)
             results = self.store.insert(tx, rows)
-            items = self._to_dispatch(rows, results, now)
-            if items:
-                dispatcher = self.dispatcher
-                tx.after_commit(lambda: dispatcher.dispatch(items))
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
         else:
             results = self.store.insert_alone(rows)
             self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
@@ -331,11 +329,15 @@ class Outbox:
             self._dispatch_ready = True
         tx = await self.store.ajoin(caller)
         results = await self.store.ainsert(tx, rows)
-        items = self._to_dispatch(rows, results, now)
+        self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+        return [execution_id for execution_id, _ in results]
+
+    def _dispatch_on_commit(self, tx: Transaction | AsyncTransaction,
+                            items: list[DispatchItem]) -> None:
+        """Dispatch ``items`` after the outermost commit of the caller's transaction ``tx``."""
         if items:
             dispatcher = self.dispatcher
             tx.after_commit(lambda: dispatcher.dispatch(items))
-        return [execution_id for execution_id, _ in results]
 
     def _new_rows(
         self, spec: JobSpec, payloads: Sequence[Any], now: datetime,
