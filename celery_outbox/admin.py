@@ -13,11 +13,12 @@ the id and the current status); a bad argument raises :class:`ConfigurationError
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from uuid import UUID
 
 from celery_outbox.errors import (
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 
     from celery_outbox.registry import JobRegistry
     from celery_outbox.store import ExecutionStore
+
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
 
 MAX_LIMIT = 200
 """The most executions one :meth:`OutboxAdmin.list_executions` call returns."""
@@ -175,8 +180,30 @@ class Facade(Protocol):
         ...
 
 
+def _in_thread(
+    method: Callable[Concatenate[S, P], R],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """The async twin of ``method``: the same call, run in a worker thread
+    (:func:`asyncio.to_thread`), so an event loop (a FastAPI endpoint) never waits on the
+    database. Same arguments, result and errors."""
+
+    async def twin(admin: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(method, admin, *args, **kwargs)
+
+    twin.__name__ = f"a{method.__name__}"
+    twin.__qualname__ = method.__qualname__.replace(method.__name__, twin.__name__)
+    twin.__doc__ = (f"``await`` twin of :meth:`{method.__name__}`, run in a worker thread: "
+                    f"same arguments, result and errors.")
+    return twin
+
+
 class OutboxAdmin:
-    """The admin service of one :class:`~celery_outbox.Outbox` (``outbox.admin``)."""
+    """The admin service of one :class:`~celery_outbox.Outbox` (``outbox.admin``).
+
+    Each method has an async twin for an event loop (``await admin.alist_executions(...)``,
+    ``aget_execution``, ``alist_jobs``, ``atrigger``, ``aretry``, ``acancel``) that runs it
+    in a worker thread.
+    """
 
     def __init__(self, outbox: Facade) -> None:
         self.outbox = outbox
@@ -302,6 +329,15 @@ class OutboxAdmin:
                 raise ExecutionNotFound(execution_id)
             raise InvalidTransition(execution_id, status, "cancel")
         return self.get_execution(execution_id)
+
+    # -- async twins --------------------------------------------------------------------------
+
+    alist_jobs = _in_thread(list_jobs)
+    alist_executions = _in_thread(list_executions)
+    aget_execution = _in_thread(get_execution)
+    atrigger = _in_thread(trigger)
+    aretry = _in_thread(retry)
+    acancel = _in_thread(cancel)
 
 
 # -- building views ---------------------------------------------------------------------------

@@ -152,6 +152,13 @@ class CeleryDispatcher:
         if full:
             self._hurry.set()  # a message's worth is waiting: do not linger
 
+    def prepare(self) -> None:
+        """Do now what the first dispatch of this process does (start the publishing thread,
+        resolve the broker client; no I/O), so that dispatch is a queue put: an async push
+        calls it in a worker thread, never on the event loop."""
+        with self._lock:
+            self._ensure_thread()
+
     def flush(self, timeout: timedelta) -> bool:
         deadline = timeout.total_seconds()
         with self._idle:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -17,11 +17,15 @@ from celery_outbox.outbox import Outbox
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.retry import RetryPolicy
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+
 P = TypeVar("P")
 
 
 class OutboxJob(Generic[P]):
-    """A registered job. Push executions with :meth:`push` / :meth:`push_many`.
+    """A registered job. Push executions with :meth:`push` / :meth:`push_many` (from an event
+    loop: :meth:`apush` / :meth:`apush_many`).
 
     Calling the handle calls the handler directly (for unit tests): ``job(ctx)``.
     """
@@ -105,6 +109,62 @@ class OutboxJob(Generic[P]):
         """
         self._queue_mode("push_many")
         return self.outbox.push_many(
+            self.spec, list(items), session=session, connection=connection, keys=keys,
+            delay=delay, scheduled_at=scheduled_at, priority=priority,
+            organization_id=organization_id, triggered_by=triggered_by,
+            triggered_by_name=triggered_by_name,
+        )
+
+    async def apush(
+        self,
+        payload: P | dict[str, Any] | None = None,
+        *,
+        session: AsyncSession | async_scoped_session[Any] | None = None,
+        connection: AsyncConnection | None = None,
+        key: str | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> UUID:
+        """:meth:`push` for an event loop: ``await job.apush(payload, session=...)``.
+
+        ``session``: an AsyncSession or ``async_scoped_session``; ``connection``: an
+        AsyncConnection (SQLAlchemy's asyncio extension: ``postgresql+psycopg``,
+        ``postgresql+asyncpg``, ``sqlite+aiosqlite``). The row is written in the caller's
+        transaction and dispatched after its outermost commit; without either, the outbox
+        commits its own in a worker thread. The loop never waits on the broker. Options,
+        result and errors as :meth:`push`; a sync Session or Connection raises
+        :class:`ConfigurationError` before anything is written.
+        """
+        self._queue_mode("apush")
+        return (await self.outbox.apush_many(
+            self.spec, [payload], session=session, connection=connection, keys=[key],
+            delay=delay, scheduled_at=scheduled_at, priority=priority,
+            organization_id=organization_id, triggered_by=triggered_by,
+            triggered_by_name=triggered_by_name, index_items=False,
+        ))[0]
+
+    async def apush_many(
+        self,
+        items: Sequence[P | dict[str, Any]],
+        *,
+        session: AsyncSession | async_scoped_session[Any] | None = None,
+        connection: AsyncConnection | None = None,
+        keys: Sequence[str | None] | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> list[UUID]:
+        """:meth:`push_many` for an event loop; ``session`` / ``connection`` as
+        :meth:`apush`, the rest as :meth:`push_many`."""
+        self._queue_mode("apush_many")
+        return await self.outbox.apush_many(
             self.spec, list(items), session=session, connection=connection, keys=keys,
             delay=delay, scheduled_at=scheduled_at, priority=priority,
             organization_id=organization_id, triggered_by=triggered_by,

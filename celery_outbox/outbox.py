@@ -7,15 +7,17 @@ It owns push, cancel and the schema; the SQL itself lives in :mod:`celery_outbox
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import re
+import sys
 import weakref
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from celery import Celery
@@ -37,6 +39,7 @@ from celery_outbox.dispatch import (
 )
 from celery_outbox.engine import make_engine
 from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
+from celery_outbox.executors import AsyncTransaction, Transaction
 from celery_outbox.maintenance import (
     Sweeper,
     SweepResult,
@@ -54,6 +57,9 @@ from celery_outbox.states import Priority
 from celery_outbox.store import ExecutionStore, NewExecution
 from celery_outbox.ticker import ENTRY_PREFIX, CronTicker, TickOutcome
 from celery_outbox.ticker import install as install_cron_task
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,7 @@ class Outbox:
         else:
             self._install_task()
         self.registry.outbox = self
+        self._dispatch_ready = False  # apush prepared the dispatcher (in a worker thread)
         self._connect_worker_signals()
         self._install_maintenance()
         self._install_cron()
@@ -266,6 +273,80 @@ class Outbox:
         retries; when one already retries it, its id is returned and nothing is written.
         """
         session = _check_target(session, connection)
+        now = utcnow()
+        rows = self._new_rows(spec, payloads, now, keys, delay, scheduled_at, priority,
+                              organization_id, triggered_by, triggered_by_name, index_items,
+                              retry_of)
+        caller = session if session is not None else connection
+        if caller is not None:
+            tx = self.store.join(caller)
+            results = self.store.insert(tx, rows)
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+        else:
+            results = self.store.insert_alone(rows)
+            self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
+        return [execution_id for execution_id, _ in results]
+
+    async def apush_many(
+        self,
+        spec: JobSpec,
+        payloads: Sequence[Any],
+        *,
+        session: AsyncSession | async_scoped_session[Any] | None = None,
+        connection: AsyncConnection | None = None,
+        keys: Sequence[str | None] | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+        index_items: bool = True,
+    ) -> list[UUID]:
+        """:meth:`push_many` for an event loop: arguments, result and errors the same.
+
+        With ``session`` (an :class:`~sqlalchemy.ext.asyncio.AsyncSession` or
+        ``async_scoped_session``) or ``connection`` (an
+        :class:`~sqlalchemy.ext.asyncio.AsyncConnection`) on the outbox's database the rows
+        join the caller's async transaction: dispatched after its outermost commit, dropped
+        on its rollback or a rolled-back savepoint. Without, :meth:`push_many` runs in a
+        worker thread and commits its own. A sync Session or Connection raises
+        :class:`ConfigurationError` naming :meth:`push_many`, before anything is written.
+        """
+        options: dict[str, Any] = dict(
+            keys=keys, delay=delay, scheduled_at=scheduled_at, priority=priority,
+            organization_id=organization_id, triggered_by=triggered_by,
+            triggered_by_name=triggered_by_name, index_items=index_items)
+        caller = _check_async_target(session, connection)
+        if caller is None:
+            return await asyncio.to_thread(self.push_many, spec, payloads, **options)
+        now = utcnow()
+        rows = self._new_rows(spec, payloads, now, keys, delay, scheduled_at, priority,
+                              organization_id, triggered_by, triggered_by_name, index_items,
+                              None)
+        if not self._dispatch_ready:  # its first call prepares the broker client: not here
+            await asyncio.to_thread(getattr(self.dispatcher, "prepare", lambda: None))
+            self._dispatch_ready = True
+        tx = await self.store.ajoin(caller)
+        results = await self.store.ainsert(tx, rows)
+        self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+        return [execution_id for execution_id, _ in results]
+
+    def _dispatch_on_commit(self, tx: Transaction | AsyncTransaction,
+                            items: list[DispatchItem]) -> None:
+        """Dispatch ``items`` after the outermost commit of the caller's transaction ``tx``."""
+        if items:
+            dispatcher = self.dispatcher
+            tx.after_commit(lambda: dispatcher.dispatch(items))
+
+    def _new_rows(
+        self, spec: JobSpec, payloads: Sequence[Any], now: datetime,
+        keys: Sequence[str | None] | None, delay: timedelta | None,
+        scheduled_at: datetime | None, priority: str | int | None,
+        organization_id: str | None, triggered_by: str | None,
+        triggered_by_name: str | None, index_items: bool, retry_of: UUID | None,
+    ) -> list[NewExecution]:
+        """The rows of one push at ``now``, every argument checked (push_many's errors)."""
         if retry_of is not None and len(payloads) != 1:
             raise ConfigurationError("push_many: retry_of takes exactly one payload")
         keys = list(keys) if keys is not None else [None] * len(payloads)
@@ -273,24 +354,12 @@ class Outbox:
             raise ConfigurationError(
                 f"push_many: {len(keys)} keys for {len(payloads)} payloads; give one per payload"
             )
-        now = utcnow()
         run_at = _run_at(now, delay, scheduled_at)
         rows = self._rows(spec, payloads, keys, now, run_at, priority, organization_id,
                           triggered_by, triggered_by_name, index_items)
         if retry_of is not None:
             rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
-        caller = session if session is not None else connection
-        if caller is not None:
-            tx = self.store.join(caller)
-            results = self.store.insert(tx, rows)
-            items = self._to_dispatch(rows, results, now)
-            if items:
-                dispatcher = self.dispatcher
-                tx.after_commit(lambda: dispatcher.dispatch(items))
-        else:
-            results = self.store.insert_alone(rows)
-            self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
-        return [execution_id for execution_id, _ in results]
+        return rows
 
     def _rows(
         self,
@@ -414,6 +483,12 @@ def _check_target(
     after checking ``session`` and ``connection``; ConfigurationError naming the argument."""
     if session is not None and connection is not None:
         raise ConfigurationError("push: pass session= or connection=, not both")
+    if _is_async(session) or _is_async(connection):
+        raise ConfigurationError(
+            f"push: {'session' if session is not None else 'connection'}= is a SQLAlchemy "
+            f"asyncio object ({type(session or connection).__name__}); use "
+            f"`await job.apush(...)` or `await job.apush_many(...)`"
+        )
     if connection is not None and not isinstance(connection, Connection):
         raise ConfigurationError(
             f"push: connection= must be a sqlalchemy Connection, got {type(connection)!r}"
@@ -427,6 +502,42 @@ def _check_target(
         session = current
     raise ConfigurationError(
         f"push: session= must be a sqlalchemy Session or scoped_session, got {type(session)!r}"
+    )
+
+
+def _is_async(value: Any) -> bool:
+    """Whether ``value`` is an object of SQLAlchemy's asyncio extension (its session, scoped
+    session, connection or engine). Nothing is imported: if the extension is not loaded,
+    no such object exists."""
+    ext = sys.modules.get("sqlalchemy.ext.asyncio")
+    return ext is not None and isinstance(value, (
+        ext.AsyncSession, ext.async_scoped_session, ext.AsyncConnection, ext.AsyncEngine))
+
+
+def _check_async_target(session: Any, connection: Any) -> Any:
+    """The async caller to push in (session or connection), or None to push alone, after
+    checking them; ConfigurationError naming the argument (and push for a sync one)."""
+    if session is not None and connection is not None:
+        raise ConfigurationError("apush: pass session= or connection=, not both")
+    argument, value = ("session", session) if session is not None else ("connection", connection)
+    if value is None:
+        return None
+    ext = sys.modules.get("sqlalchemy.ext.asyncio")
+    wanted: tuple[type[Any], ...] = () if ext is None else (
+        (ext.AsyncSession, ext.async_scoped_session) if argument == "session"
+        else (ext.AsyncConnection,))
+    if isinstance(value, wanted):
+        return value
+    if isinstance(value, (Session, scoped_session, Connection)):
+        raise ConfigurationError(
+            f"apush: {argument}= is a sync SQLAlchemy {type(value).__name__}; use "
+            f"job.push(...) or job.push_many(...), or pass an "
+            f"{'AsyncSession' if argument == 'session' else 'AsyncConnection'}"
+        )
+    raise ConfigurationError(
+        f"apush: {argument}= must be a SQLAlchemy "
+        f"{'AsyncSession or async_scoped_session' if argument == 'session' else 'AsyncConnection'}"
+        f", got {type(value)!r}"
     )
 
 

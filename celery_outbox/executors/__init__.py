@@ -2,11 +2,14 @@
 
 :class:`SqlAlchemyExecutor` runs them on a SQLAlchemy Engine, and joins a caller's Session,
 ``scoped_session`` or Connection, with after-commit callbacks on it.
+:class:`~celery_outbox.executors.sqlalchemy_async.AsyncSqlAlchemyExecutor` does the same on
+SQLAlchemy's asyncio extension; import it from its module (it needs greenlet, which the rest
+of the package does not).
 """
 
 from __future__ import annotations
 
-from celery_outbox.executors.base import Executor, Observer, Transaction
+from celery_outbox.executors.base import AsyncTransaction, Executor, Observer, Transaction
 from celery_outbox.executors.sqlalchemy import SqlAlchemyExecutor
 
-__all__ = ["Executor", "Observer", "SqlAlchemyExecutor", "Transaction"]
+__all__ = ["AsyncTransaction", "Executor", "Observer", "SqlAlchemyExecutor", "Transaction"]

@@ -39,6 +39,23 @@ class Transaction(Protocol):
         ...
 
 
+class AsyncTransaction(Protocol):
+    """One open transaction of an async caller (SQLAlchemy's asyncio extension): as
+    :class:`Transaction`, with ``run`` awaited; plans run on it with
+    :func:`~celery_outbox.queries.adrive`."""
+
+    async def run(self, query: Query[R]) -> R:
+        """Run ``query`` in this transaction; its mapped result. Driver errors become
+        :class:`~celery_outbox.errors.StorageError`."""
+        ...
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """As :meth:`Transaction.after_commit`: ``callback()`` runs once the outermost
+        transaction committed, in the event loop's thread, so it must not block (a
+        dispatch hands ids to the publishing thread)."""
+        ...
+
+
 class Executor(Protocol):
     """Runs queries on one database for the store."""
 

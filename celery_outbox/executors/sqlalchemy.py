@@ -128,12 +128,7 @@ class SqlAlchemyExecutor:
             result: Any = None
         else:
             result = conn.execute(query.statement, query.params)
-        if query.shape is Shape.ROWS:
-            raw: Any = [row._mapping for row in result]
-        elif query.shape is Shape.ROWCOUNT:
-            raw = result.rowcount
-        else:
-            raw = None
+        raw = shaped(query, result)
         if self.observers:
             self._observed(query, started)
         return query.mapper(raw)
@@ -215,6 +210,16 @@ class SqlAlchemyExecutor:
                     ])
         except conn.dialect.loaded_dbapi.Error as exc:
             raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
+
+
+def shaped(query: Query[Any], result: Any) -> Any:
+    """What ``query``'s mapper takes from a statement's ``result`` (its :class:`Shape`):
+    the rows as mappings, the row count, or None."""
+    if query.shape is Shape.ROWS:
+        return [row._mapping for row in result]
+    if query.shape is Shape.ROWCOUNT:
+        return result.rowcount
+    return None
 
 
 def _processors(table: Table, dialect: Dialect, columns: Sequence[str]) -> list[Any]:

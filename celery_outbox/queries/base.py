@@ -9,7 +9,7 @@ driven by any executor, sync (:func:`drive`) or async.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Generic, TypeVar
@@ -133,6 +133,23 @@ def drive(run: Callable[[Query[Any]], Any], plan: Plan[R]) -> R:
         while True:
             try:
                 result = run(query)
+            except BaseException as exc:
+                query = plan.throw(exc)
+            else:
+                query = plan.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def adrive(run: Callable[[Query[Any]], Awaitable[Any]], plan: Plan[R]) -> R:
+    """:func:`drive` with an async ``run`` (an async transaction's ``run``): the same plan,
+    each query awaited in turn. An error from ``run`` (a cancellation too) is thrown into the
+    plan, so its ``finally`` blocks run."""
+    try:
+        query = next(plan)
+        while True:
+            try:
+                result = await run(query)
             except BaseException as exc:
                 query = plan.throw(exc)
             else:

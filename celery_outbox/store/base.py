@@ -8,15 +8,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from sqlalchemy import Engine
 
-from celery_outbox.executors import SqlAlchemyExecutor, Transaction
+from celery_outbox.executors import AsyncTransaction, SqlAlchemyExecutor, Transaction
 from celery_outbox.executors.sqlalchemy import SUPPORTED_DIALECTS
 from celery_outbox.models import Tables
 from celery_outbox.outcomes import Fence
+
+if TYPE_CHECKING:
+    from celery_outbox.executors.sqlalchemy_async import AsyncSqlAlchemyExecutor
 
 log = logging.getLogger("celery_outbox.store")  # one logger for the whole store
 
@@ -35,6 +38,7 @@ class StoreBase:
         self.tables = tables
         self.t = tables.executions
         self.dialect = self.executor.dialect
+        self._async: AsyncSqlAlchemyExecutor | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
@@ -48,6 +52,16 @@ class StoreBase:
         transitions that write in it (:meth:`insert`, :meth:`advance_tick`)."""
         return self.executor.join(caller)
 
+    async def ajoin(self, caller: Any) -> AsyncTransaction:
+        """:meth:`join` for an async caller (AsyncSession, async_scoped_session or
+        AsyncConnection, on the store's database), for the ``a``-twins of those transitions
+        (:meth:`ainsert`). Imports SQLAlchemy's asyncio extension on first use."""
+        if self._async is None:
+            from celery_outbox.executors.sqlalchemy_async import AsyncSqlAlchemyExecutor
+
+            self._async = AsyncSqlAlchemyExecutor(dialect=self.dialect,
+                                                  observers=self.executor.observers)
+        return await self._async.join(caller)
 
     @staticmethod
     def _hit(rowcount: int, transition: str, execution_id: UUID) -> bool:

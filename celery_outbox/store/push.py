@@ -12,9 +12,9 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from celery_outbox.errors import StorageError
-from celery_outbox.executors import Transaction
+from celery_outbox.executors import AsyncTransaction, Transaction
 from celery_outbox.models import Tables
-from celery_outbox.queries import Plan, drive
+from celery_outbox.queries import Plan, adrive, drive
 from celery_outbox.queries.push import (
     insert_keyed,
     insert_retry,
@@ -134,6 +134,12 @@ class PushStore(StoreBase):
         Returns ``[(execution_id, inserted)]`` in the order of ``rows``.
         """
         return drive(tx.run, _insert_plan(self.tables, self.dialect, rows))
+
+    async def ainsert(self, tx: AsyncTransaction, rows: Sequence[NewExecution]) -> Result:
+        """push: none -> pending (or scheduled), in the caller's async transaction ``tx``
+        (:meth:`ajoin`). The plan of :meth:`insert`, each query awaited: guard, miss result
+        and return value as there."""
+        return await adrive(tx.run, _insert_plan(self.tables, self.dialect, rows))
 
     def insert_alone(self, rows: Sequence[NewExecution]) -> Result:
         """push: none -> pending (or scheduled), in a transaction of the store's own.

@@ -1,0 +1,207 @@
+"""The executor on SQLAlchemy's asyncio extension: a caller's AsyncSession,
+``async_scoped_session`` or AsyncConnection joined, with callbacks after its outermost commit;
+on an AsyncEngine, also queries alone or in a transaction of its own.
+
+After-commit goes through the sync hooks of :mod:`celery_outbox.executors.sqlalchemy` on the
+caller's ``sync_session`` / ``sync_connection``: SQLAlchemy runs an async commit as the sync
+one inside its greenlet bridge, so the same events fire, in the same order, and the hooks'
+own DBAPI commit goes through the driver's async adapter. The callbacks then run in the event
+loop's thread, and must not block it.
+
+Nothing in the package imports this module at import time: SQLAlchemy's asyncio extension
+needs greenlet, which the sync core does not. Bulk inserts go as one executemany (no COPY:
+psycopg's async COPY is not reached through SQLAlchemy's adapter).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+)
+
+from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.executors.base import Observer
+from celery_outbox.executors.sqlalchemy import (
+    SUPPORTED_DIALECTS,
+    Callback,
+    _call,
+    _ConnectionHook,
+    _SessionHook,
+    shaped,
+)
+from celery_outbox.queries import Query
+
+R = TypeVar("R")
+
+
+class AsyncSqlAlchemyExecutor:
+    """Runs queries through SQLAlchemy's asyncio extension (``postgresql+psycopg``,
+    ``postgresql+asyncpg``, ``sqlite+aiosqlite``).
+
+    :meth:`join` takes any caller on a database of ``dialect``. With ``engine`` (an
+    AsyncEngine; its dialect is then the executor's), :meth:`run` and :meth:`transaction`
+    run queries in transactions of the executor's own. ``observers`` are called after each
+    query with the query and its duration in seconds (pass a sync executor's list to share
+    it). Raises :class:`ConfigurationError` for another dialect, or neither argument.
+    """
+
+    def __init__(self, engine: AsyncEngine | None = None, *, dialect: str | None = None,
+                 observers: list[Observer] | None = None) -> None:
+        name = engine.dialect.name if engine is not None else dialect
+        if name not in SUPPORTED_DIALECTS:
+            raise ConfigurationError(
+                f"database dialect {name!r} is not supported; "
+                f"use one of {', '.join(SUPPORTED_DIALECTS)}"
+            )
+        self.engine = engine
+        self.dialect: str = name
+        self.observers: list[Observer] = observers if observers is not None else []
+
+    def where(self) -> str:
+        return _where(self.engine) if self.engine is not None else f"a {self.dialect} database"
+
+    # -- the executor's own transactions -----------------------------------------------------
+
+    async def run(self, query: Query[R]) -> R:
+        """Run ``query`` alone: autocommit on PostgreSQL, its own transaction on SQLite."""
+        engine = self._engine()
+        if self.dialect == "postgresql":
+            engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.begin() as conn:
+                return await self._run(conn, query)
+        except DBAPIError as exc:
+            raise _error(engine, exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_AsyncOwn]:
+        """A transaction of the executor's own: committed when the block ends, rolled back
+        when it raises; its after-commit callbacks run after the commit."""
+        engine = self._engine()
+        own = _AsyncOwn(self)
+        try:
+            async with engine.begin() as conn:
+                own.conn = conn
+                yield own
+        except DBAPIError as exc:
+            raise _error(engine, exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        _call(own.callbacks)
+
+    # -- a caller's transaction --------------------------------------------------------------
+
+    async def join(self, caller: Any) -> _AsyncJoined:
+        """``caller``: an :class:`~sqlalchemy.ext.asyncio.AsyncSession`, an
+        :class:`~sqlalchemy.ext.asyncio.async_scoped_session` (its current AsyncSession) or
+        an :class:`~sqlalchemy.ext.asyncio.AsyncConnection`, inside the transaction to write
+        in, on a database of the executor's dialect. Anything else raises
+        :class:`ConfigurationError`."""
+        if isinstance(caller, async_scoped_session):
+            caller = caller()
+        if isinstance(caller, AsyncSession):
+            try:
+                conn = await caller.connection()
+            except DBAPIError as exc:
+                raise _error(None, exc) from exc
+            self._check_dialect(conn)
+            return _AsyncJoined(self, conn, caller)
+        if isinstance(caller, AsyncConnection):
+            self._check_dialect(caller)
+            return _AsyncJoined(self, caller, None)
+        raise ConfigurationError(
+            f"expected a SQLAlchemy AsyncSession, async_scoped_session or AsyncConnection, "
+            f"got {type(caller).__name__}"
+        )
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def _run(self, conn: AsyncConnection, query: Query[R]) -> R:
+        started = time.perf_counter() if self.observers else 0.0
+        result = await conn.execute(query.statement, query.params)
+        raw = shaped(query, result)
+        if self.observers:
+            elapsed = time.perf_counter() - started
+            for observe in self.observers:
+                observe(query, elapsed)
+        return query.mapper(raw)
+
+    def _engine(self) -> AsyncEngine:
+        if self.engine is None:
+            raise ConfigurationError(
+                "this AsyncSqlAlchemyExecutor only joins callers' transactions; "
+                "give it an AsyncEngine to run queries of its own"
+            )
+        return self.engine
+
+    def _check_dialect(self, conn: AsyncConnection) -> None:
+        if conn.dialect.name != self.dialect:
+            raise ConfigurationError(
+                f"the caller's database is {conn.dialect.name}, the outbox's {self.dialect}: "
+                f"push in a transaction on the outbox's database"
+            )
+
+
+def _where(engine: AsyncEngine | None) -> str:
+    if engine is None:
+        return "the caller's database"
+    url = engine.url
+    port = f":{url.port}" if url.port else ""
+    return f"{url.drivername}://{url.host or ''}{port}/{url.database or ''}"
+
+
+def _error(engine: AsyncEngine | None, exc: DBAPIError) -> StorageError:
+    return StorageError(f"database error on {_where(engine)}: {exc.orig}")
+
+
+class _AsyncOwn:
+    """A transaction of the executor's own; callbacks run after its commit."""
+
+    def __init__(self, executor: AsyncSqlAlchemyExecutor) -> None:
+        self.executor = executor
+        self.conn: AsyncConnection | None = None
+        self.callbacks: list[Callback] = []
+
+    async def run(self, query: Query[R]) -> R:
+        assert self.conn is not None
+        return await self.executor._run(self.conn, query)  # errors: transaction() maps them
+
+    def after_commit(self, callback: Callback) -> None:
+        self.callbacks.append(callback)
+
+
+class _AsyncJoined:
+    """A caller's async transaction, on the AsyncConnection its AsyncSession (or itself)
+    writes with; after-commit through the sync hooks on its sync twin."""
+
+    def __init__(self, executor: AsyncSqlAlchemyExecutor, conn: AsyncConnection,
+                 session: AsyncSession | None) -> None:
+        self.executor = executor
+        self.conn = conn
+        self.session = session
+
+    async def run(self, query: Query[R]) -> R:
+        try:
+            return await self.executor._run(self.conn, query)
+        except DBAPIError as exc:
+            raise _error(self.conn.engine, exc) from exc
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        if self.session is not None:
+            sync = self.session.sync_session
+            _SessionHook.get(sync).add(sync, callback)
+        else:
+            sync_conn = self.conn.sync_connection
+            assert sync_conn is not None  # an AsyncConnection inside a transaction has one
+            _ConnectionHook.get(sync_conn).add(callback)
