@@ -12,7 +12,8 @@ import json
 import logging
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
@@ -38,6 +39,7 @@ from celery_outbox.dispatch import (
 )
 from celery_outbox.engine import make_engine
 from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
+from celery_outbox.executors import Transaction
 from celery_outbox.maintenance import (
     Pruner,
     PrunerConfig,
@@ -58,6 +60,10 @@ from celery_outbox.ticker import install as install_cron_task
 
 log = logging.getLogger(__name__)
 
+Joiner = Callable[[], AbstractContextManager[Transaction]]
+"""Opens the transaction a push without ``session`` / ``connection`` writes in (the caller's
+of a framework, joined): its rows commit with it and dispatch after its outermost commit."""
+
 _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """An escaped NUL in JSON text (not an escaped backslash followed by ``u0000``)."""
@@ -72,6 +78,9 @@ class Outbox:
     - ``registry``: the jobs to serve (default: those declared with ``@outbox_job``).
     - ``dispatcher``: how ids reach workers (default: Celery; inline when
       ``task_always_eager``).
+    - ``joiner``: where a push given neither ``session`` nor ``connection`` writes: a
+      transaction this opens (see :data:`Joiner`; ``celery_outbox.contrib.django`` joins
+      Django's). Default: the outbox commits one of its own.
     - ``**settings``: see :class:`~celery_outbox.config.OutboxConfig`, also read from
       ``app.conf.outbox_<name>``.
 
@@ -87,9 +96,11 @@ class Outbox:
         engine: Engine | None = None,
         registry: JobRegistry | None = None,
         dispatcher: Dispatcher | None = None,
+        joiner: Joiner | None = None,
         **settings: Any,
     ) -> None:
         self.app = app
+        self.joiner = joiner
         previous = _outboxes.get(app)
         conf = {k: v for k, v in app.conf.items() if k != "outbox_database_url"}
         self.config = OutboxConfig.load(settings, conf)
@@ -280,6 +291,8 @@ class Outbox:
                           triggered_by, triggered_by_name, index_items)
         if retry_of is not None:
             rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
+        if session is None and connection is None and self.joiner is not None:
+            return self._push_joined(self.joiner, rows, now)
         if session is not None:
             try:
                 conn = session.connection()
@@ -300,6 +313,18 @@ class Outbox:
             return self.store.insert(conn, rows)
         except DBAPIError as exc:
             raise StorageError(f"push failed: {exc.orig}") from exc
+
+    def _push_joined(
+        self, joiner: Joiner, rows: list[NewExecution], now: datetime
+    ) -> list[UUID]:
+        """Write ``rows`` in the transaction ``joiner`` opens; dispatch after its commit."""
+        with joiner() as tx:
+            results = self.store.insert(tx, rows)
+            items = self._to_dispatch(rows, results, now)
+            if items:
+                dispatcher = self.dispatcher
+                tx.after_commit(lambda: dispatcher.dispatch(items))
+        return [execution_id for execution_id, _ in results]
 
     def _rows(
         self,
