@@ -9,8 +9,9 @@
   out alone, with its own Celery time limits). A failed publish is logged, never
   raised; the rows stay pending and the sweep dispatches them again after ``stale_after``.
 - :class:`InlineDispatcher` runs executions in the calling thread, for tests and eager mode.
-- :func:`defer_to_commit` queues a dispatch on the caller's Session or Connection: it goes out
-  after the outermost commit; a rollback, or a rolled-back savepoint, drops it.
+
+A push in the caller's transaction dispatches after its outermost commit (the store's
+``Transaction.after_commit``); a rollback, or a rolled-back savepoint, drops it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from kombu import pools
-from sqlalchemy import Connection, event
-from sqlalchemy.orm import Session, SessionTransaction
 
 from celery_outbox.registry import JobRegistry
 
@@ -369,167 +368,3 @@ class InlineDispatcher:
 
     def flush(self, timeout: timedelta) -> bool:
         return True
-
-
-# -- after commit ---------------------------------------------------------------------------
-
-_SESSION_KEY = "celery_outbox.after_commit"
-_Deferred = tuple[Dispatcher, list[DispatchItem]]
-
-
-def defer_to_commit(
-    target: Session | Connection, dispatcher: Dispatcher, items: list[DispatchItem]
-) -> None:
-    """Dispatch ``items`` after ``target``'s outermost transaction commits.
-
-    A rollback of that transaction, or of the savepoint that was innermost when the items were
-    queued, drops them. ``target`` must be inside the transaction that wrote the rows.
-    """
-    if not items:
-        return
-    if isinstance(target, Session):
-        _SessionHook.get(target).add(target, dispatcher, items)
-    else:
-        _ConnectionHook.get(target).add(dispatcher, items)
-
-
-def _send(deferred: list[_Deferred]) -> None:
-    for dispatcher, items in deferred:
-        try:
-            dispatcher.dispatch(items)
-        except Exception:  # after commit the rows are safe; never fail the caller here
-            log.exception("celery_outbox: dispatch after commit failed; the sweep will retry")
-
-
-class _SessionHook:
-    """Per-Session queue of dispatches, tagged with the (nested) transaction that made them
-    and the Connection that wrote the rows.
-
-    A Session bound to a Connection that was already in a transaction (the
-    ``join_transaction_mode`` recipes) commits no more than a savepoint, or nothing, on
-    ``commit()``: the rows are durable only when that outer transaction commits. Its
-    dispatches then move to the Connection's queue (:class:`_ConnectionHook`), which sends
-    them on the outer commit and drops them on its rollback.
-    """
-
-    def __init__(self, session: Session) -> None:
-        self.entries: list[tuple[SessionTransaction, Connection, _Deferred]] = []
-        event.listen(session, "after_commit", self.on_commit)
-        event.listen(session, "after_soft_rollback", self.on_soft_rollback)
-        event.listen(session, "after_transaction_end", self.on_transaction_end)
-
-    @classmethod
-    def get(cls, session: Session) -> _SessionHook:
-        hook = session.info.get(_SESSION_KEY)
-        if hook is None:
-            hook = session.info[_SESSION_KEY] = cls(session)
-        return hook
-
-    def add(self, session: Session, dispatcher: Dispatcher, items: list[DispatchItem]) -> None:
-        tx = session.get_nested_transaction() or session.get_transaction()
-        if tx is None:
-            raise RuntimeError("push(session=...) needs the session inside a transaction")
-        self.entries.append((tx, session.connection(), (dispatcher, items)))
-
-    def on_commit(self, session: Session) -> None:
-        if session.in_nested_transaction():
-            # SQLAlchemy fires after_commit for a released savepoint too: nothing is durable
-            # yet. Its entries stay, tagged with the savepoint, whose parents a later
-            # rollback still reaches.
-            return
-        entries, self.entries = self.entries, []
-        durable: list[_Deferred] = []
-        for _, conn, deferred in entries:
-            if conn.in_transaction():
-                # The Session joined a transaction it does not own: wait for that one.
-                _ConnectionHook.get(conn).add(*deferred)
-            else:
-                durable.append(deferred)
-        _send(durable)
-
-    def on_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
-        def inside(tx: SessionTransaction | None) -> bool:
-            while tx is not None:
-                if tx is previous:
-                    return True
-                tx = tx.parent
-            return False
-
-        self.entries = [(tx, c, d) for tx, c, d in self.entries if not inside(tx)]
-
-    def on_transaction_end(self, session: Session, transaction: SessionTransaction) -> None:
-        if transaction.parent is None:
-            # The root transaction ended. After a commit, on_commit has sent its entries
-            # already; any left were never committed: close() and reset() roll back without
-            # an after_soft_rollback event, and must not leave them for the next commit.
-            self.entries = []
-
-
-class _ConnectionHook:
-    """Per-Connection queue of dispatches, one frame per savepoint opened since the first push.
-
-    SQLAlchemy's Connection has no after-commit event, only ``commit`` fired just before the
-    DBAPI commit. The hook commits the DBAPI connection itself there, then dispatches; the
-    commit SQLAlchemy issues next is a no-op on an idle DBAPI connection. If that commit fails,
-    the error propagates from the caller's ``commit()`` and nothing is dispatched.
-    """
-
-    _hooks: weakref.WeakKeyDictionary[Connection, _ConnectionHook] = weakref.WeakKeyDictionary()
-
-    def __init__(self, conn: Connection) -> None:
-        self.frames: list[tuple[str | None, list[_Deferred]]] = [(None, [])]
-        event.listen(conn, "commit", self.on_commit)
-        event.listen(conn, "rollback", self.on_rollback)
-        event.listen(conn, "savepoint", self.on_savepoint)
-        event.listen(conn, "rollback_savepoint", self.on_rollback_savepoint)
-        event.listen(conn, "release_savepoint", self.on_release_savepoint)
-
-    @classmethod
-    def get(cls, conn: Connection) -> _ConnectionHook:
-        hook = cls._hooks.get(conn)
-        if hook is None:
-            hook = cls._hooks[conn] = cls(conn)
-        return hook
-
-    def add(self, dispatcher: Dispatcher, items: list[DispatchItem]) -> None:
-        self.frames[-1][1].append((dispatcher, items))
-
-    def on_commit(self, conn: Connection) -> None:
-        frames, self.frames = self.frames, [(None, [])]
-        deferred = [d for _, ds in frames for d in ds]
-        if not deferred:
-            return
-        dbapi = conn.connection.dbapi_connection
-        if dbapi is not None:
-            dbapi.commit()
-        _send(deferred)
-
-    def on_rollback(self, conn: Connection) -> None:
-        self.frames = [(None, [])]
-
-    def on_savepoint(self, conn: Connection, name: str | None) -> None:
-        # SQLAlchemy passes None here for the names it generates (the usual case): such a
-        # frame is matched by position, as the innermost open savepoint.
-        self.frames.append((name, []))
-
-    def on_rollback_savepoint(self, conn: Connection, name: str, context: object) -> None:
-        if len(self.frames) == 1:
-            # A savepoint opened before this hook existed: all queued so far is inside it.
-            self.frames = [(None, [])]
-            return
-        self._pop(name)
-
-    def on_release_savepoint(self, conn: Connection, name: str, context: object) -> None:
-        if len(self.frames) > 1:
-            released = self._pop(name)
-            self.frames[-1][1].extend(released)
-
-    def _pop(self, name: str) -> list[_Deferred]:
-        """Pop the frame of savepoint ``name`` and those opened after it; their dispatches."""
-        popped: list[_Deferred] = []
-        while len(self.frames) > 1:
-            frame_name, deferred = self.frames.pop()
-            popped[:0] = deferred
-            if frame_name is None or frame_name == name:
-                break
-        return popped

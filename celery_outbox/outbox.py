@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from celery import Celery
 from celery import signals as celery_signals
@@ -35,7 +35,6 @@ from celery_outbox.dispatch import (
     Dispatcher,
     DispatchItem,
     InlineDispatcher,
-    defer_to_commit,
 )
 from celery_outbox.engine import make_engine
 from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
@@ -53,7 +52,7 @@ from celery_outbox.models import DEFAULT_TABLE, MAX_LENGTHS, TABLES, build_table
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain
-from celery_outbox.states import Priority, Status
+from celery_outbox.states import Priority
 from celery_outbox.store import ExecutionStore, NewExecution
 from celery_outbox.ticker import ENTRY_PREFIX, CronTicker, TickOutcome
 from celery_outbox.ticker import install as install_cron_task
@@ -293,26 +292,18 @@ class Outbox:
             rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
         if session is None and connection is None and self.joiner is not None:
             return self._push_joined(self.joiner, rows, now)
-        if session is not None:
-            try:
-                conn = session.connection()
-            except DBAPIError as exc:
-                raise StorageError(f"push failed: {exc.orig}") from exc
-            results = self._insert_in(conn, rows)
-            defer_to_commit(session, self.dispatcher, self._to_dispatch(rows, results, now))
-        elif connection is not None:
-            results = self._insert_in(connection, rows)
-            defer_to_commit(connection, self.dispatcher, self._to_dispatch(rows, results, now))
+        caller = session if session is not None else connection
+        if caller is not None:
+            tx = self.store.join(caller)
+            results = self.store.insert(tx, rows)
+            items = self._to_dispatch(rows, results, now)
+            if items:
+                dispatcher = self.dispatcher
+                tx.after_commit(lambda: dispatcher.dispatch(items))
         else:
             results = self.store.insert_alone(rows)
             self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
-
-    def _insert_in(self, conn: Connection, rows: list[NewExecution]) -> list[tuple[UUID, bool]]:
-        try:
-            return self.store.insert(conn, rows)
-        except DBAPIError as exc:
-            raise StorageError(f"push failed: {exc.orig}") from exc
 
     def _push_joined(
         self, joiner: Joiner, rows: list[NewExecution], now: datetime
@@ -347,29 +338,17 @@ class Outbox:
                               ("triggered_by", triggered_by),
                               ("triggered_by_name", triggered_by_name)):
             _check_text(option, value)
-        due_later = run_at is not None and run_at > now
-        status = Status.SCHEDULED if due_later else Status.PENDING
-        eta_ok = not due_later or (run_at is not None and run_at - now <= self.config.max_eta)
         rows = []
         for index, (payload, key) in enumerate(zip(payloads, keys, strict=True)):
             if key is not None and (not isinstance(key, str) or not key):
                 raise ConfigurationError(f"push: key must be a non-empty string, got {key!r}")
             if key is not None:
                 _check_text("key", key, MAX_LENGTHS["unique_key"])
-            rows.append(NewExecution(
-                id=uuid4(),
-                job_name=spec.name,
-                status=status,
-                priority=int(prio),
-                max_attempts=spec.retry.max_attempts,
-                payload=_validate(spec, payload, index if many else None),
-                created_at=now,
-                scheduled_at=run_at if due_later else None,
-                dispatched_at=now if eta_ok else None,
-                unique_key=key,
-                organization_id=organization_id,
-                triggered_by=triggered_by,
-                triggered_by_name=triggered_by_name,
+            rows.append(NewExecution.create(
+                spec.name, _validate(spec, payload, index if many else None), now,
+                priority=int(prio), max_attempts=spec.retry.max_attempts, run_at=run_at,
+                max_eta=self.config.max_eta, unique_key=key, organization_id=organization_id,
+                triggered_by=triggered_by, triggered_by_name=triggered_by_name,
             ))
         return rows
 

@@ -37,9 +37,10 @@ from celery_outbox.errors import (
 from celery_outbox.heartbeat import Heartbeat
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logs import LogCapture
+from celery_outbox.outcomes import Cancelled, Failed, Retrying, Succeeded
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
-from celery_outbox.store import Claimed, ExecutionStore, Fence, Start
+from celery_outbox.store import Claimed, ExecutionStore, Fence
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ class RunResult:
 class _Outcome:
     status: Status | None  # None: the write was fenced out (cancelled or rescued)
     error: BaseException | None = None
+    started: bool | None = None
+    """The next row of the claim: marked started by this row's write (True), no longer the
+    claim's to begin (False), or not known (None: no next row, or its start failed)."""
 
 
 class Runner:
@@ -149,14 +153,15 @@ class Runner:
             if (claimed and claimed[0].id != uuids[0]
                     and not self.store.start(fences[0], now)):
                 contexts[0]._interrupt("cancelled")
-            following: Start | None = None
+            started: bool | None = None  # the previous row's write started this one
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
                 reached = index
-                if following is not None and following.hit is False:
+                if started is False:
                     ctx._interrupt("cancelled")  # no longer ours: cancelled, rescued, handed back
                 # Each outcome write also marks the next row started (see ExecutionStore.claim).
-                following = Start(fences[index + 1]) if index + 1 < len(fences) else None
+                following = fences[index + 1] if index + 1 < len(fences) else None
                 outcome = self._isolated(spec, row, ctx, fences[index], following)
+                started = outcome.started
                 key = {
                     Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
                     Status.FAILED: "failed", Status.CANCELLED: "cancelled",
@@ -205,7 +210,7 @@ class Runner:
 
     def _isolated(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        following: Start | None,
+        following: Fence | None,
     ) -> _Outcome:
         """:meth:`_execute`, so that an error of this row's own (recording its outcome, a
         bad log record, ...) fails this row, logged, and the message's other rows still run.
@@ -218,15 +223,15 @@ class Runner:
             log.exception("celery_outbox: %s %s: recording the outcome of attempt %d failed; "
                           "failing the execution", spec.name, row.id, row.attempt)
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
-            failed = self.store.fail(fence, self.clock(), error=error, logs=None,
-                                     keep=spec.keep_failed_row(),
-                                     start=following if following and following.hit is None
-                                     else None)
-            return _Outcome(Status.FAILED if failed else None, exc)
+            # Whether the row's own write started the next one is not known here: start it
+            # again with this write (a fenced start that already hit only hits again).
+            failed = self.store.finish(Failed(error, keep=spec.keep_failed_row()), fence,
+                                       self.clock(), start=following)
+            return _Outcome(Status.FAILED if failed.hit else None, exc, failed.started)
 
     def _execute(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        following: Start | None = None,
+        following: Fence | None = None,
     ) -> _Outcome:
         """Run one claimed execution and record its outcome; ``following`` is the next row of
         the same claim, marked started by that outcome write (or on its own, when there is
@@ -236,8 +241,7 @@ class Runner:
             if not cancelled:
                 self._contexts[row.id] = ctx
         if cancelled:
-            self._start(following)
-            return _Outcome(None)
+            return _Outcome(None, started=self._start(following))
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
         started = self.clock()
@@ -281,25 +285,27 @@ class Runner:
             raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: {exc}")\
                 from exc
 
-    def _start(self, following: Start | None) -> None:
-        if following is not None:
-            following.hit = self.store.start(following.fence, self.clock())
+    def _start(self, following: Fence | None) -> bool | None:
+        """Mark the claim's next row started on its own (no outcome to write); whether it
+        still was the claim's, None without a next row."""
+        if following is None:
+            return None
+        return self.store.start(following, self.clock())
 
     def _on_success(
         self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime,
-        logs: list[dict[str, Any]], following: Start | None = None,
+        logs: list[dict[str, Any]], following: Fence | None = None,
     ) -> _Outcome:
         now = self.clock()
         signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                  duration=now - started)
         keep = spec.keep_succeeded_row(self.config)
-        if self.store.complete(fence, now, keep=keep, logs=logs, start=following):
-            return _Outcome(Status.SUCCEEDED)
-        return _Outcome(None)
+        done = self.store.finish(Succeeded(keep, logs), fence, now, start=following)
+        return _Outcome(Status.SUCCEEDED if done.hit else None, started=done.started)
 
     def _on_cancel(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        exc: Exception | None, logs: list[dict[str, Any]], following: Start | None,
+        exc: Exception | None, logs: list[dict[str, Any]], following: Fence | None,
     ) -> _Outcome:
         """The handler called ``ctx.cancel(reason)``, then returned or raised: running ->
         cancelled (``cancelled_by = "handler"``, ``cancelled_by_name = reason``)."""
@@ -307,24 +313,24 @@ class Runner:
         error = exc if exc is not None else ExecutionCancelled(row.id, reason)
         signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                exception=error, will_retry=False)
-        if not self.store.cancel_running(fence, self.clock(), by=HANDLER, by_name=reason,
-                                         logs=logs, start=following):
-            return _Outcome(None, error)  # cancelled by an admin first, or rescued
+        done = self.store.finish(Cancelled(HANDLER, reason, logs), fence, self.clock(),
+                                 start=following)
+        if not done.hit:
+            return _Outcome(None, error, done.started)  # cancelled by an admin first, or rescued
         log.info("celery_outbox: %s %s cancelled by its handler on attempt %d: %s", spec.name,
                  row.id, row.attempt, reason)
         signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
-        return _Outcome(Status.CANCELLED, error)
+        return _Outcome(Status.CANCELLED, error, done.started)
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
-        logs: list[dict[str, Any]], following: Start | None = None,
+        logs: list[dict[str, Any]], following: Fence | None = None,
     ) -> _Outcome:
         if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
             signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    exception=exc, will_retry=False)
-            self._start(following)
-            return _Outcome(None, exc)
+            return _Outcome(None, exc, self._start(following))
         now = self.clock()
         error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
         delay, refused = self._retry_delay(spec, row, exc)
@@ -335,23 +341,23 @@ class Runner:
         if delay is None:
             log.warning("celery_outbox: %s %s failed on attempt %d/%d: %s", spec.name, row.id,
                         row.attempt, row.max_attempts, error.splitlines()[0])
-            if self.store.fail(fence, now, error=error, logs=logs, keep=spec.keep_failed_row(),
-                               start=following):
-                return _Outcome(Status.FAILED, exc)
-            return _Outcome(None, exc)
+            done = self.store.finish(Failed(error, logs, keep=spec.keep_failed_row()), fence,
+                                     now, start=following)
+            return _Outcome(Status.FAILED if done.hit else None, exc, done.started)
         run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
                  row.id, row.attempt, row.max_attempts, delay.total_seconds(),
                  error.splitlines()[0])
-        if not self.store.retry(fence, now, run_at, error=error, logs=logs, dispatched=soon,
-                                start=following):
-            return _Outcome(None, exc)
+        done = self.store.finish(Retrying(run_at, error, logs, dispatched=soon), fence, now,
+                                 start=following)
+        if not done.hit:
+            return _Outcome(None, exc, done.started)
         if soon:
             self.dispatcher().dispatch(
                 [DispatchItem(row.id, spec.name, row.priority, run_at if delay else None)]
             )
-        return _Outcome(Status.SCHEDULED, exc)
+        return _Outcome(Status.SCHEDULED, exc, done.started)
 
     def _retry_delay(
         self, spec: JobSpec, row: Claimed, exc: Exception

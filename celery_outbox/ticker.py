@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from celery import Celery, Task
 
@@ -54,7 +54,6 @@ from celery_outbox.cron import CronSchedule, CronTickSchedule
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import ConfigurationError, StorageError
 from celery_outbox.registry import JobRegistry, JobSpec
-from celery_outbox.states import Status
 from celery_outbox.store import ExecutionStore, NewExecution
 
 log = logging.getLogger(__name__)
@@ -201,8 +200,8 @@ class CronTicker:
 
     def _spend(self, spec: JobSpec, tick: datetime) -> None:
         """cron tick without an execution (a late tick): record it as decided."""
-        with self.store.begin() as conn:
-            self.store.advance_tick(conn, spec.name, tick, datetime.now(timezone.utc))
+        with self.store.transaction() as tx:
+            self.store.advance_tick(tx, spec.name, tick, datetime.now(timezone.utc))
 
     def trigger(
         self,
@@ -230,16 +229,15 @@ class CronTicker:
         """advance the tick (when given) + insert the execution, in ONE transaction; then
         dispatch it. The insert's key dedup is the lock."""
         now = datetime.now(timezone.utc)
-        row = NewExecution(
-            id=uuid4(), job_name=spec.name, status=Status.PENDING, priority=int(spec.priority),
-            max_attempts=spec.retry.max_attempts, payload=None, created_at=now,
-            dispatched_at=now, unique_key=LOCK_KEY if spec.lock else None,
+        row = NewExecution.create(
+            spec.name, None, now, priority=int(spec.priority),
+            max_attempts=spec.retry.max_attempts, unique_key=LOCK_KEY if spec.lock else None,
             triggered_by=triggered_by, triggered_by_name=triggered_by_name,
         )
-        with self.store.begin() as conn:
-            if tick is not None and not self.store.advance_tick(conn, spec.name, tick, now):
+        with self.store.transaction() as tx:
+            if tick is not None and not self.store.advance_tick(tx, spec.name, tick, now):
                 return TickResult(spec.name, tick, TickOutcome.FIRED_ALREADY)
-            [(execution_id, inserted)] = self.store.insert(conn, [row])
+            [(execution_id, inserted)] = self.store.insert(tx, [row])
         what = f"tick {tick.isoformat()}" if tick is not None else "trigger"
         if not inserted:
             log.info("celery_outbox: cron job %s: %s skipped: execution %s is still active "

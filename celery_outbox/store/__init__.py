@@ -12,9 +12,9 @@ read, so tests freeze time by passing it. Driver errors become :class:`StorageEr
 One module per area, each a mixin of :class:`~celery_outbox.store.base.StoreBase` (the
 transactions, the fence, statements built once); :class:`ExecutionStore` combines them:
 
-- ``push``: insert, insert_alone (INSERT, COPY, keyed ON CONFLICT DO NOTHING, direct INSERT,
-  an admin retry once per retried execution)
-- ``worker``: claim, start, complete, retry, fail, cancel_running, heartbeat, release
+- ``push``: insert, insert_alone (one bulk insert, keyed ON CONFLICT DO NOTHING, an admin retry
+  once per retried execution)
+- ``worker``: claim, start, finish (an attempt's outcome), heartbeat, release
 - ``sweep``: stage, redispatch, rescue, dispatchable
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
 - ``cron``: advance_tick, last_tick
@@ -25,16 +25,16 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 
 from __future__ import annotations
 
+from celery_outbox.store._legacy import LegacyStore
 from celery_outbox.store.admin import AdminStore, JobStats
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
-from celery_outbox.store.push import _COPY_MIN_ROWS as _COPY_MIN_ROWS
 from celery_outbox.store.push import NewExecution, PushStore
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
 from celery_outbox.store.trim import TrimStore
 from celery_outbox.store.watermark import FINISHED, Key, TrimFresh, TrimMark, TrimStep, advance_trim
-from celery_outbox.store.worker import Claimed, Start, WorkerStore
+from celery_outbox.store.worker import Claimed, WorkerStore
 
 __all__ = [
     "FINISHED",
@@ -50,7 +50,6 @@ __all__ = [
     "Key",
     "NewExecution",
     "RescueVerdict",
-    "Start",
     "TrimFresh",
     "TrimMark",
     "TrimStep",
@@ -59,11 +58,14 @@ __all__ = [
 
 
 class ExecutionStore(
-    PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore
+    PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
+    LegacyStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 
-    ``engine`` is used for the store's own short transactions; push methods take the caller's
-    ``Connection`` instead, so the row commits or rolls back with the caller's work.
+    ``engine`` (or a :class:`~celery_outbox.executors.SqlAlchemyExecutor` on it) runs the
+    store's own short transactions; :meth:`insert` and :meth:`advance_tick` take a
+    :class:`~celery_outbox.executors.Transaction` instead (the caller's, from :meth:`join`),
+    so the rows commit or roll back with the caller's work.
     Raises :class:`ConfigurationError` for a dialect other than PostgreSQL or SQLite.
     """

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Connection, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import select
 
+from celery_outbox.executors import Transaction
+from celery_outbox.queries import first
+from celery_outbox.queries.clauses import upsert
 from celery_outbox.store.base import StoreBase, log
 
 
 class CronStore(StoreBase):
     """The cron tick transitions of :class:`~celery_outbox.store.ExecutionStore`."""
 
-    def advance_tick(self, conn: Connection, job_name: str, tick: datetime, now: datetime) -> bool:
+    def advance_tick(self, tx: Transaction, job_name: str, tick: datetime, now: datetime) -> bool:
         """cron tick: none, or ``last_tick`` earlier than ``tick`` -> ``last_tick = tick``, in
-        the caller's transaction on ``conn`` (the one that inserts the tick's execution).
+        the transaction ``tx`` (the one that inserts the tick's execution).
 
         Guard: the job has no tick row yet, or its ``last_tick`` is earlier than ``tick``. One
         ``INSERT ... ON CONFLICT (job_name) DO UPDATE ... WHERE last_tick < tick``: concurrent
@@ -28,14 +30,14 @@ class CronStore(StoreBase):
         """
         c = self.tables.cron_ticks
         values = {"job_name": job_name, "last_tick": tick, "updated_at": now}
-        upsert = postgresql.insert(c) if self.dialect == "postgresql" else sqlite.insert(c)
-        stmt = upsert.values(values).on_conflict_do_update(
+        insert = upsert(c, self.dialect)
+        stmt = insert.values(values).on_conflict_do_update(
             index_elements=[c.c.job_name],
-            set_={"last_tick": upsert.excluded.last_tick,
-                  "updated_at": upsert.excluded.updated_at},
-            where=c.c.last_tick < upsert.excluded.last_tick,
+            set_={"last_tick": insert.excluded.last_tick,
+                  "updated_at": insert.excluded.updated_at},
+            where=c.c.last_tick < insert.excluded.last_tick,
         ).returning(c.c.job_name)
-        advanced = conn.execute(stmt).first() is not None
+        advanced = tx.run(first("advance_tick", stmt, lambda row: True)) is not None
         if not advanced:
             log.debug("cron tick %s of %s was fired already; nothing written", tick, job_name)
         return advanced
@@ -44,8 +46,7 @@ class CronStore(StoreBase):
         """Read the latest tick fired (or spent) for ``job_name``: aware UTC, or None when
         the job has fired none. A short read of its own, before the tick's transaction."""
         c = self.tables.cron_ticks
-        with self.begin() as conn:
-            value: datetime | None = conn.execute(
-                select(c.c.last_tick).where(c.c.job_name == job_name)
-            ).scalar_one_or_none()
+        value: datetime | None = self.executor.run(first(
+            "last_tick", select(c.c.last_tick).where(c.c.job_name == job_name),
+            lambda row: row["last_tick"]))
         return value

@@ -1,28 +1,37 @@
-"""push: new rows, in the caller's transaction or one of the store's own (INSERT, COPY,
-keyed INSERT ... ON CONFLICT DO NOTHING, and one-row INSERT straight on the driver).
+"""push: new rows, in the caller's transaction or one of the store's own (one bulk insert for
+the unkeyed rows, keyed ``INSERT ... ON CONFLICT DO NOTHING`` rounds, an admin retry once per
+retried execution). The multi-statement logic is a plan (:mod:`celery_outbox.queries.base`).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
-
-from sqlalchemy import Connection, Dialect, and_, insert, or_, select, text
-from sqlalchemy.exc import DBAPIError
+from uuid import UUID, uuid4
 
 from celery_outbox.errors import StorageError
+from celery_outbox.executors import Transaction
+from celery_outbox.models import Tables
+from celery_outbox.queries import Plan, drive
+from celery_outbox.queries.push import (
+    insert_keyed,
+    insert_retry,
+    insert_rows,
+    key_holder,
+    key_holders,
+    retried_by,
+)
 from celery_outbox.states import Status
 from celery_outbox.store.base import StoreBase
 
 _MAX_DEDUP_ROUNDS = 5
-_COPY_MIN_ROWS = 100
-"""From this many unkeyed rows on, push uses COPY on psycopg instead of an INSERT per row."""
 _KEYED_BATCH = 1_000
 """Keyed rows per INSERT (about 15 bound parameters each; PostgreSQL takes 65,535)."""
+
+Result = list[tuple[UUID, bool]]
+"""``(execution_id, inserted)`` per row, in the order of the rows given."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,45 @@ class NewExecution:
     triggered_by_name: str | None = None
     retry_of: UUID | None = None
     """The failed or cancelled execution an admin retry of it makes this row retry."""
+
+    @classmethod
+    def create(
+        cls,
+        job_name: str,
+        payload: Any,
+        now: datetime,
+        *,
+        priority: int,
+        max_attempts: int,
+        run_at: datetime | None = None,
+        max_eta: timedelta | None = None,
+        unique_key: str | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> NewExecution:
+        """The row of one push (or cron tick) at ``now``, with a fresh id: scheduled when
+        ``run_at`` is later than ``now``, else pending; dispatched now unless scheduled
+        further than ``max_eta`` ahead (None: any wait goes out now, with an eta). The one
+        place push, push_many and the cron ticker build their rows."""
+        due_later = run_at is not None and run_at > now
+        eta_ok = not due_later or max_eta is None or (
+            run_at is not None and run_at - now <= max_eta)
+        return cls(
+            id=uuid4(),
+            job_name=job_name,
+            status=Status.SCHEDULED if due_later else Status.PENDING,
+            priority=priority,
+            max_attempts=max_attempts,
+            payload=payload,
+            created_at=now,
+            scheduled_at=run_at if due_later else None,
+            dispatched_at=now if eta_ok else None,
+            unique_key=unique_key,
+            organization_id=organization_id,
+            triggered_by=triggered_by,
+            triggered_by_name=triggered_by_name,
+        )
 
     def values(self) -> dict[str, Any]:
         values = {
@@ -71,8 +119,9 @@ class NewExecution:
 class PushStore(StoreBase):
     """The push transitions of :class:`~celery_outbox.store.ExecutionStore`."""
 
-    def insert(self, conn: Connection, rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
-        """push: none -> pending (or scheduled), in the caller's transaction on ``conn``.
+    def insert(self, tx: Transaction, rows: Sequence[NewExecution]) -> Result:
+        """push: none -> pending (or scheduled), in the transaction ``tx`` (the caller's,
+        from :meth:`join`, or one of :meth:`transaction`).
 
         Guard: a row's ``unique_key`` must be free among the job's active rows. A keyed row
         whose key is taken is not inserted (``INSERT ... ON CONFLICT DO NOTHING`` on the partial
@@ -80,210 +129,129 @@ class PushStore(StoreBase):
         holding the key is returned instead.
 
         A row with ``retry_of`` (an admin retry) is inserted only when no execution retries
-        that one yet; otherwise that execution's id is returned (:meth:`_insert_retry`).
+        that one yet; otherwise that execution's id is returned (:func:`_retry_plan`).
 
         Returns ``[(execution_id, inserted)]`` in the order of ``rows``.
         """
-        if not rows:
-            return []
-        if any(r.retry_of is not None for r in rows):
-            return [self._insert_retry(conn, r) if r.retry_of is not None
-                    else self.insert(conn, [r])[0] for r in rows]
-        plain = [r for r in rows if r.unique_key is None]
-        if len(plain) >= _COPY_MIN_ROWS and conn.dialect.driver == "psycopg":
-            self._copy(conn, plain)
-        elif plain:
-            conn.execute(insert(self.t), [r.values() for r in plain])
-        keyed = [r for r in rows if r.unique_key is not None]
-        existing = self._insert_keyed(conn, keyed) if keyed else {}
-        out: list[tuple[UUID, bool]] = []
-        for r in rows:
-            if r.unique_key is None:
-                out.append((r.id, True))
-            else:
-                holder = existing[(r.job_name, r.unique_key)]
-                out.append((holder, holder == r.id))
-        return out
+        return drive(tx.run, _insert_plan(self.tables, self.dialect, rows))
 
-    def insert_alone(self, rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
+    def insert_alone(self, rows: Sequence[NewExecution]) -> Result:
         """push: none -> pending (or scheduled), in a transaction of the store's own.
 
         Guard and result as :meth:`insert`. Several rows commit together. One row commits on
         its own (autocommit: each statement of a one-row push is a whole push); an unkeyed
-        one on psycopg goes by :meth:`_insert_direct` unless something listens to the
-        engine's statements (tracing, echo), which then sees it go through SQLAlchemy.
+        one goes as one bulk insert the executor may send straight on the driver.
         """
-        if (len(rows) == 1 and rows[0].unique_key is None and rows[0].retry_of is None
-                and self._direct_ok()):
-            self._insert_direct(rows[0])
-            return [(rows[0].id, True)]
-        with self.begin(autocommit=len(rows) == 1) as conn:
-            return self.insert(conn, rows)
+        if len(rows) == 1:
+            return drive(self.executor.run, _insert_plan(self.tables, self.dialect, rows))
+        with self.transaction() as tx:
+            return self.insert(tx, rows)
 
-    def _direct_ok(self) -> bool:
-        engine = self.engine
-        return (
-            engine.dialect.driver == "psycopg"
-            and not engine.dispatch.before_execute and not engine.dispatch.after_execute
-            and not engine.dispatch.before_cursor_execute
-            and not engine.dispatch.after_cursor_execute
-            and not engine.logger.isEnabledFor(logging.INFO)
-        )
 
-    def _insert_direct(self, row: NewExecution) -> None:
-        """One row by one INSERT on the pooled psycopg connection itself, in autocommit.
+def _insert_plan(tables: Tables, dialect: str, rows: Sequence[NewExecution]) -> Plan[Result]:
+    """:meth:`PushStore.insert` as a plan."""
+    if not rows:
+        return []
+    if any(r.retry_of is not None for r in rows):
+        out: Result = []
+        for r in rows:
+            if r.retry_of is not None:
+                out.append((yield from _retry_plan(tables, dialect, r)))
+            else:
+                out.extend((yield from _insert_plan(tables, dialect, [r])))
+        return out
+    plain = [r.values() for r in rows if r.unique_key is None]
+    if plain:
+        yield insert_rows(tables.executions, plain)
+    keyed = [r for r in rows if r.unique_key is not None]
+    existing = (yield from _keyed_plan(tables, dialect, keyed)) if keyed else {}
+    result: Result = []
+    for r in rows:
+        if r.unique_key is None:
+            result.append((r.id, True))
+        else:
+            holder = existing[(r.job_name, r.unique_key)]
+            result.append((holder, holder == r.id))
+    return result
 
-        One round trip and none of SQLAlchemy's per-statement work, which costs about as
-        much as that round trip (bench/README.md). The SQL and the value conversions are
-        SQLAlchemy's own (the INSERT compiled once, each column type's bind processor), so
-        the row is the one :meth:`insert` writes. A driver error discards the connection
-        (it is not pooled again) and becomes :class:`StorageError`.
-        """
-        values = row.values()
-        if self._direct is None:
-            compiled = insert(self.t).compile(dialect=self.engine.dialect,
-                                              column_keys=list(values))
-            self._direct = (str(compiled), self._processors(self.engine.dialect, values))
-        sql, processors = self._direct
-        params = {name: value if process is None else process(value)
-                  for (name, value), process in zip(values.items(), processors, strict=True)}
-        driver_error = self.engine.dialect.loaded_dbapi.Error
-        try:
-            raw = self.engine.raw_connection()  # the pool raises the driver's own errors
-        except (DBAPIError, driver_error) as exc:
-            raise StorageError(f"database error on {self._where()}: {exc}") from exc
-        try:
-            driver = raw.driver_connection
-            assert driver is not None
-            driver.autocommit = True
-            try:
-                driver.execute(sql, params)
-            finally:
-                driver.autocommit = False
-        except driver_error as exc:
-            raw.invalidate()
-            raise StorageError(f"database error on {self._where()}: {exc}") from exc
-        finally:
-            raw.close()
 
-    def _processors(self, dialect: Dialect, columns: Iterable[str]) -> list[Any]:
-        """Each column's SQLAlchemy bind processor for ``dialect`` (None: value as is)."""
-        return [self.t.c[name].type.dialect_impl(dialect).bind_processor(dialect)
-                for name in columns]
+def _retry_plan(tables: Tables, dialect: str, row: NewExecution) -> Plan[tuple[UUID, bool]]:
+    """manual retry: none -> pending, once per retried execution (``row.retry_of``).
 
-    def _copy(self, conn: Connection, rows: Sequence[NewExecution]) -> None:
-        """Insert unkeyed rows with one ``COPY ... FROM STDIN`` on ``conn`` (psycopg 3).
+    ``INSERT ... ON CONFLICT DO NOTHING`` (any unique index: the one on ``retry_of``, and
+    the active-key one for a keyed row), so the caller's transaction is never aborted.
+    On a miss: the execution already retrying ``row.retry_of`` (a second click, another
+    operator, a concurrent retry: PostgreSQL makes the INSERT wait for the first one's
+    commit), else the active row holding the key. Returns ``(id, inserted)``.
+    """
+    t = tables.executions
+    assert row.retry_of is not None
+    for _ in range(_MAX_DEDUP_ROUNDS):
+        if (yield insert_retry(t, dialect, row.values())) is not None:
+            return row.id, True
+        done = yield retried_by(t, row.retry_of)
+        if done is not None:
+            return done, False
+        if row.unique_key is not None:
+            holder = yield key_holder(t, row.job_name, row.unique_key)
+            if holder is not None:
+                return holder, False
+        # The row that conflicted finished (or was trimmed) between the statements.
+    raise StorageError(f"could not settle the retry of {row.retry_of} after "
+                       f"{_MAX_DEDUP_ROUNDS} rounds")
 
-        Several times faster than an INSERT per row for a large batch, in the same
-        transaction. Values go through each column type's SQLAlchemy bind processor, exactly
-        as an INSERT's would. Driver errors become :class:`StorageError`.
-        """
-        prep = conn.dialect.identifier_preparer
-        columns = list(rows[0].values())
-        processors = self._processors(conn.dialect, columns)
-        sql = (f"COPY {prep.format_table(self.t)} "
-               f"({', '.join(prep.quote(name) for name in columns)}) FROM STDIN")
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        try:
-            with driver.cursor() as cursor, cursor.copy(sql) as copy:
-                for row in rows:
-                    copy.write_row([
-                        value if process is None else process(value)
-                        for value, process in zip(row.values().values(), processors, strict=True)
-                    ])
-        except conn.dialect.loaded_dbapi.Error as exc:
-            raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
 
-    def _insert_retry(self, conn: Connection, row: NewExecution) -> tuple[UUID, bool]:
-        """manual retry: none -> pending, once per retried execution (``row.retry_of``).
+def _keyed_plan(
+    tables: Tables, dialect: str, rows: Sequence[NewExecution]
+) -> Plan[dict[tuple[str, str], UUID]]:
+    """Insert keyed rows; map each (job, key) to the id of the active row holding it.
 
-        ``INSERT ... ON CONFLICT DO NOTHING`` (any unique index: the one on ``retry_of``, and
-        the active-key one for a keyed row), so the caller's transaction is never aborted.
-        On a miss: the execution already retrying ``row.retry_of`` (a second click, another
-        operator, a concurrent retry: PostgreSQL makes the INSERT wait for the first one's
-        commit), else the active row holding the key. Returns ``(id, inserted)``.
-        """
-        t = self.t
-        stmt = self._insert().values(row.values()).on_conflict_do_nothing().returning(t.c.id)
-        for _ in range(_MAX_DEDUP_ROUNDS):
-            if conn.execute(stmt).first() is not None:
-                return row.id, True
-            done = conn.execute(select(t.c.id).where(t.c.retry_of == row.retry_of)).first()
-            if done is not None:
-                return done[0], False
-            if row.unique_key is not None:
-                holder = conn.execute(select(t.c.id).where(
-                    self._active(), t.c.job_name == row.job_name,
-                    t.c.unique_key == row.unique_key)).first()
-                if holder is not None:
-                    return holder[0], False
-            # The row that conflicted finished (or was trimmed) between the statements.
-        raise StorageError(f"could not settle the retry of {row.retry_of} after "
-                           f"{_MAX_DEDUP_ROUNDS} rounds")
+    In batches of :data:`_KEYED_BATCH` rows: one statement takes at most 65,535 bound
+    parameters on PostgreSQL. A key repeated in a later batch finds the row an earlier
+    batch inserted (same transaction) as its holder.
 
-    def _insert_keyed(
-        self, conn: Connection, rows: Sequence[NewExecution]
-    ) -> dict[tuple[str, str], UUID]:
-        """Insert keyed rows; map each (job, key) to the id of the active row holding it.
+    Rows go in one canonical order, sorted by (job, key), whatever the caller's order: an
+    insert that meets a key another open transaction holds waits for it, so two calls
+    taking the same keys in opposite orders would each wait for the other (a deadlock,
+    which aborts one caller's transaction). The sort is stable: of a key given twice, the
+    first in input order is the one inserted. The caller maps holders back to its order.
+    """
+    rows = sorted(rows, key=lambda r: (r.job_name, r.unique_key or ""))
+    holders: dict[tuple[str, str], UUID] = {}
+    for start in range(0, len(rows), _KEYED_BATCH):
+        holders.update((yield from _keyed_batch_plan(tables, dialect,
+                                                     rows[start:start + _KEYED_BATCH])))
+    return holders
 
-        In batches of :data:`_KEYED_BATCH` rows: one statement takes at most 65,535 bound
-        parameters on PostgreSQL. A key repeated in a later batch finds the row an earlier
-        batch inserted (same transaction) as its holder.
 
-        Rows go in one canonical order, sorted by (job, key), whatever the caller's order: an
-        insert that meets a key another open transaction holds waits for it, so two calls
-        taking the same keys in opposite orders would each wait for the other (a deadlock,
-        which aborts one caller's transaction). The sort is stable: of a key given twice, the
-        first in input order is the one inserted. The caller maps holders back to its order.
-        """
-        rows = sorted(rows, key=lambda r: (r.job_name, r.unique_key or ""))
-        holders: dict[tuple[str, str], UUID] = {}
-        for start in range(0, len(rows), _KEYED_BATCH):
-            holders.update(self._insert_keyed_batch(conn, rows[start:start + _KEYED_BATCH]))
-        return holders
-
-    def _insert_keyed_batch(
-        self, conn: Connection, rows: Sequence[NewExecution]
-    ) -> dict[tuple[str, str], UUID]:
-        """:meth:`_insert_keyed` for one batch (one INSERT per dedup round)."""
-        holders: dict[tuple[str, str], UUID] = {}
-        todo = list(rows)
-        for _ in range(_MAX_DEDUP_ROUNDS):
-            # The first row of each key in the batch is the one that may be inserted.
-            first: dict[tuple[str, str], NewExecution] = {}
-            for r in todo:
-                first.setdefault((r.job_name, r.unique_key or ""), r)
-            stmt = (
-                self._insert()
-                .values([r.values() for r in first.values()])
-                .on_conflict_do_nothing(
-                    index_elements=[self.t.c.job_name, self.t.c.unique_key],
-                    index_where=text(self.tables.active_key_where),
-                )
-                .returning(self.t.c.id)
-            )
-            inserted = {row[0] for row in conn.execute(stmt)}
-            for k, r in first.items():
-                if r.id in inserted:
-                    holders[k] = r.id
-            missing = [k for k in first if k not in holders]
-            if missing:
-                # Another transaction holds these keys; read which row, in a new statement
-                # (READ COMMITTED sees the row once its transaction committed).
-                for job_name, key, row_id in conn.execute(
-                    select(self.t.c.job_name, self.t.c.unique_key, self.t.c.id).where(
-                        self._active(),
-                        or_(*(and_(self.t.c.job_name == j, self.t.c.unique_key == k)
-                              for j, k in missing)),
-                    )
-                ):
-                    holders[(job_name, key)] = row_id
-            # A key whose holder finished between the two statements is tried again.
-            todo = [r for r in todo if (r.job_name, r.unique_key or "") not in holders]
-            if not todo:
-                return holders
-        raise StorageError(
-            f"could not settle unique keys after {_MAX_DEDUP_ROUNDS} rounds: "
-            f"{sorted({r.unique_key or '' for r in todo})}"
-        )
+def _keyed_batch_plan(
+    tables: Tables, dialect: str, rows: Sequence[NewExecution]
+) -> Plan[dict[tuple[str, str], UUID]]:
+    """:func:`_keyed_plan` for one batch (one INSERT per dedup round)."""
+    t = tables.executions
+    holders: dict[tuple[str, str], UUID] = {}
+    todo = list(rows)
+    for _ in range(_MAX_DEDUP_ROUNDS):
+        # The first row of each key in the batch is the one that may be inserted.
+        first: dict[tuple[str, str], NewExecution] = {}
+        for r in todo:
+            first.setdefault((r.job_name, r.unique_key or ""), r)
+        inserted = set((yield insert_keyed(t, dialect, tables.active_key_where,
+                                           [r.values() for r in first.values()])))
+        for k, r in first.items():
+            if r.id in inserted:
+                holders[k] = r.id
+        missing = [k for k in first if k not in holders]
+        if missing:
+            # Another transaction holds these keys; read which row, in a new statement
+            # (READ COMMITTED sees the row once its transaction committed).
+            for job_name, key, row_id in (yield key_holders(t, missing)):
+                holders[(job_name, key)] = row_id
+        # A key whose holder finished between the two statements is tried again.
+        todo = [r for r in todo if (r.job_name, r.unique_key or "") not in holders]
+        if not todo:
+            return holders
+    raise StorageError(
+        f"could not settle unique keys after {_MAX_DEDUP_ROUNDS} rounds: "
+        f"{sorted({r.unique_key or '' for r in todo})}"
+    )

@@ -169,8 +169,8 @@ def insert_pending(s: Stack, job_name: str, payload: dict[str, Any]) -> UUID:
     """Commit a pending execution row WITHOUT publishing anything (for hand-made messages)."""
     row = NewExecution(id=uuid4(), job_name=job_name, status=Status.PENDING, priority=2,
                        max_attempts=1, payload=payload, created_at=datetime.now(timezone.utc))
-    with s.outbox.store.begin() as conn:
-        s.outbox.store.insert(conn, [row])
+    with s.outbox.store.transaction() as tx:
+        s.outbox.store.insert(tx, [row])
     return row.id
 
 

@@ -172,8 +172,8 @@ def seed_pending(outbox: Outbox) -> uuid.UUID:
     row = NewExecution(id=uuid.uuid4(), job_name=QUEUE_JOB, status=Status.PENDING, priority=2,
                        max_attempts=1, payload={"text": "lost"},
                        created_at=datetime.now(timezone.utc))
-    with outbox.store.begin() as conn:
-        outbox.store.insert(conn, [row])
+    with outbox.store.transaction() as tx:
+        outbox.store.insert(tx, [row])
     return row.id
 
 

@@ -17,8 +17,9 @@ from uuid import UUID
 import pytest
 
 from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
+from celery_outbox.outcomes import Failed, Succeeded
 from celery_outbox.states import Status
-from celery_outbox.store import ExecutionStore, Fence, Start
+from celery_outbox.store import ExecutionStore, Fence
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -63,12 +64,13 @@ def test_claim_starts_only_the_first_id_and_each_outcome_starts_the_next(
     fences = claim_all(store, ids)
     assert [started(store, i) for i in ids] == [T0, None, None]
     later = T0 + timedelta(seconds=5)
-    second, third = Start(fences[1]), Start(fences[2])
-    assert store.complete(fences[0], later, keep=True, logs=[], start=second)
-    assert second.hit is True
+    second = store.finish(Succeeded(True, []), fences[0], later, start=fences[1])
+    assert second.hit
+    assert second.started is True
     assert [started(store, i) for i in ids[1:]] == [later, None]
-    assert store.fail(fences[1], later, error="boom", logs=[], start=third)
-    assert third.hit is True
+    third = store.finish(Failed("boom", []), fences[1], later, start=fences[2])
+    assert third.hit
+    assert third.started is True
     assert started(store, ids[2]) == later
     assert [store.status_of(i) for i in ids] == ["succeeded", "failed", "running"]
 
@@ -79,9 +81,9 @@ def test_start_is_fenced(batch: Outbox, once: OutboxJob[Order]) -> None:
     fences = claim_all(store, ids)
     assert batch.cancel(ids[1])
     assert not store.start(fences[1], T0)  # cancelled meanwhile: nothing written
-    second = Start(fences[1])
-    assert store.complete(fences[0], T0, keep=True, logs=[], start=second)  # still hits
-    assert second.hit is False
+    second = store.finish(Succeeded(True, []), fences[0], T0, start=fences[1])
+    assert second.hit  # still hits
+    assert second.started is False
     assert started(store, ids[1]) is None
     assert store.status_of(ids[1]) == "cancelled"
 
@@ -93,7 +95,7 @@ def test_rescue_fails_the_execution_that_began_and_hands_back_those_that_never_d
     ids = once.push_many([{"order_id": n} for n in range(4)])
     fences = claim_all(store, ids)
     # The worker finished the first, began the second, then died.
-    assert store.complete(fences[0], T0, keep=True, logs=[], start=Start(fences[1]))
+    assert store.finish(Succeeded(True, []), fences[0], T0, start=fences[1]).hit
     recording.calls.clear()
 
     result = batch.sweep(now=T0 + LEASE + timedelta(seconds=1))

@@ -13,6 +13,7 @@ from datetime import timedelta
 from sqlalchemy import Engine, create_engine, text
 
 from celery_outbox import JobRegistry, Outbox, OutboxJob
+from celery_outbox.outcomes import Succeeded
 from celery_outbox.runner import utcnow
 from celery_outbox.store import Fence
 from tests.integration.conftest import MakeOutbox, Order
@@ -67,8 +68,8 @@ def test_claim_and_complete_after_the_pooled_connection_was_terminated(
     [claimed] = outbox.store.claim([execution_id], receipt.name, "w1", now,
                                    now + timedelta(minutes=1))
     terminate(pg_url, backend_pid(outbox.engine))
-    done = outbox.store.complete(Fence(execution_id, "w1", claimed.attempt), utcnow(),
-                                 keep=True, logs=None)
+    done = outbox.store.finish(Succeeded(True, None), Fence(execution_id, "w1", claimed.attempt),
+                               utcnow()).hit
 
     assert done
     assert outbox.store.status_of(execution_id) == "succeeded"

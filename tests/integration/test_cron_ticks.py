@@ -157,8 +157,8 @@ def test_advance_tick_moves_forward_only(outbox: Outbox) -> None:
     store, noon = outbox.store, at(12, 0)
 
     def advance(tick: datetime) -> bool:
-        with store.begin() as conn:
-            return store.advance_tick(conn, "cron.job", tick, noon)
+        with store.transaction() as tx:
+            return store.advance_tick(tx, "cron.job", tick, noon)
 
     assert advance(noon) is True  # first tick: inserted
     assert advance(noon) is False  # the same tick again

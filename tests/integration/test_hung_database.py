@@ -123,7 +123,8 @@ def check_nothing_lost(outbox: Outbox, recording: RecordingDispatcher) -> None:
     row was never dispatched; the sweep's redispatch (after ``stale_after``) sends it.
     """
     t = outbox.tables.executions
-    ids = set(outbox.store.run(lambda conn: conn.execute(select(t.c.id)).scalars().all()))
+    with outbox.store.engine.begin() as conn:
+        ids = set(conn.execute(select(t.c.id)).scalars().all())
     if not ids <= set(recording.ids):
         outbox.sweep(now=utcnow() + outbox.config.stale_after + timedelta(seconds=1))
     assert ids <= set(recording.ids)

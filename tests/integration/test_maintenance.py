@@ -21,6 +21,7 @@ from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, RetryPolic
 from celery_outbox.cron import CronSchedule
 from celery_outbox.dispatch import DispatchItem
 from celery_outbox.maintenance.beat import SWEEP_TASK, TRIM_TASK
+from celery_outbox.outcomes import Failed, Succeeded
 from celery_outbox.states import Status
 from celery_outbox.store import Fence
 from tests.integration.conftest import MakeOutbox, Order
@@ -247,8 +248,8 @@ def test_rescue_retries_per_policy_or_fails_with_lease_expired_and_fences_the_zo
 
     # The zombies come back: every write of theirs misses.
     later = T0 + timedelta(seconds=1)
-    assert not outbox.store.complete(retried, later, keep=True, logs=None)
-    assert not outbox.store.fail(failed, later, error="late", logs=None)
+    assert not outbox.store.finish(Succeeded(True, None), retried, later).hit
+    assert not outbox.store.finish(Failed("late", None), failed, later).hit
     assert outbox.store.heartbeat("w1", [retried], later, later + LEASE) == set()
     assert status(outbox, retried.id)["status"] == "scheduled"
     assert status(outbox, failed.id)["last_error"].startswith("lease expired")

@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celery_outbox import JobRegistry, Outbox, OutboxJob, StorageError
+from celery_outbox.outcomes import Failed, Succeeded
 from celery_outbox.states import Priority
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
@@ -24,9 +25,8 @@ from tests.integration.fakes import RecordingDispatcher
 
 def rows(outbox: Outbox) -> dict[UUID, dict[str, Any]]:
     t = outbox.tables.executions
-    return outbox.store.run(
-        lambda conn: {r.id: dict(r._mapping) for r in conn.execute(select(t))}
-    )
+    with outbox.store.engine.begin() as conn:
+        return {r.id: dict(r._mapping) for r in conn.execute(select(t))}
 
 
 class Boom(Exception):
@@ -422,9 +422,9 @@ def test_a_finished_row_releases_its_key(
         [claimed] = store.claim([first], receipt.name, "w", now, now + timedelta(minutes=1))
         fence = Fence(first, "w", claimed.attempt)
         if finish == "complete":
-            assert store.complete(fence, now, keep=True, logs=None)
+            assert store.finish(Succeeded(True, None), fence, now).hit
         else:
-            assert store.fail(fence, now, error="x", logs=None)
+            assert store.finish(Failed("x", None), fence, now).hit
     second = receipt.push({"order_id": 2}, key="order-1")
     assert second != first
     stored = rows(outbox)

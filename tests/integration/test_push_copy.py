@@ -13,8 +13,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celery_outbox import Outbox, OutboxJob, StorageError
+from celery_outbox.executors.sqlalchemy import COPY_MIN_ROWS as _COPY_MIN_ROWS
 from celery_outbox.states import Status
-from celery_outbox.store import _COPY_MIN_ROWS, NewExecution
+from celery_outbox.store import NewExecution
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -23,9 +24,8 @@ VARYING = {"id", "payload", "created_at", "updated_at", "dispatched_at", "schedu
 
 def rows(outbox: Outbox) -> dict[UUID, dict[str, Any]]:
     t = outbox.tables.executions
-    return outbox.store.run(
-        lambda conn: {r.id: dict(r._mapping) for r in conn.execute(select(t))}
-    )
+    with outbox.store.engine.begin() as conn:
+        return {r.id: dict(r._mapping) for r in conn.execute(select(t))}
 
 
 @pytest.mark.parametrize("scheduled", [False, True])
@@ -79,6 +79,7 @@ def test_failed_copy_is_a_storage_error_and_writes_nothing(pg_outbox: Outbox) ->
                      max_attempts=1, payload={"order_id": n}, created_at=now)
         for n in range(_COPY_MIN_ROWS)
     ]
-    with pytest.raises(StorageError, match=f"push of {_COPY_MIN_ROWS} execution"):
-        pg_outbox.store.run(lambda conn: pg_outbox.store.insert(conn, batch))
+    with (pytest.raises(StorageError, match=f"push of {_COPY_MIN_ROWS} execution"),
+          pg_outbox.store.transaction() as tx):
+        pg_outbox.store.insert(tx, batch)
     assert rows(pg_outbox) == {}

@@ -23,9 +23,8 @@ VARYING = {"id", "payload", "created_at", "updated_at", "dispatched_at", "schedu
 
 def rows(outbox: Outbox) -> dict[UUID, dict[str, Any]]:
     t = outbox.tables.executions
-    return outbox.store.run(
-        lambda conn: {r.id: dict(r._mapping) for r in conn.execute(select(t))}
-    )
+    with outbox.store.engine.begin() as conn:
+        return {r.id: dict(r._mapping) for r in conn.execute(select(t))}
 
 
 def inserts_seen(outbox: Outbox) -> list[str]:

@@ -34,7 +34,7 @@ def test_push_many_of_thousands_of_keyed_items_on_postgresql(
     assert ids[N - 1] == ids[5]
     assert ids[N - 2] == held
     t = outbox.tables.executions
-    count = outbox.store.run(lambda conn: conn.execute(
-        select(func.count()).select_from(t)).scalar_one())
+    with outbox.store.engine.begin() as conn:
+        count = conn.execute(select(func.count()).select_from(t)).scalar_one()
     assert count == 1 + (N - 2)
     assert len(set(recording.ids)) == N - 2 and held not in recording.ids

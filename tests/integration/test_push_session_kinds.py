@@ -18,8 +18,8 @@ from tests.integration.fakes import RecordingDispatcher
 
 def count(outbox: Outbox) -> int:
     t = outbox.tables.executions
-    return int(outbox.store.run(lambda conn: conn.execute(select(func.count()).select_from(t))
-                                .scalar_one()))
+    with outbox.store.engine.begin() as conn:
+        return int(conn.execute(select(func.count()).select_from(t)).scalar_one())
 
 
 @pytest.fixture

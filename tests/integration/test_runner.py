@@ -265,7 +265,8 @@ def test_unknown_job_is_logged_and_its_rows_left_untouched(
     row = NewExecution(id=uuid.uuid4(), job_name="ghost.job", status=Status.PENDING, priority=2,
                        max_attempts=1, payload={"x": 1},
                        created_at=datetime.now(timezone.utc))
-    store.run(lambda conn: store.insert(conn, [row]))
+    with store.transaction() as tx:
+        store.insert(tx, [row])
     before = store.get(row.id)
     caplog.set_level(logging.ERROR, logger="celery_outbox")
     assert outbox.run_now("ghost.job", [row.id]) == RunResult()

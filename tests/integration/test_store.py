@@ -12,6 +12,7 @@ from uuid import UUID
 import pytest
 
 from celery_outbox import Outbox
+from celery_outbox.outcomes import Failed, Retrying, Succeeded
 from celery_outbox.states import Status
 from celery_outbox.store import ExecutionStore, Fence, NewExecution
 
@@ -33,7 +34,8 @@ def add(store: ExecutionStore, *, status: Status = Status.PENDING,
         payload={"order_id": 7}, created_at=T0, scheduled_at=scheduled_at, dispatched_at=T0,
         unique_key=key, organization_id="org-1", triggered_by="u1", triggered_by_name="Ann",
     )
-    [(execution_id, inserted)] = store.run(lambda conn: store.insert(conn, [row]))
+    with store.transaction() as tx:
+        [(execution_id, inserted)] = store.insert(tx, [row])
     assert inserted
     return execution_id
 
@@ -111,27 +113,27 @@ def test_claim_takes_a_scheduled_row_only_once_due(store: ExecutionStore) -> Non
 def test_complete_keep_marks_succeeded(store: ExecutionStore) -> None:
     fence = claim(store, add(store))
     later = T0 + timedelta(seconds=5)
-    assert store.complete(fence, later, keep=True, logs=[{"msg": "done"}])
+    assert store.finish(Succeeded(True, [{"msg": "done"}]), fence, later).hit
     row = store.get(fence.id)
     assert row is not None
     assert row["status"] == "succeeded"
     assert (row["finished_at"], row["lease_expires_at"], row["logs"]) == (
         later, None, [{"msg": "done"}],
     )
-    assert not store.complete(fence, later, keep=True, logs=None)  # not running any more
+    assert not store.finish(Succeeded(True, None), fence, later).hit  # not running any more
 
 
 def test_complete_without_keep_deletes_the_row(store: ExecutionStore) -> None:
     fence = claim(store, add(store))
-    assert store.complete(fence, T0, keep=False, logs=None)
+    assert store.finish(Succeeded(False, None), fence, T0).hit
     assert store.get(fence.id) is None
-    assert not store.complete(fence, T0, keep=False, logs=None)
+    assert not store.finish(Succeeded(False, None), fence, T0).hit
 
 
 def test_complete_of_a_row_never_claimed_is_a_miss(store: ExecutionStore) -> None:
     execution_id = add(store)
-    assert not store.complete(Fence(execution_id, "w1", 0), T0, keep=False, logs=None)
-    assert not store.complete(Fence(execution_id, "w1", 1), T0, keep=False, logs=None)
+    assert not store.finish(Succeeded(False, None), Fence(execution_id, "w1", 0), T0).hit
+    assert not store.finish(Succeeded(False, None), Fence(execution_id, "w1", 1), T0).hit
     assert store.status_of(execution_id) == "pending"
 
 
@@ -140,8 +142,7 @@ def test_retry_schedules_the_next_attempt(store: ExecutionStore, dispatched: boo
     fence = claim(store, add(store))
     run_at = T0 + timedelta(seconds=10)
     now = T0 + timedelta(seconds=1)
-    assert store.retry(fence, now, run_at, error="ValueError: x", logs=None,
-                       dispatched=dispatched)
+    assert store.finish(Retrying(run_at, "ValueError: x", None, dispatched), fence, now).hit
     row = store.get(fence.id)
     assert row is not None
     assert row["status"] == "scheduled"
@@ -150,7 +151,7 @@ def test_retry_schedules_the_next_attempt(store: ExecutionStore, dispatched: boo
     )
     assert row["last_error"] == "ValueError: x"
     assert row["dispatched_at"] == (now if dispatched else None)
-    assert not store.retry(fence, now, run_at, error="again", logs=None, dispatched=True)
+    assert not store.finish(Retrying(run_at, "again", None, True), fence, now).hit
     assert store.claim([fence.id], JOB, "w2", run_at - timedelta(seconds=1), run_at) == []
     [second] = store.claim([fence.id], JOB, "w2", run_at, run_at + LEASE)
     assert second.attempt == 2
@@ -158,13 +159,13 @@ def test_retry_schedules_the_next_attempt(store: ExecutionStore, dispatched: boo
 
 def test_fail_keep_marks_failed_with_the_error(store: ExecutionStore) -> None:
     fence = claim(store, add(store))
-    assert store.fail(fence, T0, error="boom\nTraceback", logs=None)
+    assert store.finish(Failed("boom\nTraceback", None), fence, T0).hit
     row = store.get(fence.id)
     assert row is not None
     assert (row["status"], row["last_error"], row["finished_at"]) == (
         "failed", "boom\nTraceback", T0,
     )
-    assert not store.fail(fence, T0, error="again", logs=None)
+    assert not store.finish(Failed("again", None), fence, T0).hit
     row = store.get(fence.id)
     assert row is not None
     assert row["last_error"] == "boom\nTraceback"
@@ -172,7 +173,7 @@ def test_fail_keep_marks_failed_with_the_error(store: ExecutionStore) -> None:
 
 def test_fail_without_keep_deletes_the_row(store: ExecutionStore) -> None:
     fence = claim(store, add(store))
-    assert store.fail(fence, T0, error="boom", logs=None, keep=False)
+    assert store.finish(Failed("boom", None, keep=False), fence, T0).hit
     assert store.get(fence.id) is None
 
 
@@ -185,7 +186,7 @@ def test_heartbeat_extends_only_leases_still_held(store: ExecutionStore) -> None
     assert row["lease_expires_at"] == later + LEASE
     assert store.heartbeat("w2", [a], later, later + LEASE) == set()  # another holder
     assert store.heartbeat("w1", [Fence(a.id, "w1", a.attempt + 1)], later, later) == set()
-    assert store.complete(b, later, keep=True, logs=None)
+    assert store.finish(Succeeded(True, None), b, later).hit
     assert store.heartbeat("w1", [a, b], later, later + 2 * LEASE) == {a.id}
     assert store.heartbeat("w1", [], later, later) == set()
 
@@ -224,7 +225,7 @@ def test_cancel_any_active_row(store: ExecutionStore, status: Status) -> None:
 
 def test_cancel_misses_on_terminal_or_missing_rows(store: ExecutionStore) -> None:
     fence = claim(store, add(store))
-    store.complete(fence, T0, keep=True, logs=None)
+    store.finish(Succeeded(True, None), fence, T0)
     assert store.cancel(fence.id, T0, by=None, by_name=None) is None
     assert store.status_of(fence.id) == "succeeded"
     assert store.cancel(uuid.uuid4(), T0, by=None, by_name=None) is None
@@ -236,10 +237,10 @@ def test_cancel_misses_on_terminal_or_missing_rows(store: ExecutionStore) -> Non
 def test_zombie_writes_after_cancel_are_rejected(store: ExecutionStore) -> None:
     fence = claim(store, add(store))
     assert store.cancel(fence.id, T0, by=None, by_name=None) == JOB
-    assert not store.complete(fence, T0, keep=True, logs=None)
-    assert not store.complete(fence, T0, keep=False, logs=None)
-    assert not store.fail(fence, T0, error="late", logs=None)
-    assert not store.retry(fence, T0, T0, error="late", logs=None, dispatched=False)
+    assert not store.finish(Succeeded(True, None), fence, T0).hit
+    assert not store.finish(Succeeded(False, None), fence, T0).hit
+    assert not store.finish(Failed("late", None), fence, T0).hit
+    assert not store.finish(Retrying(T0, "late", None, False), fence, T0).hit
     assert store.heartbeat(fence.claimed_by, [fence], T0, T0 + LEASE) == set()
     assert store.release([fence], T0) == []
     row = store.get(fence.id)
@@ -250,20 +251,20 @@ def test_zombie_writes_after_cancel_are_rejected(store: ExecutionStore) -> None:
 def test_zombie_writes_after_another_claim_are_rejected(store: ExecutionStore) -> None:
     zombie = claim(store, add(store), "w1")
     # The first attempt's row went back to scheduled (as a rescue does) and w2 claimed it.
-    assert store.retry(zombie, T0, T0, error="lease expired", logs=None, dispatched=False)
+    assert store.finish(Retrying(T0, "lease expired", None, False), zombie, T0).hit
     current = claim(store, zombie.id, "w2")
     assert current.attempt == 2
     later = T0 + timedelta(seconds=1)
-    assert not store.complete(zombie, later, keep=True, logs=None)
-    assert not store.complete(zombie, later, keep=False, logs=None)
-    assert not store.fail(zombie, later, error="zombie", logs=None)
-    assert not store.retry(zombie, later, later, error="zombie", logs=None, dispatched=True)
+    assert not store.finish(Succeeded(True, None), zombie, later).hit
+    assert not store.finish(Succeeded(False, None), zombie, later).hit
+    assert not store.finish(Failed("zombie", None), zombie, later).hit
+    assert not store.finish(Retrying(later, "zombie", None, True), zombie, later).hit
     assert store.release([zombie], later) == []
     # Right attempt, wrong holder; right holder, wrong attempt: both fenced out too.
-    assert not store.complete(Fence(zombie.id, "w1", 2), later, keep=True, logs=None)
-    assert not store.fail(Fence(zombie.id, "w2", 1), later, error="zombie", logs=None)
+    assert not store.finish(Succeeded(True, None), Fence(zombie.id, "w1", 2), later).hit
+    assert not store.finish(Failed("zombie", None), Fence(zombie.id, "w2", 1), later).hit
     row = store.get(zombie.id)
     assert row is not None
     assert (row["status"], row["claimed_by"], row["attempt"]) == ("running", "w2", 2)
-    assert store.complete(current, later, keep=True, logs=None)
+    assert store.finish(Succeeded(True, None), current, later).hit
     assert store.status_of(zombie.id) == "succeeded"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.apps import AppConfig
 
 
-class CeleryOutboxConfig(AppConfig):
+class CeleryOutboxConfig(AppConfig):  # type: ignore[misc]
     """celery_outbox's tables under Django's migrations (app label ``celery_outbox``)."""
 
     name = "celery_outbox.contrib.django"

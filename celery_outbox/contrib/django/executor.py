@@ -46,10 +46,10 @@ def dialect_for(vendor: str, driver: str = "psycopg") -> Dialect:
     SQLAlchemy bind processors wrap JSON for it."""
     if vendor == "postgresql":
         if driver == "psycopg2":
-            return postgresql.psycopg2.dialect(paramstyle="format")  # type: ignore[no-any-return]
-        return postgresql.psycopg.dialect(paramstyle="format")  # type: ignore[no-any-return]
+            return postgresql.psycopg2.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+        return postgresql.psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
     if vendor == "sqlite":
-        return sqlite.pysqlite.dialect(paramstyle="format")  # type: ignore[no-any-return]
+        return sqlite.pysqlite.dialect(paramstyle="format")
     raise ConfigurationError(
         f"Django database vendor {vendor!r} is not supported; use one of {', '.join(VENDORS)}"
     )

@@ -51,7 +51,7 @@ def _escaped(sql: str) -> str:
     return sql.replace("%", "%%")
 
 
-class CreateOutboxSchema(migrations.operations.base.Operation):
+class CreateOutboxSchema(migrations.operations.base.Operation):  # type: ignore[misc]
     """Create the outbox's tables (``CELERY_OUTBOX["table_name"]``) on the database being
     migrated; reversed, drop them. No model state: the tables are the outbox's, not models."""
 

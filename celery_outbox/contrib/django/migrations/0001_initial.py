@@ -5,7 +5,7 @@ from django.db import migrations
 from celery_outbox.contrib.django.schema import CreateOutboxSchema
 
 
-class Migration(migrations.Migration):
+class Migration(migrations.Migration):  # type: ignore[misc]
     initial = True
     dependencies: list[tuple[str, str]] = []
     operations = [CreateOutboxSchema()]

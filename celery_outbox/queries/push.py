@@ -1,0 +1,88 @@
+"""The push queries: new rows, plain (one bulk insert an executor may serve by COPY or one
+INSERT on the driver), keyed (``INSERT ... ON CONFLICT DO NOTHING`` on the active-key index)
+or an admin retry (once per retried execution); and the reads that find who holds a key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Table, and_, insert, or_, select, text
+
+from celery_outbox.queries.base import Query, Row, execute, first, named, rows
+from celery_outbox.queries.clauses import active, upsert
+
+Values = Mapping[str, Any]
+"""One new row: column name -> value."""
+
+
+@cache
+def _insert_statement(t: Table) -> Any:
+    return insert(t)
+
+
+@named("push: none -> pending (or scheduled), unkeyed rows, one bulk insert")
+def insert_rows(t: Table, values: Sequence[Values]) -> Query[None]:
+    """The rows of ``values`` (same columns each), inserted whole: an executor may serve it by
+    ``COPY`` or one INSERT straight on the driver."""
+    return execute("insert_rows", _insert_statement(t), list(values), bulk=True)
+
+
+def _id(row: Row) -> UUID:
+    value: UUID = row["id"]
+    return value
+
+
+@named("push: none -> pending (or scheduled), keyed rows; a key already held is skipped")
+def insert_keyed(
+    t: Table, dialect: str, active_key_where: str, values: Sequence[Values]
+) -> Query[list[UUID]]:
+    """One ``INSERT ... ON CONFLICT DO NOTHING`` on the partial unique index of active keys;
+    answers the ids inserted."""
+    stmt = (
+        upsert(t, dialect)
+        .values(list(values))
+        .on_conflict_do_nothing(
+            index_elements=[t.c.job_name, t.c.unique_key],
+            index_where=text(active_key_where),
+        )
+        .returning(t.c.id)
+    )
+    return rows("insert_keyed", stmt, _id)
+
+
+def _holder(row: Row) -> tuple[str, str, UUID]:
+    return row["job_name"], row["unique_key"], row["id"]
+
+
+@named("the active rows holding (job, key) pairs")
+def key_holders(t: Table, keys: Sequence[tuple[str, str]]) -> Query[list[tuple[str, str, UUID]]]:
+    """Answers ``(job, key, id)`` of each active row holding one of ``keys``."""
+    stmt = select(t.c.job_name, t.c.unique_key, t.c.id).where(
+        active(t), or_(*(and_(t.c.job_name == j, t.c.unique_key == k) for j, k in keys)),
+    )
+    return rows("key_holders", stmt, _holder)
+
+
+@named("manual retry: none -> pending, unless the row conflicts on any unique index")
+def insert_retry(t: Table, dialect: str, values: Values) -> Query[UUID | None]:
+    """``INSERT ... ON CONFLICT DO NOTHING`` (the unique index on ``retry_of``, and the
+    active-key one for a keyed row); answers the id inserted, or None on a conflict."""
+    stmt = upsert(t, dialect).values(dict(values)).on_conflict_do_nothing().returning(t.c.id)
+    return first("insert_retry", stmt, _id)
+
+
+@named("the execution retrying a given one")
+def retried_by(t: Table, retry_of: UUID) -> Query[UUID | None]:
+    """Answers the id of the execution whose ``retry_of`` is ``retry_of``, or None."""
+    return first("retried_by", select(t.c.id).where(t.c.retry_of == retry_of), _id)
+
+
+@named("the active row holding one job's key")
+def key_holder(t: Table, job_name: str, key: str) -> Query[UUID | None]:
+    """Answers the id of the active row of ``job_name`` holding ``key``, or None."""
+    stmt = select(t.c.id).where(active(t), t.c.job_name == job_name, t.c.unique_key == key)
+    return first("key_holder", stmt, _id)

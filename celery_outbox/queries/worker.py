@@ -1,0 +1,210 @@
+"""The worker's queries: claim, start, an attempt's outcome (with the start of the claim's next
+row), heartbeat and release; every write on a running row fenced by ``claimed_by`` and
+``attempt``.
+
+The start and the outcome writes are the hot path: their statements are built once per table
+(bound parameters only), so SQLAlchemy's compiled cache serves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Table, and_, bindparam, case, delete, func, literal, or_, select, update
+
+from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
+from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
+from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound
+from celery_outbox.states import Status
+
+_CUT = 200
+"""``cancelled_by`` and ``cancelled_by_name`` are cut to this many characters."""
+
+
+@named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set")
+def claim_rows(
+    t: Table, ids: Sequence[UUID], job_name: str, worker: str, now: datetime,
+    lease_until: datetime,
+) -> Query[list[Row]]:
+    """One UPDATE ... RETURNING for all ``ids``; ``started_at = now`` on the first only."""
+    stmt = (
+        update(t)
+        .where(
+            t.c.id.in_(list(ids)),
+            t.c.job_name == job_name,
+            or_(
+                t.c.status == Status.PENDING.value,
+                and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= now),
+            ),
+        )
+        .values(
+            status=Status.RUNNING.value,
+            attempt=t.c.attempt + 1,
+            claimed_by=worker,
+            started_at=case((t.c.id == ids[0], literal(now, t.c.started_at.type)),
+                            else_=None) if ids else now,
+            updated_at=now,
+            lease_expires_at=lease_until,
+        )
+        .returning(
+            t.c.id, t.c.job_name, t.c.attempt, t.c.max_attempts, t.c.payload, t.c.priority,
+            t.c.unique_key, t.c.organization_id, t.c.lease_expires_at,
+        )
+    )
+    return rows("claim_rows", stmt)
+
+
+@cache
+def _start_statement(t: Table) -> Any:
+    now = bindparam("start_now", type_=t.c.started_at.type)
+    return update(t).where(fenced_bound(t, "start")).values(started_at=now, updated_at=now)
+
+
+def _start_params(fence: Fence, now: datetime) -> dict[str, Any]:
+    return {**fence_params(fence, "start"), "start_now": now}
+
+
+@named("start: running -> running, started_at = now (a later row of a claim), fenced")
+def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
+    """Answers the number of rows marked started (1, or 0 on a fence miss)."""
+    return rowcount("start_fenced", _start_statement(t), _start_params(fence, now))
+
+
+def _kind(outcome: Outcome) -> str:
+    """Which statement writes ``outcome``: succeed, retry, fail, cancel, or delete."""
+    if isinstance(outcome, Succeeded):
+        return "succeed" if outcome.keep else "delete"
+    if isinstance(outcome, Retrying):
+        return "retry"
+    if isinstance(outcome, Failed):
+        return "fail" if outcome.keep else "delete"
+    return "cancel"
+
+
+@cache
+def _outcome_statement(t: Table, kind: str) -> Any:
+    """The fenced write of an outcome of ``kind``, with bound parameters (``o_*``)."""
+    where = fenced_bound(t, "fence")
+    if kind == "delete":
+        return delete(t).where(where)
+    now = bindparam("o_now", type_=t.c.updated_at.type)
+    logs = bindparam("o_logs", type_=t.c.logs.type)
+    if kind == "succeed":
+        values: dict[str, Any] = {"status": Status.SUCCEEDED.value, "finished_at": now,
+                                  "lease_expires_at": None}
+    elif kind == "retry":
+        values = {"status": Status.SCHEDULED.value,
+                  "scheduled_at": bindparam("o_run_at", type_=t.c.scheduled_at.type),
+                  "claimed_by": None, "lease_expires_at": None,
+                  "last_error": bindparam("o_error", type_=t.c.last_error.type),
+                  "dispatched_at": bindparam("o_dispatched_at", type_=t.c.dispatched_at.type)}
+    elif kind == "fail":
+        values = {"status": Status.FAILED.value, "finished_at": now, "lease_expires_at": None,
+                  "last_error": bindparam("o_error", type_=t.c.last_error.type)}
+    else:
+        values = {"status": Status.CANCELLED.value, "finished_at": now,
+                  "lease_expires_at": None,
+                  "cancelled_by": bindparam("o_by", type_=t.c.cancelled_by.type),
+                  "cancelled_by_name": bindparam("o_by_name", type_=t.c.cancelled_by_name.type)}
+    return update(t).where(where).values(updated_at=now, logs=logs, **values)
+
+
+def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, Any]:
+    params = fence_params(fence, "fence")
+    if isinstance(outcome, (Succeeded, Failed)) and not outcome.keep:
+        return params
+    params.update(o_now=now, o_logs=outcome.logs)
+    if isinstance(outcome, Retrying):
+        params.update(o_run_at=outcome.run_at, o_error=outcome.error,
+                      o_dispatched_at=now if outcome.dispatched else None)
+    elif isinstance(outcome, Failed):
+        params.update(o_error=outcome.error)
+    elif isinstance(outcome, Cancelled):
+        params.update(o_by=outcome.by[:_CUT] if outcome.by is not None else None,
+                      o_by_name=outcome.by_name[:_CUT] if outcome.by_name is not None else None)
+    return params
+
+
+@named("an attempt's outcome: running -> succeeded, scheduled, failed or cancelled, or the "
+       "row deleted; fenced")
+def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime) -> Query[int]:
+    """Answers the number of rows written (1, or 0 on a fence miss)."""
+    return rowcount("finish_fenced", _outcome_statement(t, _kind(outcome)),
+                    _outcome_params(outcome, fence, now))
+
+
+@cache
+def _outcome_and_start_statement(t: Table, kind: str) -> Any:
+    """The outcome write and the start as ONE PostgreSQL statement of two data-modifying
+    CTEs; it answers both row counts (``hits``, ``began``)."""
+    done = _outcome_statement(t, kind).returning(t.c.id).cte("outcome")
+    began = _start_statement(t).returning(t.c.id).cte("began")
+    return select(select(func.count()).select_from(done).scalar_subquery().label("hits"),
+                  select(func.count()).select_from(began).scalar_subquery().label("began"))
+
+
+def _both(row: Row) -> tuple[int, int]:
+    return int(row["hits"]), int(row["began"])
+
+
+@named("an attempt's outcome and the start of its claim's next row, in one statement "
+       "(PostgreSQL); fenced")
+def finish_and_start(
+    t: Table, outcome: Outcome, fence: Fence, now: datetime, start: Fence
+) -> Query[tuple[int, int] | None]:
+    """Answers ``(written, started)``: each 1, or 0 on its fence's miss."""
+    return first("finish_and_start", _outcome_and_start_statement(t, _kind(outcome)), _both,
+                 {**_outcome_params(outcome, fence, now), **_start_params(start, now)})
+
+
+@named("heartbeat: running -> running, lease_expires_at = lease_until, per fence")
+def extend_leases(
+    t: Table, worker: str | None, fences: Sequence[Fence], now: datetime,
+    lease_until: datetime,
+) -> Query[list[UUID]]:
+    """Answers the ids still held."""
+    guard = [t.c.status == Status.RUNNING.value,
+             or_(*(and_(t.c.id == f.id, t.c.claimed_by == f.claimed_by,
+                        t.c.attempt == f.attempt) for f in fences))]
+    if worker is not None:
+        guard.append(t.c.claimed_by == worker)
+    stmt = (
+        update(t)
+        .where(*guard)
+        .values(lease_expires_at=lease_until, updated_at=now)
+        .returning(t.c.id)
+    )
+    return rows("extend_leases", stmt, _id)
+
+
+def _id(row: Row) -> UUID:
+    value: UUID = row["id"]
+    return value
+
+
+@named("release: running -> pending, dispatched now; the attempt given back or one more "
+       "allowed")
+def release_fenced(
+    t: Table, fences: Sequence[Fence], now: datetime, begun: bool | None
+) -> Query[list[UUID]]:
+    """Answers the ids released."""
+    stmt = (
+        update(t)
+        .where(or_(*(fenced(t, f) for f in fences)))
+        .values(
+            status=Status.PENDING.value,
+            attempt=(t.c.attempt - 1 if begun is False else
+                     case((t.c.started_at.is_(None), t.c.attempt - 1), else_=t.c.attempt)),
+            max_attempts=(t.c.max_attempts if begun is False else
+                          case((t.c.started_at.is_(None), t.c.max_attempts),
+                               else_=t.c.max_attempts + 1)),
+            claimed_by=None,
+            lease_expires_at=None, started_at=None, updated_at=now, dispatched_at=now,
+        )
+        .returning(t.c.id)
+    )
+    return rows("release_fenced", stmt, _id)
