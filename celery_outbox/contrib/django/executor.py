@@ -132,13 +132,28 @@ def _bind(compiled: Any, params: Mapping[str, Any] | None) -> tuple[str, list[An
     """The SQL of ``compiled`` with ``params`` (expanding IN lists rendered) and its
     positional values, each through its column type's bind processor."""
     state = compiled.construct_expanded_state(params)
-    processors = state.processors
+    processors = {**_processors(compiled), **state.processors}  # the latter: expanded lists
     values = []
     for name in state.positiontup or ():
         value = state.parameters[name]
         process = processors.get(name)
         values.append(value if process is None else process(value))
     return state.statement, values
+
+
+def _processors(compiled: Any) -> dict[str, Callable[[Any], Any]]:
+    """Each bound parameter's bind processor (its type's, for the compiled dialect)."""
+    found: dict[str, Callable[[Any], Any]] | None = getattr(compiled, "_outbox_processors",
+                                                            None)
+    if found is None:
+        dialect = compiled.dialect
+        found = {}
+        for name, bind in compiled.binds.items():
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is not None:
+                found[name] = process
+        compiled._outbox_processors = found
+    return found
 
 
 def _result_processors(statement: Any, dialect: Dialect,
