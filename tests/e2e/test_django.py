@@ -70,9 +70,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         patch = stack.enter_context(pytest.MonkeyPatch.context())
         for key, value in env.items():
             patch.setenv(key, value)
-        import tests.djangoproj.project  # noqa: F401  # django.setup()
         from django.core.management import call_command
         from django.db import connections
+
+        import tests.djangoproj.project  # noqa: F401  # django.setup()
 
         for alias in ("default", "pg"):
             if alias in connections:
