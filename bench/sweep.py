@@ -10,12 +10,13 @@ The first trim of each table is timed apart: it writes the trim's watermarks (a 
 a walk over every kept row); the timed trims count what finished since (nothing, or the
 surplus rows, which are older than every kept row).
 
-Then the statements ``celery_outbox/store/`` issued for stage, redispatch, rescue and trim
-(captured with a ``before_cursor_execute`` listener while a sweep and a trim run on the big
-table) are run again under ``EXPLAIN (ANALYZE, BUFFERS)``, each in a transaction rolled back,
-and their plans summarised: which indexes, any sequential scan of the table. For the trim,
-every statement of its first job, in one transaction as the trim runs them, each labelled
-with the store method that issued it.
+Then the statements of the named queries (``celery_outbox/queries/``) that stage, redispatch,
+rescue and trim issued (captured with a ``before_cursor_execute`` listener while a sweep and a
+trim run on the big table, each labelled with the query the store's executor ran: an observer
+on the executor names them) are run again under ``EXPLAIN (ANALYZE, BUFFERS)``, each in a
+transaction rolled back, and their plans summarised: which indexes, any sequential scan of
+the table. For the trim, every statement of its first job, in one transaction as the trim
+runs them, each labelled with its query's name.
 
 ``--backlog N`` adds an experiment on the big table: the stager working through N due
 scheduled rows (an outage's backlog, all priorities), with the shipped indexes and then
@@ -45,9 +46,12 @@ from sqlalchemy import event, text
 
 from bench import sweep_data as data
 from celery_outbox import Outbox
+from celery_outbox.queries import Query
 
-TRANSITIONS = ("stage", "redispatch", "rescue", "trim")
-"""The ExecutionStore methods whose statements are explained."""
+SWEEP = {"stage": "stage_due", "rescue": "expired_leases", "redispatch": "redispatch_stale"}
+"""The sweep transitions explained, each by its first query (the batch it picks or reads)."""
+TRIM_LOCK = "trim_lock_marks"
+"""The query each job's trim begins with (after creating its watermarks, the first time)."""
 TARGET = 2.0
 
 
@@ -70,12 +74,13 @@ class Captured:
     transition: str
     statement: str
     parameters: Any
-    step: str = ""
-    """The store method that issued it, when a helper of the transition (``_trim_measure``)."""
+    query: str = ""
+    """The named query the statement ran for (``trim_measure``), when not the transition's
+    own first query."""
 
     @property
     def label(self) -> str:
-        return f"{self.transition} ({self.step})" if self.step else self.transition
+        return f"{self.transition} ({self.query})" if self.query else self.transition
 
 
 FIGURES = {
@@ -188,36 +193,51 @@ def _fresh(table: Table, surplus: int = 0) -> None:
 
 
 @contextmanager
-def _capture(outbox: Outbox) -> Iterator[list[Captured]]:
-    """Every statement run on ``outbox.engine`` from a store method in TRANSITIONS."""
-    captured: list[Captured] = []
+def _named(outbox: Outbox, on_statement: Any,
+           named: list[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
+    """Name every statement run on ``outbox.engine`` after the query the store's executor ran
+    it for: ``on_statement(cursor, statement, parameters)`` is called before each statement
+    runs and its answer kept; when the executor reports the query done (its observer), the
+    answers of the statements since the last report are added to ``named`` as ``(query
+    name, answer)``. Exact because the bench runs one query at a time, and every statement
+    of the sweep and the trim is a query's."""
+    pending: list[Any] = []
 
     def listener(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
                  executemany: bool) -> None:
-        found = _calling_transition()
-        if found is not None:
-            captured.append(Captured(found[0], statement, parameters, found[1]))
+        pending.append(on_statement(cursor, statement, parameters))
 
+    def observer(query: Query[Any], seconds: float) -> None:
+        named.extend((query.name, answer) for answer in pending)
+        pending.clear()
+
+    observers = outbox.store.executor.observers
+    observers.append(observer)
     event.listen(outbox.engine, "before_cursor_execute", listener)
     try:
-        yield captured
+        yield named
     finally:
         event.remove(outbox.engine, "before_cursor_execute", listener)
+        observers.remove(observer)
 
 
-def _calling_transition() -> tuple[str, str] | None:
-    """The ExecutionStore transition on the current stack, if any, and the innermost store
-    method under it that issued the statement ("" when the transition itself did)."""
-    frame = sys._getframe(2)
-    step = ""
-    while frame is not None:
-        code = frame.f_code
-        if f"{os.sep}celery_outbox{os.sep}store{os.sep}" in code.co_filename:
-            if code.co_name in TRANSITIONS:
-                return code.co_name, step
-            step = step or code.co_name
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
+@contextmanager
+def _capture(outbox: Outbox) -> Iterator[list[tuple[str, Any]]]:
+    """Every statement run on ``outbox.engine``, as ``(query name, (statement, parameters))``."""
+    with _named(outbox, lambda cursor, statement, parameters: (statement, parameters),
+                []) as named:
+        yield named
+
+
+def _firsts(captured: list[tuple[str, Any]]) -> dict[str, Captured]:
+    """The first statement of each sweep transition (:data:`SWEEP`) among ``captured``."""
+    firsts: dict[str, Captured] = {}
+    for transition, query in SWEEP.items():
+        found = next(((statement, parameters) for name, (statement, parameters) in captured
+                      if name == query), None)
+        if found is not None:
+            firsts[transition] = Captured(transition, *found)
+    return firsts
 
 
 def _explain(table: Table) -> list[tuple[Captured, list[str]]]:
@@ -229,10 +249,8 @@ def _explain(table: Table) -> list[tuple[Captured, list[str]]]:
     _fresh(table)
     with _capture(table.outbox) as captured:
         table.outbox.sweep(now=data.NOW)
-    firsts: dict[str, Captured] = {}
-    for c in captured:
-        firsts.setdefault(c.transition, c)
-    sweep = [firsts[t] for t in TRANSITIONS if t != "trim"]
+    firsts = _firsts(captured)
+    sweep = [firsts[t] for t in ("stage", "redispatch", "rescue")]
     _fresh(table)
     plans = [(c, _explain_one(table.outbox, [c])[0]) for c in sweep]
     _fresh(table, 1000)
@@ -254,29 +272,26 @@ def _explain_in_place(
     of the very rows and watermarks that statement sees (a statement run again after the
     trim would find its rows deleted and its watermark moved)."""
     plans: list[tuple[Captured, list[str]]] = []
-    locks = 0
+    named: list[tuple[str, Any]] = []
 
-    def listener(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
-                 executemany: bool) -> None:
-        nonlocal locks
-        found = _calling_transition()
-        if found is None or found[0] != "trim":
-            return
-        locks += found[1] == "_trim_lock"
-        if locks != 1:
-            return
+    def explain(cursor: Any, statement: str, parameters: Any) -> Any:
+        if sum(name == TRIM_LOCK for name, _ in named) > 1:
+            return None  # the second job's trim has begun: nothing more to explain
         first = parameters[0] if isinstance(parameters, list) else parameters
         cursor.execute("SAVEPOINT bench_explain")
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, first)
         lines = [row[0] for row in cursor.fetchall()]
         cursor.execute("ROLLBACK TO SAVEPOINT bench_explain")
-        plans.append((Captured(label, statement, parameters, found[1]), lines))
+        return statement, parameters, lines
 
-    event.listen(outbox.engine, "before_cursor_execute", listener)
-    try:
+    with _named(outbox, explain, named):
         yield plans
-    finally:
-        event.remove(outbox.engine, "before_cursor_execute", listener)
+    locks = 0
+    for name, answer in named:  # the first job's: from its first lock to the second's
+        locks += name == TRIM_LOCK
+        if locks == 1 and answer is not None:
+            statement, parameters, lines = answer
+            plans.append((Captured(label, statement, parameters, name), lines))
 
 
 def _explain_one(outbox: Outbox, statements: list[Captured]) -> list[list[str]]:
@@ -332,12 +347,11 @@ def _backlog(table: Table, count: int, *, full: bool) -> None:
             _fresh(table)
             data.add_backlog(outbox, count)
             data.vacuum(outbox)
-            first = next(c for c in captured if c.transition == "stage")
-            [lines] = _explain_one(outbox, [first])
+            [lines] = _explain_one(outbox, [_firsts(captured)["stage"]])
             _total, scans, _seq = _plan_summary(lines, outbox.tables.executions.name)
             sort = next((line.strip() for line in lines if "Sort Method" in line), "no sort")
             label = "shipped without (priority, scheduled_at)" if without else "shipped"
-            batches = sum(1 for c in captured if c.transition == "stage")
+            batches = sum(1 for name, _ in captured if name == SWEEP["stage"])
             print(f"| {label} | {elapsed:.2f} | {batches} | {'; '.join(scans)}; {sort} |")
             if full:
                 print("\n".join(lines))

@@ -14,7 +14,7 @@ in both, for the trim that has work to do.
 
 Rows are written with ``INSERT ... SELECT generate_series`` (the finished rows in one
 statement, about 20 s), then ``VACUUM ANALYZE``. This is fixture SQL of the benchmark; the
-package's own SQL, the thing measured, stays in ``celery_outbox/store/``.
+package's own SQL, the thing measured, stays in ``celery_outbox/queries/``.
 """
 
 from __future__ import annotations

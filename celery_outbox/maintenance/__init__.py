@@ -4,7 +4,7 @@
 - :class:`Rescuer`: running rows whose lease expired -> retried per policy, or failed.
 - :class:`Redispatcher`: pending rows whose last dispatch is older than ``stale_after`` ->
   dispatched again.
-- :class:`Pruner`: the trim; per job, keep the newest N succeeded / failed rows.
+- :class:`Trimmer`: the trim; per job, keep the newest N succeeded / failed rows.
 - :class:`Sweeper`: stager + rescuer + redispatcher in one pass (the beat task's sweep).
 
 Each works in bounded batches (``LIMIT`` + ``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so any
@@ -13,7 +13,6 @@ when it did something. Their SQL is in :mod:`celery_outbox.store` (stage, redisp
 rescue, trim).
 """
 
-from celery_outbox.maintenance.pruner import Pruner, PrunerConfig, PruneResult
 from celery_outbox.maintenance.redispatcher import (
     Redispatcher,
     RedispatcherConfig,
@@ -22,11 +21,14 @@ from celery_outbox.maintenance.redispatcher import (
 from celery_outbox.maintenance.rescuer import Rescuer, RescuerConfig, RescueResult
 from celery_outbox.maintenance.stager import Stager, StagerConfig, StageResult
 from celery_outbox.maintenance.sweep import Sweeper, SweepResult
+from celery_outbox.maintenance.trimmer import Trimmer, TrimmerConfig, TrimResult
+
+# The trimmer's former names, deprecated: kept for code that imports them.
+Pruner = Trimmer
+PrunerConfig = TrimmerConfig
+PruneResult = TrimResult
 
 __all__ = [
-    "PruneResult",
-    "Pruner",
-    "PrunerConfig",
     "RedispatchResult",
     "Redispatcher",
     "RedispatcherConfig",
@@ -38,4 +40,7 @@ __all__ = [
     "StagerConfig",
     "SweepResult",
     "Sweeper",
+    "TrimResult",
+    "Trimmer",
+    "TrimmerConfig",
 ]

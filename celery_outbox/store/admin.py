@@ -8,8 +8,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import func, select, update
-
+from celery_outbox.queries import admin as q
 from celery_outbox.states import Status
 from celery_outbox.store.base import StoreBase, log
 
@@ -42,38 +41,19 @@ class AdminStore(StoreBase):
         the job name of the cancelled row, or None on a miss (no such row, already terminal,
         or an execution of another job). ``now`` is an aware datetime.
         """
-        t = self.t
-        guard = [t.c.id == execution_id, self._active()]
-        if job_name is not None:
-            guard.append(t.c.job_name == job_name)
-        stmt = (
-            update(t)
-            .where(*guard)
-            .values(
-                status=Status.CANCELLED.value, finished_at=now, updated_at=now,
-                lease_expires_at=None, cancelled_by=by, cancelled_by_name=by_name,
-            )
-            .returning(t.c.job_name)
-        )
-        with self.begin() as conn:
-            row = conn.execute(stmt).first()
-        if row is None:
+        name = self.executor.run(q.cancel(self.t, execution_id, now, by=by, by_name=by_name,
+                                          job_name=job_name))
+        if name is None:
             log.debug("cancel: %s is not active; nothing written", execution_id)
-            return None
-        return str(row[0])
+        return name
 
     def get(self, execution_id: UUID) -> dict[str, Any] | None:
         """Read one row as a dict of its columns, or None."""
-        with self.begin() as conn:
-            row = conn.execute(select(self.t).where(self.t.c.id == execution_id)).first()
-        return dict(row._mapping) if row is not None else None
+        return self.executor.run(q.get_row(self.t, execution_id))
 
     def status_of(self, execution_id: UUID) -> str | None:
         """Read one row's status, or None when there is no such row."""
-        with self.begin() as conn:
-            return conn.execute(
-                select(self.t.c.status).where(self.t.c.id == execution_id)
-            ).scalar_one_or_none()
+        return self.executor.run(q.status_of(self.t, execution_id))
 
     def job_stats(self) -> dict[str, JobStats]:
         """Read succeeded / failed counts and newest finish times of every job, in ONE query.
@@ -82,26 +62,8 @@ class AdminStore(StoreBase):
         leave), grouped by job; served by the index on finished rows. A job without finished
         rows is absent from the result. Returns ``{job_name: JobStats}``.
         """
-        t = self.t
-        succeeded = t.c.status == Status.SUCCEEDED.value
-        failed = t.c.status == Status.FAILED.value
-        stmt = (
-            # One pass over finished rows; FILTER splits each aggregate by outcome.
-            select(
-                t.c.job_name,
-                func.count().filter(succeeded),
-                func.count().filter(failed),
-                func.max(t.c.finished_at).filter(succeeded),
-                func.max(t.c.finished_at).filter(failed),
-            )
-            .where(t.c.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]))
-            .group_by(t.c.job_name)
-        )
-        with self.begin() as conn:
-            return {
-                name: JobStats(name, int(ok), int(ko), last_ok, last_ko)
-                for name, ok, ko, last_ok, last_ko in conn.execute(stmt)
-            }
+        return {name: JobStats(name, ok, ko, last_ok, last_ko)
+                for name, ok, ko, last_ok, last_ko in self.executor.run(q.job_stats(self.t))}
 
     def list_executions(
         self,
@@ -116,13 +78,5 @@ class AdminStore(StoreBase):
         Optional filters: ``status``, ``organization_id``; at most ``limit`` rows (the caller
         bounds it). Each row is a dict of its columns without ``payload`` and ``logs``.
         """
-        t = self.t
-        columns = [c for c in t.c if c.name not in ("payload", "logs")]
-        stmt = select(*columns).where(t.c.job_name == job_name)
-        if status is not None:
-            stmt = stmt.where(t.c.status == status.value)
-        if organization_id is not None:
-            stmt = stmt.where(t.c.organization_id == organization_id)
-        stmt = stmt.order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
-        with self.begin() as conn:
-            return [dict(row._mapping) for row in conn.execute(stmt)]
+        return self.executor.run(q.list_executions(
+            self.t, job_name, status=status, organization_id=organization_id, limit=limit))

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
-
 from celery_outbox.executors import Transaction
-from celery_outbox.queries import first
-from celery_outbox.queries.clauses import upsert
+from celery_outbox.queries import Plan, drive
+from celery_outbox.queries import cron as q
 from celery_outbox.store.base import StoreBase, log
 
 
 class CronStore(StoreBase):
     """The cron tick transitions of :class:`~celery_outbox.store.ExecutionStore`."""
 
-    def advance_tick(self, tx: Transaction, job_name: str, tick: datetime, now: datetime) -> bool:
+    def advance_tick(self, tx: Transaction, job_name: str, tick: datetime,
+                     now: datetime) -> bool:
         """cron tick: none, or ``last_tick`` earlier than ``tick`` -> ``last_tick = tick``, in
-        the transaction ``tx`` (the one that inserts the tick's execution).
+        the caller's transaction ``tx`` (the one that inserts the tick's execution:
+        :meth:`join` of its Session or Connection, or :meth:`transaction`).
 
         Guard: the job has no tick row yet, or its ``last_tick`` is earlier than ``tick``. One
         ``INSERT ... ON CONFLICT (job_name) DO UPDATE ... WHERE last_tick < tick``: concurrent
@@ -28,16 +28,11 @@ class CronStore(StoreBase):
         False and writes nothing. On SQLite it is the transaction's first statement, so it
         takes the write lock before reading. ``tick`` and ``now`` are aware datetimes.
         """
-        c = self.tables.cron_ticks
-        values = {"job_name": job_name, "last_tick": tick, "updated_at": now}
-        insert = upsert(c, self.dialect)
-        stmt = insert.values(values).on_conflict_do_update(
-            index_elements=[c.c.job_name],
-            set_={"last_tick": insert.excluded.last_tick,
-                  "updated_at": insert.excluded.updated_at},
-            where=c.c.last_tick < insert.excluded.last_tick,
-        ).returning(c.c.job_name)
-        advanced = tx.run(first("advance_tick", stmt, lambda row: True)) is not None
+        return drive(tx.run, self._advance_tick(job_name, tick, now))
+
+    def _advance_tick(self, job_name: str, tick: datetime, now: datetime) -> Plan[bool]:
+        advanced = bool((yield q.advance_tick(self.tables.cron_ticks, self.dialect, job_name,
+                                              tick, now)))
         if not advanced:
             log.debug("cron tick %s of %s was fired already; nothing written", tick, job_name)
         return advanced
@@ -45,8 +40,4 @@ class CronStore(StoreBase):
     def last_tick(self, job_name: str) -> datetime | None:
         """Read the latest tick fired (or spent) for ``job_name``: aware UTC, or None when
         the job has fired none. A short read of its own, before the tick's transaction."""
-        c = self.tables.cron_ticks
-        value: datetime | None = self.executor.run(first(
-            "last_tick", select(c.c.last_tick).where(c.c.job_name == job_name),
-            lambda row: row["last_tick"]))
-        return value
+        return self.executor.run(q.last_tick(self.tables.cron_ticks, job_name))

@@ -8,43 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from celery_outbox.errors import StorageError
-from celery_outbox.states import Status
-from celery_outbox.store.base import Fence, StoreBase, log
+from celery_outbox.queries import Query
+from celery_outbox.queries import sweep as q
+from celery_outbox.queries.sweep import Due, Expired
+from celery_outbox.store.base import StoreBase, log
 
-
-@dataclass(frozen=True)
-class Due:
-    """A row the sweep just staged, redispatched or rescued into a retry: dispatch it now.
-
-    ``priority`` is 0 (critical) .. 3 (low); ``eta`` is the retry's run time when a rescue
-    scheduled it later than the sweep's ``now`` (an aware datetime), else None.
-    """
-
-    id: UUID
-    job_name: str
-    priority: int
-    eta: datetime | None = None
-
-
-@dataclass(frozen=True)
-class Expired:
-    """A running row whose lease expired, as :meth:`ExecutionStore.rescue` took it."""
-
-    id: UUID
-    job_name: str
-    claimed_by: str
-    attempt: int
-    max_attempts: int
-    priority: int
-    started_at: datetime | None = None
-    """None: claimed with others in one message, and its handler never began."""
+__all__ = ["Due", "Expired", "RescueVerdict", "SweepStore"]
 
 
 @dataclass(frozen=True)
@@ -66,24 +40,12 @@ class RescueVerdict:
 
 
 class SweepStore(StoreBase):
-    """The sweep transitions of :class:`~celery_outbox.store.ExecutionStore`."""
+    """The sweep transitions of :class:`~celery_outbox.store.ExecutionStore`.
 
-    def _pick(self, *where: Any, order_by: Sequence[Any], limit: int) -> Any:
-        """The ids of at most ``limit`` rows matching ``where``, for one batch of the sweep.
-
-        PostgreSQL locks them FOR UPDATE SKIP LOCKED: a concurrent sweep skips them and takes
-        the next rows, never waits. SQLite has no row locks (it compiles no FOR UPDATE); the
-        UPDATE this feeds takes the database's write lock first, so sweeps there run one
-        after the other with the same outcome. A MATERIALIZED CTE, evaluated once: as a
-        plain ``IN (subquery)`` PostgreSQL may run the subquery again per row, and the
-        LIMIT then bounds nothing.
-        """
-        picked = (
-            select(self.t.c.id).where(*where).order_by(*order_by).limit(limit)
-            .with_for_update(skip_locked=True)
-            .cte("picked").prefix_with("MATERIALIZED")
-        )
-        return select(picked.c.id)
+    Stage and redispatch take their batch with LIMIT + FOR UPDATE SKIP LOCKED (PostgreSQL;
+    on SQLite the UPDATE takes the database's write lock first), in a MATERIALIZED CTE
+    evaluated once (:mod:`celery_outbox.queries.sweep`).
+    """
 
     def stage(
         self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int
@@ -98,21 +60,7 @@ class SweepStore(StoreBase):
         Returns the staged rows ([] when none is due). ``now`` and ``stale_before`` are aware
         datetimes.
         """
-        t = self.t
-        pick = self._pick(
-            t.c.status == Status.SCHEDULED.value,
-            t.c.scheduled_at <= now,
-            t.c.job_name.in_(list(job_names)),
-            or_(t.c.dispatched_at.is_(None), t.c.scheduled_at < stale_before),
-            order_by=(t.c.priority, t.c.scheduled_at), limit=limit,
-        )
-        stmt = (
-            update(t)
-            .where(t.c.id.in_(pick))
-            .values(status=Status.PENDING.value, dispatched_at=now, updated_at=now)
-            .returning(t.c.id, t.c.job_name, t.c.priority)
-        )
-        return self._moved(stmt, job_names)
+        return self._moved(q.stage_due(self.t, now, job_names, stale_before, limit), job_names)
 
     def redispatch(
         self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int
@@ -125,26 +73,14 @@ class SweepStore(StoreBase):
         concurrent sweep holds are skipped, and taking a row's lock re-checks the guard.
         Returns the rows to dispatch again ([] when none is stale). Times are aware datetimes.
         """
-        t = self.t
-        stale = or_(t.c.dispatched_at.is_(None), t.c.dispatched_at < stale_before)
-        pick = self._pick(
-            t.c.status == Status.PENDING.value, stale, t.c.job_name.in_(list(job_names)),
-            order_by=(t.c.priority, t.c.dispatched_at), limit=limit,
-        )
-        stmt = (
-            update(t)
-            .where(t.c.id.in_(pick))
-            .values(dispatched_at=now, updated_at=now)
-            .returning(t.c.id, t.c.job_name, t.c.priority)
-        )
-        return self._moved(stmt, job_names)
+        return self._moved(q.redispatch_stale(self.t, now, job_names, stale_before, limit),
+                           job_names)
 
-    def _moved(self, stmt: Any, job_names: Sequence[str]) -> list[Due]:
+    def _moved(self, query: Query[list[Due]], job_names: Sequence[str]) -> list[Due]:
         if not job_names:
             return []
-        with self.begin() as conn:
-            rows = [Due(r.id, r.job_name, r.priority) for r in conn.execute(stmt)]
-        return sorted(rows, key=lambda r: r.priority)
+        due = self.executor.run(query)
+        return sorted(due, key=lambda r: r.priority)
 
     def rescue(
         self,
@@ -174,21 +110,12 @@ class SweepStore(StoreBase):
         """
         if not job_names:
             return []
-        t = self.t
-        read = (
-            select(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
-                   t.c.priority, t.c.started_at)
-            .where(t.c.status == Status.RUNNING.value, t.c.lease_expires_at < now,
-                   t.c.job_name.in_(list(job_names)))
-            .order_by(t.c.lease_expires_at, t.c.id).limit(limit)
-        )
-        with self.begin() as conn:
-            expired = [Expired(**r._mapping) for r in conn.execute(read)]
+        expired = self.executor.run(q.expired_leases(self.t, now, job_names, limit))
         rescued: list[tuple[Expired, RescueVerdict]] = []
         for row in expired:
             verdict = _decided(decide, row)
             try:
-                hit = self._rescue_one(row, verdict, now)
+                hit = self.executor.run(self._rescue_write(row, verdict, now)) == 1
             except StorageError as exc:
                 if isinstance(exc.__cause__, (OperationalError, InterfaceError)):
                     raise  # the database, not this row
@@ -199,46 +126,23 @@ class SweepStore(StoreBase):
                 rescued.append((row, verdict))
         return rescued
 
-    def _rescue_one(self, row: Expired, verdict: RescueVerdict, now: datetime) -> bool:
-        """Write ``verdict`` on ``row`` (one statement, its own transaction); True on a hit."""
-        t = self.t
-        fenced = and_(self._fenced(Fence(row.id, row.claimed_by, row.attempt)),
-                      t.c.lease_expires_at < now)
+    def _rescue_write(self, row: Expired, verdict: RescueVerdict, now: datetime) -> Query[int]:
+        """The one fenced statement writing ``verdict`` on ``row`` (run alone, autocommit)."""
         if verdict.release:
-            # Re-checks that it never began: its worker may have begun it since the read
-            # (handing it back then would let another worker begin the same attempt).
-            stmt: Any = update(t).where(fenced, t.c.started_at.is_(None)).values(
-                status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
-                started_at=None, lease_expires_at=None, updated_at=now, dispatched_at=now,
-            )
-        elif verdict.run_at is not None:
-            stmt = update(t).where(fenced).values(
-                status=Status.SCHEDULED.value, scheduled_at=verdict.run_at,
-                claimed_by=None, lease_expires_at=None, last_error=verdict.error,
-                updated_at=now, dispatched_at=now if verdict.dispatched else None,
-            )
-        elif verdict.keep:
-            stmt = update(t).where(fenced).values(
-                status=Status.FAILED.value, finished_at=now, updated_at=now,
-                lease_expires_at=None, last_error=verdict.error,
-            )
-        else:
-            stmt = delete(t).where(fenced)
-        with self.begin(autocommit=True) as conn:  # one statement
-            return bool(conn.execute(stmt).rowcount == 1)
+            return q.rescue_release(self.t, row, now)
+        if verdict.run_at is not None:
+            return q.rescue_retry(self.t, row, now, run_at=verdict.run_at, error=verdict.error,
+                                  dispatched=verdict.dispatched)
+        if verdict.keep:
+            return q.rescue_fail(self.t, row, now, error=verdict.error)
+        return q.rescue_delete(self.t, row, now)
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
         """Read the job and priority of the pending rows among ``ids`` (released rows, to
         dispatch them at once). Ids not pending are left out."""
         if not ids:
             return []
-        t = self.t
-        with self.begin() as conn:
-            rows = conn.execute(
-                select(t.c.id, t.c.job_name, t.c.priority)
-                .where(t.c.id.in_(list(ids)), t.c.status == Status.PENDING.value)
-            )
-            return [Due(r.id, r.job_name, r.priority) for r in rows]
+        return self.executor.run(q.dispatchable_pending(self.t, ids))
 
 
 def _decided(decide: Callable[[Expired], RescueVerdict], row: Expired) -> RescueVerdict:

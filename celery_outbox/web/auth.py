@@ -316,7 +316,7 @@ class Auth:
         payload, _, signature = cookie.partition(".")
         data = json.loads(base64.urlsafe_b64decode(payload))
         now = time.time()
-        with _REVOKE_LOCK:  # logouts run on several threads: prune and add as one step
+        with _REVOKE_LOCK:  # logouts run on several threads: drop the expired, add, as one step
             for gone in [s for s, e in self._revoked.items() if e < now]:
                 del self._revoked[gone]
             self._revoked[signature] = float(data["exp"])

@@ -11,7 +11,7 @@ from celery import Celery
 
 from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import ConfigurationError
-from celery_outbox.maintenance import PrunerConfig, RescuerConfig, StagerConfig
+from celery_outbox.maintenance import RescuerConfig, StagerConfig, TrimmerConfig
 
 UTC = timezone.utc
 
@@ -73,7 +73,7 @@ def test_it_pickles_for_beats_schedule_file_and_compares_by_value() -> None:
     (lambda: StagerConfig(batch_size=0), "StagerConfig.batch_size"),
     (lambda: StagerConfig(stale_after=timedelta(seconds=-1)), "StagerConfig.stale_after"),
     (lambda: RescuerConfig(max_eta=5), "RescuerConfig.max_eta"),
-    (lambda: PrunerConfig(keep_failed=-1), "PrunerConfig.keep_failed"),
+    (lambda: TrimmerConfig(keep_failed=-1), "TrimmerConfig.keep_failed"),
 ])
 def test_service_options_are_checked_at_construction(make: object, name: str) -> None:
     with pytest.raises(ConfigurationError, match=name):

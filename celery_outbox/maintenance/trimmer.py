@@ -1,4 +1,4 @@
-"""Pruner (the trim): per job, keep the newest N succeeded, failed and cancelled rows, delete
+"""Trimmer (the trim): per job, keep the newest N succeeded, failed and cancelled rows, delete
 the rest.
 
 Each job's surplus goes in ONE statement, whatever its size, so a table that grew while the
@@ -10,7 +10,7 @@ overrides the defaults (as :meth:`JobSpec.keeps <celery_outbox.registry.JobSpec.
 
 Example::
 
-    Pruner(outbox.store, outbox.registry).run_once(now)  # PruneResult(deleted=4990, jobs=3)
+    Trimmer(outbox.store, outbox.registry).run_once(now)  # TrimResult(deleted=4990, jobs=3)
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from celery_outbox.store import ExecutionStore
 
 
 @dataclass(frozen=True)
-class PrunerConfig:
-    """Options of the :class:`Pruner` (defaults in brackets).
+class TrimmerConfig:
+    """Options of the :class:`Trimmer` (defaults in brackets).
 
     - ``keep_succeeded`` [10]: succeeded rows kept per job, unless the job's ``keep`` says.
     - ``keep_failed`` [10]: failed rows kept per job, unless the job's ``keep`` says.
@@ -45,11 +45,11 @@ class PrunerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) \
                     or not 0 <= value <= MAX_KEEP:
-                raise ConfigurationError(f"PrunerConfig.{name} must be an int in "
+                raise ConfigurationError(f"TrimmerConfig.{name} must be an int in "
                                          f"0..{MAX_KEEP}, got {value!r}")
 
     @classmethod
-    def from_outbox(cls, config: OutboxConfig) -> PrunerConfig:
+    def from_outbox(cls, config: OutboxConfig) -> TrimmerConfig:
         return cls(keep_succeeded=config.keep_succeeded, keep_failed=config.keep_failed,
                    keep_cancelled=config.keep_cancelled)
 
@@ -61,24 +61,24 @@ class PrunerConfig:
 
 
 @dataclass(frozen=True)
-class PruneResult:
-    """Counts of one :meth:`Pruner.run_once`: rows ``deleted``, over ``jobs`` jobs trimmed."""
+class TrimResult:
+    """Counts of one :meth:`Trimmer.run_once`: rows ``deleted``, over ``jobs`` jobs trimmed."""
 
     deleted: int = 0
     jobs: int = 0
 
 
-class Pruner:
+class Trimmer:
     """Trims the finished rows of every job in the registry."""
 
     def __init__(
-        self, store: ExecutionStore, registry: JobRegistry, config: PrunerConfig | None = None
+        self, store: ExecutionStore, registry: JobRegistry, config: TrimmerConfig | None = None
     ) -> None:
         self.store = store
         self.registry = registry
-        self.config = config or PrunerConfig()
+        self.config = config or TrimmerConfig()
 
-    def run_once(self, now: datetime) -> PruneResult:
+    def run_once(self, now: datetime) -> TrimResult:
         """Trim every job once; ``now`` (aware) dates the watermarks and the log line.
         Returns the counts. A job whose trim raises is logged and the others are trimmed;
         then the first error is raised again."""
@@ -100,7 +100,7 @@ class Pruner:
                      now.isoformat(timespec="seconds"), deleted, jobs)
         if errors:
             raise errors[0]
-        return PruneResult(deleted=deleted, jobs=jobs)
+        return TrimResult(deleted=deleted, jobs=jobs)
 
     def _trim(self, spec: JobSpec, now: datetime) -> int:
         succeeded, failed = self.config.keeps(spec)

@@ -1,0 +1,129 @@
+"""The admin's queries: cancel, and the reads of one row, a job's rows and per-job counts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Integer, Table, bindparam, func, select, update
+
+from celery_outbox.queries.base import Query, Row, first, named, rows
+from celery_outbox.queries.clauses import active
+from celery_outbox.states import Status
+
+JobCounts = tuple[str, int, int, datetime | None, datetime | None]
+"""One job's ``(job_name, succeeded, failed, last succeeded_at, last failed_at)``."""
+
+
+def _job_name(row: Row) -> str:
+    return str(row["job_name"])
+
+
+def _as_dict(row: Row) -> dict[str, Any]:
+    return dict(row)
+
+
+def _status(row: Row) -> str:
+    return str(row["status"])
+
+
+def _counts(row: Row) -> JobCounts:
+    name, ok, ko, last_ok, last_ko = row.values()
+    return str(name), int(ok), int(ko), last_ok, last_ko
+
+
+@cache
+def _cancel(t: Table, of_job: bool) -> Any:
+    now = bindparam("now", type_=t.c.finished_at.type)
+    guard = [t.c.id == bindparam("cancel_id", type_=t.c.id.type), active(t)]
+    if of_job:
+        guard.append(t.c.job_name == bindparam("cancel_job"))
+    return (
+        update(t).where(*guard)
+        .values(status=Status.CANCELLED.value, finished_at=now, updated_at=now,
+                lease_expires_at=None, cancelled_by=bindparam("by", type_=t.c.cancelled_by.type),
+                cancelled_by_name=bindparam("by_name", type_=t.c.cancelled_by_name.type))
+        .returning(t.c.job_name)
+    )
+
+
+@named("cancel: an active row (of the job, when given) -> cancelled; its job name")
+def cancel(t: Table, execution_id: UUID, now: datetime, *, by: str | None,
+           by_name: str | None, job_name: str | None) -> Query[str | None]:
+    params = {"cancel_id": execution_id, "now": now, "by": by, "by_name": by_name}
+    if job_name is not None:
+        params["cancel_job"] = job_name
+    return first("cancel", _cancel(t, job_name is not None), _job_name, params)
+
+
+@cache
+def _get(t: Table) -> Any:
+    return select(t).where(t.c.id == bindparam("id", type_=t.c.id.type))
+
+
+@named("read one row, all its columns")
+def get_row(t: Table, execution_id: UUID) -> Query[dict[str, Any] | None]:
+    return first("get_row", _get(t), _as_dict, {"id": execution_id})
+
+
+@cache
+def _status_of(t: Table) -> Any:
+    return select(t.c.status).where(t.c.id == bindparam("id", type_=t.c.id.type))
+
+
+@named("read one row's status")
+def status_of(t: Table, execution_id: UUID) -> Query[str | None]:
+    return first("status_of", _status_of(t), _status, {"id": execution_id})
+
+
+@cache
+def _job_stats(t: Table) -> Any:
+    succeeded = t.c.status == Status.SUCCEEDED.value
+    failed = t.c.status == Status.FAILED.value
+    return (
+        # One pass over finished rows; FILTER splits each aggregate by outcome.
+        select(
+            t.c.job_name,
+            func.count().filter(succeeded),
+            func.count().filter(failed),
+            func.max(t.c.finished_at).filter(succeeded),
+            func.max(t.c.finished_at).filter(failed),
+        )
+        .where(t.c.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]))
+        .group_by(t.c.job_name)
+    )
+
+
+@named("read succeeded / failed counts and newest finish times per job, in one pass")
+def job_stats(t: Table) -> Query[list[JobCounts]]:
+    return rows("job_stats", _job_stats(t), _counts)
+
+
+def listed_columns(t: Table) -> list[Any]:
+    """A row's columns as lists show them: all but ``payload`` and ``logs``."""
+    return [c for c in t.c if c.name not in ("payload", "logs")]
+
+
+@cache
+def _list(t: Table, by_status: bool, by_organization: bool) -> Any:
+    stmt = select(*listed_columns(t)).where(t.c.job_name == bindparam("job_name"))
+    if by_status:
+        stmt = stmt.where(t.c.status == bindparam("status"))
+    if by_organization:
+        stmt = stmt.where(t.c.organization_id == bindparam("organization_id"))
+    return (stmt.order_by(t.c.created_at.desc(), t.c.id.desc())
+            .limit(bindparam("limit", type_=Integer())))
+
+
+@named("read a job's rows newest first, optionally of one status and tenant")
+def list_executions(t: Table, job_name: str, *, status: Status | None,
+                    organization_id: str | None, limit: int) -> Query[list[dict[str, Any]]]:
+    params: dict[str, Any] = {"job_name": job_name, "limit": limit}
+    if status is not None:
+        params["status"] = status.value
+    if organization_id is not None:
+        params["organization_id"] = organization_id
+    return rows("list_executions", _list(t, status is not None, organization_id is not None),
+                _as_dict, params)

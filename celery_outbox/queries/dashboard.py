@@ -1,0 +1,300 @@
+"""The dashboard's queries: capped counts, per-job firsts and lasts, outcome buckets (each ONE
+UNION ALL of one index probe or range per job and status, built once per table, jobs and
+tenant scope), keyset pages and the reads of ids and rows.
+
+Every one takes the tenant (``organization_id``) as a filter of its own statement, so a
+tenant's caller can never read another tenant's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import (
+    Float,
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    cast,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    union_all,
+)
+
+from celery_outbox.queries.admin import listed_columns
+from celery_outbox.queries.base import Query, Row, Shape, first, named, rows
+from celery_outbox.states import Status
+
+
+@dataclass(frozen=True)
+class ExecutionQuery:
+    """Which executions a dashboard read selects; every field narrows (None: no filter).
+
+    - ``job_names``: any of these jobs; ``statuses``: any of these statuses.
+    - ``unique_key``: exactly this key; ``organization_id``: exactly this tenant.
+    - ``created_after`` / ``created_before``: ``created_after <= created_at < created_before``
+      (aware datetimes).
+    - ``error_contains``: the last error holds this text (case-insensitive).
+    """
+
+    job_names: tuple[str, ...] | None = None
+    statuses: tuple[Status, ...] | None = None
+    unique_key: str | None = None
+    organization_id: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    error_contains: str | None = None
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a newest-first page stopped: the last row's ``(created_at, id)``."""
+
+    created_at: datetime
+    id: UUID
+
+
+OUTCOMES = (Status.SUCCEEDED, Status.FAILED)
+"""The finished statuses the overview's lasts and buckets show."""
+
+
+def _aware(value: Any) -> datetime:
+    """A time read through a scalar subquery, aware UTC (SQLite hands back its raw text)."""
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    if when.tzinfo is None:
+        return when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc)
+
+
+def _as_dict(row: Row) -> dict[str, Any]:
+    return dict(row)
+
+
+def _first_column(row: Row) -> Any:
+    return next(iter(row.values()))
+
+
+def _counted(row: Row) -> tuple[str, str, int]:
+    name, status, n = row.values()
+    return str(name), str(status), int(n)
+
+
+def _oldest_times(found: list[Row]) -> list[tuple[str, datetime]]:
+    return [(str(name), _aware(when)) for name, when in (r.values() for r in found)
+            if when is not None]
+
+
+def _last_times(found: list[Row]) -> list[tuple[str, str, datetime]]:
+    return [(str(name), str(status), _aware(when))
+            for name, status, when in (r.values() for r in found) if when is not None]
+
+
+def _bucketed(row: Row) -> tuple[str, str, int, int]:
+    name, status, bucket, n = row.values()
+    return str(name), str(status), int(bucket), int(n)
+
+
+def _scoped(t: Table, stmt: Any, scoped: bool) -> Any:
+    """``stmt`` restricted to the tenant bound as ``org`` when ``scoped``."""
+    return stmt.where(t.c.organization_id == bindparam("org")) if scoped else stmt
+
+
+def _tenant(organization_id: str | None) -> dict[str, Any]:
+    return {} if organization_id is None else {"org": organization_id}
+
+
+def _per_pair(job_names: tuple[str, ...], statuses: Sequence[Status],
+              part: Callable[[str, Status], Any]) -> Any:
+    """ONE UNION ALL of ``part(job, status)`` for every job and status: each part an index
+    probe or range of its own, so the statement costs what they read, not the table."""
+    return union_all(*(part(name, status) for name in job_names for status in statuses))
+
+
+@cache
+def _capped(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+    def part(name: str, status: Status) -> Any:
+        inner = _scoped(t, select(literal(1)).where(
+            t.c.job_name == name, t.c.status == status.value), scoped)
+        n = select(func.count()).select_from(
+            inner.limit(bindparam("cap", type_=Integer)).subquery())
+        return select(literal(name), literal(status.value), n.scalar_subquery())
+
+    return _per_pair(job_names, tuple(Status), part)
+
+
+@named("dashboard: rows per job and status, each count capped (one UNION ALL)")
+def capped_counts(t: Table, job_names: Sequence[str], organization_id: str | None,
+                  cap: int) -> Query[list[tuple[str, str, int]]]:
+    stmt = _capped(t, tuple(job_names), organization_id is not None)
+    return rows("capped_counts", stmt, _counted,
+                {"cap": cap, **_tenant(organization_id)})
+
+
+@cache
+def _oldest(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+    def part(name: str, status: Status) -> Any:
+        inner = _scoped(t, select(t.c.created_at).where(
+            t.c.job_name == name, t.c.status == status.value), scoped)
+        return select(literal(name), inner.order_by(t.c.created_at).limit(1).scalar_subquery())
+
+    return _per_pair(job_names, (Status.PENDING,), part)
+
+
+@named("dashboard: each job's oldest pending creation time (one UNION ALL)")
+def oldest_pending(t: Table, job_names: Sequence[str],
+                   organization_id: str | None) -> Query[list[tuple[str, datetime]]]:
+    stmt = _oldest(t, tuple(job_names), organization_id is not None)
+    return Query("oldest_pending", stmt, Shape.ROWS, _oldest_times, _tenant(organization_id))
+
+
+@cache
+def _last(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+    def part(name: str, status: Status) -> Any:
+        inner = _scoped(t, select(t.c.finished_at).where(
+            t.c.job_name == name, t.c.status == status.value), scoped)
+        newest = inner.order_by(t.c.finished_at.desc()).limit(1).scalar_subquery()
+        return select(literal(name), literal(status.value), newest)
+
+    return _per_pair(job_names, OUTCOMES, part)
+
+
+@named("dashboard: each job's newest finished_at per outcome (one UNION ALL)")
+def last_finished(t: Table, job_names: Sequence[str],
+                  organization_id: str | None) -> Query[list[tuple[str, str, datetime]]]:
+    stmt = _last(t, tuple(job_names), organization_id is not None)
+    return Query("last_finished", stmt, Shape.ROWS, _last_times, _tenant(organization_id))
+
+
+@cache
+def _outcomes(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
+    start = bindparam("since", type_=t.c.finished_at.type)
+    seconds = bindparam("seconds", type_=Float)
+    offset: Any
+    if dialect == "postgresql":
+        offset = func.extract("epoch", t.c.finished_at - start)
+        index: Any = cast(func.floor(offset / seconds), Integer)
+    else:
+        offset = (func.julianday(t.c.finished_at)
+                  - func.julianday(bindparam("since_text"))) * 86400.0
+        index = cast(offset / seconds, Integer)
+
+    def part(name: str, status: Status) -> Any:
+        return _scoped(t, (
+            select(t.c.job_name, t.c.status, index.label("bucket"), func.count())
+            .where(t.c.job_name == name, t.c.status == status.value, t.c.finished_at >= start)
+            .group_by(t.c.job_name, t.c.status, index)), scoped)
+
+    return _per_pair(job_names, OUTCOMES, part)
+
+
+@named("dashboard: finished rows per job, outcome and time bucket since a time")
+def outcomes_since(t: Table, dialect: str, job_names: Sequence[str], since: datetime,
+                   bucket: timedelta, organization_id: str | None,
+                   ) -> Query[list[tuple[str, str, int, int]]]:
+    params: dict[str, Any] = {"since": since, "seconds": bucket.total_seconds(),
+                              **_tenant(organization_id)}
+    if dialect != "postgresql":
+        params["since_text"] = (since.astimezone(timezone.utc).replace(tzinfo=None)
+                                .isoformat(sep=" "))
+    return rows("outcomes_since",
+                _outcomes(t, dialect, tuple(job_names), organization_id is not None),
+                _bucketed, params)
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _filters(t: Table, dialect: str, q: ExecutionQuery) -> list[Any]:
+    where: list[Any] = []
+    if q.job_names is not None:
+        where.append(t.c.job_name.in_(q.job_names))
+    if q.statuses is not None:
+        where.append(t.c.status.in_([s.value for s in q.statuses]))
+    if q.unique_key is not None:
+        where.append(t.c.unique_key == q.unique_key)
+    if q.organization_id is not None:
+        where.append(t.c.organization_id == q.organization_id)
+    if q.created_after is not None:
+        where.append(t.c.created_at >= q.created_after)
+    if q.created_before is not None:
+        where.append(t.c.created_at < q.created_before)
+    if q.error_contains:
+        pattern = "%" + _escape_like(q.error_contains) + "%"
+        if dialect == "postgresql":
+            where.append(t.c.last_error.ilike(pattern, escape="\\"))
+        else:  # SQLite's LIKE is case-insensitive for ASCII already
+            where.append(t.c.last_error.like(pattern, escape="\\"))
+    return where
+
+
+@named("dashboard: one keyset page of matching rows, newest first")
+def page(t: Table, dialect: str, q: ExecutionQuery, after: Cursor | None,
+         limit: int) -> Query[list[dict[str, Any]]]:
+    stmt = select(*listed_columns(t)).where(*_filters(t, dialect, q))
+    if after is not None:
+        stmt = stmt.where(or_(
+            t.c.created_at < after.created_at,
+            and_(t.c.created_at == after.created_at, t.c.id < after.id),
+        ))
+    stmt = stmt.order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
+    return rows("page", stmt, _as_dict)
+
+
+@cache
+def _visible(t: Table, scoped: bool) -> Any:
+    return _scoped(t, select(t).where(t.c.id == bindparam("id", type_=t.c.id.type)), scoped)
+
+
+@named("dashboard: one row, unless it belongs to another tenant")
+def get_visible(t: Table, execution_id: UUID,
+                organization_id: str | None) -> Query[dict[str, Any] | None]:
+    return first("get_visible", _visible(t, organization_id is not None), _as_dict,
+                 {"id": execution_id, **_tenant(organization_id)})
+
+
+@cache
+def _failures(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+    limit = bindparam("limit", type_=Integer)
+
+    def part(name: str, status: Status) -> Any:
+        walk = _scoped(t, (
+            select(t.c.id, t.c.job_name, t.c.finished_at,
+                   func.substr(t.c.last_error, 1, 300).label("error"))
+            .where(t.c.job_name == name, t.c.status == status.value,
+                   t.c.finished_at >= bindparam("since", type_=t.c.finished_at.type))
+            .order_by(t.c.finished_at.desc(), t.c.id.desc())
+            .limit(limit)), scoped)
+        return walk.subquery().select()
+
+    merged = _per_pair(job_names, (Status.FAILED,), part).subquery()
+    return (select(merged).order_by(merged.c.finished_at.desc(), merged.c.id.desc())
+            .limit(limit))
+
+
+@named("dashboard: the newest failed rows of the jobs since a time (one UNION ALL)")
+def recent_failures(t: Table, since: datetime, organization_id: str | None,
+                    job_names: Sequence[str], limit: int) -> Query[list[dict[str, Any]]]:
+    return rows("recent_failures", _failures(t, tuple(job_names), organization_id is not None),
+                _as_dict, {"since": since, "limit": limit, **_tenant(organization_id)})
+
+
+@named("dashboard: the ids of matching rows, newest first (optionally never retried)")
+def matching_ids(t: Table, dialect: str, q: ExecutionQuery, limit: int, *,
+                 unretried: bool) -> Query[list[UUID]]:
+    where = _filters(t, dialect, q)
+    if unretried:
+        retries = t.alias("retries")
+        where.append(~exists().where(retries.c.retry_of == t.c.id))
+    stmt = (select(t.c.id).where(*where)
+            .order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit))
+    return rows("matching_ids", stmt, _first_column)
