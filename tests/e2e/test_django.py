@@ -213,6 +213,7 @@ def test_queries_through_django_read_what_sqlalchemy_reads(alias: str, tmp_path:
     row = next(r for r in through_django if r["id"] == first)
     assert row["payload"] == {"order_id": 1} and row["status"] == "scheduled"
     assert row["scheduled_at"].tzinfo is not None and isinstance(row["id"], uuid.UUID)
+    assert DjangoTransaction(alias).run(rows("plain", text("SELECT 1 AS one"))) == [{"one": 1}]
     with pytest.raises(StorageError) as caught:
         DjangoTransaction(alias).run(rows("missing", text("SELECT * FROM no_such_table")))
     from django.db import DatabaseError

@@ -162,7 +162,7 @@ def _result_processors(statement: Any, dialect: Dialect,
     to the value SQLAlchemy's executor gives: the column type's result processor, JSON
     decoded on PostgreSQL (Django loads ``jsonb`` as text), a datetime Django's SQLite
     converters parsed already given to the type's own result step."""
-    columns = list(statement.exported_columns)
+    columns = list(getattr(statement, "exported_columns", ()))  # a text() statement: none
     if len(columns) != len(names):
         return [None] * len(names)
     return [_converter(column.type, dialect) for column in columns]
