@@ -193,14 +193,17 @@ def _fresh(table: Table, surplus: int = 0) -> None:
 
 
 @contextmanager
-def _named(outbox: Outbox, on_statement: Any,
-           named: list[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
+def _named(outbox: Outbox, on_statement: Any = lambda cursor, statement, parameters: (
+        statement, parameters), named: list[tuple[str, Any]] | None = None,
+) -> Iterator[list[tuple[str, Any]]]:
     """Name every statement run on ``outbox.engine`` after the query the store's executor ran
     it for: ``on_statement(cursor, statement, parameters)`` is called before each statement
     runs and its answer kept; when the executor reports the query done (its observer), the
     answers of the statements since the last report are added to ``named`` as ``(query
-    name, answer)``. Exact because the bench runs one query at a time, and every statement
-    of the sweep and the trim is a query's."""
+    name, answer)``; by default the answer is ``(statement, parameters)``. Exact because the
+    bench runs one query at a time, and every statement of the sweep and the trim is a
+    query's."""
+    named = [] if named is None else named
     pending: list[Any] = []
 
     def listener(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
@@ -221,14 +224,6 @@ def _named(outbox: Outbox, on_statement: Any,
         observers.remove(observer)
 
 
-@contextmanager
-def _capture(outbox: Outbox) -> Iterator[list[tuple[str, Any]]]:
-    """Every statement run on ``outbox.engine``, as ``(query name, (statement, parameters))``."""
-    with _named(outbox, lambda cursor, statement, parameters: (statement, parameters),
-                []) as named:
-        yield named
-
-
 def _firsts(captured: list[tuple[str, Any]]) -> dict[str, Captured]:
     """The first statement of each sweep transition (:data:`SWEEP`) among ``captured``."""
     firsts: dict[str, Captured] = {}
@@ -247,7 +242,7 @@ def _explain(table: Table) -> list[tuple[Captured, list[str]]]:
     explained where it runs (:func:`_explain_in_place`), in a trim of 1,000 surplus rows
     and in a trim after 1,000 rows finished."""
     _fresh(table)
-    with _capture(table.outbox) as captured:
+    with _named(table.outbox) as captured:
         table.outbox.sweep(now=data.NOW)
     firsts = _firsts(captured)
     sweep = [firsts[t] for t in ("stage", "redispatch", "rescue")]
@@ -338,7 +333,7 @@ def _backlog(table: Table, count: int, *, full: bool) -> None:
             _fresh(table)
             data.add_backlog(outbox, count)
             data.vacuum(outbox)
-            with _capture(outbox) as captured:
+            with _named(outbox) as captured:
                 started = time.perf_counter()
                 staged = outbox.sweeper.stager.run_once(data.NOW).staged
                 elapsed = time.perf_counter() - started

@@ -4,7 +4,7 @@ One PostgreSQL table (database ``outbox_bench_web``) holding ``--rows`` executio
 1,000,000) of 6 jobs over the 30 days before now: 80 % succeeded, 10 % failed (with a
 traceback and logs), 2 % cancelled, 3 % pending, 3 % scheduled, 2 % running; 4 tenants and
 rows without one. Written once with ``INSERT ... SELECT generate_series`` (fixture SQL of the
-benchmark; what is measured is the package's SQL in ``celery_outbox/store/``), then
+benchmark; what is measured is the package's SQL in ``celery_outbox/queries/``), then
 ``VACUUM ANALYZE``; kept between runs (``--rebuild`` writes it again).
 
 Each figure is ``--requests`` HTTP requests (default 200) through the whole ASGI app

@@ -14,9 +14,10 @@ the id and the current status); a bad argument raises :class:`ConfigurationError
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from celery_outbox.errors import (
@@ -29,7 +30,10 @@ from celery_outbox.states import Priority, Status, can_cancel, can_retry
 from celery_outbox.store import JobStats
 
 if TYPE_CHECKING:
-    from celery_outbox.outbox import Outbox
+    from celery import Celery
+
+    from celery_outbox.registry import JobRegistry
+    from celery_outbox.store import ExecutionStore
 
 MAX_LIMIT = 200
 """The most executions one :meth:`OutboxAdmin.list_executions` call returns."""
@@ -143,10 +147,38 @@ class ExecutionDetail(ExecutionView):
     updated_at: datetime
 
 
+class Facade(Protocol):
+    """What the admin service needs of the Outbox that owns it (the Outbox is one)."""
+
+    app: Celery
+    store: ExecutionStore
+    registry: JobRegistry
+
+    def push_many(
+        self, spec: JobSpec, payloads: Sequence[Any], *,
+        keys: Sequence[str | None] | None = None, priority: str | int | None = None,
+        organization_id: str | None = None, triggered_by: str | None = None,
+        triggered_by_name: str | None = None, index_items: bool = True,
+        retry_of: UUID | None = None,
+    ) -> list[UUID]:
+        """Create executions; dispatch them after commit."""
+        ...
+
+    def trigger(self, spec: JobSpec, payload: Any = None, *, triggered_by: str | None = None,
+                triggered_by_name: str | None = None) -> UUID:
+        """Create one execution of ``spec`` now."""
+        ...
+
+    def cancel(self, execution_id: UUID, *, by: str | None = None,
+               by_name: str | None = None, job_name: str | None = None) -> bool:
+        """pending / scheduled / running -> cancelled; False when not cancellable."""
+        ...
+
+
 class OutboxAdmin:
     """The admin service of one :class:`~celery_outbox.Outbox` (``outbox.admin``)."""
 
-    def __init__(self, outbox: Outbox) -> None:
+    def __init__(self, outbox: Facade) -> None:
         self.outbox = outbox
         self.store = outbox.store
         self.registry = outbox.registry

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -42,7 +42,7 @@ class OutboxJob(Generic[P]):
             raise ConfigurationError(
                 f"job {self.name!r}: no Outbox is installed; call Outbox(app, ...) first"
             )
-        return self.registry.outbox
+        return cast("Outbox", self.registry.outbox)  # only an Outbox installs itself
 
     def __call__(self, ctx: JobContext[P]) -> Any:
         return self.spec.handler(ctx)

@@ -40,11 +40,11 @@ from celery_outbox.engine import make_engine
 from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
 from celery_outbox.executors import Transaction
 from celery_outbox.maintenance import (
-    Pruner,
-    PrunerConfig,
-    PruneResult,
     Sweeper,
     SweepResult,
+    Trimmer,
+    TrimmerConfig,
+    TrimResult,
     beat,
 )
 from celery_outbox.maintenance.service import check_now
@@ -187,7 +187,7 @@ class Outbox:
     def _install_maintenance(self) -> None:
         self.sweeper = Sweeper.create(self.store, self.registry, self.config,
                                       lambda: self.dispatcher)
-        self.pruner = Pruner(self.store, self.registry, PrunerConfig.from_outbox(self.config))
+        self.trimmer = Trimmer(self.store, self.registry, TrimmerConfig.from_outbox(self.config))
         self.drain = Drain(self.runner, self.config.drain_timeout)
         self.drain.connect()
         app = self.app
@@ -218,11 +218,11 @@ class Outbox:
         """
         return self.sweeper.run_once(check_now(now) if now is not None else utcnow())
 
-    def trim(self, now: datetime | None = None) -> PruneResult:
+    def trim(self, now: datetime | None = None) -> TrimResult:
         """One trim: per job, delete finished rows beyond the newest keep_succeeded /
         keep_failed / keep_cancelled (a job's ``keep`` overrides). Returns the counts
         (``deleted``, ``jobs``)."""
-        return self.pruner.run_once(check_now(now) if now is not None else utcnow())
+        return self.trimmer.run_once(check_now(now) if now is not None else utcnow())
 
     def create_schema(self) -> None:
         """Create the outbox tables, indexes and the trim's triggers if they do not exist

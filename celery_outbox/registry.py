@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -20,9 +20,6 @@ from celery_outbox.errors import ConfigurationError, JobNotRegistered
 from celery_outbox.models import MAX_LENGTHS
 from celery_outbox.retry import NO_RETRY, RetryPolicy
 from celery_outbox.states import Priority
-
-if TYPE_CHECKING:
-    from celery_outbox.outbox import Outbox
 
 Mode = Literal["queue", "cron"]
 Record = Literal["errors", "all", "none"]
@@ -189,12 +186,20 @@ def _check_keep(name: str, keep: Any) -> dict[str, int]:
     return dict(keep)
 
 
+class Installer(Protocol):
+    """What a registry needs of the Outbox its jobs push through (the Outbox is one)."""
+
+    def install_job(self, spec: JobSpec) -> None:
+        """Install what ``spec`` needs on the app (a cron job's beat entry)."""
+        ...
+
+
 @dataclass
 class JobRegistry:
-    """Jobs by name, and the :class:`Outbox` they push through (``bind``)."""
+    """Jobs by name, and the Outbox they push through (set by ``Outbox(app, ...)``)."""
 
     jobs: dict[str, JobSpec] = field(default_factory=dict)
-    outbox: Outbox | None = None
+    outbox: Installer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, spec: JobSpec) -> None:

@@ -23,11 +23,6 @@ from celery_outbox.maintenance.stager import Stager, StagerConfig, StageResult
 from celery_outbox.maintenance.sweep import Sweeper, SweepResult
 from celery_outbox.maintenance.trimmer import Trimmer, TrimmerConfig, TrimResult
 
-# The trimmer's former names, deprecated: kept for code that imports them.
-Pruner = Trimmer
-PrunerConfig = TrimmerConfig
-PruneResult = TrimResult
-
 __all__ = [
     "RedispatchResult",
     "Redispatcher",

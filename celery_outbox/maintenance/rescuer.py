@@ -64,10 +64,12 @@ class RescuerConfig:
 
 @dataclass(frozen=True)
 class RescueResult:
-    """Counts of one :meth:`Rescuer.run_once`: rows ``retried`` (scheduled) and ``failed``."""
+    """Counts of one :meth:`Rescuer.run_once`: rows ``retried`` (scheduled), ``failed``, and
+    ``handed_back`` (never begun: pending again, the attempt not spent; not a retry)."""
 
     retried: int = 0
     failed: int = 0
+    handed_back: int = 0
 
 
 class Rescuer:
@@ -107,17 +109,17 @@ class Rescuer:
                 dispatch(self.dispatcher(), due)
             released += sum(1 for _, verdict in batch if verdict.release)
             retried += sum(1 for _, verdict in batch
-                           if verdict.release or verdict.run_at is not None)
+                           if not verdict.release and verdict.run_at is not None)
             failed += sum(1 for _, verdict in batch
                           if not verdict.release and verdict.run_at is None)
             if len(batch) < size:
                 break
-        if retried or failed:
+        if retried or failed or released:
             wait_published(self.dispatcher(), "rescuer")
             log.warning("celery_outbox: rescued %d execution(s) whose lease expired: "
-                        "%d retried (%d of them had not begun: handed back, the attempt not "
-                        "counted), %d failed", retried + failed, retried, released, failed)
-        return RescueResult(retried=retried, failed=failed)
+                        "%d retried, %d failed, %d handed back (never begun: the attempt not "
+                        "spent)", retried + failed + released, retried, failed, released)
+        return RescueResult(retried=retried, failed=failed, handed_back=released)
 
     def decide(self, row: Expired, now: datetime) -> RescueVerdict:
         """Retry ``row`` per its job's policy (the error is :class:`LeaseExpired`) or fail it;

@@ -30,12 +30,14 @@ from celery_outbox.store import ExecutionStore
 @dataclass(frozen=True)
 class SweepResult:
     """Counts of one sweep: rows ``staged``, ``rescued`` into a retry, ``failed`` by the
-    rescuer, and ``redispatched``."""
+    rescuer, ``handed_back`` by it (never begun: pending again, not a retry), and
+    ``redispatched``."""
 
     staged: int = 0
     rescued: int = 0
     failed: int = 0
     redispatched: int = 0
+    handed_back: int = 0
 
 
 class Sweeper:
@@ -76,7 +78,7 @@ class Sweeper:
             raise errors[0]
         return SweepResult(
             staged=staged.staged, rescued=rescued.retried, failed=rescued.failed,
-            redispatched=redispatched.redispatched,
+            redispatched=redispatched.redispatched, handed_back=rescued.handed_back,
         )
 
 

@@ -8,6 +8,8 @@ arguments' shape are built once per table. One module per area of the store.
 
 from __future__ import annotations
 
+# Every area's builders, so QUERIES names them all once the package is imported.
+from celery_outbox.queries import admin, cron, dashboard, push, sweep, trim, worker
 from celery_outbox.queries.base import (
     QUERIES,
     Named,
@@ -31,11 +33,18 @@ __all__ = [
     "Query",
     "Row",
     "Shape",
+    "admin",
+    "cron",
+    "dashboard",
     "drive",
     "execute",
     "first",
     "named",
+    "push",
     "rowcount",
     "rows",
     "single",
+    "sweep",
+    "trim",
+    "worker",
 ]

@@ -25,7 +25,6 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 
 from __future__ import annotations
 
-from celery_outbox.store._legacy import LegacyStore
 from celery_outbox.store.admin import AdminStore, JobStats
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
@@ -58,8 +57,7 @@ __all__ = [
 
 
 class ExecutionStore(
-    PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
-    LegacyStore,
+    PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

@@ -1,5 +1,5 @@
 """A single unkeyed push in its own transaction on psycopg skips SQLAlchemy's statement
-machinery (ExecutionStore._insert_direct); its row must equal the one SQLAlchemy writes,
+machinery (SqlAlchemyExecutor._insert_direct); its row must equal the one SQLAlchemy writes,
 listeners on the engine must still see the INSERT, and a failure must be a StorageError
 that leaves a working engine behind.
 """

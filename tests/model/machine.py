@@ -216,7 +216,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.patch.start()
         # Execution ids in push order: the trim breaks ties of finished_at by id, so random
         # ids would make an example's outcome (and Hypothesis's replay) vary.
-        self.ids = mock.patch("celery_outbox.outbox.uuid4", self.next_id)
+        self.ids = mock.patch("celery_outbox.store.push.uuid4", self.next_id)
         self.ids.start()
         app = Celery(f"model-{uuid.uuid4().hex[:8]}", broker="memory://")
         self.outbox = Outbox(
@@ -562,7 +562,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.hit("trim")
         assert self.outbox is not None
         before = self.table()
-        self.outbox.pruner.run_once(self.clock_now)
+        self.outbox.trimmer.run_once(self.clock_now)
         after = self.table()
         trimmed = {Status.SUCCEEDED, Status.FAILED} | (
             {Status.CANCELLED} if H1_STORE_MERGED else set())
