@@ -14,7 +14,8 @@ import logging
 import re
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+Joiner = Callable[[], AbstractContextManager[Transaction]]
+"""Opens the transaction a push without ``session`` / ``connection`` writes in (the caller's
+of a framework, joined): its rows commit with it and dispatch after its outermost commit."""
+
 _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """An escaped NUL in JSON text (not an escaped backslash followed by ``u0000``)."""
@@ -77,6 +82,9 @@ class Outbox:
     - ``registry``: the jobs to serve (default: those declared with ``@outbox_job``).
     - ``dispatcher``: how ids reach workers (default: Celery; inline when
       ``task_always_eager``).
+    - ``joiner``: where a push given neither ``session`` nor ``connection`` writes: a
+      transaction this opens (see :data:`Joiner`; ``celery_outbox.contrib.django`` joins
+      Django's). Default: the outbox commits one of its own.
     - ``**settings``: see :class:`~celery_outbox.config.OutboxConfig`, also read from
       ``app.conf.outbox_<name>``.
 
@@ -92,9 +100,11 @@ class Outbox:
         engine: Engine | None = None,
         registry: JobRegistry | None = None,
         dispatcher: Dispatcher | None = None,
+        joiner: Joiner | None = None,
         **settings: Any,
     ) -> None:
         self.app = app
+        self.joiner = joiner
         previous = _outboxes.get(app)
         conf = {k: v for k, v in app.conf.items() if k != "outbox_database_url"}
         self.config = OutboxConfig.load(settings, conf)
@@ -278,6 +288,8 @@ class Outbox:
                               organization_id, triggered_by, triggered_by_name, index_items,
                               retry_of)
         caller = session if session is not None else connection
+        if caller is None and self.joiner is not None:
+            return self._push_joined(self.joiner, rows, now)
         if caller is not None:
             tx = self.store.join(caller)
             results = self.store.insert(tx, rows)
@@ -360,6 +372,15 @@ class Outbox:
         if retry_of is not None:
             rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
         return rows
+
+    def _push_joined(
+        self, joiner: Joiner, rows: list[NewExecution], now: datetime
+    ) -> list[UUID]:
+        """Write ``rows`` in the transaction ``joiner`` opens; dispatch after its commit."""
+        with joiner() as tx:
+            results = self.store.insert(tx, rows)
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+        return [execution_id for execution_id, _ in results]
 
     def _rows(
         self,

@@ -1,0 +1,85 @@
+"""celery_outbox in a Django project: pushes join Django's ``transaction.atomic()``.
+
+- ``INSTALLED_APPS += ["celery_outbox.contrib.django"]``; ``manage.py migrate`` creates the
+  outbox's tables (:mod:`~celery_outbox.contrib.django.schema`).
+- ``settings.CELERY_OUTBOX`` (:mod:`~celery_outbox.contrib.django.conf`): the alias, the
+  table name, every :class:`~celery_outbox.config.OutboxConfig` setting.
+- :func:`install` builds the Celery app's :class:`~celery_outbox.Outbox`: workers use a
+  SQLAlchemy engine on the same database; a push given neither ``session`` nor
+  ``connection`` writes through Django's connection (:class:`DjangoTransaction`), so it
+  commits or rolls back with the caller's models and dispatches on ``transaction.on_commit``.
+- :func:`using` pushes through another alias.
+
+Importing this package does not import Django's models, so it may be imported from the
+project's Celery module before ``django.setup()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from celery import Celery
+
+from celery_outbox.contrib.django.conf import DEFAULT_ALIAS, database_url, outbox_settings
+from celery_outbox.dispatch import Dispatcher
+from celery_outbox.errors import ConfigurationError
+from celery_outbox.executors import Transaction
+from celery_outbox.outbox import Outbox
+from celery_outbox.registry import JobRegistry
+
+__all__ = ["DjangoJoiner", "database_url", "install", "using"]
+
+_alias: ContextVar[str | None] = ContextVar("celery_outbox_django_alias", default=None)
+
+
+class DjangoJoiner:
+    """The Outbox's joiner: a push writes through Django's connection ``alias`` (or the one
+    :func:`using` names), in the caller's ``atomic()`` block or, outside one, in a
+    transaction of its own that commits at once."""
+
+    def __init__(self, alias: str = DEFAULT_ALIAS) -> None:
+        self.alias = alias
+
+    def __call__(self) -> AbstractContextManager[Transaction]:
+        from celery_outbox.contrib.django.executor import joined
+
+        return joined(_alias.get() or self.alias)
+
+
+@contextmanager
+def using(alias: str) -> Iterator[None]:
+    """Pushes in this block (this thread or task) write through Django's connection
+    ``alias``: ``with using("other"): job.push(...)``. It must reach the database the
+    workers read (the outbox's ``database``), e.g. a second alias of the same database."""
+    token = _alias.set(alias)
+    try:
+        yield
+    finally:
+        _alias.reset(token)
+
+
+def install(
+    app: Celery,
+    *,
+    registry: JobRegistry | None = None,
+    dispatcher: Dispatcher | None = None,
+    **overrides: Any,
+) -> Outbox:
+    """The :class:`~celery_outbox.Outbox` of ``app`` in a Django project.
+
+    Settings: ``settings.CELERY_OUTBOX``, then ``overrides`` (keywords win): ``database``
+    (the alias, default ``"default"``), ``database_url`` (the workers' SQLAlchemy URL;
+    default derived from ``DATABASES[database]``, see :func:`database_url`), and every
+    :class:`~celery_outbox.config.OutboxConfig` setting. Raises
+    :class:`~celery_outbox.ConfigurationError` on a bad setting.
+    """
+    options = {**outbox_settings(), **overrides}
+    alias = options.pop("database", DEFAULT_ALIAS)
+    if not isinstance(alias, str) or not alias:
+        raise ConfigurationError(f"CELERY_OUTBOX['database'] must be an alias, got {alias!r}")
+    url = options.pop("database_url", None) or database_url(alias)
+    return Outbox(app, database_url=url, registry=registry, dispatcher=dispatcher,
+                  joiner=DjangoJoiner(alias), **options)

@@ -1,0 +1,212 @@
+"""The executor on Django's own connection: a push joins the caller's ``transaction.atomic()``.
+
+:class:`DjangoTransaction` runs a :class:`~celery_outbox.queries.Query` on
+``connections[alias].cursor()``: the SQLAlchemy statement is compiled for the alias's vendor
+(PostgreSQL or SQLite) in Django's ``%s`` parameter style, each bound value goes through its
+column type's SQLAlchemy bind processor and each result value through its result processor,
+so the rows written and read are the ones the SQLAlchemy executor writes and reads. No
+SQLAlchemy engine or pool ever touches Django's connection (a pool rolls a connection back on
+first use and on check-in, which would end the caller's transaction).
+
+After-commit callbacks go to ``transaction.on_commit(..., using=alias)``: Django runs them
+after the outermost commit, drops them on rollback and drops those of a rolled-back savepoint
+(a nested ``atomic()``); outside any atomic block Django autocommits and runs them at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, connections, transaction
+from sqlalchemy import JSON, Dialect
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.queries import Query, Shape
+
+log = logging.getLogger("celery_outbox.executors")
+
+R = TypeVar("R")
+VENDORS = ("postgresql", "sqlite")
+"""Django database vendors the outbox runs on."""
+
+
+@cache
+def dialect_for(vendor: str, driver: str = "psycopg") -> Dialect:
+    """A SQLAlchemy dialect (no engine, no connection) compiling for Django's cursor on
+    ``vendor``: positional ``%s`` parameters, as Django's cursors take on every backend.
+    ``driver``: the PostgreSQL driver Django uses (``psycopg`` or ``psycopg2``), whose
+    SQLAlchemy bind processors wrap JSON for it."""
+    if vendor == "postgresql":
+        if driver == "psycopg2":
+            return postgresql.psycopg2.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+        return postgresql.psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+    if vendor == "sqlite":
+        return sqlite.pysqlite.dialect(paramstyle="format")
+    raise ConfigurationError(
+        f"Django database vendor {vendor!r} is not supported; use one of {', '.join(VENDORS)}"
+    )
+
+
+def _driver(alias: str) -> str:
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return "pysqlite"
+    return "psycopg2" if connection.Database.__name__ == "psycopg2" else "psycopg"
+
+
+class DjangoTransaction:
+    """The transaction Django's connection ``alias`` is in (a caller's ``atomic()`` block,
+    or the one :func:`joined` opened), as a :class:`~celery_outbox.executors.Transaction`."""
+
+    def __init__(self, alias: str = "default") -> None:
+        self.alias = alias
+        connection = connections[alias]
+        self.dialect = dialect_for(connection.vendor, _driver(alias))
+
+    def where(self) -> str:
+        """The database, for error messages: Django alias, vendor and name."""
+        connection = connections[self.alias]
+        return f"django:{self.alias} ({connection.vendor} {connection.settings_dict['NAME']})"
+
+    def run(self, query: Query[R]) -> R:
+        """Run ``query`` on the alias's cursor; driver errors become
+        :class:`~celery_outbox.errors.StorageError` (its ``__cause__`` Django's error)."""
+        try:
+            with connections[self.alias].cursor() as cursor:
+                raw = self._execute(cursor, query)
+        except DatabaseError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        return query.mapper(raw)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """``callback()`` after the outermost commit (``transaction.on_commit``); an error it
+        raises is logged, never raised into the committing caller."""
+        transaction.on_commit(_logged(callback), using=self.alias)
+
+    def _execute(self, cursor: Any, query: Query[Any]) -> Any:
+        params = query.params
+        if isinstance(params, Sequence) and not isinstance(params, Mapping):
+            if not params:
+                return [] if query.shape is Shape.ROWS else 0 if query.shape is Shape.ROWCOUNT \
+                    else None
+            if query.shape is not Shape.ROWS:
+                compiled = _compile(query.statement, self.dialect, params[0])
+                sql, _ = _bind(compiled, params[0])
+                cursor.executemany(sql, [_bind(compiled, p)[1] for p in params])
+                return cursor.rowcount if query.shape is Shape.ROWCOUNT else None
+            out: list[Mapping[str, Any]] = []
+            for p in params:
+                out.extend(self._one(cursor, query.statement, p, Shape.ROWS))
+            return out
+        return self._one(cursor, query.statement, params, query.shape)
+
+    def _one(self, cursor: Any, statement: Any, params: Mapping[str, Any] | None,
+             shape: Shape) -> Any:
+        sql, values = _bind(_compile(statement, self.dialect, params), params)
+        cursor.execute(sql, values)
+        if shape is Shape.ROWCOUNT:
+            return cursor.rowcount
+        if shape is Shape.NONE:
+            return None
+        names = [d[0] for d in cursor.description]
+        convert = _result_processors(statement, self.dialect, names)
+        return [{name: value if value is None or fn is None else fn(value)
+                 for name, value, fn in zip(names, row, convert, strict=True)}
+                for row in cursor.fetchall()]
+
+
+def _compile(statement: Any, dialect: Dialect, params: Mapping[str, Any] | None) -> Any:
+    """``statement`` compiled for ``dialect``, for parameters named like ``params``."""
+    return statement.compile(dialect=dialect, column_keys=list(params) if params else None)
+
+
+def _bind(compiled: Any, params: Mapping[str, Any] | None) -> tuple[str, list[Any]]:
+    """The SQL of ``compiled`` with ``params`` (expanding IN lists rendered) and its
+    positional values, each through its column type's bind processor."""
+    state = compiled.construct_expanded_state(params)
+    processors = {**_processors(compiled), **state.processors}  # the latter: expanded lists
+    values = []
+    for name in state.positiontup or ():
+        value = state.parameters[name]
+        process = processors.get(name)
+        values.append(value if process is None else process(value))
+    return state.statement, values
+
+
+def _processors(compiled: Any) -> dict[str, Callable[[Any], Any]]:
+    """Each bound parameter's bind processor (its type's, for the compiled dialect)."""
+    found: dict[str, Callable[[Any], Any]] | None = getattr(compiled, "_outbox_processors",
+                                                            None)
+    if found is None:
+        dialect = compiled.dialect
+        found = {}
+        for name, bind in compiled.binds.items():
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is not None:
+                found[name] = process
+        compiled._outbox_processors = found
+    return found
+
+
+def _result_processors(statement: Any, dialect: Dialect,
+                       names: Sequence[str]) -> list[Callable[[Any], Any] | None]:
+    """Per result column (by position), the conversion of the value Django's cursor gives
+    to the value SQLAlchemy's executor gives: the column type's result processor, JSON
+    decoded on PostgreSQL (Django loads ``jsonb`` as text), a datetime Django's SQLite
+    converters parsed already given to the type's own result step."""
+    columns = list(getattr(statement, "exported_columns", ()))  # a text() statement: none
+    if len(columns) != len(names):
+        return [None] * len(names)
+    return [_converter(column.type, dialect) for column in columns]
+
+
+def _converter(type_: TypeEngine[Any], dialect: Dialect) -> Callable[[Any], Any] | None:
+    impl = type_.dialect_impl(dialect)
+    process = impl.result_processor(dialect, None)
+    is_json = isinstance(type_, JSON) or isinstance(impl, JSON) or (
+        isinstance(type_, TypeDecorator) and isinstance(type_.impl, JSON))
+    if is_json and dialect.name == "postgresql":
+        def from_text(value: Any) -> Any:
+            return json.loads(value) if isinstance(value, (str, bytes)) else value
+        return from_text
+    if process is None:
+        return None
+    decorator = type_ if isinstance(type_, TypeDecorator) else None
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, datetime) and dialect.name == "sqlite":
+            # Django's SQLite converters parse DATETIME columns already.
+            return value if decorator is None else decorator.process_result_value(value,
+                                                                                  dialect)
+        return process(value)
+
+    return convert
+
+
+def _logged(callback: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            callback()
+        except Exception:  # after commit the rows are safe; never fail the caller here
+            log.exception("celery_outbox: a callback after commit failed (a dispatch: the "
+                          "sweep sends it again)")
+
+    return run
+
+
+@contextmanager
+def joined(alias: str = "default") -> Iterator[DjangoTransaction]:
+    """The caller's ``atomic()`` block on ``alias`` joined without a savepoint; outside one,
+    a transaction of its own (committed when the block ends), so a push of several statements
+    commits whole either way. A block that raises marks the caller's transaction for
+    rollback, as a failed statement of its own would."""
+    with transaction.atomic(using=alias, savepoint=False):
+        yield DjangoTransaction(alias)

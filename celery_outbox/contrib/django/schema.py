@@ -1,0 +1,82 @@
+"""The outbox's schema as Django migrations run it: the DDL of ``outbox.create_schema()``
+(tables, partial indexes, the trim's watermark table and triggers), compiled for the
+database's vendor and run by the migration's schema editor, in its transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+from sqlalchemy import MetaData
+from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
+
+from celery_outbox.contrib.django.conf import outbox_settings
+from celery_outbox.contrib.django.executor import dialect_for
+from celery_outbox.models import DEFAULT_TABLE, Tables, build_tables, trim_triggers
+
+
+def configured_tables() -> Tables:
+    """The outbox's tables under ``CELERY_OUTBOX["table_name"]`` (default
+    ``celery_outbox_executions``)."""
+    return build_tables(MetaData(), outbox_settings().get("table_name", DEFAULT_TABLE))
+
+
+def create_statements(tables: Tables, vendor: str) -> list[str]:
+    """What ``create_all`` runs for ``tables`` on ``vendor``, in order: each table and its
+    indexes, then the trim's triggers."""
+    dialect = dialect_for(vendor)
+    out: list[str] = []
+    for table in tables.all():
+        out.append(str(CreateTable(table).compile(dialect=dialect)).strip())
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            out.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
+    create, _ = trim_triggers(tables.executions.name, tables.trim_marks.name)
+    out.extend(_escaped(s) for s in create[vendor])
+    return out
+
+
+def drop_statements(tables: Tables, vendor: str) -> list[str]:
+    """What ``drop_all`` runs for ``tables`` on ``vendor``: the triggers, then the tables."""
+    dialect = dialect_for(vendor)
+    _, drop = trim_triggers(tables.executions.name, tables.trim_marks.name)
+    out = [_escaped(s) for s in drop[vendor]]
+    out.extend(str(DropTable(t).compile(dialect=dialect)).strip() for t in reversed(tables.all()))
+    return out
+
+
+def _escaped(sql: str) -> str:
+    """Raw DDL for a cursor taking ``%s`` parameters: a literal ``%`` doubled, as compiled
+    statements have it."""
+    return sql.replace("%", "%%")
+
+
+class CreateOutboxSchema(migrations.operations.base.Operation):  # type: ignore[misc]
+    """Create the outbox's tables (``CELERY_OUTBOX["table_name"]``) on the database being
+    migrated; reversed, drop them. No model state: the tables are the outbox's, not models."""
+
+    reversible = True
+    reduces_to_sql = True
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                          to_state: Any) -> None:
+        if self.allowed_to_migrate(schema_editor.connection.alias, app_label):
+            for sql in create_statements(configured_tables(), schema_editor.connection.vendor):
+                schema_editor.execute(sql, params=())
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                           to_state: Any) -> None:
+        if self.allowed_to_migrate(schema_editor.connection.alias, app_label):
+            for sql in drop_statements(configured_tables(), schema_editor.connection.vendor):
+                schema_editor.execute(sql, params=())
+
+    def allowed_to_migrate(self, alias: str, app_label: str) -> bool:
+        from django.db import router
+
+        return bool(router.allow_migrate(alias, app_label))
+
+    def describe(self) -> str:
+        return "Create the celery_outbox tables, indexes and trim triggers"
