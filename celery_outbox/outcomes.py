@@ -13,7 +13,8 @@ from typing import Any
 from uuid import UUID
 
 Logs = list[dict[str, Any]] | None
-"""Captured log records of the attempt (JSON-ready dicts), or None to leave the column."""
+"""Captured log records of the attempt (JSON-ready dicts) for the ``logs`` column; None
+writes NULL (the job records none)."""
 
 
 @dataclass(frozen=True)

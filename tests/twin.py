@@ -29,6 +29,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from celery_outbox.errors import StorageError
 from celery_outbox.models import build_tables
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Finished, Outcome, Retrying, Succeeded
+from celery_outbox.queries.clauses import who
 from celery_outbox.states import ACTIVE, Status
 from celery_outbox.store import Claimed, Due, Expired, JobStats, NewExecution, RescueVerdict
 
@@ -410,7 +411,7 @@ class MemoryStore:
                     job_name is not None and row["job_name"] != job_name):
                 return None
             row.update(status=Status.CANCELLED.value, finished_at=now, updated_at=now,
-                       lease_expires_at=None, cancelled_by=by, cancelled_by_name=by_name)
+                       lease_expires_at=None, cancelled_by=who(by), cancelled_by_name=who(by_name))
             return str(row["job_name"])
 
     def get(self, execution_id: UUID) -> dict[str, Any] | None:
@@ -472,8 +473,8 @@ def _outcome_values(outcome: Outcome, now: datetime, *,
                 if outcome.keep else None)
     if isinstance(outcome, Cancelled):
         return {**done, "status": Status.CANCELLED.value,
-                "cancelled_by": None if outcome.by is None else outcome.by[:200],
-                "cancelled_by_name": None if outcome.by_name is None else outcome.by_name[:200]}
+                "cancelled_by": who(outcome.by),
+                "cancelled_by_name": who(outcome.by_name)}
     if isinstance(outcome, Retrying):
         return {"status": _SCHEDULED, "scheduled_at": outcome.run_at, "updated_at": now,
                 "claimed_by": None, "lease_expires_at": None, "last_error": outcome.error,

@@ -133,6 +133,15 @@ class SqlAlchemyExecutor:
             self._observed(query, started)
         return query.mapper(raw)
 
+    def _mapped(self, conn: Connection, query: Query[R]) -> R:
+        """:meth:`_run`, driver and SQLAlchemy errors as :class:`StorageError` (``from``)."""
+        try:
+            return self._run(conn, query)
+        except DBAPIError as exc:
+            raise self._error(exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+
     def _observed(self, query: Query[Any], started: float) -> None:
         elapsed = time.perf_counter() - started
         for observe in self.observers:
@@ -142,12 +151,13 @@ class SqlAlchemyExecutor:
         return StorageError(f"database error on {self.where()}: {exc.orig}")
 
     def _direct_ok(self) -> bool:
+        """The one-row insert may go straight on the driver: psycopg, and nothing listens to
+        statements (the engine's listeners, those on the Connection class, echo)."""
         engine = self.engine
         return (
             engine.dialect.driver == "psycopg"
-            and not engine.dispatch.before_execute and not engine.dispatch.after_execute
-            and not engine.dispatch.before_cursor_execute
-            and not engine.dispatch.after_cursor_execute
+            and not any(getattr(engine.dispatch, name) for name in _STATEMENT_EVENTS)
+            and not _class_listeners()
             and not engine.logger.isEnabledFor(logging.INFO)
         )
 
@@ -170,8 +180,11 @@ class SqlAlchemyExecutor:
         not pooled again) and becomes :class:`StorageError`.
         """
         sql, processors = self._prepared(table, list(values))
-        params = {name: value if process is None else process(value)
-                  for (name, value), process in zip(values.items(), processors, strict=True)}
+        try:
+            params = {name: value if process is None else process(value)
+                      for (name, value), process in zip(values.items(), processors, strict=True)}
+        except Exception as exc:  # a value its column type refuses, as SQLAlchemy would
+            raise StorageError(f"push failed: a value its column refuses: {exc}") from exc
         driver_error = self.engine.dialect.loaded_dbapi.Error
         try:
             raw = self.engine.raw_connection()  # the pool raises the driver's own errors
@@ -222,6 +235,21 @@ def shaped(query: Query[Any], result: Any) -> Any:
     return None
 
 
+_STATEMENT_EVENTS = ("before_execute", "after_execute", "before_cursor_execute",
+                     "after_cursor_execute")
+
+
+def _class_listeners() -> bool:
+    """Whether a statement listener is registered on the Connection class (it does not show
+    in an engine's dispatch). An unknown SQLAlchemy internals shape answers True: the safe
+    way, through SQLAlchemy."""
+    for name in _STATEMENT_EVENTS:
+        levels = getattr(getattr(Connection.dispatch, name, None), "_clslevel", None)
+        if not isinstance(levels, dict) or any(levels.values()):
+            return True
+    return False
+
+
 def _processors(table: Table, dialect: Dialect, columns: Sequence[str]) -> list[Any]:
     """Each column's SQLAlchemy bind processor for ``dialect`` (None: value as is)."""
     return [table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
@@ -238,7 +266,7 @@ class _Own:
 
     def run(self, query: Query[R]) -> R:
         assert self.conn is not None
-        return self.executor._run(self.conn, query)  # errors: transaction() maps them
+        return self.executor._mapped(self.conn, query)
 
     def after_commit(self, callback: Callback) -> None:
         self.callbacks.append(callback)
@@ -254,10 +282,7 @@ class _Joined:
         self.session = session
 
     def run(self, query: Query[R]) -> R:
-        try:
-            return self.executor._run(self.conn, query)
-        except DBAPIError as exc:
-            raise self.executor._error(exc) from exc
+        return self.executor._mapped(self.conn, query)
 
     def after_commit(self, callback: Callback) -> None:
         if self.session is not None:

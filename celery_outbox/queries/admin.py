@@ -10,7 +10,7 @@ from uuid import UUID
 from sqlalchemy import Integer, Table, bindparam, func, select, update
 
 from celery_outbox.queries.base import Query, Row, first, named, rows
-from celery_outbox.queries.clauses import active
+from celery_outbox.queries.clauses import active, who
 from celery_outbox.states import Status
 
 JobCounts = tuple[str, int, int, datetime | None, datetime | None]
@@ -52,7 +52,7 @@ def _cancel(t: Table, of_job: bool) -> Any:
 @named("cancel: an active row (of the job, when given) -> cancelled; its job name")
 def cancel(t: Table, execution_id: UUID, now: datetime, *, by: str | None,
            by_name: str | None, job_name: str | None) -> Query[str | None]:
-    params = {"cancel_id": execution_id, "now": now, "by": by, "by_name": by_name}
+    params = {"cancel_id": execution_id, "now": now, "by": who(by), "by_name": who(by_name)}
     if job_name is not None:
         params["cancel_job"] = job_name
     return first("cancel", _cancel(t, job_name is not None), _job_name, params)

@@ -11,6 +11,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from celery_outbox.outcomes import Fence
 from celery_outbox.states import ACTIVE, Status
 
+WHO_MAX = 200
+"""``cancelled_by`` and ``cancelled_by_name`` are cut to this many characters."""
+
+
+def who(value: str | None) -> str | None:
+    """``value`` cut to :data:`WHO_MAX` characters, for ``cancelled_by(_name)``."""
+    return value[:WHO_MAX] if value is not None else None
+
 
 def upsert(table: Table, dialect: str) -> Any:
     """An INSERT with ON CONFLICT for ``dialect`` (``"postgresql"`` or ``"sqlite"``)."""

@@ -18,11 +18,8 @@ from sqlalchemy import Table, and_, bindparam, case, delete, func, literal, or_,
 
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
-from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound
+from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, who
 from celery_outbox.states import Status
-
-_CUT = 200
-"""``cancelled_by`` and ``cancelled_by_name`` are cut to this many characters."""
 
 
 @named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set")
@@ -124,8 +121,7 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, 
     elif isinstance(outcome, Failed):
         params.update(o_error=outcome.error)
     elif isinstance(outcome, Cancelled):
-        params.update(o_by=outcome.by[:_CUT] if outcome.by is not None else None,
-                      o_by_name=outcome.by_name[:_CUT] if outcome.by_name is not None else None)
+        params.update(o_by=who(outcome.by), o_by_name=who(outcome.by_name))
     return params
 
 

@@ -178,7 +178,7 @@ def test_rescue_retries_per_policy_fails_or_hands_back_and_fences_the_zombies(
 
     result = rescuer(store, registry, recording).run_once(T0)
 
-    assert (result.retried, result.failed) == (2, 2)  # a hand-back counts as a retry
+    assert (result.retried, result.failed, result.handed_back) == (1, 2, 1)
     r = row(store, retried.id)
     assert (r["status"], r["scheduled_at"], r["claimed_by"], r["attempt"], r["dispatched_at"]) \
         == ("scheduled", T0 + timedelta(seconds=10), None, 1, T0)
