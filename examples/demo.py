@@ -91,7 +91,12 @@ def worker_and_server(celery_app: str, queue: str, server: Sequence[str], port: 
         wait_until(f"the server on port {port}", lambda: listening(port), procs=running)
         print(f"worker (pid {worker.pid}, log {worker_log}) and server (pid {web.pid}, "
               f"http://127.0.0.1:{port}) are running")
-        yield
+        try:
+            yield
+        finally:  # both stop at once; each is then awaited (and killed if need be)
+            for proc in (web, worker):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
 
 
 def call(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:

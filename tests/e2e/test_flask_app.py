@@ -57,6 +57,7 @@ def example(pg_url: str, redis_url: str,
     module.create_tables()
     worker = Worker("flask", queue, tmp_path_factory.mktemp("flask-worker") / "worker.log")
     try:
+        # prefork: the children must not reuse db.engine's connections of the parent
         with procs.celery_worker(f"{MODULE}:celery", env, queues=queue, log_path=worker.log,
                                  extra=("-n", f"flask-{queue}@%h")) as proc:
             wait_ready(worker, proc)
