@@ -19,7 +19,7 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check celery_outbox tests example_project bench
+	$(BIN)/ruff check celery_outbox tests example_project examples bench
 	$(BIN)/mypy celery_outbox
 	$(BIN)/lint-imports --no-cache
 
