@@ -4,6 +4,9 @@ Publish-only (no worker), single caller, sequential: ``n`` calls of each scenari
 bench's PostgreSQL database and Redis broker (bench/frameworks_setup.py):
 
 - ``delay``: plain Celery ``noop.delay(i)``, the baseline (as in ``python -m bench``);
+- ``reference``: the business row alone, one ``INSERT ... RETURNING id`` in autocommit on a
+  plain psycopg connection: the database's floor (one round trip and one WAL flush), not a
+  publish;
 - ``sa today``: an AsyncSession commits a business row, then ``noop.delay(i)`` (what an
   async app does today), on psycopg's and on asyncpg's async driver;
 - ``apush``: the same row and ``await job.apush(payload, session=session)`` in the session's
@@ -53,6 +56,8 @@ class Result:
     rate: float
     flushed: float
     latencies: list[float]
+    messages: int = 0
+    """Messages the scenario left in the queue (checked, then purged)."""
 
 
 @dataclass
@@ -61,6 +66,23 @@ class Scenario:
     label: str
     run: Callable[[int], Result]
     results: list[Result] = field(default_factory=list)
+
+    def measure(self, n: int, counts: Callable[[], tuple[int, int, int]]) -> Result:
+        """Run ``n`` calls; check the rows and messages they left behind."""
+        result = self.run(n)
+        orders, rows, messages = counts()
+        outbox = self.key.startswith(("apush", "dj_push"))
+        expected = (0 if self.key == "delay" else n, n if outbox else 0)
+        if self.key == "floor":
+            bad = (orders, rows, messages) != (n, 0, 0)
+        else:
+            bad = (orders, rows) != expected or not 0 < messages <= n or (
+                not outbox and messages != n)
+        if bad:
+            raise RuntimeError(f"{self.label}: {orders} orders, {rows} outbox rows, "
+                               f"{messages} messages after {n} calls")
+        result.messages = messages
+        return result
 
     def rates(self) -> list[float]:
         return [r.rate for r in self.results]
@@ -109,7 +131,16 @@ def _scenarios(loop: asyncio.AbstractEventLoop) -> list[Scenario]:
             return _result(n, start, latencies, flush)
         return lambda n: loop.run_until_complete(body(n))
 
-    out = [Scenario("delay", "plain delay()", timed(delay))]
+    floor = setup.floor_connection()
+    insert = f"INSERT INTO {setup.ORDERS} (customer) VALUES (%s) RETURNING id"
+
+    def committed_insert(i: int) -> None:
+        floor.execute(insert, (f"c{i}",)).fetchone()
+
+    out = [
+        Scenario("delay", "plain delay()", timed(delay)),
+        Scenario("floor", "reference: one INSERT committed, no ORM", timed(committed_insert)),
+    ]
     for side in setup.async_sides():
         async def today(i: int, sessions: async_sessionmaker[Any] = side.sessions) -> None:
             async with sessions() as s, s.begin():
@@ -187,12 +218,12 @@ def main(argv: list[str]) -> int:
         scenarios = _scenarios(loop)
         for scenario in scenarios:  # connections, pools, prepared statements, publisher
             _reset(setup, base)
-            scenario.run(WARM_UP_CALLS)
+            scenario.measure(WARM_UP_CALLS, setup.counts)
         for r in range(rounds):
             shift = r % len(scenarios)
             for scenario in scenarios[shift:] + scenarios[:shift]:
                 _reset(setup, base)
-                scenario.results.append(scenario.run(calls))
+                scenario.results.append(scenario.measure(calls, setup.counts))
             print(f"  round {r + 1}/{rounds} done, load average {_load()}", flush=True)
     finally:
         _reset(setup, base)
@@ -222,8 +253,9 @@ def _report(s: dict[str, Scenario], calls: int) -> None:
         flushed = (f"{statistics.median(r.flushed for r in sc.results):,.0f}"
                    if sc.key.startswith(("apush", "dj_push")) else "=")
         p99s = [_pct(sorted(r.latencies), 0.99) * 1e3 for r in sc.results]
+        msgs = statistics.median(r.messages for r in sc.results) / calls
         rows.append((sc.label, statistics.median(sc.rates()), flushed, _pct(lat, 0.5) * 1e3,
-                     _pct(lat, 0.99) * 1e3, min(p99s), max(p99s),
+                     _pct(lat, 0.99) * 1e3, min(p99s), max(p99s), msgs,
                      ", ".join(f"{x:,.0f}" for x in sc.rates())))
     ratios = []
     for top, bottom in RATIOS:
@@ -233,18 +265,19 @@ def _report(s: dict[str, Scenario], calls: int) -> None:
                        ", ".join(f"{x:.2f}" for x in per_round)))
     print(f"\n{calls} calls per scenario; ops/s median over rounds; p50 / p99 over every call "
           "of every round (ms); p99 range: per-round p99s")
-    print(f"  {'scenario':<40} {'ops/s':>7} {'+flush':>7} {'p50':>6} {'p99':>6}  p99 range")
-    for label, rate, flushed, p50, p99, lo, hi, _ in rows:
+    print(f"  {'scenario':<40} {'ops/s':>7} {'+flush':>7} {'p50':>6} {'p99':>6}  "
+          f"{'p99 range':<13} messages/call")
+    for label, rate, flushed, p50, p99, lo, hi, msgs, _ in rows:
         print(f"  {label:<40} {rate:>7,.0f} {flushed:>7} {p50:>6.2f} {p99:>6.2f}  "
-              f"{lo:.2f}-{hi:.2f}")
+              f"{f'{lo:.2f}-{hi:.2f}':<13} {msgs:.3f}")
     print("\nratios of ops/s (median of per-round ratios, min-max):")
     for label, med, lo, hi, _ in ratios:
         print(f"  {label:<80} {med:.2f}x  ({lo:.2f}-{hi:.2f})")
     print("\nas Markdown:\n\n| scenario | ops/s | + flush | p50 ms | p99 ms | p99 per round | "
-          "rounds ops/s |\n|---|---:|---:|---:|---:|---|---|")
-    for label, rate, flushed, p50, p99, lo, hi, runs in rows:
+          "messages / call | rounds ops/s |\n|---|---:|---:|---:|---:|---|---:|---|")
+    for label, rate, flushed, p50, p99, lo, hi, msgs, runs in rows:
         print(f"| {label} | {rate:,.0f} | {flushed} | {p50:.2f} | {p99:.2f} | "
-              f"{lo:.2f}-{hi:.2f} | {runs} |")
+              f"{lo:.2f}-{hi:.2f} | {msgs:.3f} | {runs} |")
     print("\n| ratio of ops/s | median | min-max | rounds |\n|---|---:|---|---|")
     for label, med, lo, hi, runs in ratios:
         print(f"| {label} | {med:.2f}x | {lo:.2f}-{hi:.2f} | {runs} |")

@@ -143,6 +143,28 @@ def create_tables() -> None:
         outbox.create_schema()
 
 
+def floor_connection() -> Any:
+    """A plain psycopg connection in autocommit on the bench database (the reference)."""
+    import psycopg
+
+    return psycopg.connect(bench_app.DATABASE_URL.replace("postgresql+psycopg", "postgresql"),
+                           autocommit=True)
+
+
+def counts() -> tuple[int, int, int]:
+    """Rows in ``bench_orders``, rows in both outbox tables, messages waiting in the queue."""
+    tables = [bench_app.outbox.tables.executions.name, DJANGO_TABLE]
+    with bench_app.outbox.engine.connect() as conn:
+        orders = conn.execute(text(f"SELECT count(*) FROM {ORDERS}")).scalar_one()
+        rows = sum(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in tables)
+    with bench_app.app.connection_for_write() as broker:
+        try:
+            ok = broker.default_channel.queue_declare(queue=bench_app.QUEUE, passive=True)
+        except broker.channel_errors:  # nothing published to it yet
+            return int(orders), int(rows), 0
+    return int(orders), int(rows), int(ok.message_count)
+
+
 def empty() -> None:
     """Empty the business table and both outbox tables (no worker runs, nothing holds them)."""
     tables = [ORDERS, bench_app.outbox.tables.executions.name, DJANGO_TABLE]
