@@ -16,6 +16,8 @@ machine; each figure is the median over rounds, each ratio the median of its per
 
 ``python -m bench sweep [--quick]``: the sweep / trim benchmark of issue 3 (bench/sweep.py).
 ``python -m bench web [--rows N]``: the dashboard's reads at 1,000,000 rows (bench/web.py).
+``python -m bench frameworks [--quick]``: ``apush`` in an AsyncSession and Django's ``push``
+in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
 """
 
 from __future__ import annotations
@@ -102,13 +104,18 @@ def main(argv: list[str] | None = None) -> int:
         from bench import sweep
 
         return sweep.main(argv[1:])
+    if argv[:1] == ["frameworks"]:  # apush / Django push vs delay() (bench/frameworks.py)
+        from bench import frameworks
+
+        return frameworks.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 
         return web.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
                                      epilog="python -m bench sweep --help: the sweep / trim "
-                                            "benchmark (issue 3)")
+                                            "benchmark (issue 3); python -m bench frameworks "
+                                            "--help: apush and Django vs delay()")
     parser.add_argument("--quick", action="store_true", help="small counts, few rounds (smoke)")
     parser.add_argument("--rounds", type=int, help="rounds of the publish-only figures")
     parser.add_argument("--e2e-rounds", type=int, help="rounds of the end-to-end figures")
