@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
@@ -97,11 +97,13 @@ class DjangoTransaction:
             if not params:
                 return [] if query.shape is Shape.ROWS else 0 if query.shape is Shape.ROWCOUNT \
                     else None
-            if query.shape is not Shape.ROWS:
+            if query.shape is not Shape.ROWS and len(params) > 1:
                 compiled = _compile(query.statement, self.dialect, params[0])
                 sql, _ = _bind(compiled, params[0])
                 cursor.executemany(sql, [_bind(compiled, p)[1] for p in params])
                 return cursor.rowcount if query.shape is Shape.ROWCOUNT else None
+            if query.shape is not Shape.ROWS:  # one row: execute (executemany pipelines)
+                return self._one(cursor, query.statement, params[0], query.shape)
             out: list[Mapping[str, Any]] = []
             for p in params:
                 out.extend(self._one(cursor, query.statement, p, Shape.ROWS))
@@ -124,8 +126,18 @@ class DjangoTransaction:
 
 
 def _compile(statement: Any, dialect: Dialect, params: Mapping[str, Any] | None) -> Any:
-    """``statement`` compiled for ``dialect``, for parameters named like ``params``."""
-    return statement.compile(dialect=dialect, column_keys=list(params) if params else None)
+    """``statement`` compiled for ``dialect``, for parameters named like ``params``. A
+    statement without values of its own (all bound parameters: the named queries built once
+    per table) is compiled once, in a bounded cache; one that carries its values is not kept."""
+    keys = tuple(params) if params else None
+    if params:
+        return _compiled(statement, dialect, keys)
+    return statement.compile(dialect=dialect, column_keys=None)
+
+
+@lru_cache(maxsize=512)
+def _compiled(statement: Any, dialect: Dialect, keys: tuple[str, ...] | None) -> Any:
+    return statement.compile(dialect=dialect, column_keys=list(keys) if keys else None)
 
 
 def _bind(compiled: Any, params: Mapping[str, Any] | None) -> tuple[str, list[Any]]:
