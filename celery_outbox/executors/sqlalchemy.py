@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -240,7 +240,7 @@ def _class_listeners() -> bool:
     way, through SQLAlchemy."""
     for name in _STATEMENT_EVENTS:
         levels = getattr(getattr(Connection.dispatch, name, None), "_clslevel", None)
-        if not isinstance(levels, dict) or any(levels.values()):
+        if not isinstance(levels, Mapping) or (levels and any(levels.values())):
             return True
     return False
 
