@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -234,13 +234,21 @@ _STATEMENT_EVENTS = ("before_execute", "after_execute", "before_cursor_execute",
                      "after_cursor_execute")
 
 
+def _class_levels() -> list[Any]:
+    """SQLAlchemy's per-class listener maps of the statement events (fetched once)."""
+    return [getattr(getattr(Connection.dispatch, name, None), "_clslevel", None)
+            for name in _STATEMENT_EVENTS]
+
+
+_CLASS_LEVELS = _class_levels()
+
+
 def _class_listeners() -> bool:
     """Whether a statement listener is registered on the Connection class (it does not show
     in an engine's dispatch). An unknown SQLAlchemy internals shape answers True: the safe
     way, through SQLAlchemy."""
-    for name in _STATEMENT_EVENTS:
-        levels = getattr(getattr(Connection.dispatch, name, None), "_clslevel", None)
-        if not isinstance(levels, Mapping) or (levels and any(levels.values())):
+    for levels in _CLASS_LEVELS:
+        if not isinstance(levels, weakref.WeakKeyDictionary | dict) or levels.get(Connection):
             return True
     return False
 
