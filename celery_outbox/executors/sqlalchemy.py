@@ -239,13 +239,21 @@ _STATEMENT_EVENTS = ("before_execute", "after_execute", "before_cursor_execute",
                      "after_cursor_execute")
 
 
+def _class_levels() -> list[Any]:
+    """SQLAlchemy's per-class listener maps of the statement events (fetched once)."""
+    return [getattr(getattr(Connection.dispatch, name, None), "_clslevel", None)
+            for name in _STATEMENT_EVENTS]
+
+
+_CLASS_LEVELS = _class_levels()
+
+
 def _class_listeners() -> bool:
     """Whether a statement listener is registered on the Connection class (it does not show
     in an engine's dispatch). An unknown SQLAlchemy internals shape answers True: the safe
     way, through SQLAlchemy."""
-    for name in _STATEMENT_EVENTS:
-        levels = getattr(getattr(Connection.dispatch, name, None), "_clslevel", None)
-        if not isinstance(levels, dict) or any(levels.values()):
+    for levels in _CLASS_LEVELS:
+        if not isinstance(levels, weakref.WeakKeyDictionary | dict) or levels.get(Connection):
             return True
     return False
 

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import event, select
 
 from celery_outbox import Outbox, OutboxJob, StorageError
+from celery_outbox.executors import SqlAlchemyExecutor
 from celery_outbox.states import Status
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
@@ -65,6 +66,23 @@ def test_direct_row_equals_the_sqlalchemy_row(
     assert (one["dispatched_at"] is None) == (other["dispatched_at"] is None)
     assert [i.execution_id for c in recording.calls for i in c.items] == \
         ([] if scheduled else [direct, via_sqlalchemy])
+
+
+def test_with_nothing_listening_a_one_row_push_goes_direct(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The speed this path exists for: no listener, no echo -> the driver, not SQLAlchemy."""
+    direct: list[object] = []
+    real = SqlAlchemyExecutor._insert_direct
+
+    def counted(self: SqlAlchemyExecutor, *args: Any) -> None:
+        direct.append(args)
+        real(self, *args)
+
+    monkeypatch.setattr(SqlAlchemyExecutor, "_insert_direct", counted)
+    receipt.push({"order_id": 6})
+    receipt.push_many([{"order_id": 7}, {"order_id": 8}])  # several rows: through SQLAlchemy
+    assert len(direct) == 1
 
 
 def test_a_direct_push_is_committed_when_it_returns(
