@@ -21,7 +21,6 @@ Misses raise what the admin raises (:class:`ExecutionNotFound`, :class:`JobNotRe
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import threading
 import time
@@ -36,10 +35,11 @@ from celery_outbox.admin import (
     ExecutionDetail,
     ExecutionView,
     OutboxAdmin,
-    _execution_detail,
-    _execution_view,
     _uuid,
+    decode_cursor,
+    encode_cursor,
 )
+from celery_outbox.admin.views import _execution_detail, _execution_view
 from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
@@ -49,7 +49,7 @@ from celery_outbox.errors import (
 )
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import ACTIVE, RETRYABLE, Status
-from celery_outbox.store import Cursor, ExecutionQuery
+from celery_outbox.store import ExecutionQuery
 
 __all__ = [
     "BulkResult",
@@ -429,28 +429,7 @@ def _utc_time(label: str, value: datetime | None) -> None:
         raise ConfigurationError(f"{label} {value.isoformat()} is out of range in UTC") from None
 
 
-# -- cursors, error types -----------------------------------------------------------------------
-
-
-def encode_cursor(created_at: datetime, execution_id: UUID) -> str:
-    """An opaque page cursor for the row ``(created_at, id)``."""
-    raw = f"{created_at.astimezone(timezone.utc).isoformat()}|{execution_id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> Cursor:
-    """The row a cursor names; :class:`ConfigurationError` naming ``cursor`` when malformed."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        when, _, ident = raw.partition("|")
-        created_at = datetime.fromisoformat(when)
-        if created_at.tzinfo is None:
-            raise ValueError("naive time")
-        created_at.astimezone(timezone.utc)  # OverflowError when it has no UTC equivalent
-        return Cursor(created_at, UUID(ident))
-    except (ValueError, UnicodeDecodeError, OverflowError):
-        raise ConfigurationError(
-            f"cursor {cursor[:60]!r} is not a cursor this API returned") from None
+# -- error types -------------------------------------------------------------------------------
 
 
 def error_type(error: str | None) -> str:

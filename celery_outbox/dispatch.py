@@ -10,6 +10,9 @@
   raised; the rows stay pending and the sweep dispatches them again after ``stale_after``.
 - :class:`InlineDispatcher` runs executions in the calling thread, for tests and eager mode.
 
+Each message names its job as Celery's ``shadow``: the worker's log, the task events and
+Flower show ``shop.jobs.receipt[<task id>]`` rather than the internal ``celery_outbox.run``.
+
 A push in the caller's transaction dispatches after its outermost commit (the store's
 ``Transaction.after_commit``); a rollback, or a rolled-back savepoint, drops it.
 """
@@ -299,6 +302,9 @@ class CeleryDispatcher:
         limits: TimeLimits | None = None,
     ) -> dict[str, Any]:
         options: dict[str, Any] = {
+            # The job's name where Celery shows a task's name: the worker's log ("Task
+            # shop.jobs.receipt[...] succeeded"), events, Flower (the message's ``shadow``).
+            "shadow": job_name,
             "priority": self._broker_priority(priority),
             "retry": self.publish_retries > 0,
             "retry_policy": {

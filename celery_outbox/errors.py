@@ -5,6 +5,7 @@
     OutboxError
     ├── ConfigurationError      bad option, setting, cron expression or timezone
     ├── JobNotRegistered        no job of that name in the registry
+    ├── JobNameAmbiguous        a short job name matches several jobs
     ├── PayloadInvalid          the payload failed the job's pydantic schema
     ├── ExecutionNotFound       no execution row with that id
     ├── InvalidTransition       the row's status forbids the asked transition (admin path)
@@ -36,12 +37,28 @@ class ConfigurationError(OutboxError, ValueError):
 class JobNotRegistered(OutboxError, LookupError):
     """No job of that name is registered.
 
-    Attributes: ``job_name``.
+    Attributes: ``job_name``, ``close`` (registered names close to it, best first; empty
+    unless the lookup looked for them).
     """
 
-    def __init__(self, job_name: str) -> None:
+    def __init__(self, job_name: str, close: tuple[str, ...] = ()) -> None:
         self.job_name = job_name
-        super().__init__(f"no outbox job named {job_name!r} is registered")
+        self.close = close
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        super().__init__(f"no outbox job named {job_name!r} is registered{hint}")
+
+
+class JobNameAmbiguous(OutboxError, LookupError):
+    """A short job name matches several registered jobs; give more of the name.
+
+    Attributes: ``job_name``, ``candidates`` (the matching full names, sorted).
+    """
+
+    def __init__(self, job_name: str, candidates: tuple[str, ...]) -> None:
+        self.job_name = job_name
+        self.candidates = candidates
+        super().__init__(f"job name {job_name!r} is ambiguous: it could be "
+                         f"{', '.join(candidates)}; give more of the name")
 
 
 class PayloadInvalid(OutboxError, ValueError):

@@ -6,8 +6,9 @@ the option's name and the allowed values.
 
 from __future__ import annotations
 
+import difflib
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Protocol
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 
 from celery_outbox.config import MAX_DURATION, MAX_KEEP, OutboxConfig
 from celery_outbox.cron import expression_problem, zone_problem
-from celery_outbox.errors import ConfigurationError, JobNotRegistered
+from celery_outbox.errors import ConfigurationError, JobNameAmbiguous, JobNotRegistered
 from celery_outbox.models import MAX_LENGTHS
 from celery_outbox.retry import NO_RETRY, RetryPolicy
 from celery_outbox.states import Priority
@@ -223,6 +224,25 @@ class JobRegistry:
         except KeyError:
             raise JobNotRegistered(name) from None
 
+    def find(self, name: str) -> JobSpec:
+        """The job ``name`` names: its full name, or a short one when it names one job only.
+
+        A short name is a dotted suffix of the full name: ``receipt`` or ``jobs.receipt``
+        for ``shop.jobs.receipt``. Raises :class:`JobNameAmbiguous` listing the candidates
+        when several jobs end so, :class:`JobNotRegistered` listing close names when none
+        does.
+        """
+        name = name.strip()
+        jobs = dict(self.jobs)
+        if name in jobs:
+            return jobs[name]
+        found = sorted(full for full in jobs if full.endswith(f".{name}") and name)
+        if len(found) == 1:
+            return jobs[found[0]]
+        if found:
+            raise JobNameAmbiguous(name, tuple(found))
+        raise JobNotRegistered(name, close_names(name, jobs))
+
     def __iter__(self) -> Iterator[JobSpec]:
         return iter(list(self.jobs.values()))
 
@@ -231,6 +251,25 @@ class JobRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self.jobs
+
+
+def close_names(name: str, names: Iterable[str], most: int = 3) -> tuple[str, ...]:
+    """Up to ``most`` of ``names`` that look like ``name`` (a typo, another case, a part of
+    it), best first: compared whole and by their last dotted part."""
+    wanted = name.lower()
+    by_key: dict[str, list[str]] = {}
+    for full in sorted(names):
+        for key in {full.lower(), full.rsplit(".", 1)[-1].lower()}:
+            by_key.setdefault(key, []).append(full)
+    found: list[str] = []
+    contained = [full for key, fulls in by_key.items() if wanted and wanted in key
+                 for full in fulls]
+    close = [full for key in difflib.get_close_matches(wanted, by_key, n=most, cutoff=0.6)
+             for full in by_key[key]]
+    for full in close + contained:
+        if full not in found:
+            found.append(full)
+    return tuple(found[:most])
 
 
 default_registry = JobRegistry()

@@ -339,8 +339,10 @@ class Runner:
         signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                exception=exc, will_retry=delay is not None)
         if delay is None:
-            log.warning("celery_outbox: %s %s failed on attempt %d/%d: %s", spec.name, row.id,
-                        row.attempt, row.max_attempts, error.splitlines()[0])
+            # The final failure: no attempt left, or not retried. ERROR, so alerting on the
+            # worker's log sees it; a failed attempt that will retry stays at INFO.
+            log.error("celery_outbox: %s %s failed on attempt %d/%d; no retry: %s",
+                      spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0])
             done = self.store.finish(Failed(error, logs, keep=spec.keep_failed_row()), fence,
                                      now, start=following)
             return _Outcome(Status.FAILED if done.hit else None, exc, done.started)

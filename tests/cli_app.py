@@ -9,8 +9,9 @@ Configured by environment variables:
 
 Jobs: ``cli.greet`` (queue, high, 2 retries, queue ``greetings``), ``cli.fail`` (queue, always
 raises after logging), ``cli.flaky`` (queue, ``record="all"``: its first attempt fails and asks
-for an immediate retry, the second succeeds), ``cli.nightly`` (cron). They live in a registry
-of this module's own.
+for an immediate retry, the second succeeds), ``cli.nightly`` (cron), and two jobs sharing a
+short name, ``cli.shop.receipt`` and ``cli.billing.receipt`` (``receipt`` is ambiguous,
+``shop.receipt`` is not). They live in a registry of this module's own.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def flaky(ctx: JobContext[Greeting]) -> None:
 @outbox_job(cron="0 3 * * *", name="cli.nightly", registry=registry)
 def nightly(ctx: JobContext[None]) -> None:
     ctx.log.info("nightly")
+
+
+@outbox_job(schema=Greeting, name="cli.shop.receipt", registry=registry)
+def shop_receipt(ctx: JobContext[Greeting]) -> None:
+    ctx.log.info("receipt for %s", ctx.payload.name)
+
+
+@outbox_job(schema=Greeting, name="cli.billing.receipt", registry=registry)
+def billing_receipt(ctx: JobContext[Greeting]) -> None:
+    ctx.log.info("invoice for %s", ctx.payload.name)
 
 
 outbox = Outbox(

@@ -31,7 +31,15 @@ from celery_outbox.models import build_tables
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Finished, Outcome, Retrying, Succeeded
 from celery_outbox.queries.clauses import who
 from celery_outbox.states import ACTIVE, Status
-from celery_outbox.store import Claimed, Due, Expired, JobStats, NewExecution, RescueVerdict
+from celery_outbox.store import (
+    Claimed,
+    Due,
+    Expired,
+    JobStats,
+    NewExecution,
+    RescueVerdict,
+    StatusCount,
+)
 
 log = logging.getLogger("tests.twin")
 T = TypeVar("T")
@@ -435,6 +443,23 @@ class MemoryStore:
                 _latest(old.last_succeeded_at, row["finished_at"] if ok else None),
                 _latest(old.last_failed_at, None if ok else row["finished_at"]))
         return stats
+
+    def status_summary(self, now: datetime, overdue_before: datetime) -> list[StatusCount]:
+        """Rows per job and status, the oldest pending row, expired leases, overdue rows."""
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for row in list(self.rows.values()):
+            groups.setdefault((row["job_name"], row["status"]), []).append(row)
+        out = []
+        for (job, status), members in groups.items():
+            pending = [r["created_at"] for r in members if status == Status.PENDING.value]
+            expired = sum(1 for r in members if status == Status.RUNNING.value
+                          and r["lease_expires_at"] is not None and r["lease_expires_at"] < now)
+            overdue = sum(1 for r in members if status == Status.SCHEDULED.value
+                          and r["scheduled_at"] is not None
+                          and r["scheduled_at"] < overdue_before)
+            out.append(StatusCount(job, status, len(members), min(pending, default=None),
+                                   expired, overdue))
+        return out
 
     def list_executions(self, job_name: str, *, status: Status | None,
                         organization_id: str | None, limit: int) -> list[dict[str, Any]]:

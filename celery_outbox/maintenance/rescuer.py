@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -116,9 +117,12 @@ class Rescuer:
                 break
         if retried or failed or released:
             wait_published(self.dispatcher(), "rescuer")
-            log.warning("celery_outbox: rescued %d execution(s) whose lease expired: "
-                        "%d retried, %d failed, %d handed back (never begun: the attempt not "
-                        "spent)", retried + failed + released, retried, failed, released)
+            # ERROR when some failed for good (no retry left, or not retried), as the
+            # runner logs a final failure; WARNING when all retry or go back.
+            log.log(logging.ERROR if failed else logging.WARNING,
+                    "celery_outbox: rescued %d execution(s) whose lease expired: "
+                    "%d retried, %d failed, %d handed back (never begun: the attempt not "
+                    "spent)", retried + failed + released, retried, failed, released)
         return RescueResult(retried=retried, failed=failed, handed_back=released)
 
     def decide(self, row: Expired, now: datetime) -> RescueVerdict:

@@ -1,4 +1,5 @@
-"""The admin's queries: cancel, and the reads of one row, a job's rows and per-job counts."""
+"""The admin's queries: cancel, and the reads of one row, a job's rows, per-job counts and the
+status summary."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Integer, Table, bindparam, func, select, update
+from sqlalchemy import Integer, Table, and_, bindparam, func, select, update
 
 from celery_outbox.queries.base import Query, Row, first, named, rows
 from celery_outbox.queries.clauses import active, who
@@ -15,6 +16,10 @@ from celery_outbox.states import Status
 
 JobCounts = tuple[str, int, int, datetime | None, datetime | None]
 """One job's ``(job_name, succeeded, failed, last succeeded_at, last failed_at)``."""
+StatusCounts = tuple[str, str, int, datetime | None, int, int]
+"""One (job, status) pair: ``(job_name, status, rows, oldest pending created_at, running rows
+whose lease expired, scheduled rows overdue)``; the last three are None / 0 for other
+statuses."""
 
 
 def _job_name(row: Row) -> str:
@@ -27,6 +32,11 @@ def _as_dict(row: Row) -> dict[str, Any]:
 
 def _status(row: Row) -> str:
     return str(row["status"])
+
+
+def _status_counts(row: Row) -> StatusCounts:
+    name, status, n, oldest, expired, overdue = row.values()
+    return str(name), str(status), int(n), oldest, int(expired or 0), int(overdue or 0)
 
 
 def _counts(row: Row) -> JobCounts:
@@ -127,3 +137,31 @@ def list_executions(t: Table, job_name: str, *, status: Status | None,
         params["organization_id"] = organization_id
     return rows("list_executions", _list(t, status is not None, organization_id is not None),
                 _as_dict, params)
+
+
+@cache
+def _status_summary(t: Table) -> Any:
+    now = bindparam("now", type_=t.c.lease_expires_at.type)
+    overdue_before = bindparam("overdue_before", type_=t.c.scheduled_at.type)
+    return (
+        # One grouped pass; FILTER picks each pair's extra: the oldest pending row, the
+        # running rows past their lease, the scheduled rows due before the grace.
+        select(
+            t.c.job_name,
+            t.c.status,
+            func.count(),
+            func.min(t.c.created_at).filter(t.c.status == Status.PENDING.value),
+            func.count().filter(and_(t.c.status == Status.RUNNING.value,
+                                     t.c.lease_expires_at < now)),
+            func.count().filter(and_(t.c.status == Status.SCHEDULED.value,
+                                     t.c.scheduled_at < overdue_before)),
+        )
+        .group_by(t.c.job_name, t.c.status)
+    )
+
+
+@named("status: rows per job and status, oldest pending, expired leases, overdue scheduled")
+def status_summary(t: Table, now: datetime,
+                   overdue_before: datetime) -> Query[list[StatusCounts]]:
+    return rows("status_summary", _status_summary(t), _status_counts,
+                {"now": now, "overdue_before": overdue_before})

@@ -250,6 +250,17 @@ def page(t: Table, dialect: str, q: ExecutionQuery, after: Cursor | None,
     return rows("page", stmt, _as_dict)
 
 
+@named("count the rows matching a filter, stopping at a cap")
+def count_matching(t: Table, dialect: str, q: ExecutionQuery, cap: int) -> Query[int]:
+    inner = select(literal(1)).where(*_filters(t, dialect, q)).limit(cap)
+    stmt = select(func.count()).select_from(inner.subquery())
+    return Query("count_matching", stmt, Shape.ROWS, _count, {})
+
+
+def _count(found: list[Row]) -> int:
+    return int(next(iter(found[0].values()))) if found else 0
+
+
 @cache
 def _visible(t: Table, scoped: bool) -> Any:
     return _scoped(t, select(t).where(t.c.id == bindparam("id", type_=t.c.id.type)), scoped)

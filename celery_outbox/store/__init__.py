@@ -18,14 +18,15 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``sweep``: stage, redispatch, rescue, dispatchable
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
 - ``cron``: advance_tick, last_tick
-- ``admin``: cancel, get, status_of, job_stats, list_executions
+- ``admin``: cancel, get, status_of, job_stats, status_summary, list_executions
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
-  recent_failures, matching_ids (the reads of the HTTP API; ExecutionQuery, Cursor)
+  recent_failures, matching_ids, count_matching (the reads of the HTTP API and the CLI's
+  pages; ExecutionQuery, Cursor)
 """
 
 from __future__ import annotations
 
-from celery_outbox.store.admin import AdminStore, JobStats
+from celery_outbox.store.admin import AdminStore, JobStats, StatusCount
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
@@ -49,6 +50,7 @@ __all__ = [
     "Key",
     "NewExecution",
     "RescueVerdict",
+    "StatusCount",
     "TrimFresh",
     "TrimMark",
     "TrimStep",

@@ -1,4 +1,4 @@
-"""admin: cancel, and the reads of rows and per-job counts.
+"""admin: cancel, and the reads of rows, per-job counts and the status summary.
 """
 
 from __future__ import annotations
@@ -26,6 +26,24 @@ class JobStats:
     failed: int
     last_succeeded_at: datetime | None
     last_failed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StatusCount:
+    """The rows of one job in one status (:meth:`ExecutionStore.status_summary`).
+
+    ``oldest_pending_at``: the creation time of the oldest pending row (pending only, else
+    None); ``expired_leases``: running rows whose lease expired before ``now`` (running
+    only, else 0); ``overdue``: scheduled rows due before ``overdue_before`` (scheduled only,
+    else 0).
+    """
+
+    job_name: str
+    status: str
+    count: int
+    oldest_pending_at: datetime | None
+    expired_leases: int
+    overdue: int
 
 
 class AdminStore(StoreBase):
@@ -64,6 +82,18 @@ class AdminStore(StoreBase):
         """
         return {name: JobStats(name, ok, ko, last_ok, last_ko)
                 for name, ok, ko, last_ok, last_ko in self.executor.run(q.job_stats(self.t))}
+
+    def status_summary(self, now: datetime, overdue_before: datetime) -> list[StatusCount]:
+        """Read, in ONE grouped statement, the rows of every job per status, the oldest
+        pending row's creation time, the running rows whose lease expired before ``now``
+        and the scheduled rows due before ``overdue_before``.
+
+        One pass over the table (a group per job and status; the finished rows are what
+        the trim leaves). Pairs without rows are absent; jobs are whatever the table holds,
+        registered or not. ``now`` and ``overdue_before`` are aware datetimes.
+        """
+        return [StatusCount(*found) for found in
+                self.executor.run(q.status_summary(self.t, now, overdue_before))]
 
     def list_executions(
         self,

@@ -87,6 +87,11 @@ class DashboardStore(StoreBase):
         """
         return self.executor.run(reads.page(self.t, self.dialect, q, after, limit))
 
+    def count_matching(self, q: ExecutionQuery, cap: int) -> int:
+        """Read how many rows match ``q``, counting at most ``cap`` (``cap`` means "at least";
+        the cost follows ``cap`` and the filter's index, not the whole table)."""
+        return self.executor.run(reads.count_matching(self.t, self.dialect, q, cap))
+
     def get_visible(self, execution_id: UUID, organization_id: str | None) -> dict[str, Any] | None:
         """Read one row as a dict of its columns; None when there is none, or when
         ``organization_id`` is given and the row belongs to another tenant (or to none)."""

@@ -1,4 +1,4 @@
-"""admin: cancel any active row, and the reads of rows and per-job counts."""
+"""admin: cancel any active row, and the reads of rows, per-job counts and the status summary."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from celery_outbox.outcomes import Failed
 from celery_outbox.states import Status
 from celery_outbox.store import ExecutionStore
-from celery_outbox.store.admin import JobStats
+from celery_outbox.store.admin import JobStats, StatusCount
 from tests.contract.rows import (
     COLUMNS,
     JOB,
@@ -109,3 +109,33 @@ def test_rows_of_one_created_at_list_by_id_descending(store: ExecutionStore) -> 
     ids = [add(store).id for _ in range(3)]
     listed = store.list_executions(JOB, status=None, organization_id=None, limit=10)
     assert [r["id"] for r in listed] == sorted(ids, reverse=True)
+
+
+def test_status_summary_counts_per_job_and_status_with_the_oldest_pending_and_the_late(
+    store: ExecutionStore,
+) -> None:
+    now = T0 + timedelta(hours=1)
+    assert store.status_summary(now, now - timedelta(minutes=1)) == []
+    add(store, created_at=T0 + timedelta(seconds=3))
+    add(store, created_at=T0 + timedelta(seconds=1))
+    add(store, job_name=OTHER, created_at=T0 + timedelta(seconds=2))
+    add(store, status=Status.SCHEDULED, scheduled_at=now - timedelta(minutes=5))  # overdue
+    add(store, status=Status.SCHEDULED, scheduled_at=now - timedelta(seconds=10))  # in grace
+    add(store, status=Status.SCHEDULED, scheduled_at=now + timedelta(minutes=5))
+    running(store, job_name=OTHER)  # claimed at T0: its lease (1 min) expired before now
+    running(store, job_name=OTHER, now=now)  # alive
+    succeeded(store, T0)
+    fence = running(store)
+    assert store.finish(Failed("boom"), fence, T0).hit
+
+    found = sorted(store.status_summary(now, now - timedelta(minutes=1)),
+                   key=lambda c: (c.job_name, c.status))
+
+    assert found == sorted([
+        StatusCount(JOB, "pending", 2, T0 + timedelta(seconds=1), 0, 0),
+        StatusCount(JOB, "scheduled", 3, None, 0, 1),
+        StatusCount(JOB, "succeeded", 1, None, 0, 0),
+        StatusCount(JOB, "failed", 1, None, 0, 0),
+        StatusCount(OTHER, "pending", 1, T0 + timedelta(seconds=2), 0, 0),
+        StatusCount(OTHER, "running", 2, None, 1, 0),
+    ], key=lambda c: (c.job_name, c.status))

@@ -96,17 +96,27 @@ class Stack:
 
 
 class Published:
-    """Every ``celery_outbox.run`` message this process publishes: ``(job_name, ids)``."""
+    """Every ``celery_outbox.run`` message this process publishes: ``(job_name, ids)``, and
+    each one's headers (``task_id`` -> headers: ``shadow``, ``id``, ...)."""
 
     def __init__(self) -> None:
         self.messages: list[tuple[str, list[str]]] = []
+        self.headers: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
-    def __call__(self, sender: str | None = None, body: Any = None, **_: Any) -> None:
+    def __call__(self, sender: str | None = None, body: Any = None,
+                 headers: dict[str, Any] | None = None, **_: Any) -> None:
         if sender == RUN_TASK:
             args = body[0]
             with self._lock:
                 self.messages.append((args[0], list(args[1])))
+                self.headers.append(dict(headers or {}))
+
+    def carrying(self, execution_id: UUID) -> list[dict[str, Any]]:
+        """The headers of the messages that carried ``execution_id``."""
+        with self._lock:
+            return [h for (_, ids), h in zip(self.messages, self.headers, strict=True)
+                    if str(execution_id) in ids]
 
     def ids(self) -> set[str]:
         with self._lock:

@@ -16,7 +16,9 @@ import pytest
 import redis
 from sqlalchemy.orm import Session
 
+from celery_outbox.dispatch import RUN_TASK
 from celery_outbox.states import Status
+from tests import procs
 from tests.e2e.app import LEASE, Flaky, Mark, flaky, record, until_cancelled
 from tests.e2e.harness import (
     Stack,
@@ -161,6 +163,33 @@ def test_job_out_of_retries_fails_with_message_and_traceback(redis_stack: Stack)
     assert row["attempt"] == 3
     assert row["last_error"].startswith("RuntimeError: flaky failure on attempt 3")
     assert "Traceback (most recent call last)" in row["last_error"]
+    # The worker's log: each retry at INFO, the final failure at ERROR.
+    lines = [line for w in s.workers for line in w.text().splitlines()
+             if str(execution_id) in line]
+    assert sum("INFO" in line and "retry in" in line for line in lines) == 2, lines
+    [final] = [line for line in lines if "no retry" in line]
+    assert "ERROR" in final and "failed on attempt 3/3" in final, final
+
+
+def test_celery_shows_the_jobs_name_not_the_outbox_task(redis_stack: Stack) -> None:
+    """The message names the job as Celery's ``shadow``: the worker logs (and its task
+    events and Flower show) ``e2e.record[<task id>]`` instead of ``celery_outbox.run``."""
+    s = redis_stack
+    m = marker()
+    with published() as pub:
+        execution_id = record.push(Mark(marker=m))
+        s.wait_status(execution_id, Status.SUCCEEDED.value)
+    [headers] = pub.carrying(execution_id)
+    assert (headers["task"], headers["shadow"]) == (RUN_TASK, "e2e.record")
+    task_id = headers["id"]
+
+    def logged() -> str:
+        return "".join(w.text() for w in s.workers)
+
+    procs.wait_for(lambda: f"Task e2e.record[{task_id}] succeeded" in logged(), 10,
+                   "the worker to log the job's name")
+    assert f"Task e2e.record[{task_id}] received" in logged()  # as the task-received event
+    assert f"{RUN_TASK}[{task_id}]" not in logged()
 
 
 def test_cancel_reaches_a_handler_in_a_worker_process_within_one_heartbeat(

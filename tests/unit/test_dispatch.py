@@ -34,7 +34,7 @@ def published() -> Iterator[list[dict[str, Any]]]:
                headers: dict[str, Any], **_: Any) -> None:
         seen.append({"task": sender, "args": body[0], "queue": routing_key,
                      "priority": properties.get("priority"), "eta": headers.get("eta"),
-                     "timelimit": headers.get("timelimit")})
+                     "timelimit": headers.get("timelimit"), "shadow": headers.get("shadow")})
 
     before_task_publish.connect(record, weak=False)
     try:
@@ -69,6 +69,7 @@ def test_ids_share_messages_in_chunks(published: list[dict[str, Any]]) -> None:
     assert [i for m in published for i in m["args"][1]] == [str(i.execution_id) for i in items]
     assert {m["args"][0] for m in published} == {"routed"}
     assert {m["queue"] for m in published} == {"emails"}
+    assert {m["shadow"] for m in published} == {"routed"}  # the job's name in Celery's tools
 
 
 def test_groups_by_job_priority_and_eta(published: list[dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from celery_outbox import (
     ConfigurationError,
     JobContext,
+    JobNameAmbiguous,
     JobNotRegistered,
     JobRegistry,
     RetryPolicy,
@@ -193,3 +194,37 @@ def test_cron_job_cannot_be_pushed() -> None:
     job = declare(cron="* * * * *", name="tick")
     with pytest.raises(ConfigurationError, match="cron job"):
         job.push(None)
+
+
+def test_find_takes_a_full_or_a_unique_short_name() -> None:
+    registry = JobRegistry()
+    for name in ("shop.jobs.receipt", "billing.receipt", "shop.jobs.refund", "report"):
+        outbox_job(schema=Payload, name=name, registry=registry)(handler)
+
+    assert registry.find("shop.jobs.refund").name == "shop.jobs.refund"
+    assert registry.find("refund").name == "shop.jobs.refund"  # the last dotted part
+    assert registry.find("jobs.receipt").name == "shop.jobs.receipt"  # any dotted suffix
+    assert registry.find(" report ").name == "report"
+    with pytest.raises(JobNameAmbiguous) as ambiguous:
+        registry.find("receipt")
+    assert ambiguous.value.candidates == ("billing.receipt", "shop.jobs.receipt")
+    assert str(ambiguous.value) == (
+        "job name 'receipt' is ambiguous: it could be billing.receipt, shop.jobs.receipt; "
+        "give more of the name")
+    def close_to(name: str) -> tuple[str, ...]:
+        with pytest.raises(JobNotRegistered) as missing:
+            registry.find(name)
+        assert missing.value.job_name == name
+        return missing.value.close
+
+    assert close_to("recipt")[:2] == ("billing.receipt", "shop.jobs.receipt")  # a typo
+    assert close_to("Refund") == ("shop.jobs.refund",)  # another case
+    assert set(close_to("ceipt")) == {"billing.receipt", "shop.jobs.receipt"}  # a part
+    assert close_to("nothing.like.it") == ()
+    with pytest.raises(JobNotRegistered, match=r"'Refund' is registered; did you mean "
+                                               r"shop\.jobs\.refund\?$"):
+        registry.find("Refund")
+    with pytest.raises(JobNotRegistered, match=r"^no outbox job named 'zzz' is registered$"):
+        registry.find("zzz")
+    with pytest.raises(JobNotRegistered):
+        registry.find("")  # never every job's suffix

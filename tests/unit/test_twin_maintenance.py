@@ -4,6 +4,7 @@ fails."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
@@ -224,6 +225,24 @@ def test_a_retry_policy_that_raises_fails_the_row_and_says_why(
     assert r["status"] == "failed"
     assert "RetryPolicy.when raised Refusing: policy bug" in r["last_error"]
     assert store.status_of(other.id) == "scheduled"
+
+
+def test_a_rescue_that_fails_rows_for_good_logs_at_error_retries_only_at_warning(
+    store: MemoryStore, registry: JobRegistry, recording: Recording,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    claimed(store, "shop.flaky", "w1", T0 - LEASE * 2)
+    with caplog.at_level(logging.INFO, logger="celery_outbox"):
+        rescuer(store, registry, recording).run_once(T0)
+    assert [r.levelno for r in caplog.records if "rescued" in r.getMessage()] == [
+        logging.WARNING]
+
+    caplog.clear()
+    claimed(store, "shop.receipt", "w2", T0 - LEASE * 2, max_attempts=1)
+    with caplog.at_level(logging.INFO, logger="celery_outbox"):
+        rescuer(store, registry, recording).run_once(T0)
+    [final] = [r for r in caplog.records if "rescued" in r.getMessage()]
+    assert final.levelno == logging.ERROR and "1 failed" in final.getMessage()
 
 
 def test_a_row_whose_write_fails_alone_is_skipped_and_a_down_store_raises(

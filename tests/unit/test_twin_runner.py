@@ -4,6 +4,7 @@ writes of a claim that is no longer this run's (cancelled, rescued) missing."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -232,6 +233,30 @@ def test_do_not_retry_or_a_policy_that_raises_fails_with_retries_left(
     assert error.startswith(type(cause).__name__)
     if not isinstance(cause, DoNotRetry):
         assert "not retried: RetryPolicy.when raised RuntimeError: policy bug" in error
+
+
+@pytest.mark.parametrize(("cause", "retries", "final"), [
+    (ConnectionError("smtp down"), 2, False),  # a retry: INFO
+    (ConnectionError("smtp down"), 0, True),  # no attempt left: ERROR
+    (DoNotRetry("card declined"), 5, True),  # not retryable: ERROR
+])
+def test_a_final_failure_is_logged_at_error_a_retry_at_info(
+    store: MemoryStore, registry: JobRegistry, runner: Runner, caplog: pytest.LogCaptureFixture,
+    cause: Exception, retries: int, final: bool,
+) -> None:
+    job(registry, fails(cause),
+        retry=RetryPolicy(retries=retries, backoff=timedelta(seconds=10), jitter=False))
+    [execution_id] = pending(store, max_attempts=retries + 1)
+
+    with caplog.at_level(logging.DEBUG, logger="celery_outbox"):
+        runner.run("shop.receipt", [execution_id])
+
+    about = [r for r in caplog.records if str(execution_id) in r.getMessage()]
+    assert [r.levelno for r in about] == [logging.ERROR if final else logging.INFO]
+    message = about[0].getMessage()
+    assert f"shop.receipt {execution_id}" in message and str(cause) in message
+    assert ("no retry" in message) is final
+    assert row(store, execution_id)["status"] == ("failed" if final else "scheduled")
 
 
 def test_a_payload_that_no_longer_matches_the_schema_fails_without_retry(

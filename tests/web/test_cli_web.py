@@ -54,7 +54,8 @@ def test_web_serves_the_dashboard_and_no_auth_says_so_on_loopback_only(
     wait_for(lambda: answer(url + "/api/v1/jobs") == 200 or proc.poll() is not None, 30,
              "the web command to answer")
     jobs = httpx.get(url + "/api/v1/jobs").json()["jobs"]
-    assert {j["name"] for j in jobs} == {"cli.greet", "cli.fail", "cli.flaky", "cli.nightly"}
+    assert {j["name"] for j in jobs} == {"cli.greet", "cli.fail", "cli.flaky", "cli.nightly",
+                                         "cli.shop.receipt", "cli.billing.receipt"}
     assert "<h1>Jobs</h1>" in httpx.get(url + "/").text
     stop(proc)
     assert proc.stderr is not None

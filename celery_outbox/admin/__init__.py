@@ -1,34 +1,50 @@
 """OutboxAdmin: see and steer executions without writing SQL.
 
-``outbox.admin`` lists jobs with their recent outcomes, lists and inspects executions (with the
-captured logs and the error traceback), triggers a job, retries a failed or cancelled
-execution, and cancels an active one. The ``celery ... outbox`` CLI is a thin layer over it.
+``outbox.admin`` lists jobs with their recent outcomes, sums up the table (:meth:`status`),
+lists and pages through executions (with the captured logs and the error traceback), triggers
+a job, retries a failed or cancelled execution, and cancels an active one. The
+``celery ... outbox`` CLI is a thin layer over it; :meth:`find_job` takes a short job name.
 
-Views are frozen dataclasses; ``priority`` is the name (``"high"``), ``can_retry`` /
-``can_cancel`` derive from :mod:`celery_outbox.states`, and ``to_dict()`` gives JSON-ready
-data (ids as strings, times as ISO 8601, durations as ``<name>_seconds``). Misses raise
-:class:`ExecutionNotFound`, :class:`JobNotRegistered` or :class:`InvalidTransition` (naming
-the id and the current status); a bad argument raises :class:`ConfigurationError`.
+Views (:mod:`celery_outbox.admin.views`) are frozen dataclasses; ``priority`` is the name
+(``"high"``), ``can_retry`` / ``can_cancel`` derive from :mod:`celery_outbox.states`, and
+``to_dict()`` gives JSON-ready data (ids as strings, times as ISO 8601, durations as
+``<name>_seconds``). Misses raise :class:`ExecutionNotFound`, :class:`JobNotRegistered`,
+:class:`JobNameAmbiguous` or :class:`InvalidTransition` (naming the id and the current
+status); a bad argument raises :class:`ConfigurationError`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from uuid import UUID
 
+from celery_outbox.admin.views import (
+    ExecutionDetail,
+    ExecutionListing,
+    ExecutionView,
+    JobStatus,
+    JobView,
+    LogEntry,
+    OutboxStatus,
+    _execution_detail,
+    _execution_view,
+    _job_view,
+    decode_cursor,
+    encode_cursor,
+)
+from celery_outbox.config import OutboxConfig
+from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
     ExecutionNotFound,
     InvalidTransition,
 )
 from celery_outbox.registry import JobSpec
-from celery_outbox.states import Priority, Status, can_cancel, can_retry
-from celery_outbox.store import JobStats
+from celery_outbox.states import Status, can_retry
+from celery_outbox.store import ExecutionQuery
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -36,120 +52,29 @@ if TYPE_CHECKING:
     from celery_outbox.registry import JobRegistry
     from celery_outbox.store import ExecutionStore
 
+__all__ = [
+    "COUNT_CAP",
+    "MAX_LIMIT",
+    "ExecutionDetail",
+    "ExecutionListing",
+    "ExecutionView",
+    "JobStatus",
+    "JobView",
+    "LogEntry",
+    "OutboxAdmin",
+    "OutboxStatus",
+    "decode_cursor",
+    "encode_cursor",
+]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 S = TypeVar("S")
 
 MAX_LIMIT = 200
-"""The most executions one :meth:`OutboxAdmin.list_executions` call returns."""
-
-
-class _View:
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields: UUID -> str, datetime -> ISO 8601, timedelta -> ``*_seconds``."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if isinstance(value, timedelta) or "timedelta" in str(f.type):
-                out[f"{f.name}_seconds"] = value.total_seconds() if value is not None else None
-            else:
-                out[f.name] = _jsonable(value)
-        return out
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, tuple):
-        return [v.to_dict() if isinstance(v, _View) else _jsonable(v) for v in value]
-    return value
-
-
-@dataclass(frozen=True)
-class JobView(_View):
-    """One registered job and its recent outcomes.
-
-    ``mode``: ``"queue"`` or ``"cron"``; ``timeout``: a timedelta or None; ``retries``: retries
-    after the first attempt. ``succeeded`` / ``failed``: finished rows the table holds for the
-    job (what ``record`` / ``keep`` and the trim leave: by default a queue job keeps only its
-    failures); ``last_run_at`` / ``last_status``: the newest of them (aware UTC, or None).
-    """
-
-    name: str
-    mode: str
-    cron: str | None
-    timezone: str | None
-    priority: str
-    timeout: timedelta | None
-    retries: int
-    queue: str | None
-    record: str
-    description: str | None
-    succeeded: int
-    failed: int
-    last_run_at: datetime | None
-    last_status: str | None
-
-
-@dataclass(frozen=True)
-class LogEntry(_View):
-    """One captured log record: level name, logger name, message, time, exception text."""
-
-    level: str
-    logger: str
-    message: str
-    time: datetime | None
-    exception: str | None
-
-
-@dataclass(frozen=True)
-class ExecutionView(_View):
-    """One execution as a list shows it (no payload, no logs).
-
-    ``status`` is a status value (``"failed"``), ``priority`` its name (``"high"``);
-    ``error`` is the first line of the last error (``"ValueError: boom"``) or None. Times are
-    aware UTC datetimes or None.
-    """
-
-    id: UUID
-    job_name: str
-    status: str
-    priority: str
-    attempt: int
-    max_attempts: int
-    unique_key: str | None
-    organization_id: str | None
-    created_at: datetime
-    scheduled_at: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    error: str | None
-    triggered_by: str | None
-    triggered_by_name: str | None
-    cancelled_by: str | None
-    cancelled_by_name: str | None
-    can_retry: bool
-    can_cancel: bool
-    retry_of: UUID | None
-    """The execution this one retries (an admin retry made it), else None."""
-
-
-@dataclass(frozen=True)
-class ExecutionDetail(ExecutionView):
-    """One execution in full: :class:`ExecutionView` plus its payload, the last error's full
-    text with traceback (``traceback``), the logs captured by its latest attempt, and the
-    worker fields (``claimed_by``, ``lease_expires_at``, ``dispatched_at``, ``updated_at``).
-    """
-
-    payload: Any
-    traceback: str | None
-    logs: tuple[LogEntry, ...]
-    claimed_by: str | None
-    lease_expires_at: datetime | None
-    dispatched_at: datetime | None
-    updated_at: datetime
+"""The most executions one :meth:`OutboxAdmin.list_executions` call (or one page) returns."""
+COUNT_CAP = 10_000
+""":meth:`OutboxAdmin.page_executions` counts the matching executions up to this many."""
 
 
 class Facade(Protocol):
@@ -158,6 +83,7 @@ class Facade(Protocol):
     app: Celery
     store: ExecutionStore
     registry: JobRegistry
+    config: OutboxConfig
 
     def push_many(
         self, spec: JobSpec, payloads: Sequence[Any], *,
@@ -201,8 +127,8 @@ class OutboxAdmin:
     """The admin service of one :class:`~celery_outbox.Outbox` (``outbox.admin``).
 
     Each method has an async twin for an event loop (``await admin.alist_executions(...)``,
-    ``aget_execution``, ``alist_jobs``, ``atrigger``, ``aretry``, ``acancel``) that runs it
-    in a worker thread.
+    ``apage_executions``, ``aget_execution``, ``alist_jobs``, ``astatus``, ``atrigger``,
+    ``aretry``, ``acancel``) that runs it in a worker thread.
     """
 
     def __init__(self, outbox: Facade) -> None:
@@ -244,6 +170,105 @@ class OutboxAdmin:
             job_name, status=_status(status), organization_id=organization_id, limit=limit
         )
         return [_execution_view(row) for row in rows]
+
+    def find_job(self, name: str) -> JobSpec:
+        """The job ``name`` names: its full name, or a short one naming one job only
+        (``receipt`` or ``jobs.receipt`` for ``shop.jobs.receipt``).
+
+        Raises :class:`JobNameAmbiguous` listing the candidates, :class:`JobNotRegistered`
+        listing close names.
+        """
+        return self.registry.find(name)
+
+    def status(
+        self, *, now: datetime | None = None, overdue_after: timedelta | None = None,
+    ) -> OutboxStatus:
+        """What the table holds: rows per job and status, the oldest pending row, running
+        rows whose lease expired, scheduled rows overdue, from ONE grouped query.
+
+        ``overdue_after``: how long after its time a scheduled row counts as overdue; the
+        sweep interval by default (a cron ``sweep_schedule``: the gap between its ticks).
+        Every registered job is listed, and the rows of jobs no longer registered. Raises
+        :class:`ConfigurationError` for a negative ``overdue_after``, :class:`StorageError`.
+        """
+        now = now or datetime.now(timezone.utc)
+        grace = overdue_after if overdue_after is not None else self._sweep_interval(now)
+        if grace < timedelta(0):
+            raise ConfigurationError(f"overdue_after must be >= 0, got {grace}")
+        found = self.store.status_summary(now, now - grace)
+        names = {spec.name for spec in self.registry} | {c.job_name for c in found}
+        jobs = []
+        for name in sorted(names):
+            mine = [c for c in found if c.job_name == name]
+            counts = {s.value: 0 for s in Status}
+            counts.update({c.status: c.count for c in mine})
+            oldest = min((c.oldest_pending_at for c in mine if c.oldest_pending_at),
+                         default=None)
+            jobs.append(JobStatus(
+                name=name, registered=name in self.registry, counts=counts,
+                oldest_pending_at=oldest,
+                oldest_pending_age=max(now - oldest, timedelta(0)) if oldest else None,
+                expired_leases=sum(c.expired_leases for c in mine),
+                overdue=sum(c.overdue for c in mine),
+            ))
+        totals = {s.value: sum(j.counts[s.value] for j in jobs) for s in Status}
+        return OutboxStatus(
+            generated_at=now, overdue_after=grace, totals=totals,
+            expired_leases=sum(j.expired_leases for j in jobs),
+            overdue=sum(j.overdue for j in jobs), jobs=tuple(jobs),
+        )
+
+    def _sweep_interval(self, now: datetime) -> timedelta:
+        schedule = self.outbox.config.sweep_schedule
+        if isinstance(schedule, timedelta):
+            return schedule
+        cron = CronSchedule(schedule, app=self.outbox.app)
+        tick = cron.next_after(now)
+        return cron.next_after(tick) - tick
+
+    def page_executions(
+        self,
+        job_name: str | None = None,
+        *,
+        status: str | Status | None = None,
+        organization_id: str | None = None,
+        after: str | None = None,
+        limit: int = 20,
+        count_cap: int = COUNT_CAP,
+    ) -> ExecutionListing:
+        """One page of executions, of one job or of all (``job_name`` None), newest first.
+
+        ``after``: the ``next_cursor`` of the page before (keyset paging on ``(created_at,
+        id)``: page 1,000 costs what page 1 does). ``limit``: 1..200 per page. ``total``
+        counts every matching execution up to ``count_cap`` (``total_capped`` says when it
+        stopped there). Raises :class:`JobNotRegistered` for an unknown job (its full name),
+        :class:`ConfigurationError` for a bad ``status``, ``limit`` or cursor.
+        """
+        if job_name is not None:
+            self.registry.get(job_name)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise ConfigurationError(
+                f"page_executions: limit must be an integer from 1 to {MAX_LIMIT}, "
+                f"got {limit!r}")
+        if isinstance(count_cap, bool) or not isinstance(count_cap, int) or count_cap < 1:
+            raise ConfigurationError(f"count_cap must be an integer >= 1, got {count_cap!r}")
+        wanted = _status(status)
+        query = ExecutionQuery(
+            job_names=(job_name,) if job_name is not None else None,
+            statuses=(wanted,) if wanted is not None else None,
+            organization_id=organization_id,
+        )
+        cursor = decode_cursor(after) if after else None
+        rows = self.store.page(query, cursor, limit + 1)
+        more, rows = len(rows) > limit, rows[:limit]
+        total = self.store.count_matching(query, count_cap + 1)
+        return ExecutionListing(
+            items=tuple(_execution_view(r) for r in rows),
+            next_cursor=encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None,
+            total=min(total, count_cap), total_capped=total > count_cap, count_cap=count_cap,
+            job_name=job_name, status=wanted.value if wanted else None,
+            organization_id=organization_id,
+        )
 
     def get_execution(self, execution_id: UUID | str) -> ExecutionDetail:
         """One execution with its payload, captured logs and error traceback.
@@ -333,14 +358,16 @@ class OutboxAdmin:
     # -- async twins --------------------------------------------------------------------------
 
     alist_jobs = _in_thread(list_jobs)
+    astatus = _in_thread(status)
     alist_executions = _in_thread(list_executions)
+    apage_executions = _in_thread(page_executions)
     aget_execution = _in_thread(get_execution)
     atrigger = _in_thread(trigger)
     aretry = _in_thread(retry)
     acancel = _in_thread(cancel)
 
 
-# -- building views ---------------------------------------------------------------------------
+# -- arguments --------------------------------------------------------------------------------
 
 
 def _uuid(value: UUID | str) -> UUID:
@@ -360,67 +387,3 @@ def _status(value: str | Status | None) -> Status | None:
     except ValueError:
         allowed = ", ".join(s.value for s in Status)
         raise ConfigurationError(f"unknown status {value!r}; one of: {allowed}") from None
-
-
-def _job_view(spec: JobSpec, stats: JobStats | None) -> JobView:
-    last_ok = stats.last_succeeded_at if stats else None
-    last_ko = stats.last_failed_at if stats else None
-    last_run, last_status = None, None
-    if last_ok is not None and (last_ko is None or last_ok >= last_ko):
-        last_run, last_status = last_ok, Status.SUCCEEDED.value
-    elif last_ko is not None:
-        last_run, last_status = last_ko, Status.FAILED.value
-    return JobView(
-        name=spec.name, mode=spec.mode, cron=spec.cron, timezone=spec.timezone,
-        priority=spec.priority.label, timeout=spec.timeout, retries=spec.retry.retries,
-        queue=spec.queue, record=spec.record, description=spec.description,
-        succeeded=stats.succeeded if stats else 0, failed=stats.failed if stats else 0,
-        last_run_at=last_run, last_status=last_status,
-    )
-
-
-def _execution_fields(row: dict[str, Any]) -> dict[str, Any]:
-    status = Status(row["status"])
-    error = row["last_error"]
-    return {
-        "id": row["id"], "job_name": row["job_name"], "status": status.value,
-        "priority": Priority(row["priority"]).label, "attempt": row["attempt"],
-        "max_attempts": row["max_attempts"], "unique_key": row["unique_key"],
-        "organization_id": row["organization_id"], "created_at": row["created_at"],
-        "scheduled_at": row["scheduled_at"], "started_at": row["started_at"],
-        "finished_at": row["finished_at"],
-        "error": error.splitlines()[0] if error else None,
-        "triggered_by": row["triggered_by"], "triggered_by_name": row["triggered_by_name"],
-        "cancelled_by": row["cancelled_by"], "cancelled_by_name": row["cancelled_by_name"],
-        "can_retry": can_retry(status), "can_cancel": can_cancel(status),
-        "retry_of": row.get("retry_of"),
-    }
-
-
-def _execution_view(row: dict[str, Any]) -> ExecutionView:
-    return ExecutionView(**_execution_fields(row))
-
-
-def _execution_detail(row: dict[str, Any]) -> ExecutionDetail:
-    return ExecutionDetail(
-        **_execution_fields(row),
-        payload=row["payload"],
-        traceback=row["last_error"],
-        logs=tuple(_log_entry(e) for e in row["logs"] or () if isinstance(e, dict)),
-        claimed_by=row["claimed_by"],
-        lease_expires_at=row["lease_expires_at"],
-        dispatched_at=row["dispatched_at"],
-        updated_at=row["updated_at"],
-    )
-
-
-def _log_entry(entry: dict[str, Any]) -> LogEntry:
-    time = entry.get("time")
-    try:
-        when = datetime.fromisoformat(time) if isinstance(time, str) else None
-    except ValueError:
-        when = None
-    return LogEntry(
-        level=str(entry.get("level", "")), logger=str(entry.get("logger", "")),
-        message=str(entry.get("message", "")), time=when, exception=entry.get("exception"),
-    )

@@ -1,0 +1,274 @@
+"""The admin's views: frozen dataclasses with ``to_dict()`` (JSON-ready), built from rows.
+
+``priority`` is the name (``"high"``), ``can_retry`` / ``can_cancel`` derive from
+:mod:`celery_outbox.states`; ``to_dict()`` gives ids as strings, times as ISO 8601, durations
+as ``<name>_seconds``. Page cursors (:func:`encode_cursor`) are opaque strings naming the last
+row of a newest-first page.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID
+
+from celery_outbox.errors import ConfigurationError
+from celery_outbox.registry import JobSpec
+from celery_outbox.states import Priority, Status, can_cancel, can_retry
+from celery_outbox.store import Cursor, JobStats
+
+
+class _View:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields: UUID -> str, datetime -> ISO 8601, timedelta -> ``*_seconds``."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, timedelta) or "timedelta" in str(f.type):
+                out[f"{f.name}_seconds"] = value.total_seconds() if value is not None else None
+            else:
+                out[f.name] = _jsonable(value)
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, tuple):
+        return [v.to_dict() if isinstance(v, _View) else _jsonable(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class JobView(_View):
+    """One registered job and its recent outcomes.
+
+    ``mode``: ``"queue"`` or ``"cron"``; ``timeout``: a timedelta or None; ``retries``: retries
+    after the first attempt. ``succeeded`` / ``failed``: finished rows the table holds for the
+    job (what ``record`` / ``keep`` and the trim leave: by default a queue job keeps only its
+    failures); ``last_run_at`` / ``last_status``: the newest of them (aware UTC, or None).
+    """
+
+    name: str
+    mode: str
+    cron: str | None
+    timezone: str | None
+    priority: str
+    timeout: timedelta | None
+    retries: int
+    queue: str | None
+    record: str
+    description: str | None
+    succeeded: int
+    failed: int
+    last_run_at: datetime | None
+    last_status: str | None
+
+
+@dataclass(frozen=True)
+class LogEntry(_View):
+    """One captured log record: level name, logger name, message, time, exception text."""
+
+    level: str
+    logger: str
+    message: str
+    time: datetime | None
+    exception: str | None
+
+
+@dataclass(frozen=True)
+class ExecutionView(_View):
+    """One execution as a list shows it (no payload, no logs).
+
+    ``status`` is a status value (``"failed"``), ``priority`` its name (``"high"``);
+    ``error`` is the first line of the last error (``"ValueError: boom"``) or None. Times are
+    aware UTC datetimes or None.
+    """
+
+    id: UUID
+    job_name: str
+    status: str
+    priority: str
+    attempt: int
+    max_attempts: int
+    unique_key: str | None
+    organization_id: str | None
+    created_at: datetime
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    triggered_by: str | None
+    triggered_by_name: str | None
+    cancelled_by: str | None
+    cancelled_by_name: str | None
+    can_retry: bool
+    can_cancel: bool
+    retry_of: UUID | None
+    """The execution this one retries (an admin retry made it), else None."""
+
+
+@dataclass(frozen=True)
+class ExecutionDetail(ExecutionView):
+    """One execution in full: :class:`ExecutionView` plus its payload, the last error's full
+    text with traceback (``traceback``), the logs captured by its latest attempt, and the
+    worker fields (``claimed_by``, ``lease_expires_at``, ``dispatched_at``, ``updated_at``).
+    """
+
+    payload: Any
+    traceback: str | None
+    logs: tuple[LogEntry, ...]
+    claimed_by: str | None
+    lease_expires_at: datetime | None
+    dispatched_at: datetime | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class JobStatus(_View):
+    """One job on the status summary (:meth:`OutboxAdmin.status`).
+
+    ``counts``: rows per status value (every status, 0 when none); ``registered``: False for
+    rows of a job no longer registered. ``oldest_pending_at`` / ``oldest_pending_age``: the
+    oldest pending row's creation time and its age. ``expired_leases``: running rows whose
+    lease expired (the next sweep rescues them); ``overdue``: scheduled rows due longer than
+    the summary's ``overdue_after`` ago (the sweep should have staged them: is it running?).
+    """
+
+    name: str
+    registered: bool
+    counts: dict[str, int]
+    oldest_pending_at: datetime | None
+    oldest_pending_age: timedelta | None
+    expired_leases: int
+    overdue: int
+
+
+@dataclass(frozen=True)
+class OutboxStatus(_View):
+    """Every job with rows or registered, by name, as of ``generated_at``; ``totals``: rows
+    per status across them; ``overdue_after``: the grace before a due scheduled row counts
+    as overdue (the sweep interval unless given)."""
+
+    generated_at: datetime
+    overdue_after: timedelta
+    totals: dict[str, int]
+    expired_leases: int
+    overdue: int
+    jobs: tuple[JobStatus, ...]
+
+
+@dataclass(frozen=True)
+class ExecutionListing(_View):
+    """One page of executions, newest first (:meth:`OutboxAdmin.page_executions`).
+
+    ``next_cursor``: pass it as ``after`` for the next page (None: this is the last).
+    ``total``: how many executions match the filter (the job, status and tenant; all pages),
+    counted up to ``count_cap``: when ``total_capped``, there are at least ``total``.
+    ``job_name`` / ``status`` / ``organization_id``: the filter (None: any).
+    """
+
+    items: tuple[ExecutionView, ...]
+    next_cursor: str | None
+    total: int
+    total_capped: bool
+    count_cap: int
+    job_name: str | None
+    status: str | None
+    organization_id: str | None
+
+
+# -- building views ---------------------------------------------------------------------------
+
+
+def _job_view(spec: JobSpec, stats: JobStats | None) -> JobView:
+    last_ok = stats.last_succeeded_at if stats else None
+    last_ko = stats.last_failed_at if stats else None
+    last_run, last_status = None, None
+    if last_ok is not None and (last_ko is None or last_ok >= last_ko):
+        last_run, last_status = last_ok, Status.SUCCEEDED.value
+    elif last_ko is not None:
+        last_run, last_status = last_ko, Status.FAILED.value
+    return JobView(
+        name=spec.name, mode=spec.mode, cron=spec.cron, timezone=spec.timezone,
+        priority=spec.priority.label, timeout=spec.timeout, retries=spec.retry.retries,
+        queue=spec.queue, record=spec.record, description=spec.description,
+        succeeded=stats.succeeded if stats else 0, failed=stats.failed if stats else 0,
+        last_run_at=last_run, last_status=last_status,
+    )
+
+
+def _execution_fields(row: dict[str, Any]) -> dict[str, Any]:
+    status = Status(row["status"])
+    error = row["last_error"]
+    return {
+        "id": row["id"], "job_name": row["job_name"], "status": status.value,
+        "priority": Priority(row["priority"]).label, "attempt": row["attempt"],
+        "max_attempts": row["max_attempts"], "unique_key": row["unique_key"],
+        "organization_id": row["organization_id"], "created_at": row["created_at"],
+        "scheduled_at": row["scheduled_at"], "started_at": row["started_at"],
+        "finished_at": row["finished_at"],
+        "error": error.splitlines()[0] if error else None,
+        "triggered_by": row["triggered_by"], "triggered_by_name": row["triggered_by_name"],
+        "cancelled_by": row["cancelled_by"], "cancelled_by_name": row["cancelled_by_name"],
+        "can_retry": can_retry(status), "can_cancel": can_cancel(status),
+        "retry_of": row.get("retry_of"),
+    }
+
+
+def _execution_view(row: dict[str, Any]) -> ExecutionView:
+    return ExecutionView(**_execution_fields(row))
+
+
+def _execution_detail(row: dict[str, Any]) -> ExecutionDetail:
+    return ExecutionDetail(
+        **_execution_fields(row),
+        payload=row["payload"],
+        traceback=row["last_error"],
+        logs=tuple(_log_entry(e) for e in row["logs"] or () if isinstance(e, dict)),
+        claimed_by=row["claimed_by"],
+        lease_expires_at=row["lease_expires_at"],
+        dispatched_at=row["dispatched_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _log_entry(entry: dict[str, Any]) -> LogEntry:
+    time = entry.get("time")
+    try:
+        when = datetime.fromisoformat(time) if isinstance(time, str) else None
+    except ValueError:
+        when = None
+    return LogEntry(
+        level=str(entry.get("level", "")), logger=str(entry.get("logger", "")),
+        message=str(entry.get("message", "")), time=when, exception=entry.get("exception"),
+    )
+
+
+# -- cursors ----------------------------------------------------------------------------------
+
+
+def encode_cursor(created_at: datetime, execution_id: UUID) -> str:
+    """An opaque page cursor for the row ``(created_at, id)``."""
+    raw = f"{created_at.astimezone(timezone.utc).isoformat()}|{execution_id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Cursor:
+    """The row a cursor names; :class:`ConfigurationError` naming ``cursor`` when malformed."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        when, _, ident = raw.partition("|")
+        created_at = datetime.fromisoformat(when)
+        if created_at.tzinfo is None:
+            raise ValueError("naive time")
+        created_at.astimezone(timezone.utc)  # OverflowError when it has no UTC equivalent
+        return Cursor(created_at, UUID(ident))
+    except (ValueError, UnicodeDecodeError, OverflowError):
+        raise ConfigurationError(
+            f"cursor {cursor[:60]!r} is not a cursor this API returned") from None
