@@ -149,6 +149,10 @@ class PushStore(StoreBase):
         one goes as one bulk insert the executor may send straight on the driver.
         """
         if len(rows) == 1:
+            row = rows[0]
+            if row.unique_key is None and row.retry_of is None:  # the hot path: one statement
+                self.executor.run(insert_rows(self.t, [row.values()]))
+                return [(row.id, True)]
             return drive(self.executor.run, _insert_plan(self.tables, self.dialect, rows))
         with self.transaction() as tx:
             return self.insert(tx, rows)
