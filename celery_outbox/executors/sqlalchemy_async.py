@@ -175,7 +175,12 @@ class _AsyncOwn:
 
     async def run(self, query: Query[R]) -> R:
         assert self.conn is not None
-        return await self.executor._run(self.conn, query)  # errors: transaction() maps them
+        try:
+            return await self.executor._run(self.conn, query)
+        except DBAPIError as exc:
+            raise _error(self.conn.engine, exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error: {exc}") from exc
 
     def after_commit(self, callback: Callback) -> None:
         self.callbacks.append(callback)
@@ -196,6 +201,8 @@ class _AsyncJoined:
             return await self.executor._run(self.conn, query)
         except DBAPIError as exc:
             raise _error(self.conn.engine, exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error: {exc}") from exc
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         if self.session is not None:

@@ -44,9 +44,16 @@ class DjangoJoiner:
         self.alias = alias
 
     def __call__(self) -> AbstractContextManager[Transaction]:
+        from django.db import connections
+
         from celery_outbox.contrib.django.executor import joined
 
-        return joined(_alias.get() or self.alias)
+        alias = _alias.get() or self.alias
+        if alias not in connections.settings:
+            raise ConfigurationError(
+                f"Django database alias {alias!r} is not in settings.DATABASES "
+                f"({', '.join(sorted(connections.settings))})")
+        return joined(alias)
 
 
 @contextmanager

@@ -1,0 +1,117 @@
+"""apush edges: a session reused after rollback, autobegin, savepoints, concurrent pushes on
+one AsyncSession, a backend killed mid-push."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+
+from celery_outbox import JobRegistry, Outbox, OutboxJob
+from tests.integration.conftest import MakeOutbox, Order
+from tests.integration.fakes import RecordingDispatcher
+
+pytestmark = pytest.mark.asyncio
+DRIVERS = {"aiosqlite": "sqlite+aiosqlite", "psycopg": "postgresql+psycopg",
+           "asyncpg": "postgresql+asyncpg"}
+
+
+@pytest.fixture(params=list(DRIVERS))
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def sync_url(driver: str, request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue("sqlite_url" if driver == "aiosqlite" else "pg_url"))
+
+
+@pytest.fixture
+def aoutbox(sync_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
+            recording: RecordingDispatcher, make_outbox: MakeOutbox) -> Outbox:
+    return make_outbox(sync_url, registry, recording)
+
+
+@pytest_asyncio.fixture
+async def aengine(sync_url: str, driver: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(DRIVERS[driver] + "://" + sync_url.split("://", 1)[1])
+    yield engine
+    await engine.dispose()
+
+
+def count(outbox: Outbox) -> int:
+    t = outbox.tables.executions
+    with outbox.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+
+
+async def test_close_without_commit_then_reuse_session(aoutbox, receipt, recording, aengine):
+    session = AsyncSession(aengine)
+    await receipt.apush({"order_id": 1}, session=session)
+    await session.rollback()
+    await receipt.apush({"order_id": 2}, session=session)
+    await session.close()
+    three = await receipt.apush({"order_id": 3}, session=session)
+    await session.commit()
+    await session.close()
+    assert recording.ids == [three]
+    assert count(aoutbox) == 1
+
+
+async def test_concurrent_apush_one_session(aoutbox, receipt, recording, aengine):
+    async with AsyncSession(aengine) as session, session.begin():
+        await session.connection()
+        res = await asyncio.gather(*[
+            receipt.apush_many([{"order_id": i}, {"order_id": i + 1000}], session=session,
+                               keys=[f"k{i % 7}", None])
+            for i in range(40)])
+        assert recording.calls == []
+    assert count(aoutbox) == 7 + 40
+    assert len(recording.ids) == 47
+    assert len({r[0] for r in res}) == 7
+
+
+async def test_autobegin_commit(aoutbox, receipt, recording, aengine):
+    session = AsyncSession(aengine)
+    one = await receipt.apush({"order_id": 1}, session=session)
+    assert recording.calls == []
+    await session.commit()
+    assert recording.ids == [one]
+    await session.close()
+
+
+async def test_nested_first_savepoint_rollback_then_commit(aoutbox, receipt, recording, aengine,
+                                                           driver):
+    if driver == "aiosqlite":
+        pytest.skip("needs BEGIN recipe")
+    async with AsyncSession(aengine) as session:
+        nested = await session.begin_nested()
+        await receipt.apush({"order_id": 1}, session=session)
+        await nested.rollback()
+        two = await receipt.apush({"order_id": 2}, session=session)
+        await session.commit()
+    assert recording.ids == [two]
+    assert count(aoutbox) == 1
+
+
+async def test_connection_error_mid_push(aoutbox, receipt, recording, aengine, driver):
+    if driver == "aiosqlite":
+        pytest.skip("pg only")
+    from celery_outbox.errors import StorageError
+    async with AsyncSession(aengine) as session:
+        await session.begin()
+        pid = (await session.execute(text("select pg_backend_pid()"))).scalar_one()
+        await receipt.apush({"order_id": 1}, session=session)
+        with aoutbox.engine.connect() as c:
+            c.execute(text(f"select pg_terminate_backend({pid})"))
+            c.commit()
+        with pytest.raises(StorageError):
+            await receipt.apush_many([{"order_id": 2}, {"order_id": 3}], session=session,
+                                     keys=["a", "b"])
+        with pytest.raises(Exception):  # noqa: B017 (the driver's own error, whichever)
+            await session.commit()
+    assert recording.calls == []
+    assert count(aoutbox) == 0
