@@ -246,7 +246,7 @@ def trim_triggers(table: str, marks: str) -> tuple[dict[str, list[str]], dict[st
                "AND (OLD.finished_at, OLD.id) <= ({w}newest_finished_at, {w}newest_id)")
     moved = "UPDATE OF job_name, status, finished_at, id"
     postgresql = [
-        f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        f"CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
         "BEGIN\n"
         f"  INSERT INTO {marks} AS w (job_name, status, kept, counted)\n"
         "  VALUES (OLD.job_name, OLD.status, 0, 0)\n"
