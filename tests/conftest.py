@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 
 CI = bool(os.environ.get("CI"))
+# Rich sizes the CLI's tables to the terminal; under pytest (and its xdist workers) there is
+# none, so give every test the same width whatever runs them.
+os.environ.setdefault("COLUMNS", "200")
 PG_ADMIN_URL = os.environ.get("OUTBOX_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS", "redis://127.0.0.1:6379")
 AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
