@@ -70,7 +70,7 @@ def test_redelivered_messages_never_begin_an_attempt_twice(pg_url: str, tmp_path
                     return all((outbox.store.get(i) or {}).get("status") == "succeeded"
                                for i in ids)
 
-                procs.wait_for(all_done, 40, "every execution to succeed")
+                procs.wait_for(all_done, 90, "every execution to succeed")  # leases expire first
             begun = Counter(runs())
             assert [k for k, n in begun.items() if n > 1] == [], begun
             assert {e for e, _ in begun} == {str(i) for i in ids}
