@@ -15,7 +15,7 @@ import re
 import sys
 import weakref
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -288,15 +288,18 @@ class Outbox:
                               organization_id, triggered_by, triggered_by_name, index_items,
                               retry_of)
         caller = session if session is not None else connection
-        if caller is None and self.joiner is not None:
-            return self._push_joined(self.joiner, rows, now)
+        # The caller's transaction: its Session or Connection, else the framework's (joiner).
         if caller is not None:
-            tx = self.store.join(caller)
-            results = self.store.insert(tx, rows)
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+            joined: AbstractContextManager[Transaction] = nullcontext(self.store.join(caller))
+        elif self.joiner is not None:
+            joined = self.joiner()
         else:
             results = self.store.insert_alone(rows)
             self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
+            return [execution_id for execution_id, _ in results]
+        with joined as tx:
+            results = self.store.insert(tx, rows)
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
 
     async def apush_many(
@@ -372,15 +375,6 @@ class Outbox:
         if retry_of is not None:
             rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
         return rows
-
-    def _push_joined(
-        self, joiner: Joiner, rows: list[NewExecution], now: datetime
-    ) -> list[UUID]:
-        """Write ``rows`` in the transaction ``joiner`` opens; dispatch after its commit."""
-        with joiner() as tx:
-            results = self.store.insert(tx, rows)
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
-        return [execution_id for execution_id, _ in results]
 
     def _rows(
         self,
