@@ -105,11 +105,12 @@ class CeleryDispatcher:
 
     ``chunk_size`` caps the ids one message carries. ``publish_retries`` is how many times
     one publish is retried against a failing broker before it is logged and left to the sweep.
-    ``linger``: while ids keep coming (the last publish was less than ``linger`` ago), the
-    thread waits up to ``linger`` for more before publishing a message that is not full (as
-    Kafka's ``linger.ms``), so a stream of single pushes costs one publish per ``linger``
-    instead of one per push, and the publishes do not crowd the pushing threads off the CPU.
-    After a quiet spell the first id goes out at once. ``flush()`` cuts the wait short.
+    ``linger``: under load, when ids come less than ``busy_gap`` apart, the thread waits up
+    to ``linger`` for more before publishing a message that is not full (as Kafka's
+    ``linger.ms``), so a stream of single pushes costs one publish per ``linger`` instead of
+    one per push, and the publishes do not crowd the pushing threads off the CPU. An id that
+    comes alone (``busy_gap`` or more after the one before) goes out at once: no push waits
+    for pushes that are not coming. ``flush()`` and a full message cut the wait short.
     """
 
     def __init__(
@@ -120,13 +121,16 @@ class CeleryDispatcher:
         chunk_size: int,
         publish_retries: int = 1,
         linger: timedelta = timedelta(milliseconds=20),
+        busy_gap: timedelta = timedelta(milliseconds=1),
     ) -> None:
         self.app = app
         self.registry = registry
         self.chunk_size = chunk_size
         self.publish_retries = publish_retries
         self.linger = linger
-        self._last_publish = 0.0  # time.monotonic() when the thread last published
+        self.busy_gap = busy_gap
+        self._last_dispatch = 0.0  # time.monotonic() of the last dispatch()
+        self._busy = False  # the last dispatch() came less than busy_gap after the one before
         self._hurry = threading.Event()  # ends the linger: flush() or a full message
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -146,11 +150,14 @@ class CeleryDispatcher:
     def dispatch(self, items: Sequence[DispatchItem]) -> None:
         if not items:
             return
+        now = time.monotonic()
         with self._lock:
             self._ensure_thread()
             self._outstanding += len(items)
             self._queued += len(items)
             full = self._queued >= self.chunk_size
+            self._busy = now - self._last_dispatch < self.busy_gap.total_seconds()
+            self._last_dispatch = now
         self._queue.put(list(items))
         if full:
             self._hurry.set()  # a message's worth is waiting: do not linger
@@ -214,7 +221,7 @@ class CeleryDispatcher:
             first = q.get()
             if first is None:
                 return
-            if time.monotonic() < self._last_publish + self.linger.total_seconds():
+            if self._busy:
                 # Ids keep coming: let more join this message. Waiting on an event, not on
                 # the queue, so the pushing threads' puts do not wake this thread each time.
                 self._hurry.wait(self.linger.total_seconds())
@@ -227,7 +234,6 @@ class CeleryDispatcher:
             except Exception:  # publish() logs per group; this is the last guard of the thread
                 log.exception("celery_outbox: dispatch of %d execution(s) failed", len(items))
             finally:
-                self._last_publish = time.monotonic()
                 with self._idle:
                     self._outstanding -= len(items)
                     self._idle.notify_all()

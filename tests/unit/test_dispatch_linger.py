@@ -40,7 +40,8 @@ def published() -> Iterator[list[list[str]]]:
         before_task_publish.disconnect(record)
 
 
-def dispatcher(linger: timedelta, chunk_size: int = 50) -> CeleryDispatcher:
+def dispatcher(linger: timedelta, chunk_size: int = 50,
+               busy_gap: timedelta = timedelta(milliseconds=1)) -> CeleryDispatcher:
     registry = JobRegistry()
 
     @outbox_job(schema=Payload, name="lingered", registry=registry)
@@ -53,7 +54,8 @@ def dispatcher(linger: timedelta, chunk_size: int = 50) -> CeleryDispatcher:
     def run(job_name: str, ids: list[str]) -> None:
         return None
 
-    return CeleryDispatcher(app, registry, chunk_size=chunk_size, linger=linger)
+    return CeleryDispatcher(app, registry, chunk_size=chunk_size, linger=linger,
+                            busy_gap=busy_gap)
 
 
 def test_single_items_share_messages_and_each_goes_out_once(
@@ -85,8 +87,20 @@ def test_after_a_quiet_spell_the_first_id_goes_out_at_once(
     assert len(published) == 1
 
 
+def test_an_id_that_comes_alone_goes_out_at_once_right_after_a_publish(
+    published: list[list[str]],
+) -> None:
+    """Pushes a few milliseconds apart (a request per push, a loop waiting on each result)
+    never wait for the linger: only ids less than ``busy_gap`` apart do."""
+    d = dispatcher(timedelta(seconds=30), busy_gap=timedelta(milliseconds=1))
+    for count in range(1, 6):
+        d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])
+        wait_published(published, count)  # far less than the 30 s linger
+        assert len(published) == count
+
+
 def test_flush_cuts_the_linger_short(published: list[list[str]]) -> None:
-    d = dispatcher(timedelta(seconds=30))
+    d = dispatcher(timedelta(seconds=30), busy_gap=timedelta(seconds=30))
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])
     wait_published(published, 1)
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])  # busy now: this one lingers
@@ -99,7 +113,7 @@ def test_flush_cuts_the_linger_short(published: list[list[str]]) -> None:
 
 
 def test_a_full_message_does_not_wait_for_the_linger(published: list[list[str]]) -> None:
-    d = dispatcher(timedelta(seconds=30), chunk_size=10)
+    d = dispatcher(timedelta(seconds=30), chunk_size=10, busy_gap=timedelta(seconds=30))
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])
     wait_published(published, 1)
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2) for _ in range(10)])  # while busy
