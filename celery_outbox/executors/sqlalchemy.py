@@ -59,6 +59,7 @@ class SqlAlchemyExecutor:
             if self.dialect == "postgresql" else engine
         )
         self._compiled: dict[tuple[Table, tuple[str, ...]], tuple[str, list[Any]]] = {}
+        self._statements: dict[Any, _Statement] = {}
 
     def where(self) -> str:
         url = self.engine.url
@@ -69,14 +70,16 @@ class SqlAlchemyExecutor:
 
     def run(self, query: Query[R]) -> R:
         """Run ``query`` alone: autocommit on PostgreSQL (no BEGIN/COMMIT round trips), its
-        own transaction on SQLite. A one-row bulk insert on psycopg goes straight on the
-        driver unless something listens to the engine's statements (tracing, echo)."""
-        if query.bulk and isinstance(query.params, list) and len(query.params) == 1 \
-                and self._direct_ok():
+        own transaction on SQLite. On psycopg, unless something listens to the engine's
+        statements (tracing, echo), a prepared query (the worker's claim, start and outcome
+        writes) and a one-row bulk insert go straight on the driver."""
+        if (query.prepared or (query.bulk and isinstance(query.params, list)
+                               and len(query.params) == 1)) and self._direct_ok():
             started = time.perf_counter()
-            self._insert_direct(query.statement.table, query.params[0])
-            self._observed(query, started)
-            return query.mapper(None)
+            result = self._run_direct(query)
+            if self.observers:
+                self._observed(query, started)
+            return result
         try:
             with self._autocommit.begin() as conn:
                 return self._run(conn, query)
@@ -172,19 +175,42 @@ class SqlAlchemyExecutor:
             found = self._compiled[key] = (str(compiled), _processors(table, dialect, columns))
         return found
 
-    def _insert_direct(self, table: Table, values: dict[str, Any]) -> None:
-        """One row by one INSERT on the pooled psycopg connection itself, in autocommit.
+    def _statement(self, statement: Any) -> _Statement:
+        """``statement`` (built once, bound parameters only) compiled once for the driver."""
+        found = self._statements.get(statement)
+        if found is None:
+            found = self._statements[statement] = _Statement.compile(statement,
+                                                                     self.engine.dialect)
+        return found
 
-        One round trip and none of SQLAlchemy's per-statement work, which costs about as much
-        as that round trip (bench/README.md). A driver error discards the connection (it is
-        not pooled again) and becomes :class:`StorageError`.
+    def _run_direct(self, query: Query[R]) -> R:
+        """``query`` by one statement on the pooled psycopg connection itself, in autocommit.
+
+        One round trip and none of SQLAlchemy's per-statement work (checkout events, the
+        compiled cache lookup, the result's metadata), which cost about as much as that
+        round trip (bench/README.md). Values and results go through SQLAlchemy's type
+        processors, so the rows are the ones SQLAlchemy would read and write. A driver error
+        discards the connection (it is not pooled again) and becomes :class:`StorageError`.
         """
-        sql, processors = self._prepared(table, list(values))
         try:
-            params = {name: value if process is None else process(value)
-                      for (name, value), process in zip(values.items(), processors, strict=True)}
+            if query.bulk:
+                assert isinstance(query.params, list)
+                values: dict[str, Any] = query.params[0]
+                sql, processors = self._prepared(query.statement.table, list(values))
+                params = {name: value if process is None else process(value)
+                          for (name, value), process in zip(values.items(), processors,
+                                                            strict=True)}
+                shape = Shape.NONE
+                columns: Sequence[tuple[str, Any]] = ()
+            else:
+                statement = self._statement(query.statement)
+                sql, params = statement.sql, statement.params(query.params)
+                shape, columns = query.shape, statement.columns
+        except StorageError:
+            raise
         except Exception as exc:  # a value its column type refuses, as SQLAlchemy would
-            raise StorageError(f"push failed: a value its column refuses: {exc}") from exc
+            raise StorageError(f"{query.name} failed: a value its column refuses: {exc}") \
+                from exc
         driver_error = self.engine.dialect.loaded_dbapi.Error
         try:
             raw = self.engine.raw_connection()  # the pool raises the driver's own errors
@@ -195,7 +221,16 @@ class SqlAlchemyExecutor:
             assert driver is not None
             driver.autocommit = True
             try:
-                driver.execute(sql, params)
+                cursor = driver.execute(sql, params)
+                if shape is Shape.ROWS:
+                    raw_result: Any = [
+                        {name: value if process is None else process(value)
+                         for (name, process), value in zip(columns, row, strict=True)}
+                        for row in cursor.fetchall()]
+                elif shape is Shape.ROWCOUNT:
+                    raw_result = cursor.rowcount
+                else:
+                    raw_result = None
             finally:
                 driver.autocommit = False
         except driver_error as exc:
@@ -203,6 +238,7 @@ class SqlAlchemyExecutor:
             raise StorageError(f"database error on {self.where()}: {exc}") from exc
         finally:
             raw.close()
+        return query.mapper(raw_result)
 
     def _copy(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
         """Insert ``rows`` (same columns) with one ``COPY ... FROM STDIN`` on ``conn``
@@ -223,6 +259,32 @@ class SqlAlchemyExecutor:
                     ])
         except conn.dialect.loaded_dbapi.Error as exc:
             raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
+
+
+class _Statement:
+    """A statement compiled once for a dialect: its SQL, how its parameters are completed
+    (the statement's own literal values) and converted (bind processors), and each result
+    column's name and result processor (None: the driver's value as is)."""
+
+    def __init__(self, compiled: Any, dialect: Dialect) -> None:
+        self.compiled = compiled
+        self.sql: str = str(compiled)
+        self.processors: dict[str, Any] = dict(compiled._bind_processors)
+        self.columns: list[tuple[str, Any]] = [
+            (entry.keyname, entry.type._cached_result_processor(dialect, None))
+            for entry in compiled._result_columns
+        ]
+
+    @classmethod
+    def compile(cls, statement: Any, dialect: Dialect) -> _Statement:
+        return cls(statement.compile(dialect=dialect), dialect)
+
+    def params(self, given: Any) -> dict[str, Any]:
+        values: dict[str, Any] = self.compiled.construct_params(given)
+        for name, process in self.processors.items():
+            if name in values:
+                values[name] = process(values[name])
+        return values
 
 
 def shaped(query: Query[Any], result: Any) -> Any:

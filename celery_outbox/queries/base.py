@@ -40,6 +40,8 @@ class Query(Generic[R]):
     ``params``: one mapping of bound parameters, a list of mappings (executemany), or None.
     ``bulk``: ``statement`` is a plain INSERT of the whole rows in ``params``; an executor
     may serve it another way that writes the same rows (COPY, or one INSERT on the driver).
+    ``prepared``: ``statement`` is built once (per table) and takes every value from
+    ``params`` (one mapping): an executor may compile it once and run it on the driver.
     ``name`` is the name the builder is registered under in :data:`QUERIES`.
     """
 
@@ -49,6 +51,7 @@ class Query(Generic[R]):
     mapper: Callable[[Any], R]
     params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
     bulk: bool = False
+    prepared: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,25 +101,29 @@ def execute(name: str, statement: Any, params: Any = None, *, bulk: bool = False
     return Query(name, statement, Shape.NONE, _none, params, bulk)
 
 
-def rowcount(name: str, statement: Any, params: Any = None) -> Query[int]:
-    """A query answering the number of rows it matched."""
-    return Query(name, statement, Shape.ROWCOUNT, _count, params)
+def rowcount(name: str, statement: Any, params: Any = None, *,
+             prepared: bool = False) -> Query[int]:
+    """A query answering the number of rows it matched (``prepared``: see :class:`Query`)."""
+    return Query(name, statement, Shape.ROWCOUNT, _count, params, prepared=prepared)
 
 
 def rows(name: str, statement: Any, mapper: Callable[[Row], T] | None = None,
-         params: Any = None) -> Query[list[T]]:
+         params: Any = None, *, prepared: bool = False) -> Query[list[T]]:
     """A query answering its rows, each through ``mapper`` (None: the rows as they come)."""
     if mapper is None:
-        return Query(name, statement, Shape.ROWS, _same, params)  # type: ignore[arg-type]
+        return Query(name, statement, Shape.ROWS, _same, params,  # type: ignore[arg-type]
+                     prepared=prepared)
     each = mapper
-    return Query(name, statement, Shape.ROWS, lambda rs: [each(r) for r in rs], params)
+    return Query(name, statement, Shape.ROWS, lambda rs: [each(r) for r in rs], params,
+                 prepared=prepared)
 
 
 def first(name: str, statement: Any, mapper: Callable[[Row], T],
-          params: Any = None) -> Query[T | None]:
+          params: Any = None, *, prepared: bool = False) -> Query[T | None]:
     """A query answering its first row through ``mapper``, or None when it has none."""
     each = mapper
-    return Query(name, statement, Shape.ROWS, lambda rs: each(rs[0]) if rs else None, params)
+    return Query(name, statement, Shape.ROWS, lambda rs: each(rs[0]) if rs else None, params,
+                 prepared=prepared)
 
 
 Plan = Generator[Query[Any], Any, R]

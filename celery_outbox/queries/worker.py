@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Table, and_, bindparam, case, delete, func, literal, or_, select, update
+from sqlalchemy import ARRAY, Table, and_, any_, bindparam, case, delete, func, or_, select, update
 
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
@@ -22,17 +22,18 @@ from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, wh
 from celery_outbox.states import Status
 
 
-@named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set")
-def claim_rows(
-    t: Table, ids: Sequence[UUID], job_name: str, worker: str, now: datetime,
-    lease_until: datetime,
-) -> Query[list[Row]]:
-    """One UPDATE ... RETURNING for all ``ids``; ``started_at = now`` on the first only."""
-    stmt = (
+@cache
+def _claim_statement(t: Table, dialect: str) -> Any:
+    """The claim with bound parameters only: the ids as one array on PostgreSQL (``= ANY``,
+    one statement for any number of ids), an expanding ``IN`` elsewhere."""
+    now = bindparam("c_now", type_=t.c.updated_at.type)
+    ids = (t.c.id == any_(bindparam("c_ids", type_=ARRAY(t.c.id.type)))
+           if dialect == "postgresql" else t.c.id.in_(bindparam("c_ids", expanding=True)))
+    return (
         update(t)
         .where(
-            t.c.id.in_(list(ids)),
-            t.c.job_name == job_name,
+            ids,
+            t.c.job_name == bindparam("c_job", type_=t.c.job_name.type),
             or_(
                 t.c.status == Status.PENDING.value,
                 and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= now),
@@ -41,18 +42,30 @@ def claim_rows(
         .values(
             status=Status.RUNNING.value,
             attempt=t.c.attempt + 1,
-            claimed_by=worker,
-            started_at=case((t.c.id == ids[0], literal(now, t.c.started_at.type)),
-                            else_=None) if ids else now,
+            claimed_by=bindparam("c_by", type_=t.c.claimed_by.type),
+            started_at=case((t.c.id == bindparam("c_first", type_=t.c.id.type), now),
+                            else_=None),
             updated_at=now,
-            lease_expires_at=lease_until,
+            lease_expires_at=bindparam("c_lease", type_=t.c.lease_expires_at.type),
         )
         .returning(
             t.c.id, t.c.job_name, t.c.attempt, t.c.max_attempts, t.c.payload, t.c.priority,
             t.c.unique_key, t.c.organization_id, t.c.lease_expires_at,
         )
     )
-    return rows("claim_rows", stmt)
+
+
+@named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set")
+def claim_rows(
+    t: Table, dialect: str, ids: Sequence[UUID], job_name: str, worker: str, now: datetime,
+    lease_until: datetime,
+) -> Query[list[Row]]:
+    """One UPDATE ... RETURNING for all ``ids`` (at least one); ``started_at = now`` on the
+    first only."""
+    params = {"c_ids": list(ids), "c_job": job_name, "c_by": worker, "c_now": now,
+              "c_first": ids[0], "c_lease": lease_until}
+    return rows("claim_rows", _claim_statement(t, dialect), params=params,
+                prepared=dialect == "postgresql")
 
 
 @cache
@@ -68,7 +81,8 @@ def _start_params(fence: Fence, now: datetime) -> dict[str, Any]:
 @named("start: running -> running, started_at = now (a later row of a claim), fenced")
 def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
     """Answers the number of rows marked started (1, or 0 on a fence miss)."""
-    return rowcount("start_fenced", _start_statement(t), _start_params(fence, now))
+    return rowcount("start_fenced", _start_statement(t), _start_params(fence, now),
+                    prepared=True)
 
 
 def _kind(outcome: Outcome) -> str:
@@ -130,7 +144,7 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, 
 def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime) -> Query[int]:
     """Answers the number of rows written (1, or 0 on a fence miss)."""
     return rowcount("finish_fenced", _outcome_statement(t, _kind(outcome)),
-                    _outcome_params(outcome, fence, now))
+                    _outcome_params(outcome, fence, now), prepared=True)
 
 
 @cache
@@ -154,7 +168,8 @@ def finish_and_start(
 ) -> Query[tuple[int, int] | None]:
     """Answers ``(written, started)``: each 1, or 0 on its fence's miss."""
     return first("finish_and_start", _outcome_and_start_statement(t, _kind(outcome)), _both,
-                 {**_outcome_params(outcome, fence, now), **_start_params(start, now)})
+                 {**_outcome_params(outcome, fence, now), **_start_params(start, now)},
+                 prepared=True)
 
 
 @named("heartbeat: running -> running, lease_expires_at = lease_until, per fence")

@@ -62,7 +62,10 @@ class WorkerStore(StoreBase):
         the rescuer can tell the rows of a dead worker that never began.
         ``now`` and ``lease_until`` are aware datetimes. Returns the claimed rows in ``ids`` order.
         """
-        found = self.executor.run(claim_rows(self.t, ids, job_name, worker, now, lease_until))
+        if not ids:
+            return []
+        found = self.executor.run(
+            claim_rows(self.t, self.dialect, ids, job_name, worker, now, lease_until))
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
 

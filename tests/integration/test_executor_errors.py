@@ -97,7 +97,7 @@ def test_joined_and_own_transactions_raise_the_same_error_for_the_same_statement
 def test_a_bad_value_in_a_one_row_push_is_a_storage_error_like_any_other_push(
     pg_store: ExecutionStore,
 ) -> None:
-    """The direct insert (executors/sqlalchemy.py ``_insert_direct``) runs the bind
+    """The direct insert (executors/sqlalchemy.py ``_run_direct``) runs the bind
     processors outside its try: a value the column type refuses (here a naive datetime,
     UTCDateTime's ValueError) escapes raw, while the same row pushed with another row, or on
     SQLite, is a StorageError (SQLAlchemy wraps it in a StatementError the executor maps)."""

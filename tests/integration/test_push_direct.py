@@ -1,5 +1,5 @@
 """A single unkeyed push in its own transaction on psycopg skips SQLAlchemy's statement
-machinery (SqlAlchemyExecutor._insert_direct); its row must equal the one SQLAlchemy writes,
+machinery (SqlAlchemyExecutor._run_direct); its row must equal the one SQLAlchemy writes,
 listeners on the engine must still see the INSERT, and a failure must be a StorageError
 that leaves a working engine behind.
 """
@@ -73,13 +73,14 @@ def test_with_nothing_listening_a_one_row_push_goes_direct(
 ) -> None:
     """The speed this path exists for: no listener, no echo -> the driver, not SQLAlchemy."""
     direct: list[object] = []
-    real = SqlAlchemyExecutor._insert_direct
+    real = SqlAlchemyExecutor._run_direct
 
-    def counted(self: SqlAlchemyExecutor, *args: Any) -> None:
-        direct.append(args)
-        real(self, *args)
+    def counted(self: SqlAlchemyExecutor, query: Any) -> Any:
+        if query.bulk:
+            direct.append(query)
+        return real(self, query)
 
-    monkeypatch.setattr(SqlAlchemyExecutor, "_insert_direct", counted)
+    monkeypatch.setattr(SqlAlchemyExecutor, "_run_direct", counted)
     receipt.push({"order_id": 6})
     receipt.push_many([{"order_id": 7}, {"order_id": 8}])  # several rows: through SQLAlchemy
     assert len(direct) == 1
