@@ -28,6 +28,10 @@ MAX_KEEP = 2**31 - 1
 """The most rows a ``keep`` may ask for (the trim's watermark stores it as a 32-bit int)."""
 
 
+MAX_WINDOW = timedelta(seconds=60)
+"""The longest ``outcome_window``: outcomes wait at most this long to be written."""
+
+
 class OutboxConfig(BaseModel):
     """The validated, frozen settings of one :class:`~celery_outbox.Outbox`.
 
@@ -48,6 +52,10 @@ class OutboxConfig(BaseModel):
     - ``drain_timeout`` [30 s]: how long a stopping worker waits for running handlers.
     - ``batch_size`` [500]: rows per batch in sweep and trim.
     - ``dispatch_chunk_size`` [50]: execution ids carried by one Celery message at most.
+    - ``outcome_window`` [50 ms]: how long a worker may hold the outcomes of one message's
+      finished attempts to write them together, in one transaction (one commit for many);
+      0 writes each outcome at once. The trade: a worker killed mid-message also runs again
+      the attempts that finished in the last window (their outcomes were not written).
     - ``cron_catchup`` [5 min]: a cron tick at most this old (30 s at least) still runs, once,
       when beat fires it late (it was down); older missed ticks are skipped and logged.
     - ``table_name`` ["celery_outbox_executions"]: the outbox table.
@@ -67,6 +75,7 @@ class OutboxConfig(BaseModel):
     drain_timeout: timedelta = timedelta(seconds=30)
     batch_size: int = 500
     dispatch_chunk_size: int = 50
+    outcome_window: timedelta = timedelta(milliseconds=50)
     cron_catchup: timedelta = timedelta(minutes=5)
     table_name: str = "celery_outbox_executions"
 
@@ -77,6 +86,13 @@ class OutboxConfig(BaseModel):
             raise ValueError("must be a duration >= 0")
         if value > MAX_DURATION:
             raise ValueError(f"must be a duration <= {MAX_DURATION}")
+        return value
+
+    @field_validator("outcome_window")
+    @classmethod
+    def _window(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) <= value <= MAX_WINDOW:
+            raise ValueError(f"must be a duration in 0..{MAX_WINDOW}")
         return value
 
     @field_validator("lease")

@@ -2,7 +2,8 @@
 
 The runner decides an outcome in Python (no transaction open, user code done), then the store
 writes it in one statement: ``ExecutionStore.finish``
-takes one of :data:`Outcome` and a :class:`Fence` and answers a :class:`Finished`.
+takes one of :data:`Outcome` and a :class:`Fence` and answers a :class:`Finished`;
+``ExecutionStore.finish_many`` writes several (:class:`Write`) in one transaction.
 """
 
 from __future__ import annotations
@@ -86,4 +87,28 @@ class Finished:
     longer the claim's to begin (False), or none was asked (None)."""
 
     hit: bool
+    started: bool | None = None
+
+
+@dataclass(frozen=True)
+class Write:
+    """One attempt's outcome to write with others (``ExecutionStore.finish_many``).
+
+    ``began``: when the attempt began (aware), written to ``started_at`` where the claim left
+    it unset (a row begun while the outcomes before it waited to be written together).
+    ``now``: when the attempt ended (aware): its ``finished_at`` / ``updated_at``.
+    """
+
+    outcome: Outcome
+    fence: Fence
+    began: datetime
+    now: datetime
+
+
+@dataclass(frozen=True)
+class FinishedMany:
+    """The answer of ``finish_many``: per write, in order, whether it hit (see
+    :class:`Finished`); ``started`` as in :class:`Finished`."""
+
+    hits: list[bool]
     started: bool | None = None

@@ -13,10 +13,11 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
@@ -37,7 +38,7 @@ from celery_outbox.errors import (
 from celery_outbox.heartbeat import Heartbeat
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logs import LogCapture
-from celery_outbox.outcomes import Cancelled, Failed, Retrying, Succeeded
+from celery_outbox.outcomes import Cancelled, Failed, Outcome, Retrying, Succeeded, Write
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
 from celery_outbox.store import Claimed, ExecutionStore, Fence
@@ -64,12 +65,23 @@ class RunResult:
 
 
 @dataclass
-class _Outcome:
-    status: Status | None  # None: the write was fenced out (cancelled or rescued)
+class _Decided:
+    """One attempt's end as the runner decided it, to be written (alone or with others)."""
+
+    fence: Fence
+    row: Claimed
+    ctx: JobContext[Any]
+    outcome: Outcome | None
+    """None: nothing to write (cancelled by an admin, rescued or handed back meanwhile)."""
+    status: Status | None
+    """What the row becomes when the write hits (None: nothing written)."""
+    began: datetime
     error: BaseException | None = None
-    started: bool | None = None
-    """The next row of the claim: marked started by this row's write (True), no longer the
-    claim's to begin (False), or not known (None: no next row, or its start failed)."""
+    on_hit: Callable[[], None] | None = None
+    """What follows a write that hit (a retry's dispatch, a cancel's log and signal)."""
+    ended: datetime | None = None
+    """When the outcome was decided (its ``finished_at``); set by :meth:`Runner._isolated`."""
+    at: float = field(default_factory=time.monotonic)
 
 
 class Runner:
@@ -146,36 +158,79 @@ class Runner:
         for fence, ctx in zip(fences, contexts, strict=True):
             self.heartbeat.track(fence, lease, _on_lost(ctx))
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0, "cancelled": 0}
-        reached = -1  # the last row whose handler may have begun
+        window = self.config.outcome_window.total_seconds()
+        held: list[_Decided] = []  # decided, not yet written (oldest first)
+        begun = 0  # rows whose handler may have begun: fences[:begun]
         try:
             # The claim marked the first of ids started; a miss: handed back, rescued or
             # cancelled since, so not ours to begin.
             if (claimed and claimed[0].id != uuids[0]
                     and not self.store.start(fences[0], now)):
                 contexts[0]._interrupt("cancelled")
-            started: bool | None = None  # the previous row's write started this one
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
-                reached = index
-                if started is False:
-                    ctx._interrupt("cancelled")  # no longer ours: cancelled, rescued, handed back
-                # Each outcome write also marks the next row started (see ExecutionStore.claim).
-                following = fences[index + 1] if index + 1 < len(fences) else None
-                outcome = self._isolated(spec, row, ctx, fences[index], following)
-                started = outcome.started
-                key = {
-                    Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
-                    Status.FAILED: "failed", Status.CANCELLED: "cancelled",
-                }.get(outcome.status, "lost") if outcome.status else "lost"
-                counts[key] += 1
+                if index and (window == 0 or (held and time.monotonic() - held[0].at >= window)):
+                    # Write what is held and mark this row started, in one round trip; a miss
+                    # of the start: no longer ours (cancelled, rescued, handed back).
+                    if self._write(spec, held, counts, start=fences[index]) is False:
+                        ctx._interrupt("cancelled")
+                    held = []
+                # Otherwise the row begins unmarked: its outcome write says when it began.
+                begun = index + 1
+                held.append(self._isolated(spec, row, ctx, fences[index]))
+            self._write(spec, held, counts)
+            held = []
         except StorageError:
             # The failed write may have committed and marked the next row started (its
             # answer lost): hand back the rows never begun, or each would count an attempt.
-            self._hand_back_unbegun(spec.name, fences[reached + 1:])
+            # The attempts held unwritten stay running: the rescuer takes them.
+            self._hand_back_unbegun(spec.name, fences[begun:])
             raise
         finally:
             for fence in fences:
                 self.heartbeat.untrack(fence)
+            with self._contexts_lock:
+                for ctx in contexts:
+                    if self._contexts.get(ctx.execution_id) is ctx:  # not a later claim's
+                        del self._contexts[ctx.execution_id]
         return RunResult(claimed=len(claimed), **counts)
+
+    def _write(self, spec: JobSpec, held: Sequence[_Decided], counts: dict[str, int], *,
+               start: Fence | None = None) -> bool | None:
+        """Write the outcomes ``held`` (one statement for one, one transaction for several)
+        and mark ``start`` started in the same round trip; then count each, follow up the
+        writes that hit, send ``job_end`` and let the drain see them done. Whether ``start``
+        still was the claim's (None: no start asked). Raises :class:`StorageError`."""
+        writes = [(d, d.outcome, d.ended or self.clock()) for d in held
+                  if d.outcome is not None]
+        if not writes:
+            hits: list[bool] = []
+            started = self._start(start)
+        elif len(writes) == 1:
+            d, outcome, ended = writes[0]
+            done = self.store.finish(outcome, d.fence, ended, start=start, began=d.began)
+            hits, started = [done.hit], done.started
+        else:
+            many = self.store.finish_many(
+                [Write(outcome, d.fence, d.began, ended) for d, outcome, ended in writes],
+                self.clock(), start=start)
+            hits, started = many.hits, many.started
+        hit = dict(zip((d.fence for d, _, _ in writes), hits, strict=True))
+        for d in held:
+            status = d.status if hit.get(d.fence) else None
+            key = {
+                Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
+                Status.FAILED: "failed", Status.CANCELLED: "cancelled",
+            }.get(status, "lost") if status else "lost"
+            counts[key] += 1
+            if status is not None and d.on_hit is not None:
+                d.on_hit()
+            with self._contexts_lock:  # written: the drain no longer waits for it
+                if self._contexts.get(d.row.id) is d.ctx:
+                    del self._contexts[d.row.id]
+            signals.job_end.send(sender=spec.name, execution_id=d.row.id,
+                                 attempt=d.row.attempt,
+                                 status=(status or Status.CANCELLED).value)
+        return started
 
     def _hand_back_unbegun(self, job_name: str, fences: Sequence[Fence]) -> None:
         """release: running -> pending (the attempt not counted, dispatched now) for the rows
@@ -209,42 +264,35 @@ class Runner:
         )
 
     def _isolated(
-        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        following: Fence | None,
-    ) -> _Outcome:
-        """:meth:`_execute`, so that an error of this row's own (recording its outcome, a
-        bad log record, ...) fails this row, logged, and the message's other rows still run.
-        A database that fails is no row's own: StorageError is raised."""
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence
+    ) -> _Decided:
+        """:meth:`_execute`, so that an error of this row's own (deciding its outcome, a
+        bad log record, ...) fails this row, logged, and the message's other rows still run."""
+        began = self.clock()
         try:
-            return self._execute(spec, row, ctx, fence, following)
-        except StorageError:
-            raise
+            decided = self._execute(spec, row, ctx, fence, began)
         except Exception as exc:
             log.exception("celery_outbox: %s %s: recording the outcome of attempt %d failed; "
                           "failing the execution", spec.name, row.id, row.attempt)
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
-            # Whether the row's own write started the next one is not known here: start it
-            # again with this write (a fenced start that already hit only hits again).
-            failed = self.store.finish(Failed(error, keep=spec.keep_failed_row()), fence,
-                                       self.clock(), start=following)
-            return _Outcome(Status.FAILED if failed.hit else None, exc, failed.started)
+            decided = _Decided(fence, row, ctx, Failed(error, keep=spec.keep_failed_row()),
+                               Status.FAILED, began, exc)
+        decided.ended = self.clock()
+        return decided
 
     def _execute(
-        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        following: Fence | None = None,
-    ) -> _Outcome:
-        """Run one claimed execution and record its outcome; ``following`` is the next row of
-        the same claim, marked started by that outcome write (or on its own, when there is
-        none to write)."""
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, began: datetime
+    ) -> _Decided:
+        """Run one claimed execution and decide its outcome (written by :meth:`_write`). The
+        context stays among :meth:`running` until its outcome is written."""
         with self._contexts_lock:  # one step: a shutdown drain sees it running, or it never runs
             cancelled = ctx.cancelled.is_set()
             if not cancelled:
                 self._contexts[row.id] = ctx
         if cancelled:
-            return _Outcome(None, started=self._start(following))
+            return _Decided(fence, row, ctx, None, None, began)
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
-        started = self.clock()
         signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                max_attempts=row.max_attempts)
         try:
@@ -254,28 +302,16 @@ class Runner:
                 spec.handler(ctx)
         except BaseException as exc:
             if not isinstance(exc, Exception):
+                with self._contexts_lock:
+                    if self._contexts.get(row.id) is ctx:
+                        del self._contexts[row.id]
                 raise
             if _cancelled_by_handler(ctx):
-                outcome = self._on_cancel(spec, row, ctx, fence, exc, capture.entries(),
-                                          following)
-            else:
-                outcome = self._on_error(spec, row, ctx, fence, exc, capture.entries(),
-                                         following)
-        else:
-            if _cancelled_by_handler(ctx):
-                outcome = self._on_cancel(spec, row, ctx, fence, None, capture.entries(),
-                                          following)
-            else:
-                outcome = self._on_success(spec, row, fence, started, capture.entries(),
-                                           following)
-        finally:
-            with self._contexts_lock:
-                if self._contexts.get(row.id) is ctx:  # not a later claim's, in this process
-                    del self._contexts[row.id]
-        status = outcome.status.value if outcome.status else Status.CANCELLED.value
-        signals.job_end.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
-                             status=status)
-        return outcome
+                return self._on_cancel(spec, row, ctx, fence, exc, capture.entries(), began)
+            return self._on_error(spec, row, ctx, fence, exc, capture.entries(), began)
+        if _cancelled_by_handler(ctx):
+            return self._on_cancel(spec, row, ctx, fence, None, capture.entries(), began)
+        return self._on_success(spec, row, ctx, fence, began, capture.entries())
 
     def _payload(self, spec: JobSpec, row: Claimed) -> Any:
         assert spec.schema is not None
@@ -293,44 +329,44 @@ class Runner:
         return self.store.start(following, self.clock())
 
     def _on_success(
-        self, spec: JobSpec, row: Claimed, fence: Fence, started: datetime,
-        logs: list[dict[str, Any]], following: Fence | None = None,
-    ) -> _Outcome:
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, began: datetime,
+        logs: list[dict[str, Any]],
+    ) -> _Decided:
         now = self.clock()
         signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
-                                 duration=now - started)
+                                 duration=now - began)
         keep = spec.keep_succeeded_row(self.config)
-        done = self.store.finish(Succeeded(keep, logs), fence, now, start=following)
-        return _Outcome(Status.SUCCEEDED if done.hit else None, started=done.started)
+        return _Decided(fence, row, ctx, Succeeded(keep, logs), Status.SUCCEEDED, began)
 
     def _on_cancel(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        exc: Exception | None, logs: list[dict[str, Any]], following: Fence | None,
-    ) -> _Outcome:
+        exc: Exception | None, logs: list[dict[str, Any]], began: datetime,
+    ) -> _Decided:
         """The handler called ``ctx.cancel(reason)``, then returned or raised: running ->
-        cancelled (``cancelled_by = "handler"``, ``cancelled_by_name = reason``)."""
+        cancelled (``cancelled_by = "handler"``, ``cancelled_by_name = reason``); when the
+        write misses, an admin cancelled it first, or it was rescued."""
         reason = ctx.cancel_reason
         error = exc if exc is not None else ExecutionCancelled(row.id, reason)
         signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                exception=error, will_retry=False)
-        done = self.store.finish(Cancelled(HANDLER, reason, logs), fence, self.clock(),
-                                 start=following)
-        if not done.hit:
-            return _Outcome(None, error, done.started)  # cancelled by an admin first, or rescued
-        log.info("celery_outbox: %s %s cancelled by its handler on attempt %d: %s", spec.name,
-                 row.id, row.attempt, reason)
-        signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
-        return _Outcome(Status.CANCELLED, error, done.started)
+
+        def cancelled() -> None:
+            log.info("celery_outbox: %s %s cancelled by its handler on attempt %d: %s",
+                     spec.name, row.id, row.attempt, reason)
+            signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
+
+        return _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), Status.CANCELLED,
+                        began, error, cancelled)
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
-        logs: list[dict[str, Any]], following: Fence | None = None,
-    ) -> _Outcome:
+        logs: list[dict[str, Any]], began: datetime,
+    ) -> _Decided:
         if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
             signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    exception=exc, will_retry=False)
-            return _Outcome(None, exc, self._start(following))
+            return _Decided(fence, row, ctx, None, None, began, exc)
         now = self.clock()
         error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
         delay, refused = self._retry_delay(spec, row, exc)
@@ -343,23 +379,21 @@ class Runner:
             # worker's log sees it; a failed attempt that will retry stays at INFO.
             log.error("celery_outbox: %s %s failed on attempt %d/%d; no retry: %s",
                       spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0])
-            done = self.store.finish(Failed(error, logs, keep=spec.keep_failed_row()), fence,
-                                     now, start=following)
-            return _Outcome(Status.FAILED if done.hit else None, exc, done.started)
+            return _Decided(fence, row, ctx, Failed(error, logs, keep=spec.keep_failed_row()),
+                            Status.FAILED, began, exc)
         run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
                  row.id, row.attempt, row.max_attempts, delay.total_seconds(),
                  error.splitlines()[0])
-        done = self.store.finish(Retrying(run_at, error, logs, dispatched=soon), fence, now,
-                                 start=following)
-        if not done.hit:
-            return _Outcome(None, exc, done.started)
-        if soon:
+
+        def dispatch() -> None:
             self.dispatcher().dispatch(
                 [DispatchItem(row.id, spec.name, row.priority, run_at if delay else None)]
             )
-        return _Outcome(Status.SCHEDULED, exc, done.started)
+
+        return _Decided(fence, row, ctx, Retrying(run_at, error, logs, dispatched=soon),
+                        Status.SCHEDULED, began, exc, dispatch if soon else None)
 
     def _retry_delay(
         self, spec: JobSpec, row: Claimed, exc: Exception

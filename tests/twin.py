@@ -28,7 +28,17 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from celery_outbox.errors import StorageError
 from celery_outbox.models import build_tables
-from celery_outbox.outcomes import Cancelled, Failed, Fence, Finished, Outcome, Retrying, Succeeded
+from celery_outbox.outcomes import (
+    Cancelled,
+    Failed,
+    Fence,
+    Finished,
+    FinishedMany,
+    Outcome,
+    Retrying,
+    Succeeded,
+    Write,
+)
 from celery_outbox.queries.clauses import who
 from celery_outbox.states import ACTIVE, Status
 from celery_outbox.store import (
@@ -48,8 +58,8 @@ COLUMNS = tuple(c.name for c in build_tables(MetaData()).executions.c)
 """The columns of the executions table, in its order: every row of the twin has them all."""
 
 WRITES = frozenset({
-    "insert", "claim", "start", "finish", "heartbeat", "release", "stage", "redispatch",
-    "rescue", "rescue_write", "trim", "advance_tick", "cancel",
+    "insert", "claim", "start", "finish", "finish_many", "heartbeat", "release", "stage",
+    "redispatch", "rescue", "rescue_write", "trim", "advance_tick", "cancel",
 })
 """The names :meth:`MemoryStore.fail_next` takes (``rescue``: the rescue's read)."""
 
@@ -256,14 +266,33 @@ class MemoryStore:
         return row is not None
 
     def finish(self, outcome: Outcome, fence: Fence, now: datetime, *,
-               start: Fence | None = None) -> Finished:
+               start: Fence | None = None, began: datetime | None = None) -> Finished:
         """running -> the outcome's status (or deleted), fenced; with ``start``, that row is
         marked started in the same call (``Finished.started``)."""
         with self._op("finish"):
             row = self._held(fence)
             if row is not None:
-                self._write(row, _outcome_values(outcome, now))
+                values = _outcome_values(outcome, now)
+                if values is not None and row.get("started_at") is None:
+                    values["started_at"] = began or now  # the outcome statements' coalesce
+                self._write(row, values)
             return Finished(row is not None, None if start is None else self._start(start, now))
+
+    def finish_many(self, writes: Sequence[Write], now: datetime, *,
+                    start: Fence | None = None) -> FinishedMany:
+        """finish for each write, all or none; a write's ``began`` fills an unset
+        ``started_at``."""
+        with self._op("finish_many"):
+            hits: list[bool] = []
+            for w in writes:
+                row = self._held(w.fence)
+                if row is not None:
+                    values = _outcome_values(w.outcome, w.now)
+                    if values is not None and row.get("started_at") is None:
+                        values["started_at"] = w.began
+                    self._write(row, values)
+                hits.append(row is not None)
+            return FinishedMany(hits, None if start is None else self._start(start, now))
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
                   lease_until: datetime) -> set[UUID]:

@@ -9,7 +9,7 @@ async and Django ones beside it) implements them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
@@ -64,6 +64,11 @@ class Executor(Protocol):
 
     def run(self, query: Query[R]) -> R:
         """Run ``query`` alone, committing on its own (one whole transition)."""
+        ...
+
+    def run_all(self, queries: Sequence[Query[Any]]) -> list[Any]:
+        """Run ``queries`` in order in one transaction of their own (all or none); their
+        results, in order."""
         ...
 
     def transaction(self) -> AbstractContextManager[Transaction]:

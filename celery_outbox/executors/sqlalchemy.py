@@ -183,15 +183,36 @@ class SqlAlchemyExecutor:
                                                                      self.engine.dialect)
         return found
 
+    def run_all(self, queries: Sequence[Query[Any]]) -> list[Any]:
+        """Run ``queries`` in order in one transaction of their own (all or none); their
+        results. Prepared queries on psycopg go straight on the driver, pipelined: one round
+        trip and one commit for all."""
+        if all(q.prepared for q in queries) and self._direct_ok():
+            started = time.perf_counter()
+            results = self._on_driver(queries, pipelined=True)
+            if self.observers:
+                for query in queries:
+                    self._observed(query, started)
+            return results
+        with self.transaction() as tx:
+            return [tx.run(query) for query in queries]
+
     def _run_direct(self, query: Query[R]) -> R:
         """``query`` by one statement on the pooled psycopg connection itself, in autocommit.
 
         One round trip and none of SQLAlchemy's per-statement work (checkout events, the
         compiled cache lookup, the result's metadata), which cost about as much as that
         round trip (bench/README.md). Values and results go through SQLAlchemy's type
-        processors, so the rows are the ones SQLAlchemy would read and write. A driver error
-        discards the connection (it is not pooled again) and becomes :class:`StorageError`.
+        processors, so the rows are the ones SQLAlchemy would read and write.
         """
+        result: R = self._on_driver([query], pipelined=False)[0]
+        return result
+
+    def _bound(self, query: Query[Any]) -> tuple[str, dict[str, Any], Shape,
+                                                  Sequence[tuple[str, Any]]]:
+        """The SQL of ``query`` for the driver, its converted parameters, its shape and its
+        result columns (name, result processor). A value its column type refuses is a
+        :class:`StorageError`, as SQLAlchemy's would be."""
         try:
             if query.bulk:
                 assert isinstance(query.params, list)
@@ -200,17 +221,19 @@ class SqlAlchemyExecutor:
                 params = {name: value if process is None else process(value)
                           for (name, value), process in zip(values.items(), processors,
                                                             strict=True)}
-                shape = Shape.NONE
-                columns: Sequence[tuple[str, Any]] = ()
-            else:
-                statement = self._statement(query.statement)
-                sql, params = statement.sql, statement.params(query.params)
-                shape, columns = query.shape, statement.columns
-        except StorageError:
-            raise
-        except Exception as exc:  # a value its column type refuses, as SQLAlchemy would
+                return sql, params, Shape.NONE, ()
+            statement = self._statement(query.statement)
+            return statement.sql, statement.params(query.params), query.shape, \
+                statement.columns
+        except Exception as exc:
             raise StorageError(f"{query.name} failed: a value its column refuses: {exc}") \
                 from exc
+
+    def _on_driver(self, queries: Sequence[Query[Any]], *, pipelined: bool) -> list[Any]:
+        """Run ``queries`` on a pooled psycopg connection itself: one alone in autocommit, or
+        several pipelined in one transaction. A driver error discards the connection (it is
+        not pooled again) and becomes :class:`StorageError`."""
+        bound = [self._bound(query) for query in queries]
         driver_error = self.engine.dialect.loaded_dbapi.Error
         try:
             raw = self.engine.raw_connection()  # the pool raises the driver's own errors
@@ -219,26 +242,25 @@ class SqlAlchemyExecutor:
         try:
             driver = raw.driver_connection
             assert driver is not None
-            driver.autocommit = True
-            try:
-                cursor = driver.execute(sql, params)
-                if shape is Shape.ROWS:
-                    raw_result: Any = [
-                        {name: value if process is None else process(value)
-                         for (name, process), value in zip(columns, row, strict=True)}
-                        for row in cursor.fetchall()]
-                elif shape is Shape.ROWCOUNT:
-                    raw_result = cursor.rowcount
-                else:
-                    raw_result = None
-            finally:
-                driver.autocommit = False
+            if pipelined:
+                with driver.pipeline(), driver.transaction():
+                    cursors = [driver.execute(sql, params) for sql, params, _, _ in bound]
+            else:
+                driver.autocommit = True
+                try:
+                    cursors = [driver.execute(sql, params) for sql, params, _, _ in bound]
+                finally:
+                    driver.autocommit = False
+            raw_results = [_fetched(cursor, shape, columns)
+                           for cursor, (_, _, shape, columns) in zip(cursors, bound,
+                                                                      strict=True)]
         except driver_error as exc:
             raw.invalidate()
             raise StorageError(f"database error on {self.where()}: {exc}") from exc
         finally:
             raw.close()
-        return query.mapper(raw_result)
+        return [query.mapper(result) for query, result in zip(queries, raw_results,
+                                                               strict=True)]
 
     def _copy(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
         """Insert ``rows`` (same columns) with one ``COPY ... FROM STDIN`` on ``conn``
@@ -285,6 +307,17 @@ class _Statement:
             if name in values:
                 values[name] = process(values[name])
         return values
+
+
+def _fetched(cursor: Any, shape: Shape, columns: Sequence[tuple[str, Any]]) -> Any:
+    """What a mapper of ``shape`` takes from a psycopg ``cursor`` (see :func:`shaped`)."""
+    if shape is Shape.ROWS:
+        return [{name: value if process is None else process(value)
+                 for (name, process), value in zip(columns, row, strict=True)}
+                for row in cursor.fetchall()]
+    if shape is Shape.ROWCOUNT:
+        return cursor.rowcount
+    return None
 
 
 def shaped(query: Query[Any], result: Any) -> Any:

@@ -10,7 +10,15 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from celery_outbox.outcomes import Failed, Finished, Outcome, Retrying, Succeeded
+from celery_outbox.outcomes import (
+    Failed,
+    Finished,
+    FinishedMany,
+    Outcome,
+    Retrying,
+    Succeeded,
+    Write,
+)
 from celery_outbox.queries.worker import (
     claim_rows,
     extend_leases,
@@ -79,7 +87,8 @@ class WorkerStore(StoreBase):
         return self._hit(self.executor.run(start_fenced(self.t, fence, now)), "start", fence.id)
 
     def finish(
-        self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None
+        self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None,
+        began: datetime | None = None,
     ) -> Finished:
         """finish: running -> succeeded (``Succeeded(keep=True)``), scheduled at ``run_at``
         (``Retrying``), failed (``Failed(keep=True)``) or cancelled by the attempt itself
@@ -91,21 +100,38 @@ class WorkerStore(StoreBase):
         ``hit=False``. ``start``: the fence of the next execution of the same claim, marked
         started in the same round trip (:meth:`start`; one statement on PostgreSQL, a second
         one in the same transaction on SQLite); ``started`` answers whether it still was the
-        claim's. ``now`` is an aware datetime.
+        claim's. ``began``: when the attempt began, written to ``started_at`` where it is
+        unset (None: ``now``). ``now`` is an aware datetime.
         """
         t = self.t
         if start is None:
-            hits = self.executor.run(finish_fenced(t, outcome, fence, now))  # one statement
+            hits = self.executor.run(finish_fenced(t, outcome, fence, now, began))
             started: bool | None = None
         elif self.dialect == "postgresql":
-            both = self.executor.run(finish_and_start(t, outcome, fence, now, start))
-            hits, began = both if both is not None else (0, 0)
-            started = began == 1
+            both = self.executor.run(finish_and_start(t, outcome, fence, now, start, began))
+            hits, marked = both if both is not None else (0, 0)
+            started = marked == 1
         else:
             with self.transaction() as tx:
-                hits = tx.run(finish_fenced(t, outcome, fence, now))
+                hits = tx.run(finish_fenced(t, outcome, fence, now, began))
                 started = tx.run(start_fenced(t, start, now)) == 1
         return Finished(self._hit(hits, _transition(outcome), fence.id), started)
+
+    def finish_many(
+        self, writes: Sequence[Write], now: datetime, *, start: Fence | None = None
+    ) -> FinishedMany:
+        """:meth:`finish` for each of ``writes``, in one transaction (all or none: one round
+        trip and one commit on PostgreSQL), each fenced on its own; ``start`` as for
+        :meth:`finish`. A write's ``began`` becomes its row's ``started_at`` where that is
+        unset. ``now`` is an aware datetime."""
+        t = self.t
+        queries: list[Any] = [finish_fenced(t, w.outcome, w.fence, now, w.began) for w in writes]
+        if start is not None:
+            queries.append(start_fenced(t, start, now))
+        results = self.executor.run_all(queries)
+        hits = [self._hit(n, _transition(w.outcome), w.fence.id)
+                for n, w in zip(results, writes, strict=False)]
+        return FinishedMany(hits, None if start is None else results[-1] == 1)
 
     def heartbeat(
         self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime

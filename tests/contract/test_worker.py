@@ -17,9 +17,11 @@ from celery_outbox.outcomes import (
     Failed,
     Fence,
     Finished,
+    FinishedMany,
     Outcome,
     Retrying,
     Succeeded,
+    Write,
 )
 from celery_outbox.states import Status
 from celery_outbox.store import ExecutionStore, NewExecution
@@ -257,6 +259,66 @@ def test_finish_that_misses_still_starts_the_next_row(store: ExecutionStore) -> 
     assert answer == Finished(hit=False, started=True)
     assert_row(store, following.id, whole=True,
                **claimed(following, started_at=LATER, updated_at=LATER))
+
+
+# -- finish_many: outcomes written together ---------------------------------------------------
+
+BEGAN = T0 + timedelta(seconds=2)
+
+
+def test_finish_many_writes_every_outcome_each_fenced_in_one_call(store: ExecutionStore) -> None:
+    """Every kind of outcome in one call, one of them fenced out; the rows begun unmarked get
+    ``began`` as ``started_at``, the row the claim started keeps its own."""
+    names = list(OUTCOMES)
+    rows = [add(store) for _ in names]
+    lost, following = add(store), add(store)
+    ids = [r.id for r in rows] + [lost.id, following.id]
+    store.claim(ids, JOB, "w1", T0, T0 + LEASE)
+    assert store.cancel(lost.id, T0, by=None, by_name=None) == JOB
+    writes = [Write(OUTCOMES[name][0], Fence(r.id, "w1", 1), BEGAN, LATER)
+              for name, r in zip(names, rows, strict=True)]
+    writes.append(Write(Succeeded(keep=True), Fence(lost.id, "w1", 1), BEGAN, LATER))
+    answer = store.finish_many(writes, LATER, start=Fence(following.id, "w1", 1))
+    assert answer == FinishedMany([True] * len(names) + [False], started=True)
+    for index, (name, r) in enumerate(zip(names, rows, strict=True)):
+        changes = OUTCOMES[name][1]
+        if changes is None:
+            assert_gone(store, r.id)
+        else:
+            started = T0 if index == 0 else BEGAN  # the claim started the first row
+            assert_row(store, r.id, whole=True, **claimed(r, **{"started_at": started,
+                                                              **changes}))
+    assert_row(store, following.id, whole=True,
+               **claimed(following, started_at=LATER, updated_at=LATER))
+
+
+def test_finish_many_without_start_and_with_a_start_that_misses(store: ExecutionStore) -> None:
+    row, following = add(store), add(store)
+    store.claim([row.id, following.id], JOB, "w1", T0, T0 + LEASE)
+    write = Write(Succeeded(keep=False), Fence(row.id, "w1", 1), BEGAN, LATER)
+    assert store.cancel(following.id, T0, by=None, by_name=None) == JOB
+    before = store.get(following.id)
+    assert before is not None
+    assert store.finish_many([write], LATER, start=Fence(following.id, "w1", 1)) == \
+        FinishedMany([True], started=False)
+    assert_gone(store, row.id)
+    assert_unchanged(store, before)
+    assert store.finish_many([write], LATER) == FinishedMany([False], started=None)
+
+
+def test_finish_writes_began_where_the_claim_left_started_at_unset(
+    store: ExecutionStore,
+) -> None:
+    row, later = add(store), add(store)
+    store.claim([row.id, later.id], JOB, "w1", T0, T0 + LEASE)
+    assert store.finish(Succeeded(keep=True), Fence(later.id, "w1", 1), LATER,
+                        began=BEGAN) == Finished(hit=True)
+    assert_row(store, later.id, whole=True, **claimed(
+        later, started_at=BEGAN, status="succeeded", finished_at=LATER, updated_at=LATER,
+        lease_expires_at=None))
+    assert store.finish(Succeeded(keep=True), Fence(row.id, "w1", 1), LATER,
+                        began=BEGAN) == Finished(hit=True)
+    assert store.get(row.id)["started_at"] == T0  # type: ignore[index]  # the claim's stays
 
 
 def test_a_retried_row_is_claimed_again_when_due(store: ExecutionStore) -> None:

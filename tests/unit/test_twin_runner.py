@@ -1,6 +1,7 @@
-"""The runner on the in-memory store: one claim for several ids, each outcome written with
-the next row's start, the rows a failing database leaves never begun handed back, and the
-writes of a claim that is no longer this run's (cancelled, rescued) missing."""
+"""The runner on the in-memory store, each outcome written at once (``outcome_window=0``):
+one claim for several ids, each outcome written with the next row's start, the rows a failing
+database leaves never begun handed back, and the writes of a claim that is no longer this
+run's (cancelled, rescued) missing. The outcomes written together: test_twin_runner_window."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def registry() -> JobRegistry:
 
 @pytest.fixture
 def runner(store: MemoryStore, registry: JobRegistry, recording: Recording) -> Iterator[Runner]:
-    runner = Runner(store, registry, OutboxConfig(), lambda: recording, clock=lambda: T0)
+    runner = Runner(store, registry, OutboxConfig(outcome_window=timedelta(0)),
+                    lambda: recording, clock=lambda: T0)
     yield runner
     runner.heartbeat.stop()
 
