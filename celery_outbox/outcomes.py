@@ -92,16 +92,11 @@ class Finished:
 
 @dataclass(frozen=True)
 class Write:
-    """One attempt's outcome to write with others (``ExecutionStore.finish_many``).
-
-    ``began``: when the attempt began (aware), written to ``started_at`` where the claim left
-    it unset (a row begun while the outcomes before it waited to be written together).
-    ``now``: when the attempt ended (aware): its ``finished_at`` / ``updated_at``.
-    """
+    """One attempt's outcome to write with others (``ExecutionStore.finish_many``);
+    ``now``: when the attempt ended (aware), its ``finished_at`` / ``updated_at``."""
 
     outcome: Outcome
     fence: Fence
-    began: datetime
     now: datetime
 
 

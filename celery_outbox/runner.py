@@ -135,7 +135,7 @@ class Runner:
         so is an id that is no UUID (the others run). Never raises for a handler's error;
         raises :class:`StorageError` when the claim fails.
         """
-        uuids = _parse_ids(job_name, ids)
+        uuids = list(dict.fromkeys(_parse_ids(job_name, ids)))  # an id carried twice: once
         try:
             spec = self.registry.get(job_name) if isinstance(job_name, str) else None
         except JobNotRegistered:
@@ -168,13 +168,17 @@ class Runner:
                     and not self.store.start(fences[0], now)):
                 contexts[0]._interrupt("cancelled")
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
-                if index and (window == 0 or (held and time.monotonic() - held[0].at >= window)):
-                    # Write what is held and mark this row started, in one round trip; a miss
-                    # of the start: no longer ours (cancelled, rescued, handed back).
-                    if self._write(spec, held, counts, start=fences[index]) is False:
+                if index:
+                    # Mark this row started before it begins; a miss: no longer ours
+                    # (cancelled, rescued, handed back). With the outcomes held past the
+                    # window, in the same round trip as their write.
+                    if window == 0 or time.monotonic() - held[0].at >= window:
+                        started = self._write(spec, held, counts, start=fences[index])
+                        held = []
+                    else:
+                        started = self.store.start(fences[index], self.clock(), flushed=False)
+                    if started is False:
                         ctx._interrupt("cancelled")
-                    held = []
-                # Otherwise the row begins unmarked: its outcome write says when it began.
                 begun = index + 1
                 held.append(self._isolated(spec, row, ctx, fences[index]))
             self._write(spec, held, counts)
@@ -207,11 +211,11 @@ class Runner:
             started = self._start(start)
         elif len(writes) == 1:
             d, outcome, ended = writes[0]
-            done = self.store.finish(outcome, d.fence, ended, start=start, began=d.began)
+            done = self.store.finish(outcome, d.fence, ended, start=start)
             hits, started = [done.hit], done.started
         else:
             many = self.store.finish_many(
-                [Write(outcome, d.fence, d.began, ended) for d, outcome, ended in writes],
+                [Write(outcome, d.fence, ended) for d, outcome, ended in writes],
                 self.clock(), start=start)
             hits, started = many.hits, many.started
         hit = dict(zip((d.fence for d, _, _ in writes), hits, strict=True))

@@ -254,8 +254,9 @@ class MemoryStore:
                 got[i] = _pick(Claimed, row)
             return [got[i] for i in ids if i in got]
 
-    def start(self, fence: Fence, now: datetime) -> bool:
-        """start: running -> running, started_at = now; fenced; a miss returns False."""
+    def start(self, fence: Fence, now: datetime, *, flushed: bool = True) -> bool:
+        """start: running -> running, started_at = now; fenced; a miss returns False
+        (``flushed``: no WAL here)."""
         with self._op("start"):
             return self._start(fence, now)
 
@@ -266,31 +267,24 @@ class MemoryStore:
         return row is not None
 
     def finish(self, outcome: Outcome, fence: Fence, now: datetime, *,
-               start: Fence | None = None, began: datetime | None = None) -> Finished:
+               start: Fence | None = None) -> Finished:
         """running -> the outcome's status (or deleted), fenced; with ``start``, that row is
         marked started in the same call (``Finished.started``)."""
         with self._op("finish"):
             row = self._held(fence)
             if row is not None:
-                values = _outcome_values(outcome, now)
-                if values is not None and row.get("started_at") is None:
-                    values["started_at"] = began or now  # the outcome statements' coalesce
-                self._write(row, values)
+                self._write(row, _outcome_values(outcome, now))
             return Finished(row is not None, None if start is None else self._start(start, now))
 
     def finish_many(self, writes: Sequence[Write], now: datetime, *,
                     start: Fence | None = None) -> FinishedMany:
-        """finish for each write, all or none; a write's ``began`` fills an unset
-        ``started_at``."""
+        """finish for each write, all or none."""
         with self._op("finish_many"):
             hits: list[bool] = []
             for w in writes:
                 row = self._held(w.fence)
                 if row is not None:
-                    values = _outcome_values(w.outcome, w.now)
-                    if values is not None and row.get("started_at") is None:
-                        values["started_at"] = w.began
-                    self._write(row, values)
+                    self._write(row, _outcome_values(w.outcome, w.now))
                 hits.append(row is not None)
             return FinishedMany(hits, None if start is None else self._start(start, now))
 

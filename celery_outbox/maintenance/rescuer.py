@@ -8,12 +8,10 @@ attempt as failed with :class:`~celery_outbox.errors.LeaseExpired`. Per the job'
 the row with ``"lease expired"`` in ``last_error``. Each write is fenced by ``claimed_by`` and
 ``attempt``: should the old worker come back, its writes miss and change nothing.
 
-A row its worker claimed with others in one message and not marked started (``started_at``
-unset) is handed back instead: pending again, the attempt not counted, dispatched at once in a
-message of its own. The runner marks a row started as it begins it, except while the outcomes
-of the rows before it wait to be written together (``outcome_window``): such a row may have
-run. Alone in its next message it is the first of its claim, marked started by the claim, so a
-handler that kills its worker spends its attempts and cannot loop for ever.
+A row its worker claimed with others in one message but never began (``started_at`` unset:
+the runner marks each row started as it reaches it) is handed back instead: pending again,
+dispatched at once, the attempt not counted, so a worker killed mid-message fails or retries
+only the execution it was running.
 
 Example::
 
@@ -104,8 +102,7 @@ class Rescuer:
                                       decide=lambda row: self.decide(row, now))
             due = [
                 Due(row.id, row.job_name, row.priority,
-                    verdict.run_at if verdict.run_at and verdict.run_at > now else None,
-                    alone=verdict.release)
+                    verdict.run_at if verdict.run_at and verdict.run_at > now else None)
                 for row, verdict in batch
                 if verdict.release or (verdict.run_at is not None and verdict.dispatched)
             ]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 from celery_outbox.config import MAX_DURATION
-from celery_outbox.dispatch import Dispatcher, DispatchItem, TimeLimits
+from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import ConfigurationError
 from celery_outbox.store import Due
 
@@ -59,8 +59,7 @@ def dispatch(dispatcher: Dispatcher, rows: Sequence[Due]) -> None:
     logged, and the rows, committed with ``dispatched_at`` set, are dispatched again by a
     later sweep after ``stale_after``."""
     try:
-        dispatcher.dispatch([DispatchItem(r.id, r.job_name, r.priority, r.eta,
-                                          TimeLimits() if r.alone else None) for r in rows])
+        dispatcher.dispatch([DispatchItem(r.id, r.job_name, r.priority, r.eta) for r in rows])
     except Exception:
         log.exception("celery_outbox: dispatching %d execution(s) failed; a later sweep "
                       "dispatches them again", len(rows))

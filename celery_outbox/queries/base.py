@@ -96,9 +96,10 @@ def _same(rows: Any) -> list[Row]:
     return list(rows)
 
 
-def execute(name: str, statement: Any, params: Any = None, *, bulk: bool = False) -> Query[None]:
-    """A query whose result is not read."""
-    return Query(name, statement, Shape.NONE, _none, params, bulk)
+def execute(name: str, statement: Any, params: Any = None, *, bulk: bool = False,
+            prepared: bool = False) -> Query[None]:
+    """A query whose result is not read (``bulk``, ``prepared``: see :class:`Query`)."""
+    return Query(name, statement, Shape.NONE, _none, params, bulk, prepared)
 
 
 def rowcount(name: str, statement: Any, params: Any = None, *,

@@ -24,17 +24,13 @@ class Due:
     """A row the sweep just staged, redispatched or rescued into a retry: dispatch it now.
 
     ``priority`` is 0 (critical) .. 3 (low); ``eta`` is the retry's run time when a rescue
-    scheduled it later than the sweep's ``now`` (an aware datetime), else None. ``alone``: in
-    a message of its own (a row handed back from a dead worker's claim, which may have begun
-    unmarked: as the first of its next claim, its next attempt is marked started, so a handler
-    that kills its worker spends its attempts).
+    scheduled it later than the sweep's ``now`` (an aware datetime), else None.
     """
 
     id: UUID
     job_name: str
     priority: int
     eta: datetime | None = None
-    alone: bool = False
 
 
 @dataclass(frozen=True)

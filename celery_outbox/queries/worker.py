@@ -14,10 +14,23 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import ARRAY, Table, and_, any_, bindparam, case, delete, func, or_, select, update
+from sqlalchemy import (
+    ARRAY,
+    Table,
+    and_,
+    any_,
+    bindparam,
+    case,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
-from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
+from celery_outbox.queries.base import Query, Row, execute, first, named, rowcount, rows
 from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, who
 from celery_outbox.states import Status
 
@@ -78,6 +91,17 @@ def _start_params(fence: Fence, now: datetime) -> dict[str, Any]:
     return {**fence_params(fence, "start"), "start_now": now}
 
 
+@named("this transaction commits without waiting for its WAL flush (PostgreSQL)")
+def commit_unflushed(t: Table) -> Query[None]:
+    """``SET LOCAL synchronous_commit TO OFF``: the transaction's changes are visible to
+    every other one at its commit, as always; only a crash of the database server in the
+    next few hundred milliseconds can lose them."""
+    return execute("commit_unflushed", _UNFLUSHED, prepared=True)
+
+
+_UNFLUSHED = text("SET LOCAL synchronous_commit TO OFF")
+
+
 @named("start: running -> running, started_at = now (a later row of a claim), fenced")
 def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
     """Answers the number of rows marked started (1, or 0 on a fence miss)."""
@@ -104,9 +128,6 @@ def _outcome_statement(t: Table, kind: str) -> Any:
         return delete(t).where(where)
     now = bindparam("o_now", type_=t.c.updated_at.type)
     logs = bindparam("o_logs", type_=t.c.logs.type)
-    # A row begun while earlier outcomes of its claim waited (ExecutionStore.finish_many)
-    # was not marked started: its outcome write says when it began.
-    began = func.coalesce(t.c.started_at, bindparam("o_began", type_=t.c.started_at.type))
     if kind == "succeed":
         values: dict[str, Any] = {"status": Status.SUCCEEDED.value, "finished_at": now,
                                   "lease_expires_at": None}
@@ -124,16 +145,14 @@ def _outcome_statement(t: Table, kind: str) -> Any:
                   "lease_expires_at": None,
                   "cancelled_by": bindparam("o_by", type_=t.c.cancelled_by.type),
                   "cancelled_by_name": bindparam("o_by_name", type_=t.c.cancelled_by_name.type)}
-    return update(t).where(where).values(updated_at=now, logs=logs, started_at=began,
-                                         **values)
+    return update(t).where(where).values(updated_at=now, logs=logs, **values)
 
 
-def _outcome_params(outcome: Outcome, fence: Fence, now: datetime,
-                    began: datetime | None = None) -> dict[str, Any]:
+def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, Any]:
     params = fence_params(fence, "fence")
     if isinstance(outcome, (Succeeded, Failed)) and not outcome.keep:
         return params
-    params.update(o_now=now, o_logs=outcome.logs, o_began=now if began is None else began)
+    params.update(o_now=now, o_logs=outcome.logs)
     if isinstance(outcome, Retrying):
         params.update(o_run_at=outcome.run_at, o_error=outcome.error,
                       o_dispatched_at=now if outcome.dispatched else None)
@@ -146,12 +165,10 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime,
 
 @named("an attempt's outcome: running -> succeeded, scheduled, failed or cancelled, or the "
        "row deleted; fenced")
-def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime,
-                  began: datetime | None = None) -> Query[int]:
-    """Answers the number of rows written (1, or 0 on a fence miss). ``began``: written to
-    ``started_at`` where it is unset (None: ``now``)."""
+def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime) -> Query[int]:
+    """Answers the number of rows written (1, or 0 on a fence miss)."""
     return rowcount("finish_fenced", _outcome_statement(t, _kind(outcome)),
-                    _outcome_params(outcome, fence, now, began), prepared=True)
+                    _outcome_params(outcome, fence, now), prepared=True)
 
 
 @cache
@@ -171,12 +188,11 @@ def _both(row: Row) -> tuple[int, int]:
 @named("an attempt's outcome and the start of its claim's next row, in one statement "
        "(PostgreSQL); fenced")
 def finish_and_start(
-    t: Table, outcome: Outcome, fence: Fence, now: datetime, start: Fence,
-    began: datetime | None = None,
+    t: Table, outcome: Outcome, fence: Fence, now: datetime, start: Fence
 ) -> Query[tuple[int, int] | None]:
     """Answers ``(written, started)``: each 1, or 0 on its fence's miss."""
     return first("finish_and_start", _outcome_and_start_statement(t, _kind(outcome)), _both,
-                 {**_outcome_params(outcome, fence, now, began), **_start_params(start, now)},
+                 {**_outcome_params(outcome, fence, now), **_start_params(start, now)},
                  prepared=True)
 
 

@@ -21,6 +21,7 @@ from celery_outbox.outcomes import (
 )
 from celery_outbox.queries.worker import (
     claim_rows,
+    commit_unflushed,
     extend_leases,
     finish_and_start,
     finish_fenced,
@@ -77,18 +78,25 @@ class WorkerStore(StoreBase):
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
 
-    def start(self, fence: Fence, now: datetime) -> bool:
+    def start(self, fence: Fence, now: datetime, *, flushed: bool = True) -> bool:
         """start: running -> running, ``started_at = now``: the runner begins this execution,
         claimed with others in one message (:meth:`claim` marks only the first started).
 
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss (the row
         was cancelled, rescued or handed back meanwhile) returns False. ``now`` is aware.
+        ``flushed=False``: on PostgreSQL the commit does not wait for the WAL flush (the mark
+        is visible to every other transaction at once; a crash of the database server soon
+        after can lose it, and the row then looks never begun).
         """
-        return self._hit(self.executor.run(start_fenced(self.t, fence, now)), "start", fence.id)
+        query = start_fenced(self.t, fence, now)
+        if flushed or self.dialect != "postgresql":
+            hits = self.executor.run(query)
+        else:
+            hits = self.executor.run_all([commit_unflushed(self.t), query])[-1]
+        return self._hit(hits, "start", fence.id)
 
     def finish(
-        self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None,
-        began: datetime | None = None,
+        self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None
     ) -> Finished:
         """finish: running -> succeeded (``Succeeded(keep=True)``), scheduled at ``run_at``
         (``Retrying``), failed (``Failed(keep=True)``) or cancelled by the attempt itself
@@ -100,20 +108,19 @@ class WorkerStore(StoreBase):
         ``hit=False``. ``start``: the fence of the next execution of the same claim, marked
         started in the same round trip (:meth:`start`; one statement on PostgreSQL, a second
         one in the same transaction on SQLite); ``started`` answers whether it still was the
-        claim's. ``began``: when the attempt began, written to ``started_at`` where it is
-        unset (None: ``now``). ``now`` is an aware datetime.
+        claim's. ``now`` is an aware datetime.
         """
         t = self.t
         if start is None:
-            hits = self.executor.run(finish_fenced(t, outcome, fence, now, began))
+            hits = self.executor.run(finish_fenced(t, outcome, fence, now))
             started: bool | None = None
         elif self.dialect == "postgresql":
-            both = self.executor.run(finish_and_start(t, outcome, fence, now, start, began))
+            both = self.executor.run(finish_and_start(t, outcome, fence, now, start))
             hits, marked = both if both is not None else (0, 0)
             started = marked == 1
         else:
             with self.transaction() as tx:
-                hits = tx.run(finish_fenced(t, outcome, fence, now, began))
+                hits = tx.run(finish_fenced(t, outcome, fence, now))
                 started = tx.run(start_fenced(t, start, now)) == 1
         return Finished(self._hit(hits, _transition(outcome), fence.id), started)
 
@@ -122,10 +129,9 @@ class WorkerStore(StoreBase):
     ) -> FinishedMany:
         """:meth:`finish` for each of ``writes``, in one transaction (all or none: one round
         trip and one commit on PostgreSQL), each fenced on its own; ``start`` as for
-        :meth:`finish`. A write's ``began`` becomes its row's ``started_at`` where that is
-        unset. ``now`` is an aware datetime."""
+        :meth:`finish`, at ``now`` (aware)."""
         t = self.t
-        queries: list[Any] = [finish_fenced(t, w.outcome, w.fence, now, w.began) for w in writes]
+        queries: list[Any] = [finish_fenced(t, w.outcome, w.fence, w.now) for w in writes]
         if start is not None:
             queries.append(start_fenced(t, start, now))
         results = self.executor.run_all(queries)

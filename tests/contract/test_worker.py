@@ -263,31 +263,28 @@ def test_finish_that_misses_still_starts_the_next_row(store: ExecutionStore) -> 
 
 # -- finish_many: outcomes written together ---------------------------------------------------
 
-BEGAN = T0 + timedelta(seconds=2)
-
 
 def test_finish_many_writes_every_outcome_each_fenced_in_one_call(store: ExecutionStore) -> None:
-    """Every kind of outcome in one call, one of them fenced out; the rows begun unmarked get
-    ``began`` as ``started_at``, the row the claim started keeps its own."""
+    """Every kind of outcome in one call, one of them fenced out, and the next row started."""
     names = list(OUTCOMES)
     rows = [add(store) for _ in names]
     lost, following = add(store), add(store)
     ids = [r.id for r in rows] + [lost.id, following.id]
     store.claim(ids, JOB, "w1", T0, T0 + LEASE)
+    for r in rows[1:]:
+        assert store.start(Fence(r.id, "w1", 1), T0)
     assert store.cancel(lost.id, T0, by=None, by_name=None) == JOB
-    writes = [Write(OUTCOMES[name][0], Fence(r.id, "w1", 1), BEGAN, LATER)
+    writes = [Write(OUTCOMES[name][0], Fence(r.id, "w1", 1), LATER)
               for name, r in zip(names, rows, strict=True)]
-    writes.append(Write(Succeeded(keep=True), Fence(lost.id, "w1", 1), BEGAN, LATER))
+    writes.append(Write(Succeeded(keep=True), Fence(lost.id, "w1", 1), LATER))
     answer = store.finish_many(writes, LATER, start=Fence(following.id, "w1", 1))
     assert answer == FinishedMany([True] * len(names) + [False], started=True)
-    for index, (name, r) in enumerate(zip(names, rows, strict=True)):
+    for name, r in zip(names, rows, strict=True):
         changes = OUTCOMES[name][1]
         if changes is None:
             assert_gone(store, r.id)
         else:
-            started = T0 if index == 0 else BEGAN  # the claim started the first row
-            assert_row(store, r.id, whole=True, **claimed(r, **{"started_at": started,
-                                                              **changes}))
+            assert_row(store, r.id, whole=True, **claimed(r, **changes))
     assert_row(store, following.id, whole=True,
                **claimed(following, started_at=LATER, updated_at=LATER))
 
@@ -295,7 +292,7 @@ def test_finish_many_writes_every_outcome_each_fenced_in_one_call(store: Executi
 def test_finish_many_without_start_and_with_a_start_that_misses(store: ExecutionStore) -> None:
     row, following = add(store), add(store)
     store.claim([row.id, following.id], JOB, "w1", T0, T0 + LEASE)
-    write = Write(Succeeded(keep=False), Fence(row.id, "w1", 1), BEGAN, LATER)
+    write = Write(Succeeded(keep=False), Fence(row.id, "w1", 1), LATER)
     assert store.cancel(following.id, T0, by=None, by_name=None) == JOB
     before = store.get(following.id)
     assert before is not None
@@ -306,19 +303,20 @@ def test_finish_many_without_start_and_with_a_start_that_misses(store: Execution
     assert store.finish_many([write], LATER) == FinishedMany([False], started=None)
 
 
-def test_finish_writes_began_where_the_claim_left_started_at_unset(
-    store: ExecutionStore,
+@pytest.mark.parametrize("flushed", [True, False], ids=["flushed", "unflushed"])
+def test_start_without_waiting_for_the_flush_is_the_same_fenced_start(
+    store: ExecutionStore, flushed: bool,
 ) -> None:
-    row, later = add(store), add(store)
-    store.claim([row.id, later.id], JOB, "w1", T0, T0 + LEASE)
-    assert store.finish(Succeeded(keep=True), Fence(later.id, "w1", 1), LATER,
-                        began=BEGAN) == Finished(hit=True)
-    assert_row(store, later.id, whole=True, **claimed(
-        later, started_at=BEGAN, status="succeeded", finished_at=LATER, updated_at=LATER,
-        lease_expires_at=None))
-    assert store.finish(Succeeded(keep=True), Fence(row.id, "w1", 1), LATER,
-                        began=BEGAN) == Finished(hit=True)
-    assert store.get(row.id)["started_at"] == T0  # type: ignore[index]  # the claim's stays
+    row, later, gone = add(store), add(store), add(store)
+    store.claim([row.id, later.id, gone.id], JOB, "w1", T0, T0 + LEASE)
+    assert store.cancel(gone.id, T0, by=None, by_name=None) == JOB
+    before = store.get(gone.id)
+    assert before is not None
+    assert store.start(Fence(later.id, "w1", 1), LATER, flushed=flushed)
+    assert_row(store, later.id, whole=True, **claimed(later, started_at=LATER,
+                                                      updated_at=LATER))
+    assert not store.start(Fence(gone.id, "w1", 1), LATER, flushed=flushed)
+    assert_unchanged(store, before)
 
 
 def test_a_retried_row_is_claimed_again_when_due(store: ExecutionStore) -> None:
