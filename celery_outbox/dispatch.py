@@ -50,6 +50,7 @@ RUN_TASK = "celery_outbox.run"
 _AMQP_PRIORITY = {0: 9, 1: 6, 2: 3, 3: 0}
 _LOW_FIRST_PRIORITY = {0: 0, 1: 3, 2: 6, 3: 9}
 _MAX_DRAIN = 20_000
+_SMOOTHING = 0.3  # weight of the newest value in the publisher's moving averages
 PUBLISH_TIMEOUT = timedelta(seconds=5)
 """The publisher's own broker connection: socket read and write timeouts (Redis
 ``socket_timeout`` / ``socket_connect_timeout``, RabbitMQ ``read_timeout`` /
@@ -105,12 +106,15 @@ class CeleryDispatcher:
 
     ``chunk_size`` caps the ids one message carries. ``publish_retries`` is how many times
     one publish is retried against a failing broker before it is logged and left to the sweep.
-    ``linger``: under load, when ids come less than ``busy_gap`` apart, the thread waits up
-    to ``linger`` for more before publishing a message that is not full (as Kafka's
-    ``linger.ms``), so a stream of single pushes costs one publish per ``linger`` instead of
-    one per push, and the publishes do not crowd the pushing threads off the CPU. An id that
-    comes alone (``busy_gap`` or more after the one before) goes out at once: no push waits
-    for pushes that are not coming. ``flush()`` and a full message cut the wait short.
+    ``linger``: under load the thread waits up to ``linger`` for more ids before publishing a
+    message that is not full (as Kafka's ``linger.ms``), so a stream of single pushes costs
+    one publish per ``linger`` instead of one per push, and the publishes do not crowd the
+    pushing threads off the CPU (and the GIL). Under load means: publishing each id alone
+    would take more than ``busy_share`` of the time between ids (the thread's own CPU time
+    per publish, measured, against the mean gap between ids). An id that comes after a quiet
+    spell, or in a trickle (a request every few milliseconds, a loop waiting for each
+    result), goes out at once: no push waits for pushes that are not coming. ``flush()`` and
+    a full message cut the wait short.
     """
 
     def __init__(
@@ -121,16 +125,18 @@ class CeleryDispatcher:
         chunk_size: int,
         publish_retries: int = 1,
         linger: timedelta = timedelta(milliseconds=20),
-        busy_gap: timedelta = timedelta(milliseconds=1),
+        busy_share: float = 0.25,
     ) -> None:
         self.app = app
         self.registry = registry
         self.chunk_size = chunk_size
         self.publish_retries = publish_retries
         self.linger = linger
-        self.busy_gap = busy_gap
+        self.busy_share = busy_share
         self._last_dispatch = 0.0  # time.monotonic() of the last dispatch()
-        self._busy = False  # the last dispatch() came less than busy_gap after the one before
+        self._gap = float("inf")  # mean seconds between dispatch() calls (moving average)
+        self._cost = 0.0  # mean CPU seconds of one publish() of the thread (moving average)
+        self._busy = False  # publishing each id alone would take over busy_share of the gap
         self._hurry = threading.Event()  # ends the linger: flush() or a full message
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -156,8 +162,12 @@ class CeleryDispatcher:
             self._outstanding += len(items)
             self._queued += len(items)
             full = self._queued >= self.chunk_size
-            self._busy = now - self._last_dispatch < self.busy_gap.total_seconds()
+            gap = now - self._last_dispatch
             self._last_dispatch = now
+            # After a quiet spell the average starts again from this gap.
+            self._gap = gap if gap >= self.linger.total_seconds() else (
+                _SMOOTHING * gap + (1 - _SMOOTHING) * self._gap)
+            self._busy = self._cost > self.busy_share * self._gap
         self._queue.put(list(items))
         if full:
             self._hurry.set()  # a message's worth is waiting: do not linger
@@ -229,11 +239,14 @@ class CeleryDispatcher:
             items = self._drain(q, first)
             with self._lock:
                 self._queued -= len(items)
+            began = time.thread_time()
             try:
                 self.publish(items)
             except Exception:  # publish() logs per group; this is the last guard of the thread
                 log.exception("celery_outbox: dispatch of %d execution(s) failed", len(items))
             finally:
+                cost = time.thread_time() - began
+                self._cost = _SMOOTHING * cost + (1 - _SMOOTHING) * self._cost
                 with self._idle:
                     self._outstanding -= len(items)
                     self._idle.notify_all()

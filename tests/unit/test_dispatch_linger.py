@@ -41,7 +41,7 @@ def published() -> Iterator[list[list[str]]]:
 
 
 def dispatcher(linger: timedelta, chunk_size: int = 50,
-               busy_gap: timedelta = timedelta(milliseconds=1)) -> CeleryDispatcher:
+               busy_share: float = 0.25) -> CeleryDispatcher:
     registry = JobRegistry()
 
     @outbox_job(schema=Payload, name="lingered", registry=registry)
@@ -55,7 +55,7 @@ def dispatcher(linger: timedelta, chunk_size: int = 50,
         return None
 
     return CeleryDispatcher(app, registry, chunk_size=chunk_size, linger=linger,
-                            busy_gap=busy_gap)
+                            busy_share=busy_share)
 
 
 def test_single_items_share_messages_and_each_goes_out_once(
@@ -90,9 +90,9 @@ def test_after_a_quiet_spell_the_first_id_goes_out_at_once(
 def test_an_id_that_comes_alone_goes_out_at_once_right_after_a_publish(
     published: list[list[str]],
 ) -> None:
-    """Pushes a few milliseconds apart (a request per push, a loop waiting on each result)
-    never wait for the linger: only ids less than ``busy_gap`` apart do."""
-    d = dispatcher(timedelta(seconds=30), busy_gap=timedelta(milliseconds=1))
+    """Pushes some milliseconds apart (a request per push, a loop waiting on each result)
+    never wait for the linger: publishing each alone takes a small share of the gap."""
+    d = dispatcher(timedelta(seconds=30))
     for count in range(1, 6):
         d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])
         wait_published(published, count)  # far less than the 30 s linger
@@ -100,7 +100,7 @@ def test_an_id_that_comes_alone_goes_out_at_once_right_after_a_publish(
 
 
 def test_flush_cuts_the_linger_short(published: list[list[str]]) -> None:
-    d = dispatcher(timedelta(seconds=30), busy_gap=timedelta(seconds=30))
+    d = dispatcher(timedelta(seconds=30), busy_share=0.0)  # busy as soon as ids keep coming
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])
     wait_published(published, 1)
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])  # busy now: this one lingers
@@ -113,7 +113,7 @@ def test_flush_cuts_the_linger_short(published: list[list[str]]) -> None:
 
 
 def test_a_full_message_does_not_wait_for_the_linger(published: list[list[str]]) -> None:
-    d = dispatcher(timedelta(seconds=30), chunk_size=10, busy_gap=timedelta(seconds=30))
+    d = dispatcher(timedelta(seconds=30), chunk_size=10, busy_share=0.0)
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2)])
     wait_published(published, 1)
     d.dispatch([DispatchItem(uuid.uuid4(), "lingered", 2) for _ in range(10)])  # while busy
