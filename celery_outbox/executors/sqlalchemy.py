@@ -10,6 +10,7 @@ rows are the ones an INSERT through SQLAlchemy writes.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -294,7 +295,7 @@ class _Joined:
 
     def after_commit(self, callback: Callback) -> None:
         if self.session is not None:
-            _SessionHook.get(self.session).add(self.session, callback)
+            _SessionHook.get(self.session).add(self.session, callback, self.conn)
         else:
             _ConnectionHook.get(self.conn).add(callback)
 
@@ -315,6 +316,10 @@ class _SessionHook:
     """Per-Session queue of after-commit callbacks, tagged with the (nested) transaction that
     added them and the Connection that wrote the rows.
 
+    It lives in the Session's ``info``; three listeners registered once on the Session class
+    (:func:`_listen_sessions`, on the first push in a Session) find it there, so a push adds
+    no listener of its own: registering one per Session costs more than the push's INSERT.
+
     A Session bound to a Connection that was already in a transaction (the
     ``join_transaction_mode`` recipes) commits no more than a savepoint, or nothing, on
     ``commit()``: the rows are durable only when that outer transaction commits. Its
@@ -322,27 +327,30 @@ class _SessionHook:
     them on the outer commit and drops them on its rollback.
     """
 
-    def __init__(self, session: Session) -> None:
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
         self.entries: list[tuple[SessionTransaction, Connection, Callback]] = []
-        event.listen(session, "after_commit", self.on_commit)
-        event.listen(session, "after_soft_rollback", self.on_soft_rollback)
-        event.listen(session, "after_transaction_end", self.on_transaction_end)
 
     @classmethod
     def get(cls, session: Session) -> _SessionHook:
-        hook = session.info.get(_SESSION_KEY)
+        hook: _SessionHook | None = session.info.get(_SESSION_KEY)
         if hook is None:
-            hook = session.info[_SESSION_KEY] = cls(session)
+            if not _SESSIONS_HOOKED:
+                _listen_sessions()
+            hook = session.info[_SESSION_KEY] = cls()
         return hook
 
-    def add(self, session: Session, callback: Callback) -> None:
+    def add(self, session: Session, callback: Callback, conn: Connection | None = None) -> None:
+        """Queue ``callback`` on the Session's innermost transaction; ``conn``: the Connection
+        the rows went through (None: the Session's own)."""
         tx = session.get_nested_transaction() or session.get_transaction()
         if tx is None:
             raise RuntimeError("push(session=...) needs the session inside a transaction")
-        self.entries.append((tx, session.connection(), callback))
+        self.entries.append((tx, conn if conn is not None else session.connection(), callback))
 
     def on_commit(self, session: Session) -> None:
-        if session.in_nested_transaction():
+        if not self.entries or session.in_nested_transaction():
             # SQLAlchemy fires after_commit for a released savepoint too: nothing is durable
             # yet. Its entries stay, tagged with the savepoint, whose parents a later
             # rollback still reaches.
@@ -373,6 +381,48 @@ class _SessionHook:
             # already; any left were never committed: close() and reset() roll back without
             # an after_soft_rollback event, and must not leave them for the next commit.
             self.entries = []
+
+
+def _hook_of(session: Session) -> _SessionHook | None:
+    """The Session's hook when a push made one (a Session that never pushed: None)."""
+    hook: _SessionHook | None = session.info.get(_SESSION_KEY)
+    return hook if hook is not None and hook.entries else None
+
+
+def _session_committed(session: Session) -> None:
+    hook = _hook_of(session)
+    if hook is not None:
+        hook.on_commit(session)
+
+
+def _session_soft_rollback(session: Session, previous: SessionTransaction) -> None:
+    hook = _hook_of(session)
+    if hook is not None:
+        hook.on_soft_rollback(session, previous)
+
+
+def _session_transaction_end(session: Session, transaction: SessionTransaction) -> None:
+    hook = _hook_of(session)
+    if hook is not None:
+        hook.on_transaction_end(session, transaction)
+
+
+_SESSIONS_HOOKED: list[bool] = []
+"""Not empty once :func:`_listen_sessions` registered the listeners."""
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _listen_sessions() -> None:
+    """Register the three after-commit listeners on the Session class, once per process
+    (every Session and subclass, sessionmaker's and an AsyncSession's sync Session included).
+    A Session no push touched pays a dictionary lookup per transaction event."""
+    with _SESSIONS_LOCK:
+        if _SESSIONS_HOOKED:
+            return
+        event.listen(Session, "after_commit", _session_committed)
+        event.listen(Session, "after_soft_rollback", _session_soft_rollback)
+        event.listen(Session, "after_transaction_end", _session_transaction_end)
+        _SESSIONS_HOOKED.append(True)
 
 
 class _ConnectionHook:
