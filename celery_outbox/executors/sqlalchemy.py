@@ -1,10 +1,11 @@
 """The executor on a SQLAlchemy Engine (sync): the store's own transactions, and a caller's
 Session, ``scoped_session`` or Connection joined, with callbacks after its outermost commit.
 
-Two shortcuts serve a bulk insert query with the same rows: ``COPY ... FROM STDIN`` for a
-large batch on psycopg, and one INSERT straight on the pooled psycopg connection for a single
-row committing alone. Values go through each column type's SQLAlchemy bind processor, so the
-rows are the ones an INSERT through SQLAlchemy writes.
+Three shortcuts serve a bulk insert query with the same rows: ``COPY ... FROM STDIN`` for a
+large batch on psycopg, and one INSERT straight on the psycopg connection for a single row,
+committing alone (the pooled connection, in autocommit) or in a caller's transaction (the
+Connection its Session writes with). Values go through each column type's SQLAlchemy bind
+processor, so the rows are the ones an INSERT through SQLAlchemy writes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class SqlAlchemyExecutor:
             engine.execution_options(isolation_level="AUTOCOMMIT")
             if self.dialect == "postgresql" else engine
         )
-        self._compiled: dict[tuple[Table, tuple[str, ...]], tuple[str, list[Any]]] = {}
+        self._compiled: dict[tuple[Dialect, Table, tuple[str, ...]],
+                             tuple[str, list[Any]]] = {}
 
     def where(self) -> str:
         url = self.engine.url
@@ -162,16 +164,30 @@ class SqlAlchemyExecutor:
             and not engine.logger.isEnabledFor(logging.INFO)
         )
 
-    def _prepared(self, table: Table, columns: Sequence[str]) -> tuple[str, list[Any]]:
-        """The INSERT of ``columns`` into ``table`` compiled once, and each column's bind
-        processor (None: value as is)."""
-        key = (table, tuple(columns))
+    def _prepared(self, table: Table, columns: Sequence[str],
+                  dialect: Dialect | None = None) -> tuple[str, list[Any]]:
+        """The INSERT of ``columns`` into ``table`` compiled once per ``dialect`` (None: the
+        engine's), and each column's bind processor (None: value as is)."""
+        dialect = dialect if dialect is not None else self.engine.dialect
+        key = (dialect, table, tuple(columns))
         found = self._compiled.get(key)
         if found is None:
-            dialect = self.engine.dialect
             compiled = table.insert().compile(dialect=dialect, column_keys=list(columns))
             found = self._compiled[key] = (str(compiled), _processors(table, dialect, columns))
         return found
+
+    def _bound(self, table: Table, values: dict[str, Any],
+               dialect: Dialect | None = None) -> tuple[str, dict[str, Any]]:
+        """The one-row INSERT of ``values`` into ``table`` and its parameters, each through
+        its column's bind processor for ``dialect`` (None: the engine's). A value its column
+        type refuses raises :class:`StorageError`, as SQLAlchemy's StatementError would."""
+        sql, processors = self._prepared(table, list(values), dialect)
+        try:
+            params = {name: value if process is None else process(value)
+                      for (name, value), process in zip(values.items(), processors, strict=True)}
+        except Exception as exc:  # a value its column type refuses, as SQLAlchemy would
+            raise StorageError(f"push failed: a value its column refuses: {exc}") from exc
+        return sql, params
 
     def _insert_direct(self, table: Table, values: dict[str, Any]) -> None:
         """One row by one INSERT on the pooled psycopg connection itself, in autocommit.
@@ -180,12 +196,7 @@ class SqlAlchemyExecutor:
         as that round trip (bench/README.md). A driver error discards the connection (it is
         not pooled again) and becomes :class:`StorageError`.
         """
-        sql, processors = self._prepared(table, list(values))
-        try:
-            params = {name: value if process is None else process(value)
-                      for (name, value), process in zip(values.items(), processors, strict=True)}
-        except Exception as exc:  # a value its column type refuses, as SQLAlchemy would
-            raise StorageError(f"push failed: a value its column refuses: {exc}") from exc
+        sql, params = self._bound(table, values)
         driver_error = self.engine.dialect.loaded_dbapi.Error
         try:
             raw = self.engine.raw_connection()  # the pool raises the driver's own errors
@@ -204,6 +215,46 @@ class SqlAlchemyExecutor:
             raise StorageError(f"database error on {self.where()}: {exc}") from exc
         finally:
             raw.close()
+
+    def _direct_on(self, conn: Connection) -> bool:
+        """The one-row insert may go straight on the caller's psycopg connection: its
+        transaction is open and active, and nothing SQLAlchemy would do with the statement is
+        skipped (no statement listener on its engine, on it or on the Connection class, no
+        echo, no execution option but those that leave the SQL as it is)."""
+        engine = conn.engine
+        if engine.dialect.driver != "psycopg" or not conn.in_transaction():
+            return False
+        tx = conn.get_transaction()
+        if tx is None or not tx.is_active or conn.invalidated \
+                or conn.get_execution_options().keys() - _PLAIN_OPTIONS:
+            return False
+        dispatch = conn.dispatch
+        return (not any(getattr(dispatch, name) for name in _STATEMENT_EVENTS)
+                and not _class_listeners()
+                and not engine.logger.isEnabledFor(logging.INFO))
+
+    def _insert_on(self, conn: Connection, table: Table, values: dict[str, Any]) -> None:
+        """One row by one INSERT on ``conn``'s psycopg connection, in its open transaction.
+
+        What SQLAlchemy's statement machinery costs on top of the round trip goes (about as
+        much again as the round trip). A driver error is a :class:`StorageError`; one that
+        broke the connection invalidates ``conn`` as SQLAlchemy would, and the caller's
+        rollback then returns it to the pool to be discarded.
+        """
+        sql, params = self._bound(table, values, conn.dialect)
+        try:
+            driver = conn.connection.driver_connection
+        except DBAPIError as exc:
+            raise self._error(exc) from exc
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        assert driver is not None
+        try:
+            driver.execute(sql, params)
+        except conn.dialect.loaded_dbapi.Error as exc:
+            if driver.closed or getattr(driver, "broken", False):
+                conn.invalidate(exc)
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
 
     def _copy(self, conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
         """Insert ``rows`` (same columns) with one ``COPY ... FROM STDIN`` on ``conn``
@@ -238,6 +289,9 @@ def shaped(query: Query[Any], result: Any) -> Any:
 
 _STATEMENT_EVENTS = ("before_execute", "after_execute", "before_cursor_execute",
                      "after_cursor_execute")
+_PLAIN_OPTIONS = frozenset({"isolation_level", "logging_token", "compiled_cache",
+                            "postgresql_readonly", "postgresql_deferrable"})
+"""Execution options a Connection may carry for the direct insert: none changes its SQL."""
 
 
 def _class_levels() -> list[Any]:
@@ -291,6 +345,16 @@ class _Joined:
         self.session = session
 
     def run(self, query: Query[R]) -> R:
+        """A one-row bulk insert goes straight on the caller's psycopg connection when
+        :meth:`SqlAlchemyExecutor._direct_on` allows; anything else through SQLAlchemy."""
+        if query.bulk and isinstance(query.params, list) and len(query.params) == 1:
+            executor = self.executor
+            if executor._direct_on(self.conn):
+                started = time.perf_counter()
+                executor._insert_on(self.conn, query.statement.table, query.params[0])
+                if executor.observers:
+                    executor._observed(query, started)
+                return query.mapper(None)
         return self.executor._mapped(self.conn, query)
 
     def after_commit(self, callback: Callback) -> None:
