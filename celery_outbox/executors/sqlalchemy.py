@@ -382,7 +382,8 @@ class _SessionHook:
 
     It lives in the Session's ``info``; three listeners registered once on the Session class
     (:func:`_listen_sessions`, on the first push in a Session) find it there, so a push adds
-    no listener of its own: registering one per Session costs more than the push's INSERT.
+    no listener of its own (three per Session cost about 0.07 ms of CPU, about what the
+    push's INSERT costs on the driver).
 
     A Session bound to a Connection that was already in a transaction (the
     ``join_transaction_mode`` recipes) commits no more than a savepoint, or nothing, on
