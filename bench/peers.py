@@ -29,6 +29,7 @@ import gc
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -242,23 +243,23 @@ def e2e_drain(system: System, n: int) -> float:
     """Figure 1: ``n`` jobs pushed with no worker, then the workers started; jobs/s from the
     first handler's start to the ``n``-th's. Raises unless exactly ``n`` handlers ran and
     nothing is left in the system."""
-    from bench import peers_signal as signal
+    from bench import peers_signal
 
     _fresh(system)
     system.pre_push(n, n)
     with _running(system) as alive:
-        signal.wait_done(120 + n / 50, alive)
+        peers_signal.wait_done(120 + n / 50, alive)
         wait_for(lambda: system.left() == 0, 60, f"{system.label}: every job finished")
-    ran, left = signal.count(), system.left()
+    ran, left = peers_signal.count(), system.left()
     if ran != n or left != 0:
         raise RuntimeError(f"{system.label}: {ran} handler runs for {n} jobs, {left} left")
-    return n / signal.span()
+    return n / peers_signal.span()
 
 
 def latency(system: System, samples: int) -> tuple[float, float]:
     """Figure 2: p50 and p99 (ms) from the caller's push to its handler's start, each push
     right after the previous handler signalled, after ``WARM_UP`` dropped samples."""
-    from bench import peers_signal as signal
+    from bench import peers_signal
 
     _fresh(system)
     delays = []
@@ -266,7 +267,7 @@ def latency(system: System, samples: int) -> tuple[float, float]:
         for k in range(WARM_UP + samples):
             pushed = time.time()
             system.push(k + 1)
-            started = signal.wait_done(60 if k == 0 else 10, alive)  # first: workers start
+            started = peers_signal.wait_done(60 if k == 0 else 10, alive)  # first: workers start
             if k >= WARM_UP:
                 delays.append((started - pushed) * 1e3)
     return _pct(delays, 0.50), _pct(delays, 0.99)
@@ -275,13 +276,13 @@ def latency(system: System, samples: int) -> tuple[float, float]:
 def start_up(system: System) -> float:
     """Figure 5: one job pushed with no worker; seconds from starting the workers (the first
     Popen) to its handler's start."""
-    from bench import peers_signal as signal
+    from bench import peers_signal
 
     _fresh(system)
     system.pre_push(1, 1)
     started = time.time()
     with _running(system) as alive:
-        return signal.wait_done(60, alive) - started
+        return peers_signal.wait_done(60, alive) - started
 
 
 def push_many(system: System, n: int) -> float:
@@ -520,6 +521,8 @@ def main(argv: list[str]) -> int:
     c = Counts(n=args.n or base.n, samples=base.samples, ops=base.ops, many=base.many,
                rounds=args.rounds or base.rounds)
 
+    # SIGTERM (a `timeout`, a CI limit) unwinds like an error: the workers get stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     target = prepare(args.redis_db)
     from bench import peers_pgq, peers_proc, peers_signal, scenarios  # after prepare()
     from bench.frameworks_setup import Base
