@@ -4,9 +4,10 @@ celery_outbox, plain Celery, pgqueuer and procrastinate side by side in one run 
 Celery and the outbox on Redis (``bench.app``: db 11, a queue of the run's own) and PostgreSQL
 ``outbox_bench``; pgqueuer in ``outbox_bench_pgq``, procrastinate in ``outbox_bench_proc``.
 Every handler is a no-op plus the same Redis side effect (bench/peers_signal.py). Workers:
-``celery worker -P prefork -c 2`` (Celery and the outbox), two ``pgq run`` processes, two
-``procrastinate worker`` processes; each started in a process group of its own and stopped
-by its PID at the end of each figure.
+``celery worker -P prefork -c 2`` (Celery and the outbox); one pgqueuer worker process
+(``pgqueuer.run``, what ``pgq run`` runs) and one ``procrastinate worker`` per core, each at
+its defaults; every process started in a process group of its own and stopped by its PID at
+the end of each figure.
 
 1. e2e drain: ``n`` jobs pushed with no worker running, then the workers started; jobs/s
    from the first handler's start to the ``n``-th's; exactly ``n`` runs, nothing left.
