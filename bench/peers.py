@@ -50,6 +50,9 @@ BATCH = 500
 WARM_UP = 10
 """Latency samples taken, and dropped, before the timed ones (figure 2)."""
 FLUSH_TIMEOUT = timedelta(minutes=5)
+PROCESSES = 2
+"""Worker processes of every system: prefork children for Celery and the outbox, worker
+processes for pgqueuer and procrastinate (one per core of the machine measured)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,7 @@ def _systems(queue: str) -> list[System]:
             proc_task.batch_defer(*[{"total": total}] * min(BATCH, n - start))
 
     def celery_workers() -> AbstractContextManager[Any]:
-        return celery_worker(queue, concurrency=2, app="bench.peers_celery")
+        return celery_worker(queue, concurrency=PROCESSES, app="bench.peers_celery")
 
     def pgq_worker() -> AbstractContextManager[Any]:
         return process_group(peers_pgq.WORKER, "pgqueuer")
@@ -183,17 +186,16 @@ def _systems(queue: str) -> list[System]:
     def proc_worker() -> AbstractContextManager[Any]:
         return process_group(peers_proc.WORKER, "procrastinate")
 
-    per_core = os.cpu_count() or 2
     return [
         System("outbox", "celery_outbox", lambda total: job.push({"total": total}),
                outbox_pre_push, [celery_workers], scenarios.rows_left, reset_celery,
                outbox_push_many),
         System("celery", "plain Celery", task.delay, celery_pre_push, [celery_workers],
                _messages_waiting, reset_celery),
-        System("pgqueuer", "pgqueuer", pgq.enqueue, pgq_pre_push, [pgq_worker] * per_core,
+        System("pgqueuer", "pgqueuer", pgq.enqueue, pgq_pre_push, [pgq_worker] * PROCESSES,
                pgq.left, pgq.clear, lambda n: pgq.enqueue_many(n, 0)),
         System("procrastinate", "procrastinate", lambda total: proc_task.defer(total=total),
-               proc_pre_push, [proc_worker] * per_core, peers_proc.left, peers_proc.clear,
+               proc_pre_push, [proc_worker] * PROCESSES, peers_proc.left, peers_proc.clear,
                lambda n: proc_task.batch_defer(*[{"total": 0}] * n)),
     ]
 
