@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint]"
 	touch $@
 
-.PHONY: example test lint bench bench-web faults chaos soak extras
+.PHONY: example test lint bench bench-web bench-peers faults chaos soak extras
 # `make example DASHBOARD=1`: afterwards, keep the dashboard running on the run's data.
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
@@ -27,6 +27,12 @@ lint: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
+
+# The outbox beside plain Celery, pgqueuer and procrastinate (bench/README.md, "Peers"). The
+# peers and profilers are bench-only (bench/requirements.txt), never the package's dependencies.
+bench-peers: $(BIN)/.installed
+	$(BIN)/pip install -q -r bench/requirements.txt
+	$(BIN)/python -m bench peers
 
 # Hung servers (tests/faults.py) with every push kind, and more rounds of the push_many race.
 faults: $(BIN)/.installed

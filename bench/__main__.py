@@ -18,6 +18,8 @@ machine; each figure is the median over rounds, each ratio the median of its per
 ``python -m bench web [--rows N]``: the dashboard's reads at 1,000,000 rows (bench/web.py).
 ``python -m bench frameworks [--quick]``: ``apush`` in an AsyncSession and Django's ``push``
 in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
+``python -m bench peers [--quick]``: the outbox, plain Celery, pgqueuer and procrastinate side
+by side (bench/peers.py; their packages: bench/requirements.txt, ``make bench-peers``).
 """
 
 from __future__ import annotations
@@ -108,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import frameworks
 
         return frameworks.main(argv[1:])
+    if argv[:1] == ["peers"]:  # the outbox, Celery, pgqueuer, procrastinate (bench/peers.py)
+        from bench import peers
+
+        return peers.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 

@@ -26,18 +26,23 @@ class Target:
     counter: str
 
 
-def prepare(redis_db: int = REDIS_DB) -> Target:
-    """Create the ``outbox_bench`` database if missing and point ``bench.app`` at it."""
+def ensure_database(name: str) -> None:
+    """Create the PostgreSQL database ``name`` on the local server if it is missing."""
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             exists = conn.execute(
-                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": PG_DATABASE}
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
             ).first()
             if exists is None:
-                conn.execute(text(f'CREATE DATABASE "{PG_DATABASE}"'))
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
     finally:
         admin.dispose()
+
+
+def prepare(redis_db: int = REDIS_DB) -> Target:
+    """Create the ``outbox_bench`` database if missing and point ``bench.app`` at it."""
+    ensure_database(PG_DATABASE)
     run = uuid.uuid4().hex[:8]
     target = Target(
         broker=f"{REDIS_URL}/{redis_db}",

@@ -1,4 +1,5 @@
-"""A real ``celery worker`` process for the end-to-end figures, stopped by its PID."""
+"""Real worker processes for the end-to-end figures (``celery worker`` and others), each in a
+process group of its own, stopped by its PID."""
 
 from __future__ import annotations
 
@@ -26,27 +27,37 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
 
 
 @contextmanager
-def celery_worker(queue: str, *, concurrency: int = 2) -> Iterator[subprocess.Popen[bytes]]:
-    """``celery -A bench.app worker -P prefork -c concurrency -Q queue``, in its own process
+def celery_worker(queue: str, *, concurrency: int = 2, app: str = "bench.app"
+                  ) -> Iterator[subprocess.Popen[bytes]]:
+    """``celery -A app worker -P prefork -c concurrency -Q queue``, in its own process
     group; SIGTERM then SIGKILL by PID when the block ends. The log goes to a temp file whose
     path is printed if the worker dies early."""
-    args = [sys.executable, "-m", "celery", "-A", "bench.app", "worker", "-P", "prefork",
+    args = [sys.executable, "-m", "celery", "-A", app, "worker", "-P", "prefork",
             "-c", str(concurrency), "-Q", queue, "-n", f"{queue}@%h",
             "--loglevel=WARNING", "--without-gossip",
             "--without-mingle", "--without-heartbeat"]
-    log_path = Path(tempfile.mkstemp(prefix="bench-worker-", suffix=".log")[1])
+    with process_group(args, "worker") as proc:
+        yield proc
+
+
+@contextmanager
+def process_group(args: list[str], name: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``args`` from the repository's root in a process group of its own; SIGTERM then
+    SIGKILL by its PID when the block ends, whatever raised. Its output goes to a temp file,
+    whose path is printed if it exited otherwise than on that SIGTERM."""
+    log_path = Path(tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")[1])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log_file,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            _stop(proc)
-    if proc.returncode not in (0, -signal.SIGTERM):
-        print(f"  (worker exited with {proc.returncode}; log: {log_path})")
-    else:
-        log_path.unlink(missing_ok=True)
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+        if proc.returncode not in (0, -signal.SIGTERM):
+            print(f"  ({name} exited with {proc.returncode}; log: {log_path})")
+        else:
+            log_path.unlink(missing_ok=True)
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
