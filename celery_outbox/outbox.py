@@ -7,7 +7,6 @@ It owns push, cancel and the schema; the SQL itself lives in :mod:`celery_outbox
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -18,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from celery import Celery
@@ -26,10 +25,8 @@ from celery import signals as celery_signals
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, Engine, MetaData
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, scoped_session
 
 from celery_outbox import limits, signals
-from celery_outbox.admin import OutboxAdmin
 from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.dispatch import (
     RUN_TASK,
@@ -61,6 +58,9 @@ from celery_outbox.ticker import install as install_cron_task
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+    from sqlalchemy.orm import Session, scoped_session
+
+    from celery_outbox.admin import OutboxAdmin
 
 log = logging.getLogger(__name__)
 
@@ -333,6 +333,8 @@ class Outbox:
             organization_id=organization_id, triggered_by=triggered_by,
             triggered_by_name=triggered_by_name, index_items=index_items)
         caller = _check_async_target(session, connection)
+        import asyncio  # only here: a worker that never pushes from a loop does not import it
+
         if caller is None:
             return await asyncio.to_thread(self.push_many, spec, payloads, **options)
         now = utcnow()
@@ -479,7 +481,10 @@ class Outbox:
 
     @cached_property
     def admin(self) -> OutboxAdmin:
-        """The admin service: list jobs and executions, trigger, retry, cancel."""
+        """The admin service: list jobs and executions, trigger, retry, cancel (imported on
+        first use: a worker does not need it)."""
+        from celery_outbox.admin import OutboxAdmin
+
         return OutboxAdmin(self)
 
     def flush(self, timeout: timedelta = timedelta(seconds=10)) -> bool:
@@ -508,12 +513,15 @@ def _check_target(
         raise ConfigurationError(
             f"push: connection= must be a sqlalchemy Connection, got {type(connection)!r}"
         )
-    if session is None or isinstance(session, Session):
-        return session
-    if isinstance(session, scoped_session):
+    if session is None:
+        return None
+    orm = sys.modules.get("sqlalchemy.orm")  # not imported yet: no Session exists
+    if orm is not None and isinstance(session, orm.Session):
+        return cast("Session", session)
+    if orm is not None and isinstance(session, orm.scoped_session):
         current = session()  # the registry's Session of this thread (or scope)
-        if isinstance(current, Session):
-            return current
+        if isinstance(current, orm.Session):
+            return cast("Session", current)
         session = current
     raise ConfigurationError(
         f"push: session= must be a sqlalchemy Session or scoped_session, got {type(session)!r}"
@@ -543,7 +551,10 @@ def _check_async_target(session: Any, connection: Any) -> Any:
         else (ext.AsyncConnection,))
     if isinstance(value, wanted):
         return value
-    if isinstance(value, (Session, scoped_session, Connection)):
+    orm = sys.modules.get("sqlalchemy.orm")  # not imported yet: no Session exists
+    sync: tuple[type[Any], ...] = (Connection,) if orm is None else (
+        orm.Session, orm.scoped_session, Connection)
+    if isinstance(value, sync):
         raise ConfigurationError(
             f"apush: {argument}= is a sync SQLAlchemy {type(value).__name__}; use "
             f"job.push(...) or job.push_many(...), or pass an "

@@ -14,15 +14,17 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Dialect, Engine, Table, event
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from celery_outbox.errors import ConfigurationError, StorageError
 from celery_outbox.executors.base import Observer
 from celery_outbox.queries import Query, Shape
+
+if TYPE_CHECKING:  # imported by join() alone: a worker never needs SQLAlchemy's ORM
+    from sqlalchemy.orm import Session, SessionTransaction
 
 log = logging.getLogger("celery_outbox.executors")
 
@@ -103,6 +105,8 @@ class SqlAlchemyExecutor:
         :class:`~sqlalchemy.orm.scoped_session` (its current Session; Flask-SQLAlchemy's
         ``db.session``) or a :class:`~sqlalchemy.engine.Connection`, inside the transaction
         to write in. Anything else raises :class:`ConfigurationError`."""
+        from sqlalchemy.orm import Session, scoped_session
+
         if isinstance(caller, scoped_session):
             caller = caller()
         if isinstance(caller, Session):
