@@ -18,6 +18,8 @@ machine; each figure is the median over rounds, each ratio the median of its per
 ``python -m bench web [--rows N]``: the dashboard's reads at 1,000,000 rows (bench/web.py).
 ``python -m bench frameworks [--quick]``: ``apush`` in an AsyncSession and Django's ``push``
 in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
+``python -m bench startup [--rounds N]``: worker start-up to the first job's handler, plain
+Celery vs the outbox (bench/startup.py).
 """
 
 from __future__ import annotations
@@ -108,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import frameworks
 
         return frameworks.main(argv[1:])
+    if argv[:1] == ["startup"]:  # worker start-up to the first handler (bench/startup.py)
+        from bench import startup
+
+        return startup.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 
