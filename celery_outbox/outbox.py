@@ -71,6 +71,8 @@ of a framework, joined): its rows commit with it and dispatch after its outermos
 _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """An escaped NUL in JSON text (not an escaped backslash followed by ``u0000``)."""
+_JSON = json.JSONEncoder(allow_nan=False)
+"""``json.dumps(..., allow_nan=False)`` without a new encoder per call (per pushed payload)."""
 
 
 class Outbox:
@@ -609,7 +611,7 @@ def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:
         data = model.model_dump(mode="json")
         # What the database stores must be JSON PostgreSQL takes: no NaN, no Infinity, no
         # NUL character in a string.
-        text = json.dumps(data, allow_nan=False)
+        text = _JSON.encode(data)
         if "\\u0000" in text and _JSON_NUL.search(text):
             raise ValueError("a string holds the NUL character (\\u0000)")
     except ValueError as exc:  # pydantic's serialisation errors, undecodable bytes, NaN
