@@ -7,7 +7,8 @@ handler (``time.time()`` it pushes onto a Redis list the benchmark waits on with
 :mod:`bench.startup_signal`). With it, the CPU seconds the worker's main process and the pool
 process running the handler had used by then: the work on the way, which the machine's other
 load does not stretch as it does the wall time. Four sides, on the same Redis (a dedicated db,
-a queue of this run's own) and the same PostgreSQL database (``outbox_bench``):
+a queue of this run's own) and the same PostgreSQL database (``outbox_bench_startup``, apart
+from the other benchmarks', which drop and recreate their tables):
 
 - ``plain``: a plain Celery app with a plain task (``bench/startup_plain.py``: nothing of
   celery_outbox imported);
@@ -46,10 +47,11 @@ from typing import Any
 
 import redis
 
-from bench.target import REDIS_DB, prepare
+from bench.target import PG_ADMIN_URL, REDIS_DB, Target, prepare
 from bench.worker import ROOT, _stop
 
 ROUNDS = 10
+DATABASE = "outbox_bench_startup"
 TIMEOUT = 60.0
 """Seconds a worker has to start the pre-pushed job's handler."""
 
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     target = prepare(args.redis_db)
+    _own_database(target)
     # Only now: these modules read the environment prepare() wrote.
     from bench import startup_outbox, startup_plain, startup_plain_db
     from bench.startup_signal import STARTED
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"worker start-up to the first handler on {platform.node()}: {os.cpu_count()} CPUs, "
           f"python {platform.python_version()}, load average {_load()}")
-    print(f"  broker {target.broker}, queue {target.queue}, database {target.database_url}")
+    print(f"  broker {target.broker}, queue {target.queue}, "
+          f"database {os.environ['BENCH_DATABASE_URL']}")
     print(f"  celery -A <app> worker -P prefork -c {args.concurrency}; {args.rounds} rounds, "
           f"sides interleaved")
     try:
@@ -132,6 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     _report(sides)
     print(f"\nload average at the end: {_load()}")
     return 0
+
+
+def _own_database(target: Target) -> None:
+    """Point the apps at a database of this benchmark's own (created if missing)."""
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :name"),
+                            {"name": DATABASE}).first() is None:
+                conn.execute(text(f'CREATE DATABASE "{DATABASE}"'))
+    finally:
+        admin.dispose()
+    os.environ["BENCH_DATABASE_URL"] = target.database_url.rsplit("/", 1)[0] + f"/{DATABASE}"
 
 
 def _reset(module: Any, client: Any, queue: str, started: str) -> None:
