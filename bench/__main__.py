@@ -20,6 +20,8 @@ machine; each figure is the median over rounds, each ratio the median of its per
 in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
 ``python -m bench peers [--quick]``: the outbox, plain Celery, pgqueuer and procrastinate side
 by side (bench/peers.py; their packages: bench/requirements.txt, ``make bench-peers``).
+``python -m bench startup [--rounds N]``: worker start-up to the first job's handler, plain
+Celery vs the outbox (bench/startup.py).
 """
 
 from __future__ import annotations
@@ -114,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import peers
 
         return peers.main(argv[1:])
+    if argv[:1] == ["startup"]:  # worker start-up to the first handler (bench/startup.py)
+        from bench import startup
+
+        return startup.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 

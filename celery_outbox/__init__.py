@@ -2,31 +2,60 @@
 
 Push jobs inside your own SQLAlchemy transaction; only after it commits does the execution id
 travel through Celery; a worker claims the row, runs the handler and records the outcome.
+
+The names below are imported on first use (``from celery_outbox import Outbox`` imports the
+outbox then), so importing a submodule alone (what Celery's command line does to load
+``celery outbox``) does not import SQLAlchemy, pydantic or the rest of the package.
 """
 
-from celery_outbox.config import OutboxConfig
-from celery_outbox.context import JobContext
-from celery_outbox.errors import (
-    ConfigurationError,
-    DoNotRetry,
-    ExecutionCancelled,
-    ExecutionNotFound,
-    InvalidTransition,
-    JobLocked,
-    JobNameAmbiguous,
-    JobNotRegistered,
-    LeaseExpired,
-    OutboxError,
-    PayloadInvalid,
-    RetryLater,
-    StorageError,
-)
-from celery_outbox.jobs import OutboxJob, outbox_job
-from celery_outbox.models import metadata
-from celery_outbox.outbox import Outbox
-from celery_outbox.registry import JobRegistry
-from celery_outbox.retry import RetryPolicy
-from celery_outbox.states import Priority, Status
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from celery_outbox.config import OutboxConfig
+    from celery_outbox.context import JobContext
+    from celery_outbox.errors import (
+        ConfigurationError,
+        DoNotRetry,
+        ExecutionCancelled,
+        ExecutionNotFound,
+        InvalidTransition,
+        JobLocked,
+        JobNameAmbiguous,
+        JobNotRegistered,
+        LeaseExpired,
+        OutboxError,
+        PayloadInvalid,
+        RetryLater,
+        StorageError,
+    )
+    from celery_outbox.jobs import OutboxJob, outbox_job
+    from celery_outbox.models import metadata
+    from celery_outbox.outbox import Outbox
+    from celery_outbox.registry import JobRegistry
+    from celery_outbox.retry import RetryPolicy
+    from celery_outbox.states import Priority, Status
+
+_WHERE = {
+    "OutboxConfig": "config",
+    "JobContext": "context",
+    **dict.fromkeys(
+        ("ConfigurationError", "DoNotRetry", "ExecutionCancelled", "ExecutionNotFound",
+         "InvalidTransition", "JobLocked", "JobNameAmbiguous", "JobNotRegistered",
+         "LeaseExpired", "OutboxError", "PayloadInvalid", "RetryLater", "StorageError"),
+        "errors"),
+    "OutboxJob": "jobs",
+    "outbox_job": "jobs",
+    "metadata": "models",
+    "Outbox": "outbox",
+    "JobRegistry": "registry",
+    "RetryPolicy": "retry",
+    "Priority": "states",
+    "Status": "states",
+}
+"""Each public name -> the submodule that defines it."""
 
 __all__ = [
     "ConfigurationError",
@@ -53,3 +82,18 @@ __all__ = [
     "metadata",
     "outbox_job",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its submodule on first use (then cached here); an
+    unknown one raises AttributeError."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'celery_outbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"celery_outbox.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -9,7 +9,6 @@ from uuid import UUID
 
 from pydantic import BaseModel
 from sqlalchemy import Connection
-from sqlalchemy.orm import Session, scoped_session
 
 from celery_outbox.context import JobContext
 from celery_outbox.errors import ConfigurationError, JobLocked
@@ -19,6 +18,7 @@ from celery_outbox.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+    from sqlalchemy.orm import Session, scoped_session
 
 P = TypeVar("P")
 

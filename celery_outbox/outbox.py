@@ -7,7 +7,6 @@ It owns push, cancel and the schema; the SQL itself lives in :mod:`celery_outbox
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -18,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from celery import Celery
@@ -26,10 +25,8 @@ from celery import signals as celery_signals
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, Engine, MetaData
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session, scoped_session
 
 from celery_outbox import limits, signals
-from celery_outbox.admin import OutboxAdmin
 from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.dispatch import (
     RUN_TASK,
@@ -61,6 +58,9 @@ from celery_outbox.ticker import install as install_cron_task
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_scoped_session
+    from sqlalchemy.orm import Session, scoped_session
+
+    from celery_outbox.admin import OutboxAdmin
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ of a framework, joined): its rows commit with it and dispatch after its outermos
 _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 """An escaped NUL in JSON text (not an escaped backslash followed by ``u0000``)."""
+_JSON = json.JSONEncoder(allow_nan=False)
+"""``json.dumps(..., allow_nan=False)`` without a new encoder per call (per pushed payload)."""
 
 
 class Outbox:
@@ -333,6 +335,8 @@ class Outbox:
             organization_id=organization_id, triggered_by=triggered_by,
             triggered_by_name=triggered_by_name, index_items=index_items)
         caller = _check_async_target(session, connection)
+        import asyncio  # only here: a worker that never pushes from a loop does not import it
+
         if caller is None:
             return await asyncio.to_thread(self.push_many, spec, payloads, **options)
         now = utcnow()
@@ -479,7 +483,10 @@ class Outbox:
 
     @cached_property
     def admin(self) -> OutboxAdmin:
-        """The admin service: list jobs and executions, trigger, retry, cancel."""
+        """The admin service: list jobs and executions, trigger, retry, cancel (imported on
+        first use: a worker does not need it)."""
+        from celery_outbox.admin import OutboxAdmin
+
         return OutboxAdmin(self)
 
     def flush(self, timeout: timedelta = timedelta(seconds=10)) -> bool:
@@ -508,12 +515,15 @@ def _check_target(
         raise ConfigurationError(
             f"push: connection= must be a sqlalchemy Connection, got {type(connection)!r}"
         )
-    if session is None or isinstance(session, Session):
-        return session
-    if isinstance(session, scoped_session):
+    if session is None:
+        return None
+    orm = sys.modules.get("sqlalchemy.orm")  # not imported yet: no Session exists
+    if orm is not None and isinstance(session, orm.Session):
+        return cast("Session", session)
+    if orm is not None and isinstance(session, orm.scoped_session):
         current = session()  # the registry's Session of this thread (or scope)
-        if isinstance(current, Session):
-            return current
+        if isinstance(current, orm.Session):
+            return cast("Session", current)
         session = current
     raise ConfigurationError(
         f"push: session= must be a sqlalchemy Session or scoped_session, got {type(session)!r}"
@@ -543,7 +553,10 @@ def _check_async_target(session: Any, connection: Any) -> Any:
         else (ext.AsyncConnection,))
     if isinstance(value, wanted):
         return value
-    if isinstance(value, (Session, scoped_session, Connection)):
+    orm = sys.modules.get("sqlalchemy.orm")  # not imported yet: no Session exists
+    sync: tuple[type[Any], ...] = (Connection,) if orm is None else (
+        orm.Session, orm.scoped_session, Connection)
+    if isinstance(value, sync):
         raise ConfigurationError(
             f"apush: {argument}= is a sync SQLAlchemy {type(value).__name__}; use "
             f"job.push(...) or job.push_many(...), or pass an "
@@ -598,7 +611,7 @@ def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:
         data = model.model_dump(mode="json")
         # What the database stores must be JSON PostgreSQL takes: no NaN, no Infinity, no
         # NUL character in a string.
-        text = json.dumps(data, allow_nan=False)
+        text = _JSON.encode(data)
         if "\\u0000" in text and _JSON_NUL.search(text):
             raise ValueError("a string holds the NUL character (\\u0000)")
     except ValueError as exc:  # pydantic's serialisation errors, undecodable bytes, NaN
