@@ -416,18 +416,47 @@ def session(outbox: System, ops: int, r: int, results: Results) -> None:
 
 
 def single(outbox: System, celery: System, ops: int, r: int, results: Results) -> None:
-    """Figure 6: ``ops`` timed ``push()`` (own transaction) and ``ops`` timed ``delay()``
-    (which first alternates with ``r``); p50 and p99 in ms."""
-    sides = [("push", "push() own transaction", outbox), ("delay", "delay()", celery)]
-    for key, name, system in sides[r % 2:] + sides[:r % 2]:
-        _fresh(outbox)
-        durations = timed_calls(lambda i, system=system: system.push(0), ops)
-        for q in (50, 99):
-            results.add(f"single{q}.{key}", f"6. single {name} p{q}", "ms",
-                        _pct(durations, q / 100) * 1e3)
+    """Figure 6: ``ops`` timed ``push()`` (own transaction), ``ops`` timed ``delay()`` and,
+    the database's floor under a push, ``ops`` timed bare INSERTs of a row of the same size
+    on one psycopg connection in autocommit (each a commit, as a push is); their order
+    rotated by ``r``; p50 and p99 in ms."""
+    with _floor() as insert:
+        sides: list[tuple[str, str, Callable[[int], object]]] = [
+            ("push", "push() own transaction", outbox.push),
+            ("delay", "delay()", celery.push),
+            ("insert", "bare INSERT, autocommit (the floor)", insert)]
+        for key, name, call in sides[r % 3:] + sides[:r % 3]:
+            _fresh(outbox)
+            durations = timed_calls(lambda i, call=call: call(0), ops)  # type: ignore[misc]
+            for q in (50, 99):
+                results.add(f"single{q}.{key}", f"6. single {name} p{q}", "ms",
+                            _pct(durations, q / 100) * 1e3)
     _fresh(outbox)
     for q in (50, 99):
-        results.line(f"6. single call p{q}, ms", [f"single{q}.push", f"single{q}.delay"])
+        results.line(f"6. single call p{q}, ms",
+                     [f"single{q}.push", f"single{q}.delay", f"single{q}.insert"])
+
+
+@contextmanager
+def _floor() -> Iterator[Callable[[int], object]]:
+    """A bare INSERT of one row (a UUID and a small JSON payload) into a table of its own
+    (``bench_floor``, emptied first) on one psycopg connection in autocommit."""
+    import uuid
+
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    url = os.environ["BENCH_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_floor (id uuid PRIMARY KEY, "
+                     "payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute("TRUNCATE bench_floor")
+
+        def insert(n: int) -> None:
+            conn.execute("INSERT INTO bench_floor (id, payload) VALUES (%s, %s)",
+                         (uuid.uuid4(), Jsonb({"n": n})))
+
+        yield insert
 
 
 def ratios(res: Results) -> list[Ratio]:
@@ -463,6 +492,8 @@ def ratios(res: Results) -> list[Ratio]:
               over("single99.push", "single99.delay"), "<=", 1.5),
         Ratio("single50.push/delay", "6. push() p50 / delay() p50",
               over("single50.push", "single50.delay")),
+        Ratio("single99.insert/delay", "6. bare INSERT p99 / delay() p99 (the floor)",
+              over("single99.insert", "single99.delay")),
     ]
     return out
 

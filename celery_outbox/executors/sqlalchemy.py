@@ -622,6 +622,8 @@ def _listen_sessions() -> None:
     """Register the three after-commit listeners on the Session class, once per process
     (every Session and subclass, sessionmaker's and an AsyncSession's sync Session included).
     A Session no push touched pays a dictionary lookup per transaction event."""
+    from sqlalchemy.orm import Session  # a push in a Session: the ORM is imported already
+
     with _SESSIONS_LOCK:
         if _SESSIONS_HOOKED:
             return
