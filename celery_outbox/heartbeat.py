@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,14 +54,17 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
+        self._next_beat = 0.0  # time.monotonic() of the thread's next beat (0: not waiting)
 
     def track(self, fence: Fence, lease: timedelta, on_lost: Callable[[], None]) -> None:
-        """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`."""
+        """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`. The thread is
+        woken only when this lease needs renewing before its next beat (a thread woken per
+        message takes the GIL from the handler about to begin)."""
         with self._lock:
             self._ensure_thread()
-            shorter = not self._held or lease < min(h.lease for h in self._held.values())
             self._held[fence] = _Held(fence, lease, on_lost)
-        if shorter:
+            sooner = time.monotonic() + lease.total_seconds() / 3 < self._next_beat
+        if sooner:
             self._wake.set()
 
     def untrack(self, fence: Fence) -> None:
@@ -118,7 +122,10 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._interval())
+            interval = self._interval()
+            with self._lock:
+                self._next_beat = time.monotonic() + interval
+            self._wake.wait(interval)
             if self._wake.is_set():
                 self._wake.clear()
                 continue  # a shorter lease arrived: recompute the interval first

@@ -25,12 +25,11 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    text,
     update,
 )
 
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
-from celery_outbox.queries.base import Query, Row, execute, first, named, rowcount, rows
+from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
 from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, who
 from celery_outbox.states import Status
 
@@ -91,15 +90,24 @@ def _start_params(fence: Fence, now: datetime) -> dict[str, Any]:
     return {**fence_params(fence, "start"), "start_now": now}
 
 
-@named("this transaction commits without waiting for its WAL flush (PostgreSQL)")
-def commit_unflushed(t: Table) -> Query[None]:
-    """``SET LOCAL synchronous_commit TO OFF``: the transaction's changes are visible to
-    every other one at its commit, as always; only a crash of the database server in the
-    next few hundred milliseconds can lose them."""
-    return execute("commit_unflushed", _UNFLUSHED, prepared=True)
+@cache
+def _start_unflushed_statement(t: Table) -> Any:
+    """:func:`_start_statement` whose transaction commits without waiting for its WAL flush:
+    ``set_config('synchronous_commit', 'off', true)`` in a one-row CTE the UPDATE joins, so
+    it is evaluated once, in the statement's own transaction."""
+    unflushed = select(
+        func.set_config("synchronous_commit", "off", True).label("setting")
+    ).cte("unflushed")
+    return _start_statement(t).where(unflushed.c.setting.is_not(None))
 
 
-_UNFLUSHED = text("SET LOCAL synchronous_commit TO OFF")
+@named("start without waiting for the WAL flush (PostgreSQL): visible at once, lost only "
+       "if the database server crashes right after; fenced")
+def start_unflushed(t: Table, fence: Fence, now: datetime) -> Query[int]:
+    """:func:`start_fenced` committing without waiting for its WAL flush; answers the number
+    of rows marked started (1, or 0 on a fence miss)."""
+    return rowcount("start_unflushed", _start_unflushed_statement(t),
+                    _start_params(fence, now), prepared=True)
 
 
 @named("start: running -> running, started_at = now (a later row of a claim), fenced")

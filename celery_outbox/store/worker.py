@@ -21,12 +21,12 @@ from celery_outbox.outcomes import (
 )
 from celery_outbox.queries.worker import (
     claim_rows,
-    commit_unflushed,
     extend_leases,
     finish_and_start,
     finish_fenced,
     release_fenced,
     start_fenced,
+    start_unflushed,
 )
 from celery_outbox.store.base import Fence, StoreBase
 
@@ -88,12 +88,9 @@ class WorkerStore(StoreBase):
         is visible to every other transaction at once; a crash of the database server soon
         after can lose it, and the row then looks never begun).
         """
-        query = start_fenced(self.t, fence, now)
-        if flushed or self.dialect != "postgresql":
-            hits = self.executor.run(query)
-        else:
-            hits = self.executor.run_all([commit_unflushed(self.t), query])[-1]
-        return self._hit(hits, "start", fence.id)
+        unflushed = not flushed and self.dialect == "postgresql"
+        query = (start_unflushed if unflushed else start_fenced)(self.t, fence, now)
+        return self._hit(self.executor.run(query), "start", fence.id)
 
     def finish(
         self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None
