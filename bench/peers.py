@@ -471,10 +471,14 @@ def ratios(res: Results) -> list[Ratio]:
 
     peers = [("celery", "plain Celery"), ("pgqueuer", "pgqueuer"),
              ("procrastinate", "procrastinate")]
+    # The targets of issue 12: drain at least pgqueuer's, latency within 1.2x plain Celery's.
     out = [Ratio(f"e2e.outbox/{key}", f"1. e2e drain, outbox / {label}",
-                 over("e2e.outbox", f"e2e.{key}")) for key, label in peers]
+                 over("e2e.outbox", f"e2e.{key}"),
+                 *((">=", 1.0) if key == "pgqueuer" else ()))
+           for key, label in peers]
     out += [Ratio(f"lat{q}.outbox/{key}", f"2. latency p{q}, outbox / {label}",
-                  over(f"lat{q}.outbox", f"lat{q}.{key}"))
+                  over(f"lat{q}.outbox", f"lat{q}.{key}"),
+                  *(("<=", 1.2) if key == "celery" else ()))
             for q in ("50", "99") for key, label in peers]
     a, c, d = per_op("session.a"), per_op("session.c"), per_op("session.d")
     out += [
