@@ -52,10 +52,13 @@ class OutboxConfig(BaseModel):
     - ``drain_timeout`` [30 s]: how long a stopping worker waits for running handlers.
     - ``batch_size`` [500]: rows per batch in sweep and trim.
     - ``dispatch_chunk_size`` [50]: execution ids carried by one Celery message at most.
-    - ``outcome_window`` [50 ms]: how long a worker may hold the outcomes of one message's
+    - ``outcome_window`` [0]: how long a worker may hold the outcomes of one message's
       finished attempts to write them together, in one transaction (one commit for many);
-      0 writes each outcome at once. The trade: a worker killed mid-message also runs again
-      the attempts that finished in the last window (their outcomes were not written).
+      0 writes each outcome at once. Opt-in, for throughput: a worker killed mid-message
+      then loses the held outcomes too (their attempts are rescued as a dead worker's:
+      retried, or failed when the job allows no retry), and each later row's start mark is
+      committed without waiting for the WAL flush (a crash of the database server can lose
+      it, and a row whose worker also died then begins the same attempt again).
     - ``cron_catchup`` [5 min]: a cron tick at most this old (30 s at least) still runs, once,
       when beat fires it late (it was down); older missed ticks are skipped and logged.
     - ``table_name`` ["celery_outbox_executions"]: the outbox table.
@@ -75,7 +78,7 @@ class OutboxConfig(BaseModel):
     drain_timeout: timedelta = timedelta(seconds=30)
     batch_size: int = 500
     dispatch_chunk_size: int = 50
-    outcome_window: timedelta = timedelta(milliseconds=50)
+    outcome_window: timedelta = timedelta(0)
     cron_catchup: timedelta = timedelta(minutes=5)
     table_name: str = "celery_outbox_executions"
 

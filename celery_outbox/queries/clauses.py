@@ -16,8 +16,23 @@ WHO_MAX = 200
 
 
 def who(value: str | None) -> str | None:
-    """``value`` cut to :data:`WHO_MAX` characters, for ``cancelled_by(_name)``."""
-    return value[:WHO_MAX] if value is not None else None
+    """``value`` cut to :data:`WHO_MAX` characters (NUL replaced, :func:`storable`), for
+    ``cancelled_by(_name)``."""
+    return storable(value[:WHO_MAX]) if value is not None else None
+
+
+def storable(value: Any) -> Any:
+    """``value`` (a string, or lists and dicts of them: an error, captured log records) with
+    every NUL character replaced by U+FFFD: PostgreSQL's text and JSON cannot hold NUL, and an
+    outcome whose error or logs carry one (a handler's message about binary input) must still
+    be written, not fail its write."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    return value
 
 
 def upsert(table: Table, dialect: str) -> Any:

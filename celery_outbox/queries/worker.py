@@ -30,7 +30,7 @@ from sqlalchemy import (
 
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
-from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, who
+from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, storable, who
 from celery_outbox.states import Status
 
 
@@ -160,12 +160,12 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, 
     params = fence_params(fence, "fence")
     if isinstance(outcome, (Succeeded, Failed)) and not outcome.keep:
         return params
-    params.update(o_now=now, o_logs=outcome.logs)
+    params.update(o_now=now, o_logs=storable(outcome.logs))
     if isinstance(outcome, Retrying):
-        params.update(o_run_at=outcome.run_at, o_error=outcome.error,
+        params.update(o_run_at=outcome.run_at, o_error=storable(outcome.error),
                       o_dispatched_at=now if outcome.dispatched else None)
     elif isinstance(outcome, Failed):
-        params.update(o_error=outcome.error)
+        params.update(o_error=storable(outcome.error))
     elif isinstance(outcome, Cancelled):
         params.update(o_by=who(outcome.by), o_by_name=who(outcome.by_name))
     return params
