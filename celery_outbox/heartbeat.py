@@ -115,15 +115,16 @@ class Heartbeat:
         self._thread.start()
 
     def _interval(self) -> float:
-        with self._lock:
-            if not self._held:
-                return self.idle_interval.total_seconds()
-            return min(h.lease for h in self._held.values()).total_seconds() / 3
+        """Seconds to the next beat: a third of the shortest held lease (caller holds the
+        lock)."""
+        if not self._held:
+            return self.idle_interval.total_seconds()
+        return min(h.lease for h in self._held.values()).total_seconds() / 3
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            interval = self._interval()
-            with self._lock:
+            with self._lock:  # one step: a track() sees this beat's time, or is counted in it
+                interval = self._interval()
                 self._next_beat = time.monotonic() + interval
             self._wake.wait(interval)
             if self._wake.is_set():

@@ -70,7 +70,14 @@ def test_redelivered_messages_never_begin_an_attempt_twice(pg_url: str, tmp_path
                     return all((outbox.store.get(i) or {}).get("status") == "succeeded"
                                for i in ids)
 
-                procs.wait_for(all_done, 90, "every execution to succeed")  # leases expire first
+                try:
+                    procs.wait_for(all_done, 90, "every execution to succeed")  # leases expire
+                except TimeoutError as exc:
+                    rows = [{k: (outbox.store.get(i) or {}).get(k) for k in (
+                        "status", "attempt", "max_attempts", "claimed_by", "started_at",
+                        "lease_expires_at", "dispatched_at", "scheduled_at", "last_error")}
+                        for i in ids]
+                    raise AssertionError(f"{exc}: {rows}; runs {sorted(runs())}") from exc
             begun = Counter(runs())
             assert [k for k, n in begun.items() if n > 1] == [], begun
             assert {e for e, _ in begun} == {str(i) for i in ids}
