@@ -29,7 +29,8 @@ MAX_KEEP = 2**31 - 1
 
 
 MAX_WINDOW = timedelta(seconds=60)
-"""The longest ``outcome_window``: outcomes wait at most this long to be written."""
+"""The longest ``outcome_window`` (the age of the oldest held outcome at which the runner
+writes the held ones before beginning the next row)."""
 
 
 class OutboxConfig(BaseModel):
