@@ -72,7 +72,7 @@ def test_redelivered_messages_never_begin_an_attempt_twice(pg_url: str, tmp_path
 
                 try:
                     procs.wait_for(all_done, 90, "every execution to succeed")  # leases expire
-                except TimeoutError as exc:
+                except AssertionError as exc:
                     rows = [{k: (outbox.store.get(i) or {}).get(k) for k in (
                         "status", "attempt", "max_attempts", "claimed_by", "started_at",
                         "lease_expires_at", "dispatched_at", "scheduled_at", "last_error")}
