@@ -75,8 +75,6 @@ class _Decided:
     """None: nothing to write (cancelled by an admin, rescued or handed back meanwhile)."""
     status: Status | None
     """What the row becomes when the write hits (None: nothing written)."""
-    began: datetime
-    error: BaseException | None = None
     on_hit: Callable[[], None] | None = None
     """What follows a write that hit (a retry's dispatch, a cancel's log and signal)."""
     ended: datetime | None = None
@@ -280,7 +278,7 @@ class Runner:
                           "failing the execution", spec.name, row.id, row.attempt)
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
             decided = _Decided(fence, row, ctx, Failed(error, keep=spec.keep_failed_row()),
-                               Status.FAILED, began, exc)
+                               Status.FAILED)
         decided.ended = self.clock()
         return decided
 
@@ -294,7 +292,7 @@ class Runner:
             if not cancelled:
                 self._contexts[row.id] = ctx
         if cancelled:
-            return _Decided(fence, row, ctx, None, None, began)
+            return _Decided(fence, row, ctx, None, None)
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
         signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
@@ -340,7 +338,7 @@ class Runner:
         signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                  duration=now - began)
         keep = spec.keep_succeeded_row(self.config)
-        return _Decided(fence, row, ctx, Succeeded(keep, logs), Status.SUCCEEDED, began)
+        return _Decided(fence, row, ctx, Succeeded(keep, logs), Status.SUCCEEDED)
 
     def _on_cancel(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
@@ -360,7 +358,7 @@ class Runner:
             signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
 
         return _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), Status.CANCELLED,
-                        began, error, cancelled)
+                        cancelled)
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
@@ -370,7 +368,7 @@ class Runner:
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
             signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    exception=exc, will_retry=False)
-            return _Decided(fence, row, ctx, None, None, began, exc)
+            return _Decided(fence, row, ctx, None, None)
         now = self.clock()
         error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
         delay, refused = self._retry_delay(spec, row, exc)
@@ -384,7 +382,7 @@ class Runner:
             log.error("celery_outbox: %s %s failed on attempt %d/%d; no retry: %s",
                       spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0])
             return _Decided(fence, row, ctx, Failed(error, logs, keep=spec.keep_failed_row()),
-                            Status.FAILED, began, exc)
+                            Status.FAILED)
         run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
@@ -397,7 +395,7 @@ class Runner:
             )
 
         return _Decided(fence, row, ctx, Retrying(run_at, error, logs, dispatched=soon),
-                        Status.SCHEDULED, began, exc, dispatch if soon else None)
+                        Status.SCHEDULED, dispatch if soon else None)
 
     def _retry_delay(
         self, spec: JobSpec, row: Claimed, exc: Exception
