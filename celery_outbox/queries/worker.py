@@ -204,24 +204,34 @@ def finish_and_start(
                  prepared=True)
 
 
-@named("heartbeat: running -> running, lease_expires_at = lease_until, per fence")
+@named("heartbeat: running -> running, lease_expires_at = lease_until, per fence; on "
+       "PostgreSQL a row locked by a writer is skipped, still counted held")
 def extend_leases(
-    t: Table, worker: str | None, fences: Sequence[Fence], now: datetime,
+    t: Table, dialect: str, worker: str | None, fences: Sequence[Fence], now: datetime,
     lease_until: datetime,
 ) -> Query[list[UUID]]:
-    """Answers the ids still held."""
+    """Answers the ids still held: renewed, or (PostgreSQL) locked by a writer at this moment
+    and renewed at the next beat.
+
+    On PostgreSQL the UPDATE takes only the rows it can lock at once (``SKIP LOCKED``) and
+    never waits: a heartbeat renewing many rows in one statement, waiting on a row the runner
+    is writing, could hold the next row that write needs, and the database would abort one of
+    the two (a deadlock). A row it skipped but the statement's snapshot shows held is
+    answered too: its writer is finishing it (the next beat finds it gone) or starting it.
+    """
     guard = [t.c.status == Status.RUNNING.value,
              or_(*(and_(t.c.id == f.id, t.c.claimed_by == f.claimed_by,
                         t.c.attempt == f.attempt) for f in fences))]
     if worker is not None:
         guard.append(t.c.claimed_by == worker)
-    stmt = (
-        update(t)
-        .where(*guard)
-        .values(lease_expires_at=lease_until, updated_at=now)
-        .returning(t.c.id)
-    )
-    return rows("extend_leases", stmt, _id)
+    renew = update(t).where(*guard).values(lease_expires_at=lease_until, updated_at=now)
+    if dialect != "postgresql":  # SQLite: one writer at a time, no row locks to wait on
+        return rows("extend_leases", renew.returning(t.c.id), _id)
+    free = (select(t.c.id).where(*guard)
+            .with_for_update(key_share=True, skip_locked=True).cte("free"))
+    renewed = renew.where(t.c.id.in_(select(free.c.id))).returning(t.c.id).cte("renewed")
+    visible = select(t.c.id).where(*guard)
+    return rows("extend_leases", visible.union(select(renewed.c.id)), _id)
 
 
 def _id(row: Row) -> UUID:

@@ -145,12 +145,14 @@ class WorkerStore(StoreBase):
         claim has a ``claimed_by`` of its own, see :meth:`claim`). ``worker``, when not None,
         must also equal every matched row's ``claimed_by`` (callers holding one claim).
         Returns the ids still held; a fence missing from the result was cancelled, rescued,
-        handed back or deleted.
+        handed back or deleted. On PostgreSQL it never waits on a row lock: a row another
+        transaction holds locked (the runner writing its outcome or start, a cancel, the
+        rescuer) is not renewed now but answered held, its fate read at the next beat.
         """
         if not fences:
             return set()
-        held: list[UUID] = self.executor.run(extend_leases(self.t, worker, fences, now,
-                                                           lease_until))
+        held: list[UUID] = self.executor.run(extend_leases(self.t, self.dialect, worker,
+                                                           fences, now, lease_until))
         return set(held)
 
     def release(

@@ -157,8 +157,13 @@ def test_concurrent_apush_each_runs_once_and_never_blocks_the_loop(
     for run in runs:
         ran[run.execution_id] = ran.get(run.execution_id, 0) + 1
     assert ran == {str(i): 1 for i in ids}
-    procs.wait_for(lambda: statuses(apush_stack, ids) == {Status.SUCCEEDED.value: CALLS + 1},
-                   30, "every execution to be succeeded")
+    try:
+        procs.wait_for(lambda: statuses(apush_stack, ids) == {Status.SUCCEEDED.value: CALLS + 1},
+                       30, "every execution to be succeeded")
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}: {statuses(apush_stack, ids)}; not succeeded: "
+                             f"{unfinished(apush_stack, ids)[:5]}; worker log's end:\n"
+                             f"{apush_stack.workers[0].text()[-4000:]}") from None
 
 
 def statuses(s: Stack, ids: list[UUID]) -> dict[str, int]:
@@ -167,3 +172,11 @@ def statuses(s: Stack, ids: list[UUID]) -> dict[str, int]:
     with s.outbox.engine.connect() as conn:
         return {status: int(n) for status, n in conn.execute(
             select(t.c.status, func.count()).where(t.c.id.in_(ids)).group_by(t.c.status))}
+
+
+def unfinished(s: Stack, ids: list[UUID]) -> list[dict[str, object]]:
+    """The rows of ``ids`` not succeeded, whole."""
+    t = s.outbox.tables.executions
+    with s.outbox.engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(
+            select(t).where(t.c.id.in_(ids), t.c.status != Status.SUCCEEDED.value))]

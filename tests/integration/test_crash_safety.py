@@ -64,7 +64,7 @@ def test_heartbeat_renews_every_lease_in_one_statement_per_lease_length(
         updates: list[str] = []
 
         def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            if statement.lstrip().upper().startswith("UPDATE"):
+            if "UPDATE " in statement.upper():  # PostgreSQL: WITH ... UPDATE
                 updates.append(statement)
 
         event.listen(outbox.engine, "before_cursor_execute", count)
