@@ -79,6 +79,18 @@ class UTCDateTime(TypeDecorator[datetime]):
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
 
+class EncodedJson(dict[str, Any]):
+    """A JSON object (a ``dict``, usable as one everywhere) that carries its JSON text
+    (``text``, a ``str``), encoded once when the push checked it: a binary COPY writes the
+    text as it is instead of encoding the object a second time."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, data: dict[str, Any], text: str) -> None:
+        super().__init__(data)
+        self.text = text
+
+
 @dataclass(frozen=True)
 class Tables:
     """The tables of one outbox: ``executions``, ``cron_ticks`` and ``trim_marks``."""

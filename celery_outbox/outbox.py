@@ -47,12 +47,12 @@ from celery_outbox.maintenance import (
     beat,
 )
 from celery_outbox.maintenance.service import check_now
-from celery_outbox.models import DEFAULT_TABLE, MAX_LENGTHS, TABLES, build_tables
+from celery_outbox.models import DEFAULT_TABLE, MAX_LENGTHS, TABLES, EncodedJson, build_tables
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain
 from celery_outbox.states import Priority
-from celery_outbox.store import ExecutionStore, NewExecution
+from celery_outbox.store import ExecutionStore, NewExecution, new_ids
 from celery_outbox.ticker import ENTRY_PREFIX, CronTicker, TickOutcome
 from celery_outbox.ticker import install as install_cron_task
 
@@ -402,6 +402,7 @@ class Outbox:
                               ("triggered_by_name", triggered_by_name)):
             _check_text(option, value)
         rows = []
+        ids = new_ids(len(payloads))
         for index, (payload, key) in enumerate(zip(payloads, keys, strict=True)):
             if key is not None and (not isinstance(key, str) or not key):
                 raise ConfigurationError(f"push: key must be a non-empty string, got {key!r}")
@@ -409,6 +410,7 @@ class Outbox:
                 _check_text("key", key, MAX_LENGTHS["unique_key"])
             rows.append(NewExecution.create(
                 spec.name, _validate(spec, payload, index if many else None), now,
+                execution_id=ids[index],
                 priority=int(prio), max_attempts=spec.retry.max_attempts, run_at=run_at,
                 max_eta=self.config.max_eta, unique_key=key, organization_id=organization_id,
                 triggered_by=triggered_by, triggered_by_name=triggered_by_name,
@@ -619,7 +621,7 @@ def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:
         raise PayloadInvalid(spec.name, [{
             "loc": loc, "msg": f"cannot be stored as JSON: {exc}", "type": "json_serialisable",
         }]) from None
-    return data
+    return EncodedJson(data, text) if type(data) is dict else data
 
 
 def _check_text(option: str, value: str | None, limit: int | None = None) -> None:

@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from celery_outbox.errors import ConfigurationError, StorageError
 from celery_outbox.executors.base import Observer
+from celery_outbox.models import EncodedJson
 from celery_outbox.queries import Query, Shape
 
 if TYPE_CHECKING:  # imported by join() alone: a worker never needs SQLAlchemy's ORM
@@ -343,6 +344,8 @@ class SqlAlchemyExecutor:
         processed = [(i, process) for i, process in enumerate(processors) if process is not None]
         last_in: list[Any] = [_UNSET] * len(columns)
         last_out: list[Any] = [None] * len(columns)
+        jsonb = _jsonb_columns(types)
+        from psycopg.types.json import Jsonb  # a binary COPY: psycopg's, as the driver is
         try:
             with driver.cursor() as cursor, cursor.copy(sql) as copy:
                 if types is not None:
@@ -351,6 +354,9 @@ class SqlAlchemyExecutor:
                     values = list(row.values())
                     for i, process in processed:
                         value = values[i]
+                        if value.__class__ is EncodedJson and i in jsonb:
+                            values[i] = Jsonb(value.text, dumps=_text_as_is)
+                            continue
                         if value is not last_in[i]:
                             last_in[i] = value
                             last_out[i] = process(value)
@@ -437,6 +443,22 @@ _UNSET = object()
 
 
 @functools.lru_cache(maxsize=64)
+def _jsonb_columns(types: tuple[int, ...] | None) -> frozenset[int]:
+    """The indexes of a binary COPY's ``jsonb`` columns, where an :class:`EncodedJson` goes
+    as its text (psycopg's ``Jsonb`` with an identity ``dumps``), not encoded again."""
+    if types is None:
+        return frozenset()
+    from psycopg import adapters
+
+    info = adapters.types.get("jsonb")
+    return frozenset(i for i, oid in enumerate(types) if info is not None and oid == info.oid)
+
+
+def _text_as_is(text: Any) -> str:
+    assert isinstance(text, str)
+    return text
+
+
 def _binary_types(table: Table, dialect: Dialect, columns: tuple[str, ...]
                   ) -> tuple[int, ...] | None:
     """The type OID of each column for a binary COPY (psycopg's registry of built-in types,

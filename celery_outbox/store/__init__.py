@@ -30,7 +30,7 @@ from celery_outbox.store.admin import AdminStore, JobStats, StatusCount
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
-from celery_outbox.store.push import NewExecution, PushStore
+from celery_outbox.store.push import NewExecution, PushStore, new_ids
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
 from celery_outbox.store.trim import TrimStore
 from celery_outbox.store.watermark import FINISHED, Key, TrimFresh, TrimMark, TrimStep, advance_trim
@@ -55,6 +55,7 @@ __all__ = [
     "TrimMark",
     "TrimStep",
     "advance_trim",
+    "new_ids",
 ]
 
 

@@ -5,6 +5,7 @@ retried execution). The multi-statement logic is a plan (:mod:`celery_outbox.que
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -69,8 +70,10 @@ class NewExecution:
         organization_id: str | None = None,
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
+        execution_id: UUID | None = None,
     ) -> NewExecution:
-        """The row of one push (or cron tick) at ``now``, with a fresh id: scheduled when
+        """The row of one push (or cron tick) at ``now``, with the id ``execution_id``
+        (None: a fresh :func:`~uuid.uuid4`; :func:`new_ids` makes many at once): scheduled when
         ``run_at`` is later than ``now``, else pending; dispatched now unless scheduled
         further than ``max_eta`` ahead (None: any wait goes out now, with an eta). The one
         place push, push_many and the cron ticker build their rows."""
@@ -78,7 +81,7 @@ class NewExecution:
         eta_ok = not due_later or max_eta is None or (
             run_at is not None and run_at - now <= max_eta)
         return cls(
-            id=uuid4(),
+            id=uuid4() if execution_id is None else execution_id,
             job_name=job_name,
             status=Status.SCHEDULED if due_later else Status.PENDING,
             priority=priority,
@@ -114,6 +117,13 @@ class NewExecution:
         if self.retry_of is not None:  # only then: a push never needs the column
             values["retry_of"] = self.retry_of
         return values
+
+
+def new_ids(n: int) -> list[UUID]:
+    """``n`` random (version 4) UUIDs, as :func:`~uuid.uuid4` makes them, from one read of
+    the system's random source instead of one per id."""
+    raw = os.urandom(16 * n)
+    return [UUID(bytes=raw[i:i + 16], version=4) for i in range(0, 16 * n, 16)]
 
 
 class PushStore(StoreBase):

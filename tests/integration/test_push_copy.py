@@ -9,10 +9,11 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from celery_outbox import Outbox, OutboxJob, StorageError
+from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, StorageError, outbox_job
 from celery_outbox.executors.sqlalchemy import COPY_MIN_ROWS as _COPY_MIN_ROWS
 from celery_outbox.states import Status
 from celery_outbox.store import NewExecution
@@ -83,3 +84,36 @@ def test_failed_copy_is_a_storage_error_and_writes_nothing(pg_outbox: Outbox) ->
           pg_outbox.store.transaction() as tx):
         pg_outbox.store.insert(tx, batch)
     assert rows(pg_outbox) == {}
+
+
+class Rich(BaseModel):
+    text: str
+    tags: list[str]
+    nested: dict[str, Any]
+    amount: float | None
+
+
+TEXTS = ["plain", "é 中文 🚀", 'quote " backslash \\ slash /', "\\u0000 as six characters",
+         "tab\tnewline\n", ""]
+
+
+def test_copied_payloads_equal_inserted_ones_text_for_text(
+    pg_outbox: Outbox, registry: JobRegistry,
+) -> None:
+    """The COPY writes the JSON text the push checked (not encoded again): every payload reads
+    back as the INSERT's does, non-ASCII, escapes and nesting included."""
+    @outbox_job(name="copy.rich", schema=Rich, registry=registry)
+    def rich(ctx: JobContext[Rich]) -> None:
+        return None
+
+    payloads = [Rich(text=TEXTS[n % len(TEXTS)], tags=TEXTS[: n % 4],
+                     nested={"n": n, "deep": {"list": [1, None, True], "s": TEXTS[n % 3]}},
+                     amount=None if n % 2 else n / 3)
+                for n in range(_COPY_MIN_ROWS)]
+    copied = rich.push_many(payloads)
+    inserted = [rich.push_many([p])[0] for p in payloads[:len(TEXTS)]]
+    table = rows(pg_outbox)
+    for n, execution_id in enumerate(copied):
+        assert table[execution_id]["payload"] == payloads[n].model_dump(mode="json")
+    for n, execution_id in enumerate(inserted):
+        assert table[execution_id]["payload"] == table[copied[n]]["payload"]
