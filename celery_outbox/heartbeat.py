@@ -4,6 +4,13 @@ Every ``lease / 3`` (the shortest lease held) it extends all held leases in one 
 lease length. A held execution missing from the UPDATE's result was cancelled or rescued: its
 ``on_lost`` callback fires, which sets the handler's ``ctx.cancelled``. A failed write is
 logged and tried again at the next interval; it never ends the thread.
+
+A worker cut off from the database cannot learn that its row was rescued (its writes fail,
+or hang until the engine's timeouts), so the heartbeat also keeps, per held execution, when
+the lease it last wrote runs out (this process's monotonic clock, counted from before the
+write). A second thread, the watch, fires ``on_lost`` half a beat's interval before that
+lease runs out unrenewed, before the rescuer can give the row to another worker; it sleeps
+until the earliest such moment, so it wakes about once per lease, not per message.
 """
 
 from __future__ import annotations
@@ -23,11 +30,22 @@ from celery_outbox.store import ExecutionStore, Fence
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Held:
     fence: Fence
     lease: timedelta
     on_lost: Callable[[], None]
+    expires: float
+    """``time.monotonic()`` at which the lease last written runs out (at the latest)."""
+    told: bool = False
+    """``on_lost`` fired for an expiring lease."""
+
+    @property
+    def tell_at(self) -> float:
+        """When the watch tells the handler: half a beat's interval (a sixth of the lease)
+        before the lease last written runs out; a beat may come late by one and a half
+        intervals (a busy process, a slow write) without a handler told for nothing."""
+        return self.expires - self.lease.total_seconds() / 6
 
 
 class Heartbeat:
@@ -55,17 +73,24 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
         self._next_beat = 0.0  # time.monotonic() of the thread's next beat (0: not waiting)
+        self._watch_wake = threading.Event()
+        self._watch_thread: threading.Thread | None = None
+        self._next_watch = 0.0  # time.monotonic() the watch wakes next (0: not waiting)
 
     def track(self, fence: Fence, lease: timedelta, on_lost: Callable[[], None]) -> None:
         """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`. The thread is
         woken only when this lease needs renewing before its next beat (a thread woken per
         message takes the GIL from the handler about to begin)."""
+        expires = time.monotonic() + lease.total_seconds()  # the claim wrote it just before
         with self._lock:
             self._ensure_thread()
-            self._held[fence] = _Held(fence, lease, on_lost)
+            held = self._held[fence] = _Held(fence, lease, on_lost, expires)
             sooner = time.monotonic() + lease.total_seconds() / 3 < self._next_beat
+            watch_sooner = held.tell_at < self._next_watch
         if sooner:
             self._wake.set()
+        if watch_sooner:
+            self._watch_wake.set()
 
     def untrack(self, fence: Fence) -> None:
         """Stop renewing ``fence``'s lease (another claim of the same row stays held)."""
@@ -101,6 +126,7 @@ class Heartbeat:
         """Stop the thread (held leases then expire unless released)."""
         self._stop.set()
         self._wake.set()
+        self._watch_wake.set()
 
     def _ensure_thread(self) -> None:
         pid = os.getpid()
@@ -113,6 +139,11 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, name="celery-outbox-heartbeat",
                                         daemon=True)
         self._thread.start()
+        if self._watch_thread is None or not self._watch_thread.is_alive() \
+                or self._watch_thread.ident not in {t.ident for t in threading.enumerate()}:
+            self._watch_thread = threading.Thread(target=self._watch, daemon=True,
+                                                  name="celery-outbox-lease-watch")
+            self._watch_thread.start()
 
     def _interval(self) -> float:
         """Seconds to the next beat: a third of the shortest held lease (caller holds the
@@ -155,6 +186,7 @@ class Heartbeat:
         lost = 0
         now = self.clock()
         for (lease, _), group in by_lease.items():
+            written = time.monotonic()  # before the write: the lease runs out no later
             try:
                 kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease)
             except Exception as exc:
@@ -162,10 +194,37 @@ class Heartbeat:
                             exc)
                 continue
             for h in group:
-                if h.fence.id not in kept:
-                    with self._lock:
-                        still_tracked = self._held.pop(h.fence, None) is not None
-                    if still_tracked:
-                        lost += 1
-                        h.on_lost()
+                if h.fence.id in kept:
+                    h.expires = written + lease.total_seconds()
+                    continue
+                with self._lock:
+                    still_tracked = self._held.pop(h.fence, None) is not None
+                if still_tracked:
+                    lost += 1
+                    h.on_lost()
         return lost
+
+    def _watch(self) -> None:
+        """The watch: fire ``on_lost`` (once) for each held lease about to run out unrenewed
+        (:attr:`_Held.tell_at`; the beats' writes failed or hang: the database unreachable,
+        a lock held for long), so the handler stops before the rescuer may give the row to
+        another worker. The lease stays held and renewed, should the database answer
+        again."""
+        while not self._stop.is_set():
+            with self._lock:  # one step: a track() sees this wake's time, or is counted in it
+                now = time.monotonic()
+                due = [h for h in self._held.values() if not h.told and h.tell_at <= now]
+                for h in due:
+                    h.told = True
+                pending = [h.tell_at for h in self._held.values() if not h.told]
+                wait = (min(pending) - now if pending
+                        else self.idle_interval.total_seconds())
+                self._next_watch = now + wait
+            for h in due:
+                log.warning("celery_outbox: the lease of %s (attempt %d) was not renewed in "
+                            "time (the heartbeat's writes failed or hang); its handler is told "
+                            "to stop (ctx.cancelled): the rescuer may run it again once the "
+                            "lease expires", h.fence.id, h.fence.attempt)
+                h.on_lost()
+            self._watch_wake.wait(wait)
+            self._watch_wake.clear()

@@ -22,9 +22,12 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    false,
     func,
     or_,
     select,
+    true,
+    union_all,
     update,
 )
 
@@ -205,19 +208,19 @@ def finish_and_start(
 
 
 @named("heartbeat: running -> running, lease_expires_at = lease_until, per fence; on "
-       "PostgreSQL a row locked by a writer is skipped, still counted held")
+       "PostgreSQL a row locked by a writer is skipped and answered apart")
 def extend_leases(
     t: Table, dialect: str, worker: str | None, fences: Sequence[Fence], now: datetime,
-    lease_until: datetime,
-) -> Query[list[UUID]]:
-    """Answers the ids still held: renewed, or (PostgreSQL) locked by a writer at this moment
-    and renewed at the next beat.
+    lease_until: datetime, *, wait: bool = False,
+) -> Query[list[tuple[UUID, bool]]]:
+    """Answers ``(id, renewed)`` for each row still held: renewed, or (PostgreSQL, unless
+    ``wait``) not renewed because a writer holds it locked at this moment.
 
     On PostgreSQL the UPDATE takes only the rows it can lock at once (``SKIP LOCKED``) and
     never waits: a heartbeat renewing many rows in one statement, waiting on a row the runner
     is writing, could hold the next row that write needs, and the database would abort one of
     the two (a deadlock). A row it skipped but the statement's snapshot shows held is
-    answered too: its writer is finishing it (the next beat finds it gone) or starting it.
+    answered ``(id, False)``; renew it on its own with ``wait`` (one row: no deadlock).
     """
     guard = [t.c.status == Status.RUNNING.value,
              or_(*(and_(t.c.id == f.id, t.c.claimed_by == f.claimed_by,
@@ -225,13 +228,24 @@ def extend_leases(
     if worker is not None:
         guard.append(t.c.claimed_by == worker)
     renew = update(t).where(*guard).values(lease_expires_at=lease_until, updated_at=now)
-    if dialect != "postgresql":  # SQLite: one writer at a time, no row locks to wait on
-        return rows("extend_leases", renew.returning(t.c.id), _id)
+    if wait or dialect != "postgresql":  # SQLite: one writer at a time, no row locks
+        return rows("extend_leases", renew.returning(t.c.id), _renewed)
     free = (select(t.c.id).where(*guard)
             .with_for_update(key_share=True, skip_locked=True).cte("free"))
     renewed = renew.where(t.c.id.in_(select(free.c.id))).returning(t.c.id).cte("renewed")
-    visible = select(t.c.id).where(*guard)
-    return rows("extend_leases", visible.union(select(renewed.c.id)), _id)
+    visible = select(t.c.id).where(*guard).cte("visible")
+    skipped = select(visible.c.id, false().label("renewed")).where(
+        visible.c.id.not_in(select(renewed.c.id)))
+    return rows("extend_leases",
+                union_all(select(renewed.c.id, true().label("renewed")), skipped), _renewal)
+
+
+def _renewed(row: Row) -> tuple[UUID, bool]:
+    return row["id"], True
+
+
+def _renewal(row: Row) -> tuple[UUID, bool]:
+    return row["id"], bool(row["renewed"])
 
 
 def _id(row: Row) -> UUID:

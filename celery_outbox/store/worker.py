@@ -139,21 +139,30 @@ class WorkerStore(StoreBase):
     def heartbeat(
         self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime
     ) -> set[UUID]:
-        """heartbeat: running -> running, ``lease_expires_at = lease_until``, in one UPDATE.
+        """heartbeat: running -> running, ``lease_expires_at = lease_until``, in one UPDATE
+        (and one more per row a writer held locked, on PostgreSQL).
 
         Guard per row: status running, ``claimed_by`` and ``attempt`` as in its fence (each
         claim has a ``claimed_by`` of its own, see :meth:`claim`). ``worker``, when not None,
         must also equal every matched row's ``claimed_by`` (callers holding one claim).
-        Returns the ids still held; a fence missing from the result was cancelled, rescued,
-        handed back or deleted. On PostgreSQL it never waits on a row lock: a row another
-        transaction holds locked (the runner writing its outcome or start, a cancel, the
-        rescuer) is not renewed now but answered held, its fate read at the next beat.
+        Returns the ids renewed; a fence missing from the result was cancelled, rescued,
+        handed back or deleted. On PostgreSQL the one UPDATE never waits on a row lock; a row
+        another transaction holds locked (the runner writing its outcome or start, a cancel,
+        the rescuer) is renewed after it by an UPDATE of its own, which may wait (holding no
+        other row, it cannot deadlock).
         """
         if not fences:
             return set()
-        held: list[UUID] = self.executor.run(extend_leases(self.t, self.dialect, worker,
-                                                           fences, now, lease_until))
-        return set(held)
+        answered = self.executor.run(extend_leases(self.t, self.dialect, worker, fences, now,
+                                                   lease_until))
+        held = {execution_id for execution_id, renewed in answered if renewed}
+        by_id = {f.id: f for f in fences}
+        for execution_id, renewed in answered:
+            if not renewed:
+                alone = extend_leases(self.t, self.dialect, worker, [by_id[execution_id]], now,
+                                      lease_until, wait=True)
+                held.update(i for i, _ in self.executor.run(alone))
+        return held
 
     def release(
         self, fences: Sequence[Fence], now: datetime, *, begun: bool | None = None

@@ -22,6 +22,7 @@ from sqlalchemy import text
 from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
 from celery_outbox.states import Status
 from celery_outbox.store import Fence
+from tests import procs
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -73,9 +74,11 @@ def test_runner_and_a_busy_heartbeat_never_deadlock(
     assert failed == []
 
 
-def test_heartbeat_skips_a_locked_row_without_counting_it_lost(
+def test_heartbeat_renews_a_locked_row_alone_after_the_others(
     pg_url: str, registry: JobRegistry, receipt: Any, make_outbox: MakeOutbox,
 ) -> None:
+    """The one UPDATE skips the locked row (the other lease is renewed and committed while it
+    is held); that row is then renewed by an UPDATE of its own once the lock is gone."""
     outbox: Outbox = make_outbox(pg_url, registry, RecordingDispatcher())
     store = outbox.store
     a, b = receipt.push_many([{"order_id": 1}, {"order_id": 2}])
@@ -84,18 +87,20 @@ def test_heartbeat_skips_a_locked_row_without_counting_it_lost(
     claimed = store.claim([a, b], "shop.receipt", "w1/a", now, now + lease)
     fences = [Fence(c.id, "w1/a", c.attempt) for c in claimed]
     table = outbox.tables.executions.name
+    later = now + timedelta(seconds=5)
+    answered: list[set[Any]] = []
+    beating = threading.Thread(
+        target=lambda: answered.append(store.heartbeat(None, fences, later, later + lease)))
     with outbox.engine.connect() as holder:
         holder.execute(text(f"SELECT id FROM {table} WHERE id = :id FOR UPDATE"), {"id": a})
-        answered: list[set[Any]] = []
-        later = now + timedelta(seconds=5)
-        beating = threading.Thread(
-            target=lambda: answered.append(store.heartbeat(None, fences, later, later + lease)))
         beating.start()
-        beating.join(10)
-        held_lock = beating.is_alive()
-        holder.rollback()
-        beating.join(10)
-    assert not held_lock, "the heartbeat waited on the locked row"
-    assert answered == [{a, b}]  # the locked one still counted held
-    assert store.get(a)["lease_expires_at"] == now + lease  # not renewed: locked
-    assert store.get(b)["lease_expires_at"] == later + lease
+        try:
+            procs.wait_for(lambda: store.get(b)["lease_expires_at"] == later + lease, 10,
+                           "the free row's lease renewed while the other is locked")
+            assert store.get(a)["lease_expires_at"] == now + lease
+        finally:
+            holder.rollback()
+            beating.join(10)
+    assert not beating.is_alive()
+    assert answered == [{a, b}]
+    assert store.get(a)["lease_expires_at"] == later + lease

@@ -1,10 +1,8 @@
-"""A worker cut off from the database keeps running a handler past its lease, unaware, while
-the rescuer (beat, on another host that still reaches the database) runs the execution again.
-
-Every heartbeat write fails, so the heartbeat never learns the row was rescued: ``on_lost`` is
-only fired on a successful write that no longer returns the row. Two live handlers of one
-execution, the first never told (``ctx.cancelled`` never set). The heartbeat should fire
-``on_lost`` once the lease it last renewed has passed without a successful renewal.
+"""A worker cut off from the database (a proxy that stops forwarding) cannot learn that the
+rescuer, on a host that still reaches the database, took its expired row: its heartbeat's
+writes hang. Its handler must still be told (``ctx.cancelled``), by the heartbeat's lease watch,
+before or as the execution runs again elsewhere. Found by review: before the watch, the
+heartbeat fired ``on_lost`` only on a write that succeeded, and the handler was never told.
 """
 
 from __future__ import annotations
