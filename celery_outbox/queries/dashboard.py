@@ -252,7 +252,7 @@ def page(t: Table, dialect: str, q: ExecutionQuery, after: Cursor | None,
 
 @named("count the rows matching a filter, stopping at a cap")
 def count_matching(t: Table, dialect: str, q: ExecutionQuery, cap: int) -> Query[int]:
-    inner = select(literal(1)).where(*_filters(t, dialect, q)).limit(cap)
+    inner = select(literal(1)).select_from(t).where(*_filters(t, dialect, q)).limit(cap)
     stmt = select(func.count()).select_from(inner.subquery())
     return Query("count_matching", stmt, Shape.ROWS, _count, {})
 

@@ -22,6 +22,7 @@ from uuid import UUID
 
 import pytest
 from click.testing import CliRunner, Result
+from sqlalchemy import func, select
 
 from celery_outbox.cli import outbox as outbox_group
 from celery_outbox.cli.output import listing_title
@@ -486,6 +487,16 @@ def test_executions_of_all_jobs_page_past_200_with_a_total(cli_app: ModuleType) 
 
     capped = cli_app.outbox.admin.page_executions(status="cancelled", limit=1, count_cap=100)
     assert (capped.total, capped.total_capped) == (100, True)
+
+    # No filter at all: the count reads the table too (it once counted a FROM-less SELECT: 1).
+    with cli_app.outbox.engine.connect() as conn:
+        everything = conn.execute(select(func.count()).select_from(
+            cli_app.outbox.tables.executions)).scalar_one()
+    assert everything >= total > 1
+    assert cli_app.outbox.admin.page_executions(limit=1).total == everything
+    unfiltered = invoke(cli_app, "executions", "--limit", "1")
+    assert f"showing 1 of {everything:,} executions of all jobs, newest first" in (
+        unfiltered.stdout), unfiltered.output
     assert listing_title(capped, more=False) == (
         "showing 1 of more than 100 cancelled executions of all jobs, newest first")
 
