@@ -8,9 +8,11 @@ logged and tried again at the next interval; it never ends the thread.
 A worker cut off from the database cannot learn that its row was rescued (its writes fail,
 or hang until the engine's timeouts), so the heartbeat also keeps, per held execution, when
 the lease it last wrote runs out (this process's monotonic clock, counted from before the
-write). A second thread, the watch, fires ``on_lost`` half a beat's interval before that
-lease runs out unrenewed, before the rescuer can give the row to another worker; it sleeps
-until the earliest such moment, so it wakes about once per lease, not per message.
+write). A second thread, the watch, asks for a beat at once when a lease nears its end
+unrenewed (half a beat's interval before: the heartbeat may only have been kept off the CPU),
+and fires ``on_expired`` just before the lease runs out if still unrenewed (a twentieth of
+the lease before), since from then on the rescuer may give the row to another worker. It
+sleeps until the next such moment, so it wakes about once per lease, not per message.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from celery_outbox.store import ExecutionStore, Fence
+from celery_outbox.store import ExecutionStore, Fence, Renewed
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +37,24 @@ class _Held:
     fence: Fence
     lease: timedelta
     on_lost: Callable[[], None]
+    on_expired: Callable[[], None]
     expires: float
     """``time.monotonic()`` at which the lease last written runs out (at the latest)."""
     told: bool = False
-    """``on_lost`` fired for an expiring lease."""
+    """``on_expired`` fired since the lease was last written."""
+
+    @property
+    def ask_at(self) -> float:
+        """When the watch asks for a beat at once: half a beat's interval (a sixth of the
+        lease) before the lease last written runs out."""
+        return self.expires - self.lease.total_seconds() / 6
 
     @property
     def tell_at(self) -> float:
-        """When the watch tells the handler: half a beat's interval (a sixth of the lease)
-        before the lease last written runs out; a beat may come late by one and a half
-        intervals (a busy process, a slow write) without a handler told for nothing."""
-        return self.expires - self.lease.total_seconds() / 6
+        """When the watch fires ``on_expired`` if no beat renewed the lease since it asked:
+        a twentieth of the lease before it runs out, so the handler hears before the
+        rescuer may take the row."""
+        return self.expires - self.lease.total_seconds() / 20
 
 
 class Heartbeat:
@@ -76,21 +85,43 @@ class Heartbeat:
         self._watch_wake = threading.Event()
         self._watch_thread: threading.Thread | None = None
         self._next_watch = 0.0  # time.monotonic() the watch wakes next (0: not waiting)
+        self._beat_now = False  # the watch asked the thread for a beat at once
 
-    def track(self, fence: Fence, lease: timedelta, on_lost: Callable[[], None]) -> None:
-        """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`. The thread is
-        woken only when this lease needs renewing before its next beat (a thread woken per
-        message takes the GIL from the handler about to begin)."""
+    def track(self, fence: Fence, lease: timedelta, on_lost: Callable[[], None],
+              on_expired: Callable[[], None] | None = None) -> None:
+        """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`. ``on_lost``:
+        called when a renewal found the row no longer this claim's; ``on_expired`` (default
+        ``on_lost``): when the lease is about to run out unrenewed (the database
+        unreachable), once per lease written. The thread is woken only when this lease needs
+        renewing before its next beat (a thread woken per message takes the GIL from the
+        handler about to begin)."""
         expires = time.monotonic() + lease.total_seconds()  # the claim wrote it just before
         with self._lock:
             self._ensure_thread()
-            held = self._held[fence] = _Held(fence, lease, on_lost, expires)
+            held = self._held[fence] = _Held(fence, lease, on_lost, on_expired or on_lost,
+                                             expires)
             sooner = time.monotonic() + lease.total_seconds() / 3 < self._next_beat
-            watch_sooner = held.tell_at < self._next_watch
+            watch_sooner = held.ask_at < self._next_watch
         if sooner:
             self._wake.set()
         if watch_sooner:
             self._watch_wake.set()
+
+    def stale(self, fence: Fence) -> bool:
+        """Whether ``fence``'s lease is near its end (or past it) unrenewed: renew it
+        (:meth:`renewed`) before beginning its handler. False when not held."""
+        with self._lock:
+            held = self._held.get(fence)
+            return held is not None and time.monotonic() >= held.ask_at
+
+    def renewed(self, fence: Fence, written: float) -> None:
+        """The caller renewed ``fence``'s lease itself, by a write sent at ``written``
+        (``time.monotonic()``)."""
+        with self._lock:
+            held = self._held.get(fence)
+            if held is not None:
+                held.expires = max(held.expires, written + held.lease.total_seconds())
+                held.told = False
 
     def untrack(self, fence: Fence) -> None:
         """Stop renewing ``fence``'s lease (another claim of the same row stays held)."""
@@ -160,7 +191,10 @@ class Heartbeat:
             self._wake.wait(interval)
             if self._wake.is_set():
                 self._wake.clear()
-                continue  # a shorter lease arrived: recompute the interval first
+                with self._lock:
+                    now, self._beat_now = self._beat_now, False
+                if not now:
+                    continue  # a shorter lease arrived: recompute the interval first
             if self._stop.is_set():
                 return
             try:
@@ -185,17 +219,22 @@ class Heartbeat:
             by_lease[(h.lease, n)].append(h)
         lost = 0
         now = self.clock()
+        written = time.monotonic()  # with now: each lease written runs out no later
         for (lease, _), group in by_lease.items():
-            written = time.monotonic()  # before the write: the lease runs out no later
             try:
                 kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease)
             except Exception as exc:
                 log.warning("celery_outbox: heartbeat write failed (%s); retrying next interval",
                             exc)
                 continue
+            unknown = kept.unknown if isinstance(kept, Renewed) else set()
             for h in group:
                 if h.fence.id in kept:
-                    h.expires = written + lease.total_seconds()
+                    with self._lock:
+                        h.expires = written + lease.total_seconds()
+                        h.told = False
+                    continue
+                if h.fence.id in unknown:  # its own write failed: neither renewed nor lost
                     continue
                 with self._lock:
                     still_tracked = self._held.pop(h.fence, None) is not None
@@ -205,26 +244,40 @@ class Heartbeat:
         return lost
 
     def _watch(self) -> None:
-        """The watch: fire ``on_lost`` (once) for each held lease about to run out unrenewed
-        (:attr:`_Held.tell_at`; the beats' writes failed or hang: the database unreachable,
-        a lock held for long), so the handler stops before the rescuer may give the row to
-        another worker. The lease stays held and renewed, should the database answer
+        """The watch: for a held lease near its end unrenewed, ask the thread for a beat at
+        once (it may only have been kept off the CPU); if it runs out unrenewed all the same
+        (the beats' writes failed or hang: the database unreachable), fire ``on_expired``
+        (once per lease written), so the handler stops before the rescuer may give the row
+        to another worker. The lease stays held and renewed, should the database answer
         again."""
         while not self._stop.is_set():
+            ask = False
             with self._lock:  # one step: a track() sees this wake's time, or is counted in it
                 now = time.monotonic()
-                due = [h for h in self._held.values() if not h.told and h.tell_at <= now]
-                for h in due:
-                    h.told = True
-                pending = [h.tell_at for h in self._held.values() if not h.told]
-                wait = (min(pending) - now if pending
-                        else self.idle_interval.total_seconds())
+                due: list[_Held] = []
+                wakes: list[float] = []
+                for h in self._held.values():
+                    if h.told:
+                        continue
+                    if now >= h.tell_at:
+                        h.told = True
+                        due.append(h)
+                    elif now >= h.ask_at:
+                        ask = True
+                        wakes.append(h.tell_at)
+                    else:
+                        wakes.append(h.ask_at)
+                wait = (min(wakes) - now if wakes else self.idle_interval.total_seconds())
                 self._next_watch = now + wait
+                if ask:
+                    self._beat_now = True
+            if ask:
+                self._wake.set()
             for h in due:
-                log.warning("celery_outbox: the lease of %s (attempt %d) was not renewed in "
-                            "time (the heartbeat's writes failed or hang); its handler is told "
-                            "to stop (ctx.cancelled): the rescuer may run it again once the "
-                            "lease expires", h.fence.id, h.fence.attempt)
-                h.on_lost()
-            self._watch_wake.wait(wait)
+                log.warning("celery_outbox: the lease of %s (attempt %d) runs out unrenewed "
+                            "(the heartbeat's writes failed or hang); its handler is told to "
+                            "stop (ctx.cancelled): the rescuer may run it again",
+                            h.fence.id, h.fence.attempt)
+                h.on_expired()
+            self._watch_wake.wait(max(wait, 0.0))
             self._watch_wake.clear()

@@ -154,11 +154,12 @@ class Runner:
         contexts = [self._context(spec, row, now) for row in claimed]
         fences = [Fence(row.id, worker, row.attempt) for row in claimed]
         for fence, ctx in zip(fences, contexts, strict=True):
-            self.heartbeat.track(fence, lease, _on_lost(ctx))
+            self.heartbeat.track(fence, lease, _on_lost(ctx), self._on_expired(ctx))
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0, "cancelled": 0}
         window = self.config.outcome_window.total_seconds()
         held: list[_Decided] = []  # decided, not yet written (oldest first)
         begun = 0  # rows whose handler may have begun: fences[:begun]
+        retrying: frozenset[Fence] = frozenset()  # handed back later, still heartbeated
         try:
             # The claim marked the first of ids started; a miss: handed back, rescued or
             # cancelled since, so not ours to begin.
@@ -166,6 +167,11 @@ class Runner:
                     and not self.store.start(fences[0], now)):
                 contexts[0]._interrupt("cancelled")
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
+                if index and self.heartbeat.stale(fences[index]):
+                    # Queued while its lease ran low unrenewed (the database unreachable a
+                    # while): renew it before marking it started, or the rescuer could take
+                    # it from under its handler.
+                    self._renew(fences[index], lease, ctx)
                 if index:
                     # Mark this row started before it begins; a miss: no longer ours
                     # (cancelled, rescued, handed back). With the outcomes held past the
@@ -183,13 +189,15 @@ class Runner:
             held = []
         except StorageError:
             # The failed write may have committed and marked the next row started (its
-            # answer lost): hand back the rows never begun, or each would count an attempt.
-            # The attempts held unwritten stay running: the rescuer takes them.
-            self._hand_back_unbegun(spec.name, fences[begun:])
+            # answer lost, or delivered later by a network that hung): hand back the rows
+            # never begun, or each would count an attempt. The attempts held unwritten stay
+            # running: the rescuer takes them.
+            retrying = self._hand_back_unbegun(spec.name, fences[begun:], lease)
             raise
         finally:
             for fence in fences:
-                self.heartbeat.untrack(fence)
+                if fence not in retrying:
+                    self.heartbeat.untrack(fence)
             with self._contexts_lock:
                 for ctx in contexts:
                     if self._contexts.get(ctx.execution_id) is ctx:  # not a later claim's
@@ -234,23 +242,77 @@ class Runner:
                                  status=(status or Status.CANCELLED).value)
         return started
 
-    def _hand_back_unbegun(self, job_name: str, fences: Sequence[Fence]) -> None:
+    def _on_expired(self, ctx: JobContext[Any]) -> Callable[[], None]:
+        """What the heartbeat's watch calls when the lease runs out unrenewed: stop the
+        handler if it runs; one queued behind it is renewed before it begins (:meth:`run`)."""
+        def expired() -> None:
+            with self._contexts_lock:
+                running = self._contexts.get(ctx.execution_id) is ctx
+            if running:
+                ctx._interrupt("cancelled")
+
+        return expired
+
+    def _renew(self, fence: Fence, lease: timedelta, ctx: JobContext[Any]) -> None:
+        """Renew ``fence``'s lease now, before its handler begins; a miss (no longer this
+        claim's) cancels ``ctx``. Raises :class:`StorageError`."""
+        written = time.monotonic()
+        now = self.clock()
+        renewed = self.store.heartbeat(None, [fence], now, now + lease)
+        if fence.id in renewed:
+            self.heartbeat.renewed(fence, written)
+        elif fence.id in getattr(renewed, "unknown", ()):
+            raise StorageError(f"the lease of {fence.id} could not be renewed before its "
+                               "handler began (its row locked elsewhere)")
+        else:
+            ctx._interrupt("cancelled")
+
+    def _hand_back_unbegun(self, job_name: str, fences: Sequence[Fence],
+                           lease: timedelta) -> frozenset[Fence]:
         """release: running -> pending (the attempt not counted, dispatched now) for the rows
-        of ``fences``, claimed by this run and never begun, after the database failed. When
-        it fails too, the rescuer takes them once their leases expire."""
-        if not fences:
-            return
+        of ``fences``, claimed by this run and never begun, after the database failed.
+
+        When that fails too, a thread tries again (every second at first, then less often)
+        until it succeeds or a lease has passed, the rows meanwhile still heartbeated so the
+        rescuer does not count an attempt for them should a write the database received but
+        never answered have marked one started; it untracks them when done. Returns the
+        fences left to it (empty when the first try did it)."""
+        if not fences or self._try_hand_back(job_name, fences, final=False):
+            return frozenset()
+        pending = frozenset(fences)
+
+        def retry() -> None:
+            deadline = time.monotonic() + lease.total_seconds()
+            pause = 1.0
+            try:
+                while time.monotonic() < deadline:
+                    time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+                    final = time.monotonic() + pause * 2 >= deadline
+                    if self._try_hand_back(job_name, fences, final=final):
+                        return
+                    pause = min(pause * 2, lease.total_seconds() / 3)
+            finally:
+                for fence in pending:
+                    self.heartbeat.untrack(fence)
+
+        threading.Thread(target=retry, name="celery-outbox-hand-back", daemon=True).start()
+        return pending
+
+    def _try_hand_back(self, job_name: str, fences: Sequence[Fence], *, final: bool) -> bool:
+        """One try of :meth:`_hand_back_unbegun`; whether it reached the database."""
         try:
             released = self.store.release(fences, self.clock(), begun=False)
             due = self.store.dispatchable(released)
         except Exception as exc:
             log.warning("celery_outbox: could not hand back %d execution(s) of %r never begun "
-                        "(%s); the rescuer takes them when their leases expire", len(fences),
-                        job_name, exc)
-            return
+                        "(%s); %s", len(fences), job_name, exc,
+                        "the rescuer takes them when their leases expire" if final
+                        else "trying again")
+            return False
         self.dispatcher().dispatch([DispatchItem(r.id, r.job_name, r.priority) for r in due])
         log.warning("celery_outbox: the database failed; %d execution(s) of %r never begun "
                     "handed back (pending again, dispatched at once)", len(released), job_name)
+        return True
 
     # -- one execution ----------------------------------------------------------------------
 

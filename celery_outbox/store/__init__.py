@@ -34,7 +34,7 @@ from celery_outbox.store.push import NewExecution, PushStore, new_ids
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
 from celery_outbox.store.trim import TrimStore
 from celery_outbox.store.watermark import FINISHED, Key, TrimFresh, TrimMark, TrimStep, advance_trim
-from celery_outbox.store.worker import Claimed, WorkerStore
+from celery_outbox.store.worker import Claimed, Renewed, WorkerStore
 
 __all__ = [
     "FINISHED",
@@ -49,6 +49,7 @@ __all__ = [
     "JobStats",
     "Key",
     "NewExecution",
+    "Renewed",
     "RescueVerdict",
     "StatusCount",
     "TrimFresh",

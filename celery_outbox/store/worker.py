@@ -4,12 +4,13 @@ every write on a running row fenced by ``claimed_by`` and ``attempt``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from celery_outbox.errors import StorageError
 from celery_outbox.outcomes import (
     Failed,
     Finished,
@@ -44,6 +45,16 @@ class Claimed:
     unique_key: str | None
     organization_id: str | None
     lease_expires_at: datetime
+
+
+class Renewed(set[UUID]):
+    """The ids :meth:`WorkerStore.heartbeat` renewed (a ``set``), and in ``unknown`` those
+    whose renewal failed on its own (a row another transaction held locked past the lock
+    timeout): neither renewed nor known to be lost."""
+
+    def __init__(self, ids: Iterable[UUID] = ()) -> None:
+        super().__init__(ids)
+        self.unknown: set[UUID] = set()
 
 
 class WorkerStore(StoreBase):
@@ -138,30 +149,35 @@ class WorkerStore(StoreBase):
 
     def heartbeat(
         self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime
-    ) -> set[UUID]:
+    ) -> Renewed:
         """heartbeat: running -> running, ``lease_expires_at = lease_until``, in one UPDATE
         (and one more per row a writer held locked, on PostgreSQL).
 
         Guard per row: status running, ``claimed_by`` and ``attempt`` as in its fence (each
         claim has a ``claimed_by`` of its own, see :meth:`claim`). ``worker``, when not None,
         must also equal every matched row's ``claimed_by`` (callers holding one claim).
-        Returns the ids renewed; a fence missing from the result was cancelled, rescued,
-        handed back or deleted. On PostgreSQL the one UPDATE never waits on a row lock; a row
-        another transaction holds locked (the runner writing its outcome or start, a cancel,
-        the rescuer) is renewed after it by an UPDATE of its own, which may wait (holding no
-        other row, it cannot deadlock).
+        Returns the ids renewed (a :class:`Renewed`); a fence missing from the result and
+        from its ``unknown`` was cancelled, rescued, handed back or deleted. On PostgreSQL
+        the one UPDATE never waits on a row lock; a row another transaction holds locked
+        (the runner writing its outcome or start, a cancel, the rescuer) is renewed after it
+        by an UPDATE of its own, which may wait (holding no other row, it cannot deadlock);
+        when that one fails (a lock held past the lock
+        timeout), its id goes in ``unknown`` and the others stay renewed.
         """
         if not fences:
-            return set()
+            return Renewed()
         answered = self.executor.run(extend_leases(self.t, self.dialect, worker, fences, now,
                                                    lease_until))
-        held = {execution_id for execution_id, renewed in answered if renewed}
+        held = Renewed(execution_id for execution_id, renewed in answered if renewed)
         by_id = {f.id: f for f in fences}
         for execution_id, renewed in answered:
             if not renewed:
                 alone = extend_leases(self.t, self.dialect, worker, [by_id[execution_id]], now,
                                       lease_until, wait=True)
-                held.update(i for i, _ in self.executor.run(alone))
+                try:
+                    held.update(i for i, _ in self.executor.run(alone))
+                except StorageError:  # locked past the lock timeout: the others stay renewed
+                    held.unknown.add(execution_id)
         return held
 
     def release(

@@ -27,6 +27,7 @@ from celery_outbox.dispatch import InlineDispatcher
 from celery_outbox.errors import StorageError
 from celery_outbox.runner import Runner, RunResult
 from celery_outbox.store import RescueVerdict
+from tests import procs
 from tests.twin import MemoryStore
 from tests.unit.fakes import Recording
 
@@ -395,7 +396,7 @@ def test_a_failed_outcome_write_hands_back_the_rows_never_begun(
     assert runner.heartbeat.held() == []
 
 
-def test_when_the_hand_back_fails_too_the_rows_wait_for_the_rescuer(
+def test_when_the_hand_back_fails_too_it_is_tried_again_the_rows_held_meanwhile(
     store: MemoryStore, registry: JobRegistry, runner: Runner, recording: Recording,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -407,7 +408,13 @@ def test_when_the_hand_back_fails_too_the_rows_wait_for_the_rescuer(
         runner.run("shop.receipt", [first, second])
 
     assert store.status_of(second) == "running" and recording.items == []
-    assert "the rescuer takes them when their leases expire" in caplog.text
+    assert [f.id for f in runner.heartbeat.held()] == [second]  # still heartbeated
+    assert "trying again" in caplog.text
+    procs.wait_for(lambda: store.status_of(second) == "pending", 10,
+                   "the hand-back tried again")
+    procs.wait_for(lambda: runner.heartbeat.held() == [], 10, "the row untracked")
+    assert [i.execution_id for i in recording.items] == [second]
+    assert row(store, second)["attempt"] == 0  # never begun: the attempt not counted
 
 
 def test_a_failed_claim_raises_and_writes_nothing(
