@@ -88,14 +88,17 @@ class Heartbeat:
         self._beat_now = False  # the watch asked the thread for a beat at once
 
     def track(self, fence: Fence, lease: timedelta, on_lost: Callable[[], None],
-              on_expired: Callable[[], None] | None = None) -> None:
+              on_expired: Callable[[], None] | None = None,
+              written: float | None = None) -> None:
         """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`. ``on_lost``:
         called when a renewal found the row no longer this claim's; ``on_expired`` (default
         ``on_lost``): when the lease is about to run out unrenewed (the database
         unreachable), once per lease written. The thread is woken only when this lease needs
         renewing before its next beat (a thread woken per message takes the GIL from the
-        handler about to begin)."""
-        expires = time.monotonic() + lease.total_seconds()  # the claim wrote it just before
+        handler about to begin). ``written``: ``time.monotonic()`` when the write that set
+        this lease was sent (the claim; default now)."""
+        since = time.monotonic() if written is None else written
+        expires = since + lease.total_seconds()
         with self._lock:
             self._ensure_thread()
             held = self._held[fence] = _Held(fence, lease, on_lost, on_expired or on_lost,
@@ -119,9 +122,13 @@ class Heartbeat:
         (``time.monotonic()``)."""
         with self._lock:
             held = self._held.get(fence)
-            if held is not None:
-                held.expires = max(held.expires, written + held.lease.total_seconds())
-                held.told = False
+            if held is None:
+                return
+            held.expires = max(held.expires, written + held.lease.total_seconds())
+            held.told = False
+            sooner = held.ask_at < self._next_watch
+        if sooner:
+            self._watch_wake.set()
 
     def untrack(self, fence: Fence) -> None:
         """Stop renewing ``fence``'s lease (another claim of the same row stays held)."""
@@ -222,25 +229,53 @@ class Heartbeat:
         written = time.monotonic()  # with now: each lease written runs out no later
         for (lease, _), group in by_lease.items():
             try:
-                kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease)
+                kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease,
+                                            wait_locked=False)
             except Exception as exc:
                 log.warning("celery_outbox: heartbeat write failed (%s); retrying next interval",
                             exc)
                 continue
-            unknown = kept.unknown if isinstance(kept, Renewed) else set()
+            lost += self._settle(group, kept, written, lease)
+            # The rows locked elsewhere, each renewed alone now (it may wait on its lock),
+            # the others' renewals already counted.
+            skipped = kept.skipped if isinstance(kept, Renewed) else set()
             for h in group:
-                if h.fence.id in kept:
-                    with self._lock:
-                        h.expires = written + lease.total_seconds()
-                        h.told = False
+                if h.fence.id not in skipped:
                     continue
-                if h.fence.id in unknown:  # its own write failed: neither renewed nor lost
+                try:
+                    alone = self.store.heartbeat(None, [h.fence], now, now + lease)
+                except Exception as exc:
+                    log.warning("celery_outbox: heartbeat write of %s failed (%s); retrying "
+                                "next interval", h.fence.id, exc)
                     continue
+                lost += self._settle([h], alone, written, lease)
+        return lost
+
+    def _settle(self, group: list[_Held], kept: set[UUID], written: float,
+                lease: timedelta) -> int:
+        """Count the answer of one renewal of ``group`` sent at ``written``: the renewed
+        leases run out a lease later (the watch woken if one of them was told, so it watches
+        the new end); a row neither renewed nor left for later (locked elsewhere, its own
+        write failed) is lost: its ``on_lost`` fires. Returns how many were lost."""
+        later = (kept.skipped | kept.unknown) if isinstance(kept, Renewed) else set()
+        lost = 0
+        wake = False
+        for h in group:
+            if h.fence.id in kept:
                 with self._lock:
-                    still_tracked = self._held.pop(h.fence, None) is not None
-                if still_tracked:
-                    lost += 1
-                    h.on_lost()
+                    h.expires = max(h.expires, written + lease.total_seconds())
+                    wake = wake or h.told or h.ask_at < self._next_watch
+                    h.told = False
+                continue
+            if h.fence.id in later:  # neither renewed nor known lost
+                continue
+            with self._lock:
+                still_tracked = self._held.pop(h.fence, None) is not None
+            if still_tracked:
+                lost += 1
+                h.on_lost()
+        if wake:
+            self._watch_wake.set()
         return lost
 
     def _watch(self) -> None:

@@ -106,6 +106,8 @@ class Runner:
         self._worker_id: tuple[int, str] | None = None
         self._contexts: dict[UUID, JobContext[Any]] = {}
         self._contexts_lock = threading.Lock()
+        # Hand-backs a thread is trying again: their fences -> the job's name.
+        self._handing_back: dict[frozenset[Fence], str] = {}
 
     @property
     def worker_id(self) -> str:
@@ -144,7 +146,7 @@ class Runner:
             return RunResult()
         if not uuids:
             return RunResult()
-        now = self.clock()
+        now, sent = self.clock(), time.monotonic()
         worker = self.claim_token()
         lease = spec.lease(self.config)
         claimed = self.store.claim(uuids, job_name, worker, now, now + lease)
@@ -154,7 +156,7 @@ class Runner:
         contexts = [self._context(spec, row, now) for row in claimed]
         fences = [Fence(row.id, worker, row.attempt) for row in claimed]
         for fence, ctx in zip(fences, contexts, strict=True):
-            self.heartbeat.track(fence, lease, _on_lost(ctx), self._on_expired(ctx))
+            self.heartbeat.track(fence, lease, _on_lost(ctx), self._on_expired(ctx), sent)
         counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0, "cancelled": 0}
         window = self.config.outcome_window.total_seconds()
         held: list[_Decided] = []  # decided, not yet written (oldest first)
@@ -167,11 +169,6 @@ class Runner:
                     and not self.store.start(fences[0], now)):
                 contexts[0]._interrupt("cancelled")
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
-                if index and self.heartbeat.stale(fences[index]):
-                    # Queued while its lease ran low unrenewed (the database unreachable a
-                    # while): renew it before marking it started, or the rescuer could take
-                    # it from under its handler.
-                    self._renew(fences[index], lease, ctx)
                 if index:
                     # Mark this row started before it begins; a miss: no longer ours
                     # (cancelled, rescued, handed back). With the outcomes held past the
@@ -183,6 +180,13 @@ class Runner:
                         started = self.store.start(fences[index], self.clock(), flushed=False)
                     if started is False:
                         ctx._interrupt("cancelled")
+                    elif self.heartbeat.stale(fences[index]):
+                        # Its lease ran low unrenewed while it was queued (the database
+                        # unreachable a while) or its start was written: renew it before its
+                        # handler begins, or the rescuer could take it from under the handler
+                        # (the watch stops only handlers that run). A failed renewal hands it
+                        # back, never begun.
+                        self._renew(fences[index], lease, ctx)
                 begun = index + 1
                 held.append(self._isolated(spec, row, ctx, fences[index]))
             self._write(spec, held, counts)
@@ -280,6 +284,8 @@ class Runner:
         if not fences or self._try_hand_back(job_name, fences, final=False):
             return frozenset()
         pending = frozenset(fences)
+        with self._contexts_lock:
+            self._handing_back[pending] = job_name
 
         def retry() -> None:
             deadline = time.monotonic() + lease.total_seconds()
@@ -292,11 +298,24 @@ class Runner:
                         return
                     pause = min(pause * 2, lease.total_seconds() / 3)
             finally:
+                with self._contexts_lock:
+                    self._handing_back.pop(pending, None)
                 for fence in pending:
                     self.heartbeat.untrack(fence)
 
         threading.Thread(target=retry, name="celery-outbox-hand-back", daemon=True).start()
         return pending
+
+    def hand_back_pending(self) -> None:
+        """Try once more, now, every hand-back a thread is still trying again (the process
+        is about to end, and its threads with it: a prefork child's exit). Fenced: a hand-back
+        the thread did meanwhile makes this one a miss."""
+        with self._contexts_lock:
+            pending = list(self._handing_back.items())
+        for fences, job_name in pending:
+            if self._try_hand_back(job_name, list(fences), final=True):
+                with self._contexts_lock:
+                    self._handing_back.pop(fences, None)
 
     def _try_hand_back(self, job_name: str, fences: Sequence[Fence], *, final: bool) -> bool:
         """One try of :meth:`_hand_back_unbegun`; whether it reached the database."""

@@ -113,8 +113,10 @@ class Drain:
         _signal_pool_children()
 
     def _on_process_shutdown(self, **_: Any) -> None:
-        """This process ends: let its drain finish, stop the heartbeat, flush the publisher."""
+        """This process ends: let its drain finish, hand back what a thread is still trying
+        to (it dies with the process), stop the heartbeat, flush the publisher."""
         self.wait(self.timeout + PUBLISH_WAIT)
+        self.runner.hand_back_pending()
         self.runner.heartbeat.stop()
         flush_publisher(self.runner.dispatcher())
 

@@ -289,7 +289,7 @@ class MemoryStore:
             return FinishedMany(hits, None if start is None else self._start(start, now))
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime) -> set[UUID]:
+                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
         """heartbeat: running -> running, lease extended, per fence (and ``worker``, when
         given, must be the holder). The ids still held."""
         with self._op("heartbeat"):

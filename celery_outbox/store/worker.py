@@ -48,13 +48,15 @@ class Claimed:
 
 
 class Renewed(set[UUID]):
-    """The ids :meth:`WorkerStore.heartbeat` renewed (a ``set``), and in ``unknown`` those
-    whose renewal failed on its own (a row another transaction held locked past the lock
-    timeout): neither renewed nor known to be lost."""
+    """The ids :meth:`WorkerStore.heartbeat` renewed (a ``set``); in ``unknown`` those whose
+    renewal failed on its own (a row another transaction held locked past the lock timeout),
+    in ``skipped`` those locked elsewhere and not tried alone: neither renewed nor known to be
+    lost."""
 
     def __init__(self, ids: Iterable[UUID] = ()) -> None:
         super().__init__(ids)
         self.unknown: set[UUID] = set()
+        self.skipped: set[UUID] = set()
 
 
 class WorkerStore(StoreBase):
@@ -148,7 +150,8 @@ class WorkerStore(StoreBase):
         return FinishedMany(hits, None if start is None else results[-1] == 1)
 
     def heartbeat(
-        self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime
+        self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime,
+        *, wait_locked: bool = True,
     ) -> Renewed:
         """heartbeat: running -> running, ``lease_expires_at = lease_until``, in one UPDATE
         (and one more per row a writer held locked, on PostgreSQL).
@@ -162,13 +165,18 @@ class WorkerStore(StoreBase):
         (the runner writing its outcome or start, a cancel, the rescuer) is renewed after it
         by an UPDATE of its own, which may wait (holding no other row, it cannot deadlock);
         when that one fails (a lock held past the lock
-        timeout), its id goes in ``unknown`` and the others stay renewed.
+        timeout), its id goes in ``unknown`` and the others stay renewed. ``wait_locked``
+        False: the rows locked elsewhere are not tried alone but answered in ``skipped``.
         """
         if not fences:
             return Renewed()
         answered = self.executor.run(extend_leases(self.t, self.dialect, worker, fences, now,
                                                    lease_until))
         held = Renewed(execution_id for execution_id, renewed in answered if renewed)
+        if not wait_locked:
+            held.skipped.update(execution_id for execution_id, renewed in answered
+                                if not renewed)
+            return held
         by_id = {f.id: f for f in fences}
         for execution_id, renewed in answered:
             if not renewed:

@@ -28,7 +28,7 @@ class Failing(MemoryStore):
     """Every heartbeat write fails (the database unreachable)."""
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime) -> set[UUID]:
+                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
         self.calls.append("heartbeat")
         raise ConnectionError("database unreachable")
 
@@ -41,7 +41,7 @@ class Hanging(MemoryStore):
         self.release = threading.Event()
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime) -> set[UUID]:
+                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
         self.calls.append("heartbeat")
         self.release.wait(30)
         raise ConnectionError("no answer")

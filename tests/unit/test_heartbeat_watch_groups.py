@@ -41,7 +41,7 @@ class SlowThenCut(MemoryStore):
         self.written: dict[UUID, datetime] = {}
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime) -> set[UUID]:
+                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
         if self.cut.is_set():
             self.release.wait(30)
             raise ConnectionError("no answer")
@@ -49,7 +49,7 @@ class SlowThenCut(MemoryStore):
         if self.slow in ids and not self.slowed:
             self.slowed = True
             time.sleep(SLOW)  # a slow write (a row lock waited on), not a synchronisation
-        kept = super().heartbeat(worker, fences, now, lease_until)
+        kept = super().heartbeat(worker, fences, now, lease_until, wait_locked=wait_locked)
         for i in ids & kept:
             self.written[i] = lease_until
         if self.fast in ids and self.slowed:
