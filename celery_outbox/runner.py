@@ -185,7 +185,11 @@ class Runner:
                         # unreachable a while) or its start was written: renew it before its
                         # handler begins, or the rescuer could take it from under the handler
                         # (the watch stops only handlers that run). A failed renewal hands it
-                        # back, never begun.
+                        # back, never begun; outcomes held past the window are written first,
+                        # so that failure never drops them.
+                        if held:
+                            self._write(spec, held, counts)
+                            held = []
                         self._renew(fences[index], lease, ctx)
                 begun = index + 1
                 held.append(self._isolated(spec, row, ctx, fences[index]))

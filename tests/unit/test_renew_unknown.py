@@ -52,11 +52,17 @@ class Locked(MemoryStore):
         return kept
 
 
-def test_a_succeeded_outcome_is_written_when_the_next_rows_renewal_is_unknown() -> None:
+@pytest.mark.parametrize("window", [timedelta(0), timedelta(seconds=30)],
+                         ids=["outcome_window=0", "outcome_window=30s"])
+def test_a_succeeded_outcome_is_written_when_the_next_rows_renewal_is_unknown(
+    window: timedelta,
+) -> None:
+    """With ``outcome_window`` the outcome is held past the next row's start: it is written
+    before that row's renewal too."""
     store = Locked()
     registry = JobRegistry()
-    runner = Runner(store, registry, OutboxConfig(lease=LEASE), lambda: Recording(),
-                    clock=now)
+    runner = Runner(store, registry, OutboxConfig(lease=LEASE, outcome_window=window),
+                    lambda: Recording(), clock=now)
     t0 = now()
     first = store.put(payload={}, created_at=t0)
     second = store.put(payload={}, created_at=t0)
