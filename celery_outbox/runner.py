@@ -180,17 +180,17 @@ class Runner:
                         started = self.store.start(fences[index], self.clock(), flushed=False)
                     if started is False:
                         ctx._interrupt("cancelled")
-                    elif self.heartbeat.stale(fences[index]):
-                        # Its lease ran low unrenewed while it was queued (the database
-                        # unreachable a while) or its start was written: renew it before its
-                        # handler begins, or the rescuer could take it from under the handler
-                        # (the watch stops only handlers that run). A failed renewal hands it
-                        # back, never begun; outcomes held past the window are written first,
-                        # so that failure never drops them.
-                        if held:
-                            self._write(spec, held, counts)
-                            held = []
-                        self._renew(fences[index], lease, ctx)
+                if not ctx.cancelled.is_set() and self.heartbeat.stale(fences[index]):
+                    # Its lease ran low unrenewed while it was queued (the database
+                    # unreachable a while), its start was written or the claim answered
+                    # late: renew it before its handler begins, or the rescuer could take it
+                    # from under the handler (the watch stops only handlers that run). A
+                    # failed renewal hands it back, never begun; outcomes held past the
+                    # window are written first, so that failure never drops them.
+                    if held:
+                        self._write(spec, held, counts)
+                        held = []
+                    self._renew(fences[index], lease, ctx)
                 begun = index + 1
                 held.append(self._isolated(spec, row, ctx, fences[index]))
             self._write(spec, held, counts)
