@@ -325,14 +325,19 @@ class Runner:
         """One try of :meth:`_hand_back_unbegun`; whether it reached the database."""
         try:
             released = self.store.release(fences, self.clock(), begun=False)
-            due = self.store.dispatchable(released)
         except Exception as exc:
             log.warning("celery_outbox: could not hand back %d execution(s) of %r never begun "
                         "(%s); %s", len(fences), job_name, exc,
                         "the rescuer takes them when their leases expire" if final
                         else "trying again")
             return False
-        self.dispatcher().dispatch([DispatchItem(r.id, r.job_name, r.priority) for r in due])
+        try:
+            items = [DispatchItem(r.id, r.job_name, r.priority)
+                     for r in self.store.dispatchable(released)]
+        except Exception:  # handed back: dispatch them all the same, at the job's priority
+            priority = int(self.registry.get(job_name).priority)
+            items = [DispatchItem(i, job_name, priority) for i in released]
+        self.dispatcher().dispatch(items)
         log.warning("celery_outbox: the database failed; %d execution(s) of %r never begun "
                     "handed back (pending again, dispatched at once)", len(released), job_name)
         return True

@@ -417,6 +417,26 @@ def test_when_the_hand_back_fails_too_it_is_tried_again_the_rows_held_meanwhile(
     assert row(store, second)["attempt"] == 0  # never begun: the attempt not counted
 
 
+def test_a_hand_back_whose_read_of_the_released_rows_fails_still_dispatches_them(
+    store: MemoryStore, registry: JobRegistry, runner: Runner, recording: Recording,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The release committed but the read of what to dispatch failed: the released rows go
+    out all the same (at the job's priority), not left pending until the sweep's redispatch."""
+    job(registry, Seen())
+    first, second = pending(store, 2)
+    store.fail_next(on=["finish"])
+
+    def unreadable(ids: Any) -> Any:
+        raise StorageError("the read failed")
+
+    monkeypatch.setattr(store, "dispatchable", unreadable)
+    with pytest.raises(StorageError):
+        runner.run("shop.receipt", [first, second])
+    assert store.status_of(second) == "pending"
+    assert [i.execution_id for i in recording.items] == [second]
+
+
 def test_a_failed_claim_raises_and_writes_nothing(
     store: MemoryStore, registry: JobRegistry, runner: Runner,
 ) -> None:
