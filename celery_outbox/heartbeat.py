@@ -177,8 +177,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, name="celery-outbox-heartbeat",
                                         daemon=True)
         self._thread.start()
-        if self._watch_thread is None or not self._watch_thread.is_alive() \
-                or self._watch_thread.ident not in {t.ident for t in threading.enumerate()}:
+        if self._watch_thread is None or not self._watch_thread.is_alive():
             self._watch_thread = threading.Thread(target=self._watch, daemon=True,
                                                   name="celery-outbox-lease-watch")
             self._watch_thread.start()

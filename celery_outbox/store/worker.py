@@ -170,8 +170,10 @@ class WorkerStore(StoreBase):
         """
         if not fences:
             return Renewed()
+        # One row waits on its lock at once (holding no other row, it cannot deadlock).
+        one = wait_locked and len(fences) == 1
         answered = self.executor.run(extend_leases(self.t, self.dialect, worker, fences, now,
-                                                   lease_until))
+                                                   lease_until, wait=one))
         held = Renewed(execution_id for execution_id, renewed in answered if renewed)
         if not wait_locked:
             held.skipped.update(execution_id for execution_id, renewed in answered
