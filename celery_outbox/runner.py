@@ -169,6 +169,14 @@ class Runner:
                     and not self.store.start(fences[0], now)):
                 contexts[0]._interrupt("cancelled")
             for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
+                if index and not ctx.cancelled.is_set() and self.heartbeat.stale(fences[index]):
+                    # Queued while its lease ran low (a busy process, the database away a
+                    # while): renewed before it is marked started, so the rescuer never finds
+                    # it begun with its lease run out (the outcomes held, written first).
+                    if held:
+                        self._write(spec, held, counts)
+                        held = []
+                    self._renew(fences[index], lease, ctx)
                 if index:
                     # Mark this row started before it begins; a miss: no longer ours
                     # (cancelled, rescued, handed back). With the outcomes held past the
@@ -181,12 +189,11 @@ class Runner:
                     if started is False:
                         ctx._interrupt("cancelled")
                 if not ctx.cancelled.is_set() and self.heartbeat.stale(fences[index]):
-                    # Its lease ran low unrenewed while it was queued (the database
-                    # unreachable a while), its start was written or the claim answered
-                    # late: renew it before its handler begins, or the rescuer could take it
-                    # from under the handler (the watch stops only handlers that run). A
-                    # failed renewal hands it back, never begun; outcomes held past the
-                    # window are written first, so that failure never drops them.
+                    # Its lease ran low unrenewed while its start was written or the claim
+                    # answered late: renew it before its handler begins, or the rescuer could
+                    # take it from under the handler (the watch stops only handlers that
+                    # run). A failed renewal hands it back, never begun; outcomes held past
+                    # the window are written first, so that failure never drops them.
                     if held:
                         self._write(spec, held, counts)
                         held = []
