@@ -9,6 +9,7 @@
     ├── PayloadInvalid          the payload failed the job's pydantic schema
     ├── ExecutionNotFound       no execution row with that id
     ├── InvalidTransition       the row's status forbids the asked transition (admin path)
+    │   └── ExecutionStillRunning   a retry of a cancelled execution whose handler may still run
     ├── JobLocked               a cron job's earlier execution is still active (admin trigger)
     ├── StorageError            the database failed or could not be reached
     └── LeaseExpired            an attempt's worker stopped renewing its lease (the rescuer)
@@ -22,7 +23,7 @@ reachable through ``__cause__``.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 
@@ -97,6 +98,28 @@ class InvalidTransition(OutboxError):
         self.status = status
         self.transition = transition
         super().__init__(f"cannot {transition} execution {execution_id}: it is {status}")
+
+
+class ExecutionStillRunning(InvalidTransition):
+    """A retry of an execution cancelled while its handler ran, before that handler stopped:
+    its worker has not confirmed the stop and its lease has not run out, so a retry now could
+    run the payload twice at once.
+
+    Attributes: ``execution_id``, ``status`` (cancelled), ``transition`` ("retry"),
+    ``retry_after`` (an aware datetime in the database's clock: when the lease runs out; the
+    worker's confirmation may come sooner).
+    """
+
+    def __init__(self, execution_id: object, retry_after: datetime) -> None:
+        self.retry_after = retry_after
+        super().__init__(execution_id, "cancelled", "retry")
+        self.args = (
+            f"cannot retry execution {execution_id} yet: it was cancelled while its handler "
+            f"ran, and its worker has not confirmed the handler stopped; retry once it has, or "
+            f"after its lease runs out at {retry_after.isoformat()} (database time)",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class JobLocked(OutboxError):

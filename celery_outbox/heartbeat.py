@@ -224,11 +224,11 @@ class Heartbeat:
             rounds[(h.lease, h.fence.id)] += 1
             by_lease[(h.lease, n)].append(h)
         lost = 0
-        now = self.clock()
-        written = time.monotonic()  # with now: each lease written runs out no later
+        now = self.store.lease_now()  # None: the database's clock
+        written = time.monotonic()  # before the writes: each lease written runs out no later
         for (lease, _), group in by_lease.items():
             try:
-                kept = self.store.heartbeat(None, [h.fence for h in group], now, now + lease,
+                kept = self.store.heartbeat(None, [h.fence for h in group], now, lease,
                                             wait_locked=False)
             except Exception as exc:
                 log.warning("celery_outbox: heartbeat write failed (%s); retrying next interval",
@@ -242,7 +242,7 @@ class Heartbeat:
                 if h.fence.id not in skipped:
                     continue
                 try:
-                    alone = self.store.heartbeat(None, [h.fence], now, now + lease)
+                    alone = self.store.heartbeat(None, [h.fence], now, lease)
                 except Exception as exc:
                     log.warning("celery_outbox: heartbeat write of %s failed (%s); retrying "
                                 "next interval", h.fence.id, exc)

@@ -220,11 +220,13 @@ class Outbox:
     def sweep(self, now: datetime | None = None) -> SweepResult:
         """One sweep: stage due rows, rescue expired leases, redispatch stale pending rows.
 
-        ``now`` (aware datetime, default the current time) is the instant every comparison of
-        the pass uses. What the pass stages, rescues into a retry or redispatches is dispatched
-        by it. Returns the counts; raises :class:`StorageError` when the database fails.
+        ``now`` (aware datetime; default: the database's time, read once) is the instant every
+        comparison of the pass uses: leases are written in the database's clock, so a pass on
+        a host whose clock is off never rescues a live attempt. What the pass stages, rescues
+        into a retry or redispatches is dispatched by it. Returns the counts; raises
+        :class:`StorageError` when the database fails.
         """
-        return self.sweeper.run_once(check_now(now) if now is not None else utcnow())
+        return self.sweeper.run_once(check_now(now) if now is not None else None)
 
     def trim(self, now: datetime | None = None) -> TrimResult:
         """One trim: per job, delete finished rows beyond the newest keep_succeeded /

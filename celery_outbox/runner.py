@@ -149,7 +149,7 @@ class Runner:
         now, sent = self.clock(), time.monotonic()
         worker = self.claim_token()
         lease = spec.lease(self.config)
-        claimed = self.store.claim(uuids, job_name, worker, now, now + lease)
+        claimed = self.store.claim(uuids, job_name, worker, self.store.lease_now(), lease)
         if len(claimed) < len(uuids):
             log.debug("celery_outbox: %d of %d id(s) of %r not claimable (already claimed, "
                       "finished or not due)", len(uuids) - len(claimed), len(uuids), job_name)
@@ -241,6 +241,9 @@ class Runner:
             hits, started = many.hits, many.started
         hit = dict(zip((d.fence for d, _, _ in writes), hits, strict=True))
         for d in held:
+            if not hit.get(d.fence):
+                self._confirm_stop(d.fence)
+        for d in held:
             status = d.status if hit.get(d.fence) else None
             key = {
                 Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
@@ -257,6 +260,17 @@ class Runner:
                                  status=(status or Status.CANCELLED).value)
         return started
 
+    def _confirm_stop(self, fence: Fence) -> None:
+        """Tell the database this attempt's handler has stopped, should its row have been
+        cancelled meanwhile (an outcome that found it no longer running): a retry waits for
+        it (or for the lease to run out). A failure is logged: the lease runs out anyway."""
+        try:
+            self.store.confirm_stop(fence, self.clock())
+        except StorageError as exc:
+            log.warning("celery_outbox: could not confirm that the cancelled attempt %d of %s "
+                        "stopped (%s); it can be retried once its lease runs out",
+                        fence.attempt, fence.id, exc)
+
     def _on_expired(self, ctx: JobContext[Any]) -> Callable[[], None]:
         """What the heartbeat's watch calls when the lease runs out unrenewed: stop the
         handler if it runs; one queued behind it is renewed before it begins (:meth:`run`)."""
@@ -272,8 +286,7 @@ class Runner:
         """Renew ``fence``'s lease now, before its handler begins; a miss (no longer this
         claim's) cancels ``ctx``. Raises :class:`StorageError`."""
         written = time.monotonic()
-        now = self.clock()
-        renewed = self.store.heartbeat(None, [fence], now, now + lease)
+        renewed = self.store.heartbeat(None, [fence], self.store.lease_now(), lease)
         if fence.id in renewed:
             self.heartbeat.renewed(fence, written)
         elif fence.id in getattr(renewed, "unknown", ()):

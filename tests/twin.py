@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -59,7 +59,7 @@ COLUMNS = tuple(c.name for c in build_tables(MetaData()).executions.c)
 
 WRITES = frozenset({
     "insert", "claim", "start", "finish", "finish_many", "heartbeat", "release", "stage",
-    "redispatch", "rescue", "rescue_write", "trim", "advance_tick", "cancel",
+    "redispatch", "rescue", "rescue_write", "trim", "advance_tick", "cancel", "confirm_stop",
 })
 """The names :meth:`MemoryStore.fail_next` takes (``rescue``: the rescue's read)."""
 
@@ -122,6 +122,19 @@ class MemoryStore:
         self._faults: list[_Fault] = []
         self._joined: dict[int, tuple[object, MemoryTransaction]] = {}
         self._lock = threading.RLock()
+        self.db_clock: Callable[[], datetime] | None = None
+        """As ``ExecutionStore.db_clock``; None: the twin's database clock is this process's
+        own (as SQLite's is)."""
+
+    def lease_now(self) -> datetime | None:
+        return None if self.db_clock is None else self.db_clock()
+
+    def db_now(self) -> datetime:
+        return self.db_clock() if self.db_clock is not None else datetime.now(timezone.utc)
+
+    def _at(self, now: datetime | None) -> datetime:
+        """``now``, or the twin's database clock for None (a lease write)."""
+        return now if now is not None else self.db_now()
 
     def put(self, **values: Any) -> UUID:
         """Seed one row (any status, any column) directly; its id. Defaults: a pending row of
@@ -236,11 +249,14 @@ class MemoryStore:
         tx._undo.append((new.id, None, self.rows))
         return new.id, True
 
-    def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime,
-              lease_until: datetime) -> list[Claimed]:
+    def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime | None,
+              lease: timedelta) -> list[Claimed]:
         """claim: pending (or scheduled and due) -> running, attempt + 1; started_at = now on
-        the first of ``ids`` only. The claimed rows in ``ids`` order."""
+        the first of ``ids`` only; the lease runs out ``lease`` after ``now`` (None: the
+        database's clock). The claimed rows in ``ids`` order."""
         with self._op("claim"):
+            now = self._at(now)
+            lease_until = now + lease
             got: dict[UUID, Claimed] = {}
             for i in dict.fromkeys(ids):
                 row = self.rows.get(i)
@@ -288,11 +304,14 @@ class MemoryStore:
                 hits.append(row is not None)
             return FinishedMany(hits, None if start is None else self._start(start, now))
 
-    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
-        """heartbeat: running -> running, lease extended, per fence (and ``worker``, when
-        given, must be the holder). The ids still held."""
+    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
+                  lease: timedelta, *, wait_locked: bool = True) -> set[UUID]:
+        """heartbeat: running -> running, the lease runs out ``lease`` after ``now`` (None:
+        the database's clock), per fence (and ``worker``, when given, must be the holder).
+        The ids still held."""
         with self._op("heartbeat"):
+            now = self._at(now)
+            lease_until = now + lease
             kept: set[UUID] = set()
             for fence in fences:
                 row = self._held(fence)
@@ -442,8 +461,20 @@ class MemoryStore:
                     job_name is not None and row["job_name"] != job_name):
                 return None
             row.update(status=Status.CANCELLED.value, finished_at=now, updated_at=now,
-                       lease_expires_at=None, cancelled_by=who(by), cancelled_by_name=who(by_name))
+                       cancelled_by=who(by), cancelled_by_name=who(by_name))
             return str(row["job_name"])
+
+    def confirm_stop(self, fence: Fence, now: datetime) -> bool:
+        """cancelled -> cancelled, lease cleared: the cancelled attempt of ``fence`` stopped.
+        Fenced (status cancelled, claim, attempt, a lease set); a miss returns False."""
+        with self._op("confirm_stop"):
+            row = self.rows.get(fence.id)
+            if row is None or row["status"] != Status.CANCELLED.value \
+                    or row["claimed_by"] != fence.claimed_by \
+                    or row["attempt"] != fence.attempt or row["lease_expires_at"] is None:
+                return False
+            row.update(lease_expires_at=None, updated_at=now)
+            return True
 
     def get(self, execution_id: UUID) -> dict[str, Any] | None:
         row = self.rows.get(execution_id)

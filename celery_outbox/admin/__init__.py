@@ -40,6 +40,7 @@ from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
     ExecutionNotFound,
+    ExecutionStillRunning,
     InvalidTransition,
 )
 from celery_outbox.registry import JobSpec
@@ -319,8 +320,13 @@ class OutboxAdmin:
         when one already retries it, nothing is written and that one's id is returned; retry
         that one to go again. When another active execution of the job holds the key, nothing
         is written and that execution's id is returned (the normal push dedup).
+        An execution cancelled while its handler ran is retried only once that handler has
+        stopped (its worker confirms it when the handler returns) or its lease has run out in
+        the database's clock: before, a retry could run the payload twice at once.
         Raises :class:`ExecutionNotFound`, :class:`InvalidTransition` (the row is not failed
-        or cancelled), :class:`JobNotRegistered` (its job is no longer registered).
+        or cancelled), :class:`ExecutionStillRunning` (cancelled, its handler may still run;
+        ``retry_after`` says until when at the latest), :class:`JobNotRegistered` (its job is
+        no longer registered).
         """
         execution_id = _uuid(execution_id)
         row = self.store.get(execution_id)
@@ -328,6 +334,10 @@ class OutboxAdmin:
             raise ExecutionNotFound(execution_id)
         if not can_retry(Status(row["status"])):
             raise InvalidTransition(execution_id, row["status"], "retry")
+        lease = row["lease_expires_at"]
+        if lease is not None and row["status"] == Status.CANCELLED.value \
+                and lease >= self.store.db_now():
+            raise ExecutionStillRunning(execution_id, lease)
         spec = self.registry.get(row["job_name"])
         return self.outbox.push_many(
             spec, [row["payload"]], keys=[row["unique_key"]], priority=row["priority"],

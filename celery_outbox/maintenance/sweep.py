@@ -43,10 +43,12 @@ class SweepResult:
 class Sweeper:
     """Runs the stager, the rescuer and the redispatcher, in that order."""
 
-    def __init__(self, stager: Stager, rescuer: Rescuer, redispatcher: Redispatcher) -> None:
+    def __init__(self, stager: Stager, rescuer: Rescuer, redispatcher: Redispatcher,
+                 db_now: Callable[[], datetime]) -> None:
         self.stager = stager
         self.rescuer = rescuer
         self.redispatcher = redispatcher
+        self.db_now = db_now
 
     @classmethod
     def create(
@@ -61,13 +63,15 @@ class Sweeper:
             Stager(store, registry, dispatcher, StagerConfig.from_outbox(config)),
             Rescuer(store, registry, dispatcher, RescuerConfig.from_outbox(config)),
             Redispatcher(store, registry, dispatcher, RedispatcherConfig.from_outbox(config)),
+            store.db_now,
         )
 
-    def run_once(self, now: datetime) -> SweepResult:
-        """One pass at ``now`` (an aware datetime). A service that raises does not stop the
-        others: each runs, then the first error is raised again (StorageError when the
-        database fails); what the services committed stays done."""
-        check_now(now)
+    def run_once(self, now: datetime | None = None) -> SweepResult:
+        """One pass at ``now`` (an aware datetime; None: the database's time, read once, so
+        the leases it rescues expired in the clock they were written in). A service that
+        raises does not stop the others: each runs, then the first error is raised again
+        (StorageError when the database fails); what the services committed stays done."""
+        now = check_now(now) if now is not None else self.db_now()
         errors: list[Exception] = []
         staged = _isolated("stage", lambda: self.stager.run_once(now), StageResult(), errors)
         rescued = _isolated("rescue", lambda: self.rescuer.run_once(now), RescueResult(),

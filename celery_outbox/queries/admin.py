@@ -52,8 +52,10 @@ def _cancel(t: Table, of_job: bool) -> Any:
         guard.append(t.c.job_name == bindparam("cancel_job"))
     return (
         update(t).where(*guard)
+        # A running row keeps its claim and lease: its handler may still run, until its
+        # worker confirms the stop (confirm_stop) or the lease runs out; no retry before.
         .values(status=Status.CANCELLED.value, finished_at=now, updated_at=now,
-                lease_expires_at=None, cancelled_by=bindparam("by", type_=t.c.cancelled_by.type),
+                cancelled_by=bindparam("by", type_=t.c.cancelled_by.type),
                 cancelled_by_name=bindparam("by_name", type_=t.c.cancelled_by_name.type))
         .returning(t.c.job_name)
     )

@@ -9,7 +9,7 @@ The start and the outcome writes are the hot path: their statements are built on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 from uuid import UUID
@@ -34,14 +34,21 @@ from sqlalchemy import (
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
 from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, storable, who
+from celery_outbox.queries.clock import db_after, db_now, lease_param
 from celery_outbox.states import Status
 
 
 @cache
-def _claim_statement(t: Table, dialect: str) -> Any:
+def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
     """The claim with bound parameters only: the ids as one array on PostgreSQL (``= ANY``,
-    one statement for any number of ids), an expanding ``IN`` elsewhere."""
-    now = bindparam("c_now", type_=t.c.updated_at.type)
+    one statement for any number of ids), an expanding ``IN`` elsewhere. ``db_clock``: its
+    now and lease end are the database's (:mod:`celery_outbox.queries.clock`), else the
+    bound ``c_now`` and ``c_lease``."""
+    if db_clock:
+        now, lease_until = db_now(dialect), db_after(dialect, "c_lease")
+    else:
+        now = bindparam("c_now", type_=t.c.updated_at.type)
+        lease_until = bindparam("c_lease", type_=t.c.lease_expires_at.type)
     ids = (t.c.id == any_(bindparam("c_ids", type_=ARRAY(t.c.id.type)))
            if dialect == "postgresql" else t.c.id.in_(bindparam("c_ids", expanding=True)))
     return (
@@ -61,7 +68,7 @@ def _claim_statement(t: Table, dialect: str) -> Any:
             started_at=case((t.c.id == bindparam("c_first", type_=t.c.id.type), now),
                             else_=None),
             updated_at=now,
-            lease_expires_at=bindparam("c_lease", type_=t.c.lease_expires_at.type),
+            lease_expires_at=lease_until,
         )
         .returning(
             t.c.id, t.c.job_name, t.c.attempt, t.c.max_attempts, t.c.payload, t.c.priority,
@@ -72,14 +79,18 @@ def _claim_statement(t: Table, dialect: str) -> Any:
 
 @named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set")
 def claim_rows(
-    t: Table, dialect: str, ids: Sequence[UUID], job_name: str, worker: str, now: datetime,
-    lease_until: datetime,
+    t: Table, dialect: str, ids: Sequence[UUID], job_name: str, worker: str,
+    now: datetime | None, lease: timedelta,
 ) -> Query[list[Row]]:
     """One UPDATE ... RETURNING for all ``ids`` (at least one); ``started_at = now`` on the
-    first only."""
-    params = {"c_ids": list(ids), "c_job": job_name, "c_by": worker, "c_now": now,
-              "c_first": ids[0], "c_lease": lease_until}
-    return rows("claim_rows", _claim_statement(t, dialect), params=params,
+    first only; the lease runs out ``lease`` after ``now`` (None: the database's clock)."""
+    params: dict[str, Any] = {"c_ids": list(ids), "c_job": job_name, "c_by": worker,
+                              "c_first": ids[0]}
+    if now is None:
+        params["c_lease"] = lease_param(dialect, lease)
+    else:
+        params.update(c_now=now, c_lease=now + lease)
+    return rows("claim_rows", _claim_statement(t, dialect, now is None), params=params,
                 prepared=dialect == "postgresql")
 
 
@@ -207,14 +218,15 @@ def finish_and_start(
                  prepared=True)
 
 
-@named("heartbeat: running -> running, lease_expires_at = lease_until, per fence; on "
+@named("heartbeat: running -> running, the lease renewed from now, per fence; on "
        "PostgreSQL a row locked by a writer is skipped and answered apart")
 def extend_leases(
-    t: Table, dialect: str, worker: str | None, fences: Sequence[Fence], now: datetime,
-    lease_until: datetime, *, wait: bool = False,
+    t: Table, dialect: str, worker: str | None, fences: Sequence[Fence], now: datetime | None,
+    lease: timedelta, *, wait: bool = False,
 ) -> Query[list[tuple[UUID, bool]]]:
-    """Answers ``(id, renewed)`` for each row still held: renewed, or (PostgreSQL, unless
-    ``wait``) not renewed because a writer holds it locked at this moment.
+    """Answers ``(id, renewed)`` for each row still held: renewed (its lease now runs out
+    ``lease`` after ``now``; None: the database's clock), or (PostgreSQL, unless ``wait``)
+    not renewed because a writer holds it locked at this moment.
 
     On PostgreSQL the UPDATE takes only the rows it can lock at once (``SKIP LOCKED``) and
     never waits: a heartbeat renewing many rows in one statement, waiting on a row the runner
@@ -227,9 +239,15 @@ def extend_leases(
                         t.c.attempt == f.attempt) for f in fences))]
     if worker is not None:
         guard.append(t.c.claimed_by == worker)
-    renew = update(t).where(*guard).values(lease_expires_at=lease_until, updated_at=now)
+    if now is None:
+        values: dict[str, Any] = {"lease_expires_at": db_after(dialect, "h_lease"),
+                                  "updated_at": db_now(dialect)}
+        params: dict[str, Any] = {"h_lease": lease_param(dialect, lease)}
+    else:
+        values, params = {"lease_expires_at": now + lease, "updated_at": now}, {}
+    renew = update(t).where(*guard).values(**values)
     if wait or dialect != "postgresql":  # SQLite: one writer at a time, no row locks
-        return rows("extend_leases", renew.returning(t.c.id), _renewed)
+        return rows("extend_leases", renew.returning(t.c.id), _renewed, params)
     free = (select(t.c.id).where(*guard)
             .with_for_update(key_share=True, skip_locked=True).cte("free"))
     renewed = renew.where(t.c.id.in_(select(free.c.id))).returning(t.c.id).cte("renewed")
@@ -237,7 +255,29 @@ def extend_leases(
     skipped = select(visible.c.id, false().label("renewed")).where(
         visible.c.id.not_in(select(renewed.c.id)))
     return rows("extend_leases",
-                union_all(select(renewed.c.id, true().label("renewed")), skipped), _renewal)
+                union_all(select(renewed.c.id, true().label("renewed")), skipped), _renewal,
+                params)
+
+
+@cache
+def _confirm_stop_statement(t: Table) -> Any:
+    now = bindparam("stop_now", type_=t.c.updated_at.type)
+    return (update(t)
+            .where(t.c.id == bindparam("stop_id", type_=t.c.id.type),
+                   t.c.status == Status.CANCELLED.value,
+                   t.c.claimed_by == bindparam("stop_by", type_=t.c.claimed_by.type),
+                   t.c.attempt == bindparam("stop_attempt", type_=t.c.attempt.type),
+                   t.c.lease_expires_at.is_not(None))
+            .values(lease_expires_at=None, updated_at=now))
+
+
+@named("confirm stop: cancelled -> cancelled, lease cleared: the cancelled attempt's handler "
+       "stopped; fenced")
+def confirm_stop(t: Table, fence: Fence, now: datetime) -> Query[int]:
+    """Answers the number of rows written (1, or 0 on a miss)."""
+    return rowcount("confirm_stop", _confirm_stop_statement(t),
+                    {"stop_id": fence.id, "stop_by": fence.claimed_by,
+                     "stop_attempt": fence.attempt, "stop_now": now}, prepared=True)
 
 
 def _renewed(row: Row) -> tuple[UUID, bool]:

@@ -6,8 +6,11 @@ status it expects; writes on a running row are also fenced by ``claimed_by`` and
 so a zombie worker whose lease was rescued cannot overwrite the row (``claimed_by`` is unique
 per claim: a row handed back and claimed again never matches the older claim's fence).
 
-Times are aware UTC datetimes passed in by the caller (``now``); the database clock is never
-read, so tests freeze time by passing it. Driver errors become :class:`StorageError`.
+Times are aware UTC datetimes passed in by the caller (``now``), so tests freeze time by
+passing them, except for leases: a lease is written and compared in the database's clock
+(``now=None`` on :meth:`claim` and :meth:`heartbeat`; a sweep's ``now`` read by :meth:`db_now`),
+since hosts' clocks disagree; a test's datetime (or :attr:`db_clock`) stands in for it.
+Driver errors become :class:`StorageError`.
 
 One module per area, each a mixin of :class:`~celery_outbox.store.base.StoreBase` (the
 transactions, the fence, statements built once); :class:`ExecutionStore` combines them:

@@ -6,17 +6,20 @@ state but these two, which never change after construction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from sqlalchemy import Engine
 
+from celery_outbox.errors import StorageError
 from celery_outbox.executors import AsyncTransaction, SqlAlchemyExecutor, Transaction
 from celery_outbox.executors.sqlalchemy import SUPPORTED_DIALECTS
 from celery_outbox.models import Tables
 from celery_outbox.outcomes import Fence
+from celery_outbox.queries.clock import database_now
 
 if TYPE_CHECKING:
     from celery_outbox.executors.sqlalchemy_async import AsyncSqlAlchemyExecutor
@@ -39,6 +42,24 @@ class StoreBase:
         self.t = tables.executions
         self.dialect = self.executor.dialect
         self._async: AsyncSqlAlchemyExecutor | None = None
+        self.db_clock: Callable[[], datetime] | None = None
+        """A stand-in for the database's clock (tests, the model): None in production, where
+        every lease is written and compared in the database's own time."""
+
+    def lease_now(self) -> datetime | None:
+        """The ``now`` a lease write (:meth:`claim`, :meth:`heartbeat`) takes: None, the
+        database's clock, unless :attr:`db_clock` stands in for it."""
+        return None if self.db_clock is None else self.db_clock()
+
+    def db_now(self) -> datetime:
+        """The database's current time (an aware UTC datetime; one query), or
+        :attr:`db_clock`'s. Raises :class:`~celery_outbox.errors.StorageError`."""
+        if self.db_clock is not None:
+            return self.db_clock()
+        now = self.executor.run(database_now(self.t, self.dialect))
+        if now is None:  # a SELECT without FROM answers one row
+            raise StorageError(f"the database on {self.executor.where()} gave no time")
+        return now
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -22,6 +22,7 @@ from celery_outbox.outcomes import (
 )
 from celery_outbox.queries.worker import (
     claim_rows,
+    confirm_stop,
     extend_leases,
     finish_and_start,
     finish_fenced,
@@ -67,8 +68,8 @@ class WorkerStore(StoreBase):
         ids: Sequence[UUID],
         job_name: str,
         worker: str,
-        now: datetime,
-        lease_until: datetime,
+        now: datetime | None,
+        lease: timedelta,
     ) -> list[Claimed]:
         """claim: pending (or scheduled and due) -> running, attempt + 1, lease set.
 
@@ -82,12 +83,15 @@ class WorkerStore(StoreBase):
         ``started_at = now`` on the first of ``ids`` only: the runner runs the claimed rows one
         after the other and marks each later one started as it begins it (:meth:`start`), so
         the rescuer can tell the rows of a dead worker that never began.
-        ``now`` and ``lease_until`` are aware datetimes. Returns the claimed rows in ``ids`` order.
+        The lease runs out ``lease`` (a timedelta) after ``now``: None (production) is the
+        database's clock, for the due check and ``started_at`` too; an aware datetime stands in
+        for it (tests; :attr:`~celery_outbox.store.base.StoreBase.db_clock`). Returns the
+        claimed rows in ``ids`` order, each with the lease end the database wrote.
         """
         if not ids:
             return []
         found = self.executor.run(
-            claim_rows(self.t, self.dialect, ids, job_name, worker, now, lease_until))
+            claim_rows(self.t, self.dialect, ids, job_name, worker, now, lease))
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
 
@@ -150,11 +154,12 @@ class WorkerStore(StoreBase):
         return FinishedMany(hits, None if start is None else results[-1] == 1)
 
     def heartbeat(
-        self, worker: str | None, fences: Sequence[Fence], now: datetime, lease_until: datetime,
-        *, wait_locked: bool = True,
+        self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
+        lease: timedelta, *, wait_locked: bool = True,
     ) -> Renewed:
-        """heartbeat: running -> running, ``lease_expires_at = lease_until``, in one UPDATE
-        (and one more per row a writer held locked, on PostgreSQL).
+        """heartbeat: running -> running, the lease runs out ``lease`` (a timedelta) after
+        ``now`` (None: the database's clock; an aware datetime stands in for it), in one
+        UPDATE (and one more per row a writer held locked, on PostgreSQL).
 
         Guard per row: status running, ``claimed_by`` and ``attempt`` as in its fence (each
         claim has a ``claimed_by`` of its own, see :meth:`claim`). ``worker``, when not None,
@@ -173,7 +178,7 @@ class WorkerStore(StoreBase):
         # One row waits on its lock at once (holding no other row, it cannot deadlock).
         one = wait_locked and len(fences) == 1
         answered = self.executor.run(extend_leases(self.t, self.dialect, worker, fences, now,
-                                                   lease_until, wait=one))
+                                                   lease, wait=one))
         held = Renewed(execution_id for execution_id, renewed in answered if renewed)
         if not wait_locked:
             held.skipped.update(execution_id for execution_id, renewed in answered
@@ -183,12 +188,24 @@ class WorkerStore(StoreBase):
         for execution_id, renewed in answered:
             if not renewed:
                 alone = extend_leases(self.t, self.dialect, worker, [by_id[execution_id]], now,
-                                      lease_until, wait=True)
+                                      lease, wait=True)
                 try:
                     held.update(i for i, _ in self.executor.run(alone))
                 except StorageError:  # locked past the lock timeout: the others stay renewed
                     held.unknown.add(execution_id)
         return held
+
+    def confirm_stop(self, fence: Fence, now: datetime) -> bool:
+        """confirm stop: cancelled -> cancelled, ``lease_expires_at`` cleared: the handler of
+        the attempt of ``fence``, cancelled while it ran, has stopped, so the execution may be
+        retried at once (until then, or until that lease runs out, a retry is refused).
+
+        Guard: status cancelled, ``claimed_by`` and ``attempt`` as in ``fence``, a lease set.
+        A miss (the row was trimmed, or cancelled before it was claimed) returns False.
+        ``now`` (aware) becomes ``updated_at``.
+        """
+        return self._hit(self.executor.run(confirm_stop(self.t, fence, now)), "confirm stop",
+                         fence.id)
 
     def release(
         self, fences: Sequence[Fence], now: datetime, *, begun: bool | None = None

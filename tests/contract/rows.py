@@ -136,7 +136,7 @@ def add(store: ExecutionStore, **overrides: Any) -> NewExecution:
 def claim(store: ExecutionStore, execution_id: UUID, worker: str = "w1",
           now: datetime = T0, job: str = JOB) -> Fence:
     """Claim one row for ``worker`` at ``now``; its fence."""
-    [claimed] = store.claim([execution_id], job, worker, now, now + LEASE)
+    [claimed] = store.claim([execution_id], job, worker, now, LEASE)
     return Fence(execution_id, worker, claimed.attempt)
 
 

@@ -172,7 +172,7 @@ def test_rescue_releases_only_rows_never_started(store: ExecutionStore) -> None:
     """release hands back a row whose handler never began (the attempt does not count); a row
     that began is left alone, whatever the verdict says."""
     began, never = add(store), add(store)
-    store.claim([began.id, never.id], JOB, "w1", T0, EXPIRED_AT)
+    store.claim([began.id, never.id], JOB, "w1", T0, EXPIRED_AT - T0)
     before = snapshot(store, began.id)[0]
     verdict = RescueVerdict("lease expired", release=True, run_at=RUN_AT)
     rescued = store.rescue(RESCUE_AT, job_names=[JOB], limit=10, decide=lambda e: verdict)
@@ -231,7 +231,7 @@ def test_a_zombie_cannot_write_over_a_rescued_row(store: ExecutionStore) -> None
     assert len(store.rescue(RESCUE_AT, job_names=[JOB], limit=10, decide=lambda e: verdict)) == 1
     before = snapshot(store, zombie.id)[0]
     assert not store.finish(Succeeded(keep=True), zombie, RESCUE_AT).hit
-    assert store.heartbeat(None, [zombie], RESCUE_AT, RESCUE_AT + LEASE) == set()
+    assert store.heartbeat(None, [zombie], RESCUE_AT, LEASE) == set()
     assert_unchanged(store, before)
 
 

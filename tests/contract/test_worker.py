@@ -57,7 +57,7 @@ def claimed(row: NewExecution, worker: str = "w1", now: datetime = T0, *,
 
 def test_claim_sets_running_attempt_lease_and_holder(store: ExecutionStore) -> None:
     row = add(store)
-    [got] = store.claim([row.id], JOB, "w1", T0, T0 + LEASE)
+    [got] = store.claim([row.id], JOB, "w1", T0, LEASE)
     assert (got.id, got.job_name, got.attempt, got.max_attempts) == (row.id, JOB, 1, 3)
     assert (got.payload, got.priority, got.unique_key, got.organization_id) == (
         {"order_id": 7}, 1, None, "org-1")
@@ -67,12 +67,12 @@ def test_claim_sets_running_attempt_lease_and_holder(store: ExecutionStore) -> N
 
 def test_claim_guard_misses_return_nothing(store: ExecutionStore) -> None:
     row = add(store)
-    assert store.claim([row.id], "other.job", "w1", T0, T0 + LEASE) == []
+    assert store.claim([row.id], "other.job", "w1", T0, LEASE) == []
     assert_row(store, row.id, whole=True, **pushed(row))
     claim(store, row.id)
-    assert store.claim([row.id], JOB, "w2", T0, T0 + LEASE) == []  # already running
-    assert store.claim([uuid.uuid4()], JOB, "w2", T0, T0 + LEASE) == []  # no such row
-    assert store.claim([], JOB, "w2", T0, T0 + LEASE) == []
+    assert store.claim([row.id], JOB, "w2", T0, LEASE) == []  # already running
+    assert store.claim([uuid.uuid4()], JOB, "w2", T0, LEASE) == []  # no such row
+    assert store.claim([], JOB, "w2", T0, LEASE) == []
     assert_row(store, row.id, whole=True, **claimed(row))
 
 
@@ -82,7 +82,7 @@ def test_claim_many_keeps_the_order_of_ids_and_starts_only_the_first(
     rows = [add(store) for _ in range(4)]
     claim(store, rows[1].id)
     wanted = [rows[3].id, rows[1].id, uuid.uuid4(), rows[0].id, rows[2].id]
-    got = store.claim(wanted, JOB, "w2", LATER, LATER + LEASE)
+    got = store.claim(wanted, JOB, "w2", LATER, LEASE)
     assert [c.id for c in got] == [rows[3].id, rows[0].id, rows[2].id]
     assert_row(store, rows[3].id, whole=True, **claimed(rows[3], "w2", LATER))
     for r in (rows[0], rows[2]):
@@ -92,14 +92,14 @@ def test_claim_many_keeps_the_order_of_ids_and_starts_only_the_first(
 
 def test_claim_starts_no_row_when_the_first_id_is_not_claimed(store: ExecutionStore) -> None:
     taken, free = running(store), add(store)
-    [got] = store.claim([taken.id, free.id], JOB, "w2", LATER, LATER + LEASE)
+    [got] = store.claim([taken.id, free.id], JOB, "w2", LATER, LEASE)
     assert got.id == free.id
     assert_row(store, free.id, whole=True, **claimed(free, "w2", LATER, started=False))
 
 
 def test_claim_leaves_another_jobs_ids(store: ExecutionStore) -> None:
     mine, theirs = add(store), add(store, job_name="shop.invoice")
-    got = store.claim([theirs.id, mine.id], JOB, "w1", T0, T0 + LEASE)
+    got = store.claim([theirs.id, mine.id], JOB, "w1", T0, LEASE)
     assert [c.id for c in got] == [mine.id]
     assert_row(store, theirs.id, whole=True, **pushed(theirs))
     assert_row(store, mine.id, whole=True, **claimed(mine, started=False))
@@ -109,9 +109,9 @@ def test_claim_takes_a_scheduled_row_only_once_due(store: ExecutionStore) -> Non
     due = T0 + timedelta(seconds=30)
     row = add(store, status=Status.SCHEDULED, scheduled_at=due, dispatched_at=None)
     early = due - timedelta(microseconds=1)
-    assert store.claim([row.id], JOB, "w1", early, early + LEASE) == []
+    assert store.claim([row.id], JOB, "w1", early, LEASE) == []
     assert_row(store, row.id, whole=True, **pushed(row))
-    [got] = store.claim([row.id], JOB, "w1", due, due + LEASE)
+    [got] = store.claim([row.id], JOB, "w1", due, LEASE)
     assert got.attempt == 1
     assert_row(store, row.id, whole=True, **claimed(row, now=due))
 
@@ -121,7 +121,7 @@ def test_claim_takes_a_scheduled_row_only_once_due(store: ExecutionStore) -> Non
 
 def test_start_marks_a_later_row_of_the_claim_started(store: ExecutionStore) -> None:
     a, b = add(store), add(store)
-    store.claim([a.id, b.id], JOB, "w1", T0, T0 + LEASE)
+    store.claim([a.id, b.id], JOB, "w1", T0, LEASE)
     assert store.start(Fence(b.id, "w1", 1), LATER)
     assert_row(store, b.id, whole=True, **claimed(b, updated_at=LATER, started_at=LATER))
 
@@ -181,7 +181,7 @@ def test_finish_writes_the_outcome(store: ExecutionStore, name: str, with_start:
     outcome, changes = OUTCOMES[name]
     row, following = add(store), add(store)
     ids = [row.id, following.id] if with_start else [row.id]
-    store.claim(ids, JOB, "w1", T0, T0 + LEASE)
+    store.claim(ids, JOB, "w1", T0, LEASE)
     fence, next_fence = Fence(row.id, "w1", 1), Fence(following.id, "w1", 1)
     answer = store.finish(outcome, fence, LATER, start=next_fence if with_start else None)
     assert answer == Finished(hit=True, started=True if with_start else None)
@@ -205,7 +205,7 @@ def test_finish_answers_started_false_when_the_next_row_is_gone(
 ) -> None:
     for name, (outcome, _) in OUTCOMES.items():
         row, following = add(store), add(store)
-        store.claim([row.id, following.id], JOB, "w1", T0, T0 + LEASE)
+        store.claim([row.id, following.id], JOB, "w1", T0, LEASE)
         assert store.cancel(following.id, T0, by="admin", by_name=None) == JOB
         before = store.get(following.id)
         assert before is not None
@@ -252,7 +252,7 @@ def test_finish_that_misses_still_starts_the_next_row(store: ExecutionStore) -> 
     """The next row of the claim is its own execution: whether it begins does not depend on
     the previous one's write."""
     row, following = add(store), add(store)
-    store.claim([row.id, following.id], JOB, "w1", T0, T0 + LEASE)
+    store.claim([row.id, following.id], JOB, "w1", T0, LEASE)
     assert store.cancel(row.id, T0, by=None, by_name=None) == JOB
     answer = store.finish(Succeeded(keep=True), Fence(row.id, "w1", 1), LATER,
                           start=Fence(following.id, "w1", 1))
@@ -270,7 +270,7 @@ def test_finish_many_writes_every_outcome_each_fenced_in_one_call(store: Executi
     rows = [add(store) for _ in names]
     lost, following = add(store), add(store)
     ids = [r.id for r in rows] + [lost.id, following.id]
-    store.claim(ids, JOB, "w1", T0, T0 + LEASE)
+    store.claim(ids, JOB, "w1", T0, LEASE)
     for r in rows[1:]:
         assert store.start(Fence(r.id, "w1", 1), T0)
     assert store.cancel(lost.id, T0, by=None, by_name=None) == JOB
@@ -291,7 +291,7 @@ def test_finish_many_writes_every_outcome_each_fenced_in_one_call(store: Executi
 
 def test_finish_many_without_start_and_with_a_start_that_misses(store: ExecutionStore) -> None:
     row, following = add(store), add(store)
-    store.claim([row.id, following.id], JOB, "w1", T0, T0 + LEASE)
+    store.claim([row.id, following.id], JOB, "w1", T0, LEASE)
     write = Write(Succeeded(keep=False), Fence(row.id, "w1", 1), LATER)
     assert store.cancel(following.id, T0, by=None, by_name=None) == JOB
     before = store.get(following.id)
@@ -308,7 +308,7 @@ def test_start_without_waiting_for_the_flush_is_the_same_fenced_start(
     store: ExecutionStore, flushed: bool,
 ) -> None:
     row, later, gone = add(store), add(store), add(store)
-    store.claim([row.id, later.id, gone.id], JOB, "w1", T0, T0 + LEASE)
+    store.claim([row.id, later.id, gone.id], JOB, "w1", T0, LEASE)
     assert store.cancel(gone.id, T0, by=None, by_name=None) == JOB
     before = store.get(gone.id)
     assert before is not None
@@ -324,8 +324,8 @@ def test_a_retried_row_is_claimed_again_when_due(store: ExecutionStore) -> None:
     fence = claim(store, row.id)
     assert store.finish(Retrying(RUN_AT, "x"), fence, LATER).hit
     early = RUN_AT - timedelta(seconds=1)
-    assert store.claim([row.id], JOB, "w2", early, early + LEASE) == []
-    [second] = store.claim([row.id], JOB, "w2", RUN_AT, RUN_AT + LEASE)
+    assert store.claim([row.id], JOB, "w2", early, LEASE) == []
+    [second] = store.claim([row.id], JOB, "w2", RUN_AT, LEASE)
     assert second.attempt == 2
     assert_row(store, row.id, whole=True, **claimed(
         row, "w2", RUN_AT, attempt=2, scheduled_at=RUN_AT, last_error="x", dispatched_at=None))
@@ -338,26 +338,26 @@ def test_heartbeat_extends_only_leases_still_held(store: ExecutionStore) -> None
     a_row, b_row = add(store), add(store)
     a, b = claim(store, a_row.id), claim(store, b_row.id)
     later = T0 + timedelta(seconds=20)
-    assert store.heartbeat("w1", [a, b], later, later + LEASE) == {a.id, b.id}
+    assert store.heartbeat("w1", [a, b], later, LEASE) == {a.id, b.id}
     assert_row(store, a.id, whole=True, **claimed(
         a_row, lease_expires_at=later + LEASE, updated_at=later))
-    assert store.heartbeat("w2", [a], later, later + 2 * LEASE) == set()  # another holder
+    assert store.heartbeat("w2", [a], later, 2 * LEASE) == set()  # another holder
     assert store.heartbeat("w1", [Fence(a.id, "w1", a.attempt + 1)], later,
-                           later + 2 * LEASE) == set()
+                           2 * LEASE) == set()
     assert store.heartbeat(None, [Fence(a.id, "w2", a.attempt)], later,
-                           later + 2 * LEASE) == set()
+                           2 * LEASE) == set()
     assert store.finish(Succeeded(keep=True), b, later).hit
     final = T0 + timedelta(seconds=40)
-    assert store.heartbeat(None, [a, b], final, final + LEASE) == {a.id}
-    assert store.heartbeat("w1", [], final, final) == set()
+    assert store.heartbeat(None, [a, b], final, LEASE) == {a.id}
+    assert store.heartbeat("w1", [], final, timedelta(0)) == set()
     assert_row(store, a.id, whole=True, **claimed(
         a_row, lease_expires_at=final + LEASE, updated_at=final))
 
 
 def test_heartbeat_of_fences_of_several_claims(store: ExecutionStore) -> None:
     a, b = running(store, "w1"), running(store, "w2")
-    assert store.heartbeat(None, [a, b], LATER, LATER + LEASE) == {a.id, b.id}
-    assert store.heartbeat("w1", [a, b], LATER, LATER + LEASE) == {a.id}
+    assert store.heartbeat(None, [a, b], LATER, LEASE) == {a.id, b.id}
+    assert store.heartbeat("w1", [a, b], LATER, LEASE) == {a.id}
 
 
 # -- release (hand-back) ----------------------------------------------------------------------
@@ -379,7 +379,7 @@ def test_release_of_a_started_row_keeps_its_attempt_and_allows_one_more(
 
 def test_release_of_a_row_never_started_gives_its_attempt_back(store: ExecutionStore) -> None:
     first, second = add(store), add(store)
-    store.claim([first.id, second.id], JOB, "w1", T0, T0 + LEASE)
+    store.claim([first.id, second.id], JOB, "w1", T0, LEASE)
     fences = [Fence(first.id, "w1", 1), Fence(second.id, "w1", 1)]
     assert sorted(store.release(fences, LATER)) == sorted([first.id, second.id])
     assert_row(store, first.id, whole=True, **pushed(
@@ -390,7 +390,7 @@ def test_release_of_a_row_never_started_gives_its_attempt_back(store: ExecutionS
 
 def test_release_not_begun_gives_every_attempt_back(store: ExecutionStore) -> None:
     first, second = add(store), add(store)
-    store.claim([first.id, second.id], JOB, "w1", T0, T0 + LEASE)
+    store.claim([first.id, second.id], JOB, "w1", T0, LEASE)
     fences = [Fence(first.id, "w1", 1), Fence(second.id, "w1", 1)]
     assert sorted(store.release(fences, LATER, begun=False)) == sorted([first.id, second.id])
     for r in (first, second):
@@ -405,7 +405,7 @@ def test_release_guard_misses_write_nothing(store: ExecutionStore, miss: str) ->
     assert before is not None
     assert store.release(wrong, LATER) == []
     assert store.release(wrong, LATER, begun=False) == []
-    assert store.heartbeat(None, wrong, LATER, LATER + LEASE) == set()
+    assert store.heartbeat(None, wrong, LATER, LEASE) == set()
     assert_unchanged(store, before)
 
 
@@ -419,7 +419,7 @@ def test_zombie_writes_after_cancel_are_rejected(store: ExecutionStore) -> None:
     assert before is not None
     for outcome, _ in OUTCOMES.values():
         assert not store.finish(outcome, fence, T0).hit
-    assert store.heartbeat(fence.claimed_by, [fence], T0, T0 + LEASE) == set()
+    assert store.heartbeat(fence.claimed_by, [fence], T0, LEASE) == set()
     assert store.release([fence], T0) == []
     assert not store.start(fence, T0)
     assert_unchanged(store, before)
@@ -441,8 +441,69 @@ def test_zombie_writes_after_another_claim_are_rejected(store: ExecutionStore) -
         assert not store.finish(outcome, Fence(zombie.id, "w1", 2), LATER).hit
         assert not store.finish(outcome, Fence(zombie.id, "w2", 1), LATER).hit
     assert store.release([zombie], LATER) == []
-    assert store.heartbeat(None, [zombie], LATER, LATER + LEASE) == set()
+    assert store.heartbeat(None, [zombie], LATER, LEASE) == set()
     assert_unchanged(store, before)
     assert (before["status"], before["claimed_by"], before["attempt"]) == ("running", "w2", 2)
     assert store.finish(Succeeded(keep=True), current, LATER).hit
     assert store.status_of(zombie.id) == "succeeded"
+
+
+# -- the database's clock ---------------------------------------------------------------------
+
+MS = timedelta(milliseconds=1)
+"""SQLite's clock has milliseconds: a lease it writes may be up to this much earlier."""
+
+
+def test_claim_and_heartbeat_without_now_write_leases_in_the_database_clock(
+        store: ExecutionStore) -> None:
+    hour = timedelta(hours=1)
+    due = add(store, status=Status.SCHEDULED, scheduled_at=store.db_now() - hour,
+              dispatched_at=None)
+    later = add(store, status=Status.SCHEDULED, scheduled_at=store.db_now() + hour,
+                dispatched_at=None)
+    before = store.db_now()
+    [got] = store.claim([due.id, later.id], JOB, "w1", None, LEASE)
+    after = store.db_now()
+    assert got.id == due.id  # the due check too is in the database's clock
+    assert before + LEASE - MS <= got.lease_expires_at <= after + LEASE
+    row = assert_row(store, due.id, status="running", lease_expires_at=got.lease_expires_at)
+    assert before - MS <= row["started_at"] <= after
+    fence = Fence(due.id, "w1", 1)
+    before = store.db_now()
+    assert store.heartbeat(None, [fence], None, 2 * LEASE) == {due.id}
+    after = store.db_now()
+    renewed = store.get(due.id)
+    assert renewed is not None
+    assert before + 2 * LEASE - MS <= renewed["lease_expires_at"] <= after + 2 * LEASE
+
+
+def test_db_now_is_an_aware_utc_datetime_near_this_hosts_clock(store: ExecutionStore) -> None:
+    got = store.db_now()
+    assert got.utcoffset() == timedelta(0)
+    assert abs(got - datetime.now(got.tzinfo)) < timedelta(seconds=30)
+
+
+# -- confirm stop (a cancelled attempt's handler stopped) -------------------------------------
+
+
+def test_confirm_stop_clears_the_lease_of_a_cancelled_running_row_once(
+        store: ExecutionStore) -> None:
+    row = add(store)
+    fence = claim(store, row.id)
+    assert store.cancel(row.id, LATER, by="admin", by_name=None) == JOB
+    assert not store.confirm_stop(Fence(row.id, "w2", fence.attempt), LATER)  # another claim
+    assert not store.confirm_stop(Fence(row.id, "w1", fence.attempt + 1), LATER)
+    assert_row(store, row.id, status="cancelled", lease_expires_at=T0 + LEASE)
+    assert store.confirm_stop(fence, LATER + LEASE / 10)
+    assert_row(store, row.id, status="cancelled", lease_expires_at=None,
+               updated_at=LATER + LEASE / 10)
+    assert not store.confirm_stop(fence, LATER)  # once
+
+
+def test_confirm_stop_misses_on_rows_not_cancelled_while_running(store: ExecutionStore) -> None:
+    pending = add(store)
+    assert store.cancel(pending.id, LATER, by=None, by_name=None) == JOB
+    assert not store.confirm_stop(Fence(pending.id, "w1", 0), LATER)
+    live = running(store)
+    assert not store.confirm_stop(live, LATER)  # still running: not cancelled
+    assert_row(store, live.id, status="running", lease_expires_at=T0 + LEASE)

@@ -7,6 +7,8 @@ one it retries (``retry_of``); every call returns its id.
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -14,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
+from celery_outbox.errors import ExecutionStillRunning
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 from tests.threads import run_concurrently
@@ -105,3 +108,80 @@ def test_the_retry_of_a_retry_is_a_new_execution(
     assert box.admin.get_execution(again).retry_of == retry
     assert box.admin.retry(retry) == again
     assert box.admin.get_execution(source).retry_of is None
+
+
+class Deaf:
+    """A handler deaf to ``ctx.cancelled``: it runs until the test releases it."""
+
+    def __init__(self) -> None:
+        self.began = threading.Event()
+        self.release = threading.Event()
+        self.runs = 0
+
+    def __call__(self, ctx: JobContext[Order]) -> None:
+        self.runs += 1
+        self.began.set()
+        assert self.release.wait(30), "the test never released the handler"
+
+
+def cancelled_while_running(db_url: str, registry: JobRegistry, make_outbox: MakeOutbox,
+                            recording: RecordingDispatcher) -> tuple[Outbox, UUID, Deaf,
+                                                                    threading.Thread]:
+    deaf = Deaf()
+    job = outbox_job(schema=Order, name="shop.deaf", registry=registry)(deaf)
+    box = make_outbox(db_url, registry, recording, lease=timedelta(seconds=30))
+    execution_id = job.push({"order_id": 7})
+    worker = threading.Thread(target=box.runner.run, args=(job.name, [execution_id]))
+    worker.start()
+    assert deaf.began.wait(30), "the handler never began"
+    box.admin.cancel(execution_id, cancelled_by="ops")
+    return box, execution_id, deaf, worker
+
+
+def test_a_cancelled_execution_is_not_retried_while_its_handler_may_still_run(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, recording: RecordingDispatcher,
+) -> None:
+    """Cancel, then retry at once, used to run one payload twice at the same time: the
+    handler learns of the cancel at its next heartbeat (or never, if deaf to it)."""
+    box, execution_id, deaf, worker = cancelled_while_running(db_url, registry, make_outbox,
+                                                              recording)
+    try:
+        row = box.store.get(execution_id)
+        assert row is not None and row["lease_expires_at"] is not None
+        with pytest.raises(ExecutionStillRunning) as refused:
+            box.admin.retry(execution_id)
+        assert refused.value.retry_after == row["lease_expires_at"]
+        assert "confirmed" in str(refused.value) and str(execution_id) in str(refused.value)
+        assert retries_of(box, execution_id) == []
+    finally:
+        deaf.release.set()
+        worker.join(30)
+    assert not worker.is_alive()
+    # The worker confirmed the stop when the handler returned: retryable at once.
+    row = box.store.get(execution_id)
+    assert row is not None and (row["status"], row["lease_expires_at"]) == ("cancelled", None)
+    retried = box.admin.retry(execution_id)
+    assert retries_of(box, execution_id) == [retried]
+    assert deaf.runs == 1
+
+
+def test_a_cancelled_execution_whose_worker_died_is_retried_once_its_lease_ran_out(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, recording: RecordingDispatcher,
+) -> None:
+    box, execution_id, deaf, worker = cancelled_while_running(db_url, registry, make_outbox,
+                                                              recording)
+    try:
+        row = box.store.get(execution_id)
+        assert row is not None
+        lease = row["lease_expires_at"]
+        box.store.db_clock = lambda: lease  # the database's clock, the lease's last instant
+        with pytest.raises(ExecutionStillRunning):
+            box.admin.retry(execution_id)
+        box.store.db_clock = lambda: lease + timedelta(microseconds=1)
+        retried = box.admin.retry(execution_id)
+        assert retries_of(box, execution_id) == [retried]
+    finally:
+        box.store.db_clock = None
+        deaf.release.set()
+        worker.join(30)
+    assert not worker.is_alive()

@@ -45,7 +45,7 @@ def batch(db_url: str, registry: JobRegistry, once: OutboxJob[Order],
 
 
 def claim_all(store: ExecutionStore, ids: list[UUID], now: datetime = T0) -> list[Fence]:
-    claimed = store.claim(ids, "shop.once", "w1", now, now + LEASE)
+    claimed = store.claim(ids, "shop.once", "w1", now, LEASE)
     return [Fence(row.id, "w1", row.attempt) for row in claimed]
 
 

@@ -307,7 +307,7 @@ def test_sweep_rescues_an_expired_lease(cli_app: ModuleType) -> None:
     execution_id = cli_app.fail.push({"name": "Hal"})
     # A worker claimed it and died: the lease ran out a second ago.
     [claimed] = cli_app.outbox.store.claim([execution_id], "cli.fail", "dead-worker",
-                                          now, now - timedelta(seconds=1))
+                                          now, -timedelta(seconds=1))
     result = invoke(cli_app, "sweep", "--json")
     assert result.exit_code == 0, result.output
     counts = data(result.stdout)
@@ -413,7 +413,7 @@ def test_status_counts_per_job_with_the_oldest_pending_expired_leases_and_overdu
     row(Status.SCHEDULED, scheduled_at=now + timedelta(hours=1))
     stuck = row(Status.PENDING, created_at=now - timedelta(hours=3))
     store.claim([stuck], job, "dead-worker", now - timedelta(hours=2),
-                now - timedelta(hours=1))  # its lease ran out an hour ago
+                timedelta(hours=1))  # its lease ran out an hour ago
     row(Status.PENDING, job_name="cli.gone")
 
     result = invoke(cli_app, "status", "--json")

@@ -395,6 +395,7 @@ def test_a_failing_cron_job_retries_with_backoff_then_fails_and_the_next_tick_ru
     outbox = beat.outbox
     run_clock = [datetime.now(UTC)]
     outbox.runner.clock = lambda: run_clock[0]
+    outbox.store.db_clock = outbox.runner.clock  # the database's too: due and leases
     start = run_clock[0]
     clock.now = at(12, 0, 0.1)
     beat.fire_due()
@@ -438,7 +439,7 @@ def test_a_rescued_cron_execution_frees_the_lock(
     [execution] = rows(beat.outbox)
     now = datetime.now(UTC)  # a worker claims it, then dies: its lease lapses
     assert beat.outbox.store.claim([execution["id"]], "cron.job", "dead:1:x", now,
-                                   now + timedelta(seconds=1))
+                                   timedelta(seconds=1))
     clock.now = at(12, 1, 0.1)
     beat.fire_due()
     assert len(rows(beat.outbox)) == 1  # locked by the running row

@@ -68,7 +68,7 @@ def _interfere(store: ExecutionStore, how: str, victim: Fence, other: Fence) -> 
     else:
         verdict = RescueVerdict("lost", run_at=T0, dispatched=True) if how == "rescued_retry" \
             else RescueVerdict("lost")
-        store.heartbeat(None, [other], LATER, LATER + LEASE * 10)  # only the victim expires
+        store.heartbeat(None, [other], LATER, LEASE * 10)  # only the victim expires
         got = store.rescue(LATER, job_names=[JOB], limit=10, decide=lambda r: verdict)
         assert [r.id for r, _ in got] == [victim.id]
 
@@ -80,12 +80,12 @@ def test_finish_with_start_is_fenced_on_both_rows(store: ExecutionStore, name: s
                                                   target: str) -> None:
     a, b = _row(), _row()
     store.insert_alone([a, b])
-    store.claim([a.id, b.id], JOB, "w1/claim-1", T0, T0 + LEASE)
+    store.claim([a.id, b.id], JOB, "w1/claim-1", T0, LEASE)
     fa, fb = Fence(a.id, "w1/claim-1", 1), Fence(b.id, "w1/claim-1", 1)
     victim, other = (fa, fb) if target == "own" else (fb, fa)
     _interfere(store, how, victim, other)
     if how == "handed_back":  # and claimed again by another claim, at the same attempt
-        store.claim([victim.id], JOB, "w2/claim-2", LATER, LATER + LEASE)
+        store.claim([victim.id], JOB, "w2/claim-2", LATER, LEASE)
     before = store.get(victim.id)
     answer = store.finish(OUTCOMES[name], fa, LATER + timedelta(seconds=1), start=fb)
     assert answer == Finished(hit=target != "own", started=target != "next")
@@ -107,7 +107,7 @@ def test_one_tables_object_serves_a_postgresql_and_a_sqlite_store(pg_url: str,
                 got = s.insert_alone([plain, keyed, dup])
                 assert [g[1] for g in got] == [True, True, False]
                 assert s.insert_alone([_row(unique_key="k")])[0] == (keyed.id, False)
-                s.claim([plain.id, keyed.id], JOB, "w/1", T0, T0 + LEASE)
+                s.claim([plain.id, keyed.id], JOB, "w/1", T0, LEASE)
                 assert s.finish(Succeeded(True), Fence(plain.id, "w/1", 1), T0,
                                 start=Fence(keyed.id, "w/1", 1)) == Finished(True, True)
                 assert s.finish(Failed("x"), Fence(keyed.id, "w/1", 1), T0).hit

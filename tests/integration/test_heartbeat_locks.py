@@ -84,13 +84,13 @@ def test_heartbeat_renews_a_locked_row_alone_after_the_others(
     a, b = receipt.push_many([{"order_id": 1}, {"order_id": 2}])
     now = datetime.now(timezone.utc)
     lease = timedelta(seconds=30)
-    claimed = store.claim([a, b], "shop.receipt", "w1/a", now, now + lease)
+    claimed = store.claim([a, b], "shop.receipt", "w1/a", now, lease)
     fences = [Fence(c.id, "w1/a", c.attempt) for c in claimed]
     table = outbox.tables.executions.name
     later = now + timedelta(seconds=5)
     answered: list[set[Any]] = []
     beating = threading.Thread(
-        target=lambda: answered.append(store.heartbeat(None, fences, later, later + lease)))
+        target=lambda: answered.append(store.heartbeat(None, fences, later, lease)))
     with outbox.engine.connect() as holder:
         holder.execute(text(f"SELECT id FROM {table} WHERE id = :id FOR UPDATE"), {"id": a})
         beating.start()

@@ -267,7 +267,7 @@ def running_at(outbox: Outbox, job: OutboxJob[Order], attempt: int, worker: str)
         conn.execute(t.update().where(t.c.id == execution_id)
                      .values(attempt=attempt - 1, max_attempts=max(attempt + 1, 2)))
     [row] = outbox.store.claim([execution_id], job.name, worker, T0 - 3 * LEASE,
-                               T0 - 2 * LEASE)
+                               LEASE)
     assert row.attempt == attempt
     return execution_id
 
@@ -353,7 +353,7 @@ def test_a_lease_renewed_while_the_rescue_decides_keeps_the_row_running(
     fence = Fence(execution_id, "w1", 1)
 
     def decide(row: Any) -> Any:
-        assert outbox.store.heartbeat("w1", [fence], T0, T0 + LEASE) == {execution_id}
+        assert outbox.store.heartbeat("w1", [fence], T0, LEASE) == {execution_id}
         return outbox.sweeper.rescuer.decide(row, T0)
 
     assert outbox.store.rescue(T0, job_names=[job.name], limit=10, decide=decide) == []

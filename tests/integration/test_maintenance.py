@@ -215,7 +215,7 @@ def forgetful(registry: JobRegistry) -> OutboxJob[Order]:
 
 def claim(outbox: Outbox, job: str, worker: str, now: datetime) -> Fence:
     [execution_id] = rows(outbox, job_name=job, max_attempts=3 if job == "shop.flaky" else 1)
-    [row] = outbox.store.claim([execution_id], job, worker, now, now + LEASE)
+    [row] = outbox.store.claim([execution_id], job, worker, now, LEASE)
     return Fence(execution_id, worker, row.attempt)
 
 
@@ -250,12 +250,12 @@ def test_rescue_retries_per_policy_or_fails_with_lease_expired_and_fences_the_zo
     later = T0 + timedelta(seconds=1)
     assert not outbox.store.finish(Succeeded(True, None), retried, later).hit
     assert not outbox.store.finish(Failed("late", None), failed, later).hit
-    assert outbox.store.heartbeat("w1", [retried], later, later + LEASE) == set()
+    assert outbox.store.heartbeat("w1", [retried], later, LEASE) == set()
     assert status(outbox, retried.id)["status"] == "scheduled"
     assert status(outbox, failed.id)["last_error"].startswith("lease expired")
     # The retry runs at its time and can be claimed by another worker.
     [again] = outbox.store.claim([retried.id], "shop.flaky", "w5", T0 + timedelta(seconds=10),
-                                 T0 + LEASE)
+                                 LEASE - timedelta(seconds=10))
     assert again.attempt == 2
 
 

@@ -381,7 +381,7 @@ def test_scheduled_or_running_rows_hold_their_key(
     first = receipt.push({"order_id": 1}, key="k", delay=delay)
     if status == "running":
         now = datetime.now(timezone.utc)
-        assert outbox.store.claim([first], receipt.name, "w", now, now + timedelta(minutes=1))
+        assert outbox.store.claim([first], receipt.name, "w", now, timedelta(minutes=1))
     assert rows(outbox)[first]["status"] == status
     assert receipt.push({"order_id": 2}, key="k") == first
     assert list(rows(outbox)) == [first]
@@ -419,7 +419,7 @@ def test_a_finished_row_releases_its_key(
     else:
         from celery_outbox.store import Fence
 
-        [claimed] = store.claim([first], receipt.name, "w", now, now + timedelta(minutes=1))
+        [claimed] = store.claim([first], receipt.name, "w", now, timedelta(minutes=1))
         fence = Fence(first, "w", claimed.attempt)
         if finish == "complete":
             assert store.finish(Succeeded(True, None), fence, now).hit

@@ -91,7 +91,7 @@ def test_two_connections_racing_one_claim_exactly_one_wins(pg_outbox: Outbox,
         holder.execute(select(t.c.id).where(t.c.id == execution_id).with_for_update())
         threads = [
             threading.Thread(target=lambda w=w: results.__setitem__(
-                w, store.claim([execution_id], receipt.name, w, T0, T0 + timedelta(minutes=1))))
+                w, store.claim([execution_id], receipt.name, w, T0, timedelta(minutes=1))))
             for w in ("worker-a", "worker-b")
         ]
         for th in threads:
@@ -130,7 +130,7 @@ def test_two_workers_claiming_the_same_batch_never_share_a_row(
             # Both workers ask for the same ten ids at the same moment.
             chunk = ids[start:start + 10] if i == 0 else ids[start:start + 10][::-1]
             got += [c.id for c in store.claim(chunk, receipt.name, worker, T0,
-                                              T0 + timedelta(minutes=1))]
+                                              timedelta(minutes=1))]
         return got
 
     claimed, errors = run_threads(2, claim_all)

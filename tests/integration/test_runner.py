@@ -135,6 +135,7 @@ def test_backoff_doubles_between_attempts(
     outbox = make_outbox(db_url, registry, recording)
     clock = [datetime.now(timezone.utc)]
     outbox.runner.clock = lambda: clock[0]
+    outbox.store.db_clock = outbox.runner.clock  # the database's too: due and leases
     start = clock[0]
     execution_id = job.push({"order_id": 1})
     assert outbox.run_now(job.name, [execution_id]) == RunResult(claimed=1, retried=1)

@@ -45,7 +45,7 @@ def test_rescuer_does_not_hand_back_a_row_its_worker_began_between_read_and_writ
     job = _job(registry, begun)
     outbox: Outbox = make_outbox(db_url, registry, RecordingDispatcher())
     first, second = job.push_many([{"order_id": 1}, {"order_id": 2}])
-    claimed = outbox.store.claim([first, second], "race.job", "w1/a", T0, T0 + LEASE)
+    claimed = outbox.store.claim([first, second], "race.job", "w1/a", T0, LEASE)
     assert [c.id for c in claimed] == [first, second]
     fence = Fence(second, "w1/a", claimed[1].attempt)
 
@@ -62,7 +62,7 @@ def test_rescuer_does_not_hand_back_a_row_its_worker_began_between_read_and_writ
     assert row is not None
     # The worker runs attempt 1 now: handed back, another worker would begin attempt 1 again.
     assert (row["status"], row["attempt"]) != ("pending", 0), row
-    again = outbox.store.claim([second], "race.job", "w2/b", T0 + 2 * LEASE, T0 + 3 * LEASE)
+    again = outbox.store.claim([second], "race.job", "w2/b", T0 + 2 * LEASE, LEASE)
     assert [c.attempt for c in again if c.attempt == fence.attempt] == []
 
 
@@ -189,7 +189,8 @@ def test_a_later_attempt_of_a_row_in_the_same_process_does_not_hide_the_earlier_
         procs.wait_for(lambda: runner.running(), 10, "attempt 1 begins")
         later = datetime.now(timezone.utc) + 3 * outbox.config.lease
         Rescuer(outbox.store, registry, lambda: outbox.dispatcher).run_once(later)
-        runner.clock = lambda: later  # the retry is due
+        runner.clock = lambda: later  # the retry is due (the worker's and the database's)
+        outbox.store.db_clock = runner.clock
         second = threading.Thread(target=runner.run, args=(stalled.name, [row_id]))
         second.start()
         assert second_running.wait(10)

@@ -56,7 +56,7 @@ def test_admin_cancel_by_a_long_name_is_cut_like_the_handlers_cancel(any_store: 
 def test_the_handlers_cancel_and_the_admins_cancel_write_the_same_columns(any_store: Any) -> None:
     a, b = _row(), _row()
     any_store.insert_alone([a, b])
-    any_store.claim([a.id], "r10.job", "w1", T0, T0 + timedelta(minutes=1))
+    any_store.claim([a.id], "r10.job", "w1", T0, timedelta(minutes=1))
     assert any_store.finish(Cancelled(LONG, LONG), Fence(a.id, "w1", 1), T0).hit
     any_store.cancel(b.id, T0, by=LONG, by_name=LONG)
     ra, rb = any_store.get(a.id), any_store.get(b.id)

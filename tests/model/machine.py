@@ -227,6 +227,7 @@ class OutboxMachine(RuleBasedStateMachine):
             batch_size=data.draw(st.sampled_from([1, 2, 500]), label="batch_size"),
         )
         self.outbox.create_schema()
+        self.outbox.store.db_clock = self.clock  # one clock: the database's and the hosts'
         self.add_slot(self.outbox.runner)
         self.add_slot(Runner(self.outbox.store, registry, self.outbox.config,
                              lambda: self.dispatcher, self.clock))

@@ -83,6 +83,7 @@ def test_an_uncapped_backoff_never_leaves_a_row_running(db_url: str) -> None:
                     database_url=db_url, registry=registry, dispatcher=RecordingDispatcher(),
                     table_name=f"ob_found_{uuid.uuid4().hex[:10]}")
     outbox.create_schema()
+    outbox.store.db_clock = lambda: now[0]  # the database's clock too: retries come due
     runner = Runner(outbox.store, registry, outbox.config, lambda: outbox.dispatcher,
                     clock=lambda: now[0])
     try:

@@ -36,10 +36,10 @@ class OneLocked(MemoryStore):
         self.locked: UUID | None = None
         self.renewed_at: dict[UUID, float] = {}
 
-    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
+    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
+                  lease: timedelta, *, wait_locked: bool = True) -> set[UUID]:
         free = [f for f in fences if f.id != self.locked]
-        kept = Renewed(super().heartbeat(worker, free, now, lease_until))
+        kept = Renewed(super().heartbeat(worker, free, now, lease))
         for i in kept:
             self.renewed_at[i] = time.monotonic()  # committed: the database's lease renewed
         if len(free) < len(fences):

@@ -27,12 +27,12 @@ class Switchable(MemoryStore):
         self.down = threading.Event()
         self.ok_beats = 0
 
-    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
+    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
+                  lease: timedelta, *, wait_locked: bool = True) -> set[UUID]:
         if self.down.is_set():
             self.calls.append("heartbeat")
             raise ConnectionError("database unreachable")
-        kept = super().heartbeat(worker, fences, now, lease_until, wait_locked=wait_locked)
+        kept = super().heartbeat(worker, fences, now, lease, wait_locked=wait_locked)
         self.ok_beats += 1
         return kept
 

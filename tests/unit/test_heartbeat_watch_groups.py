@@ -1,6 +1,6 @@
 """The lease watch tells a handler before the lease the database holds runs out, even when
 one beat's write of another lease length was slow: a beat writes one UPDATE per lease length,
-all with the ``now`` read once at its start (``lease_until = now + lease``), so it counts
+all with the ``now`` read once at its start (``lease = now + lease``), so it counts
 every group's lease from the monotonic time read with that ``now``. Found by review: counted
 from before each group's own write, a slow earlier group (a lock wait) made the later
 groups' leases look longer than the database's, and the watch told their handlers after
@@ -40,8 +40,8 @@ class SlowThenCut(MemoryStore):
         self.release = threading.Event()
         self.written: dict[UUID, datetime] = {}
 
-    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
+    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
+                  lease: timedelta, *, wait_locked: bool = True) -> set[UUID]:
         if self.cut.is_set():
             self.release.wait(30)
             raise ConnectionError("no answer")
@@ -49,9 +49,9 @@ class SlowThenCut(MemoryStore):
         if self.slow in ids and not self.slowed:
             self.slowed = True
             time.sleep(SLOW)  # a slow write (a row lock waited on), not a synchronisation
-        kept = super().heartbeat(worker, fences, now, lease_until, wait_locked=wait_locked)
+        kept = super().heartbeat(worker, fences, now, lease, wait_locked=wait_locked)
         for i in ids & kept:
-            self.written[i] = lease_until
+            self.written[i] = self.rows[i]["lease_expires_at"]
         if self.fast in ids and self.slowed:
             self.cut.set()
         return kept

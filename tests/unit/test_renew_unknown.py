@@ -41,11 +41,11 @@ class Locked(MemoryStore):
         super().__init__()
         self.locked: UUID | None = None
 
-    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime,
-                  lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
+    def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
+                  lease: timedelta, *, wait_locked: bool = True) -> set[UUID]:
         if threading.current_thread().name == "celery-outbox-heartbeat":
             raise ConnectionError("a slow moment")
-        kept = Renewed(super().heartbeat(worker, fences, now, lease_until, wait_locked=wait_locked))
+        kept = Renewed(super().heartbeat(worker, fences, now, lease, wait_locked=wait_locked))
         if self.locked in kept:
             kept.discard(self.locked)
             kept.unknown.add(self.locked)

@@ -36,10 +36,11 @@ def now() -> datetime:
 class SlowClaim(MemoryStore):
     """The claim applies at once; its answer arrives only once the lease it wrote ran out."""
 
-    def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now_: datetime,
-              lease_until: datetime) -> list[Claimed]:
-        got = super().claim(ids, job_name, worker, now_, lease_until)
-        procs.wait_for(lambda: now() > lease_until, 10, "the claimed lease to run out")
+    def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now_: datetime | None,
+              lease: timedelta) -> list[Claimed]:
+        got = super().claim(ids, job_name, worker, now_, lease)
+        ends = max(c.lease_expires_at for c in got)
+        procs.wait_for(lambda: now() > ends, 10, "the claimed lease to run out")
         return got
 
 

@@ -54,7 +54,7 @@ def test_a_key_held_by_an_active_row_returns_that_row_and_a_finished_one_frees_i
     first, again, other = new("k"), new("k"), new("j")
     assert store.insert_alone([first, again, other]) == [
         (first.id, True), (first.id, False), (other.id, True)]
-    assert store.claim([first.id], "shop.receipt", "w/1", T0, T0 + timedelta(minutes=1))
+    assert store.claim([first.id], "shop.receipt", "w/1", T0, timedelta(minutes=1))
     assert store.finish(Succeeded(keep=True), Fence(first.id, "w/1", 1), T0).hit
     later = new("k")
     assert store.insert_alone([later]) == [(later.id, True)]
@@ -80,11 +80,11 @@ def test_advance_tick_fires_each_tick_once(store: MemoryStore) -> None:
 def test_fail_next_counts_only_the_writes_it_names(store: MemoryStore) -> None:
     row_id = store.put(created_at=T0)
     store.fail_next(2, on=["start", "claim"])
-    store.heartbeat(None, [], T0, T0)  # not named: passes
+    store.heartbeat(None, [], T0, timedelta(0))  # not named: passes
     with pytest.raises(StorageError):
-        store.claim([row_id], "shop.receipt", "w/1", T0, T0)
+        store.claim([row_id], "shop.receipt", "w/1", T0, timedelta(0))
     with pytest.raises(StorageError):
         store.start(Fence(row_id, "w/1", 1), T0)
-    assert store.claim([row_id], "shop.receipt", "w/1", T0, T0)
+    assert store.claim([row_id], "shop.receipt", "w/1", T0, timedelta(0))
     with pytest.raises(AssertionError):
         store.fail_next(on=["complete"])

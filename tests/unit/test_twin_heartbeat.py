@@ -29,6 +29,7 @@ class Lost:
 
 @pytest.fixture
 def heartbeat(store: MemoryStore) -> Iterator[Heartbeat]:
+    store.db_clock = lambda: T0  # the database's clock, where leases are written
     hb = Heartbeat(store, lambda: T0)  # the thread waits lease / 3: tests call beat() alone
     yield hb
     hb.stop()

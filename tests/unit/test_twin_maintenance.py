@@ -156,7 +156,7 @@ def claimed(store: MemoryStore, job: str, worker: str, at: datetime, *,
     [row_id] = put(store, job_name=job, max_attempts=max_attempts)
     other = store.put(job_name=job, created_at=T0)
     ids = [row_id, other] if started else [other, row_id]
-    rows = store.claim(ids, job, worker, at, at + LEASE)
+    rows = store.claim(ids, job, worker, at, LEASE)
     attempt = next(r.attempt for r in rows if r.id == row_id)
     store.cancel(other, at, by=None, by_name=None)  # only row_id matters here
     return Fence(row_id, worker, attempt)
@@ -197,7 +197,7 @@ def test_rescue_retries_per_policy_fails_or_hands_back_and_fences_the_zombies(
 
     later = T0 + timedelta(seconds=1)
     assert not store.finish(Succeeded(keep=True), retried, later).hit
-    assert store.heartbeat(None, [retried, failed], later, later + LEASE) == set()
+    assert store.heartbeat(None, [retried, failed], later, LEASE) == set()
     assert store.status_of(retried.id) == "scheduled"
     assert rescuer(store, registry, recording).run_once(T0) == result.__class__()
 

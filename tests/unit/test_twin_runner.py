@@ -49,6 +49,7 @@ def registry() -> JobRegistry:
 
 @pytest.fixture
 def runner(store: MemoryStore, registry: JobRegistry, recording: Recording) -> Iterator[Runner]:
+    store.db_clock = lambda: T0  # one clock for the database and the worker
     runner = Runner(store, registry, OutboxConfig(outcome_window=timedelta(0)),
                     lambda: recording, clock=lambda: T0)
     yield runner
@@ -307,7 +308,8 @@ def test_a_row_cancelled_between_claim_and_start_is_not_begun(
     assert seen.ids == [first, third]  # the second never began
     r = row(store, second)
     assert (r["status"], r["cancelled_by"], r["started_at"]) == ("cancelled", "admin", None)
-    assert store.calls == ["claim", "cancel", "finish", "start", "finish"]
+    assert r["lease_expires_at"] is None  # confirmed stopped (never begun): retryable now
+    assert store.calls == ["claim", "cancel", "finish", "start", "confirm_stop", "finish"]
 
 
 def test_a_first_row_the_claim_did_not_start_is_not_begun_when_cancelled_before_its_start(
