@@ -296,11 +296,11 @@ class Outbox:
         elif self.joiner is not None:
             joined = self.joiner()
         else:
-            results = self.store.insert_alone(rows)
+            results = self.store.insert_alone(rows, key_wait=self.config.key_wait)
             self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
             return [execution_id for execution_id, _ in results]
         with joined as tx:
-            results = self.store.insert(tx, rows)
+            results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
             self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
 
@@ -347,7 +347,7 @@ class Outbox:
             await asyncio.to_thread(getattr(self.dispatcher, "prepare", lambda: None))
             self._dispatch_ready = True
         tx = await self.store.ajoin(caller)
-        results = await self.store.ainsert(tx, rows)
+        results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
         self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
 
