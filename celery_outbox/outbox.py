@@ -465,6 +465,9 @@ class Outbox:
         if spec.mode == "cron":
             if payload is not None:
                 raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}")
+            for option, value in (("triggered_by", triggered_by),
+                                  ("triggered_by_name", triggered_by_name)):
+                _check_text(option, value)  # as a push checks them
             result = self.ticker.trigger(spec, triggered_by=triggered_by,
                                          triggered_by_name=triggered_by_name)
             if result.outcome is not TickOutcome.CREATED or result.execution_id is None:

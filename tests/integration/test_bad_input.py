@@ -117,3 +117,24 @@ def test_the_admin_refuses_a_tenant_or_a_grace_the_database_cannot_take(
     with pytest.raises(ConfigurationError, match="overdue_after"):
         admin.status(overdue_after=timedelta(days=10**6))  # now - grace: before year 1
     assert admin.status(overdue_after=timedelta(days=3650)).jobs
+
+
+def test_a_cron_trigger_refuses_a_triggered_by_the_database_cannot_take(
+    db_url: str, make_outbox: MakeOutbox,
+) -> None:
+    from celery_outbox import JobContext, outbox_job
+
+    registry = JobRegistry()
+
+    @outbox_job(cron="0 3 * * *", name="bad.nightly", registry=registry)
+    def nightly(ctx: JobContext[None]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    with pytest.raises(ConfigurationError, match=r"option 'triggered_by_name'.*surrogate"):
+        nightly.trigger(triggered_by_name="ops-\udcff")
+    with pytest.raises(ConfigurationError, match="option 'triggered_by'"):
+        nightly.trigger(triggered_by="x" * 201)
+    t = outbox.tables.executions
+    with outbox.engine.connect() as conn:
+        assert conn.execute(select(t.c.id)).all() == []

@@ -231,7 +231,7 @@ def test_text_and_times_the_database_cannot_take_are_bad_input(cli_app: ModuleTy
     tenant = bad_input(invoke(cli_app, "executions", "--organization-id", undecodable))
     assert "organization_id" in tenant and "surrogate" in tenant, tenant
     payload = bad_input(invoke(cli_app, "trigger", "cli.greet", "--payload",
-                               '{"name": "%s"}' % undecodable))
+                               json.dumps({"name": undecodable})))
     assert "name" in payload and "surrogate" in payload, payload
     huge = invoke(cli_app, "status", "--overdue-after", "1e20")
     assert huge.exit_code == 2 and "--overdue-after" in huge.stderr, huge.output
