@@ -355,11 +355,12 @@ def _waited(plan: Callable[[], Plan[R]], wait: KeyWait, busy: Callable[[timedelt
     never abort the transaction it writes in (see :class:`KeyWait`).
 
     With ``wait.savepoint``, inside a savepoint of its own, released when it succeeds; when
-    a statement fails, the transaction is rolled back to that savepoint first (nothing of the
-    push kept, the transaction usable). A lock wait that ran out (:data:`LOCK_WAITS`) starts
-    the plan again while ``wait.limit`` has not passed since the first start, then raises
-    ``busy(waited)``; any other error goes on as it came. A ``BaseException`` that is no
-    ``Exception`` (an interrupt, a task cancelled) goes on at once: the transaction is then
+    a statement fails (the release too), the transaction is rolled back to that savepoint
+    first (nothing of the push kept, the transaction usable). A lock wait that ran out
+    (:data:`LOCK_WAITS`) starts the plan again while ``wait.limit`` has not passed since the
+    first start, then raises ``busy(waited)``; any other error goes on as it came. A
+    ``BaseException`` that is no ``Exception`` (an interrupt, a task cancelled) goes on at
+    once: the transaction is then
     in whatever state the interrupted statement left it, to be rolled back by its owner.
     Without a savepoint (each statement commits alone; SQLite) nothing is undone, and on
     SQLite nothing is tried again.
@@ -370,6 +371,8 @@ def _waited(plan: Callable[[], Plan[R]], wait: KeyWait, busy: Callable[[timedelt
             yield key_savepoint()
         try:
             result = yield from plan()
+            if wait.savepoint:
+                yield key_release()
         except Exception as exc:
             if wait.savepoint:
                 yield from _undo(exc)
@@ -379,8 +382,6 @@ def _waited(plan: Callable[[], Plan[R]], wait: KeyWait, busy: Callable[[timedelt
             if waited >= wait.limit.total_seconds():
                 raise busy(timedelta(seconds=waited)) from exc
             continue
-        if wait.savepoint:
-            yield key_release()
         return result
 
 
