@@ -28,6 +28,10 @@ MAX_KEEP = 2**31 - 1
 """The most rows a ``keep`` may ask for (the trim's watermark stores it as a 32-bit int)."""
 
 
+KEY_WAIT = timedelta(seconds=10)
+"""The default ``key_wait``: how long a keyed push waits, in all, on another transaction
+holding its key uncommitted."""
+
 MAX_WINDOW = timedelta(seconds=60)
 """The longest ``outcome_window`` (the age of the oldest held outcome at which the runner
 writes the held ones before beginning the next row)."""
@@ -62,6 +66,11 @@ class OutboxConfig(BaseModel):
       it, and a row whose worker also died then begins the same attempt again).
     - ``cron_catchup`` [5 min]: a cron tick at most this old (30 s at least) still runs, once,
       when beat fires it late (it was down); older missed ticks are skipped and logged.
+    - ``key_wait`` [10 s]: how long a keyed push waits, in all, on another transaction that
+      holds the same key uncommitted (PostgreSQL: in rounds of the engine's lock timeout,
+      5 s on the engine the outbox builds, so the wait is rounded up to whole rounds); then
+      :class:`~celery_outbox.errors.KeyBusy`, nothing written and the caller's transaction
+      still usable. 0: one round.
     - ``table_name`` ["celery_outbox_executions"]: the outbox table.
     """
 
@@ -81,9 +90,11 @@ class OutboxConfig(BaseModel):
     dispatch_chunk_size: int = 50
     outcome_window: timedelta = timedelta(0)
     cron_catchup: timedelta = timedelta(minutes=5)
+    key_wait: timedelta = KEY_WAIT
     table_name: str = "celery_outbox_executions"
 
-    @field_validator("stale_after", "lease", "max_eta", "drain_timeout", "cron_catchup")
+    @field_validator("stale_after", "lease", "max_eta", "drain_timeout", "cron_catchup",
+                     "key_wait")
     @classmethod
     def _non_negative(cls, value: timedelta) -> timedelta:
         if value < timedelta(0):

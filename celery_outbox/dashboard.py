@@ -47,6 +47,7 @@ from celery_outbox.errors import (
     InvalidTransition,
     OutboxError,
 )
+from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import ACTIVE, RETRYABLE, Status
 from celery_outbox.store import ExecutionQuery
@@ -396,15 +397,17 @@ class Dashboard:
         return BulkResult(action, False, len(ids), more, tuple(done), tuple(skipped))
 
     def _check(self, query: ExecutionQuery) -> ExecutionQuery:
-        """``query`` checked (registered jobs, aware times inside the UTC range, no NUL in its
-        texts) with its job names and statuses each once; ConfigurationError naming a field."""
+        """``query`` checked (registered jobs, aware times inside the UTC range, texts the
+        database can hold: no NUL, no lone surrogate) with its job names and statuses each
+        once; ConfigurationError naming a field."""
         jobs = tuple(dict.fromkeys(query.job_names)) if query.job_names is not None else None
         for name in jobs or ():
             self.registry.get(name)
         for label, text in (("key", query.unique_key), ("tenant", query.organization_id),
                             ("error", query.error_contains)):
-            if text is not None and "\x00" in text:
-                raise ConfigurationError(f"{label} must not hold a NUL character")
+            what = unstorable(text) if text is not None else None
+            if what is not None:
+                raise ConfigurationError(f"{label} cannot be matched: it holds {what}")
         after, before = query.created_after, query.created_before
         for label, value in (("created_after", after), ("created_before", before)):
             _utc_time(label, value)

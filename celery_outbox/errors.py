@@ -12,6 +12,7 @@
     │   └── ExecutionStillRunning   a retry of a cancelled execution whose handler may still run
     ├── JobLocked               a cron job's earlier execution is still active (admin trigger)
     ├── StorageError            the database failed or could not be reached
+    │   └── KeyBusy             a keyed push waited too long on another transaction's key
     └── LeaseExpired            an attempt's worker stopped renewing its lease (the rescuer)
 
     RetryLater(delay)           raised by a handler: retry after ``delay`` (counts an attempt)
@@ -138,6 +139,31 @@ class JobLocked(OutboxError):
 
 class StorageError(OutboxError):
     """The database failed or could not be reached; the driver error is ``__cause__``."""
+
+
+class KeyBusy(StorageError):
+    """A keyed push gave up waiting on another transaction that holds the same key (or
+    retries the same execution) uncommitted: it waited ``waited`` in all (the ``key_wait``
+    setting, rounded up to the engine's lock timeout) and wrote nothing. A transaction the
+    push joined is still usable: the insert was rolled back to a savepoint of its own.
+
+    Attributes: ``job_name``, ``keys`` (the keys still unsettled), ``retry_of`` (an admin
+    retry's execution, or None), ``waited`` (timedelta).
+    """
+
+    def __init__(self, job_name: str, keys: tuple[str, ...], waited: timedelta,
+                 retry_of: object = None) -> None:
+        self.job_name = job_name
+        self.keys = keys
+        self.waited = waited
+        self.retry_of = retry_of
+        what = (f"the retry of execution {retry_of}" if retry_of is not None
+                else f"key(s) {', '.join(repr(k) for k in keys[:5])}"
+                     f"{f' and {len(keys) - 5} more' if len(keys) > 5 else ''}")
+        super().__init__(
+            f"push of job {job_name!r}: {what} held by another transaction that has not "
+            f"committed; waited {waited.total_seconds():.1f} s (setting key_wait) and wrote "
+            f"nothing; the caller's transaction is still usable")
 
 
 class RetryLater(Exception):

@@ -10,12 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import sys
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
@@ -48,6 +47,7 @@ from celery_outbox.maintenance import (
 )
 from celery_outbox.maintenance.service import check_now
 from celery_outbox.models import DEFAULT_TABLE, MAX_LENGTHS, TABLES, EncodedJson, build_tables
+from celery_outbox.queries.clauses import storable, unstorable
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain
@@ -69,8 +69,6 @@ Joiner = Callable[[], AbstractContextManager[Transaction]]
 of a framework, joined): its rows commit with it and dispatch after its outermost commit."""
 
 _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-"""An escaped NUL in JSON text (not an escaped backslash followed by ``u0000``)."""
 _JSON = json.JSONEncoder(allow_nan=False)
 """``json.dumps(..., allow_nan=False)`` without a new encoder per call (per pushed payload)."""
 
@@ -298,11 +296,11 @@ class Outbox:
         elif self.joiner is not None:
             joined = self.joiner()
         else:
-            results = self.store.insert_alone(rows)
+            results = self.store.insert_alone(rows, key_wait=self.config.key_wait)
             self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
             return [execution_id for execution_id, _ in results]
         with joined as tx:
-            results = self.store.insert(tx, rows)
+            results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
             self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
 
@@ -349,7 +347,7 @@ class Outbox:
             await asyncio.to_thread(getattr(self.dispatcher, "prepare", lambda: None))
             self._dispatch_ready = True
         tx = await self.store.ajoin(caller)
-        results = await self.store.ainsert(tx, rows)
+        results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
         self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
 
@@ -469,6 +467,9 @@ class Outbox:
         if spec.mode == "cron":
             if payload is not None:
                 raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}")
+            for option, value in (("triggered_by", triggered_by),
+                                  ("triggered_by_name", triggered_by_name)):
+                _check_text(option, value)  # as a push checks them
             result = self.ticker.trigger(spec, triggered_by=triggered_by,
                                          triggered_by_name=triggered_by_name)
             if result.outcome is not TickOutcome.CREATED or result.execution_id is None:
@@ -582,13 +583,22 @@ def _run_at(
         if not isinstance(delay, timedelta) or not timedelta(0) <= delay <= MAX_DURATION:
             raise ConfigurationError(
                 f"push: delay must be a timedelta in 0..{MAX_DURATION}, got {delay!r}")
-        return now + delay
+        try:
+            return now + delay
+        except OverflowError:
+            raise ConfigurationError(
+                f"push: delay {delay} from {now.isoformat()} is past the last date") from None
     if scheduled_at is not None:
-        if not isinstance(scheduled_at, datetime) or scheduled_at.tzinfo is None:
+        if not isinstance(scheduled_at, datetime) or scheduled_at.utcoffset() is None:
             raise ConfigurationError(
                 f"push: scheduled_at must be an aware datetime, got {scheduled_at!r}"
             )
-        return scheduled_at
+        try:  # stored in UTC: a time near either end of the calendar may have no UTC twin
+            return scheduled_at.astimezone(timezone.utc)
+        except OverflowError:
+            raise ConfigurationError(
+                f"push: scheduled_at {scheduled_at.isoformat()} is out of range in UTC "
+                f"(years 1..9999)") from None
     return None
 
 
@@ -607,33 +617,74 @@ def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:
             model = spec.schema.model_validate(payload)
     except ValidationError as exc:
         errors: list[dict[str, Any]] = [dict(e) for e in exc.errors()]
-        if index is not None:
-            for e in errors:
-                e["loc"] = (f"items[{index}]", *e.get("loc", ()))
+        prefix = (f"items[{index}]",) if index is not None else ()
+        for e in errors:  # a key in ``loc`` made storable: the error is printed, sent as JSON
+            e["loc"] = (*prefix, *(storable(p) for p in e.get("loc", ())))
         raise PayloadInvalid(spec.name, errors) from None
+    loc = (f"items[{index}]",) if index is not None else ()
     try:
         data = model.model_dump(mode="json")
-        # What the database stores must be JSON PostgreSQL takes: no NaN, no Infinity, no
-        # NUL character in a string.
+        # What the database stores must be JSON PostgreSQL takes: no NaN, no Infinity.
         text = _JSON.encode(data)
-        if "\\u0000" in text and _JSON_NUL.search(text):
-            raise ValueError("a string holds the NUL character (\\u0000)")
     except ValueError as exc:  # pydantic's serialisation errors, undecodable bytes, NaN
-        loc = (f"items[{index}]",) if index is not None else ()
+        # pydantic cannot encode a dict key holding a lone surrogate: name its field.
+        found = _unstorable_at(model.model_dump(), loc) \
+            if isinstance(exc, UnicodeEncodeError) else None
         raise PayloadInvalid(spec.name, [{
             "loc": loc, "msg": f"cannot be stored as JSON: {exc}", "type": "json_serialisable",
-        }]) from None
+        } if found is None else _unstorable_error(*found)]) from None
+    # Nor a string the database refuses (NUL, a lone surrogate): the JSON text escapes each
+    # as \u0000 or \udXXX, so two substring tests clear almost every payload; only one that
+    # holds such an escape (a character beyond U+FFFF too) is walked, to name the field.
+    if "\\u0000" in text or "\\ud" in text:
+        found = _unstorable_at(data, loc)
+        if found is not None:
+            raise PayloadInvalid(spec.name, [_unstorable_error(*found)])
     return EncodedJson(data, text) if type(data) is dict else data
 
 
+def _unstorable_error(loc: tuple[Any, ...], what: str) -> dict[str, Any]:
+    """The :class:`PayloadInvalid` error of a string the database refuses at ``loc``."""
+    return {"loc": loc, "msg": f"cannot be stored: holds {what}", "type": "unstorable_text"}
+
+
+def _unstorable_at(value: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], str] | None:
+    """The place (``loc`` and the keys and indexes under it) of the first string in
+    ``value`` (JSON-ready data) that the database refuses, and what it holds; None when
+    there is none. A key named in the place is made :func:`storable`, so the error itself
+    can be printed and sent as JSON."""
+    if isinstance(value, str):
+        what = unstorable(value)
+        return (loc, what) if what is not None else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = (*loc, storable(key))
+            what = unstorable(key) if isinstance(key, str) else None
+            if what is not None:
+                return here, f"{what} in its key"
+            found = _unstorable_at(item, here)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _unstorable_at(item, (*loc, i))
+            if found is not None:
+                return found
+    return None
+
+
 def _check_text(option: str, value: str | None, limit: int | None = None) -> None:
-    """A push argument stored in a string column: a str within the column's length, without
-    the NUL character (PostgreSQL's text refuses it)."""
+    """A push argument stored in a string column: a str within the column's length that the
+    database can store (no NUL, no lone surrogate: :func:`unstorable`)."""
     if value is None:
         return
     limit = limit if limit is not None else MAX_LENGTHS[option]
-    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+    if not isinstance(value, str) or len(value) > limit:
         raise ConfigurationError(
-            f"push: option {option!r} must be a string of at most {limit} characters "
-            f"without NUL, got {value!r:.80}"
+            f"push: option {option!r} must be a string of at most {limit} characters, "
+            f"got {value!r:.80}"
         )
+    what = unstorable(value)
+    if what is not None:
+        raise ConfigurationError(
+            f"push: option {option!r} cannot be stored: it holds {what}, got {value!r:.80}")

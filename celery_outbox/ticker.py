@@ -237,7 +237,8 @@ class CronTicker:
         with self.store.transaction() as tx:
             if tick is not None and not self.store.advance_tick(tx, spec.name, tick, now):
                 return TickResult(spec.name, tick, TickOutcome.FIRED_ALREADY)
-            [(execution_id, inserted)] = self.store.insert(tx, [row])
+            [(execution_id, inserted)] = self.store.insert(tx, [row],
+                                                           key_wait=self.config.key_wait)
         what = f"tick {tick.isoformat()}" if tick is not None else "trigger"
         if not inserted:
             log.info("celery_outbox: cron job %s: %s skipped: execution %s is still active "

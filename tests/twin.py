@@ -26,6 +26,7 @@ from uuid import UUID
 from sqlalchemy import MetaData
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from celery_outbox.config import KEY_WAIT
 from celery_outbox.errors import StorageError
 from celery_outbox.models import build_tables
 from celery_outbox.outcomes import (
@@ -220,14 +221,16 @@ class MemoryStore:
             _, tx = self._joined.pop(id(caller))
         tx.commit() if commit else tx.rollback()
 
-    def insert(self, tx: MemoryTransaction,
-               rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
+    def insert(self, tx: MemoryTransaction, rows: Sequence[NewExecution], *,
+               key_wait: timedelta = KEY_WAIT) -> list[tuple[UUID, bool]]:
         """push: none -> pending / scheduled in ``tx``; a keyed row whose key an active row of
-        its job holds is not inserted (that row's id, False); a ``retry_of`` row only once."""
+        its job holds is not inserted (that row's id, False); a ``retry_of`` row only once
+        (``key_wait``: no other transaction holds a key uncommitted here)."""
         with self._op("insert"):
             return [self._insert_one(tx, r) for r in rows]
 
-    def insert_alone(self, rows: Sequence[NewExecution]) -> list[tuple[UUID, bool]]:
+    def insert_alone(self, rows: Sequence[NewExecution], *,
+                     key_wait: timedelta = KEY_WAIT) -> list[tuple[UUID, bool]]:
         """push in a transaction of the twin's own (as :meth:`insert`)."""
         with self.transaction() as tx:
             return self.insert(tx, rows)

@@ -35,7 +35,7 @@ from celery_outbox.admin.views import (
     decode_cursor,
     encode_cursor,
 )
-from celery_outbox.config import OutboxConfig
+from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
@@ -43,6 +43,7 @@ from celery_outbox.errors import (
     ExecutionStillRunning,
     InvalidTransition,
 )
+from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import Status, can_retry
 from celery_outbox.store import ExecutionQuery
@@ -167,6 +168,7 @@ class OutboxAdmin:
             raise ConfigurationError(
                 f"list_executions: limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}"
             )
+        _check_tenant("list_executions", organization_id)
         rows = self.store.list_executions(
             job_name, status=_status(status), organization_id=organization_id, limit=limit
         )
@@ -188,14 +190,15 @@ class OutboxAdmin:
         rows whose lease expired, scheduled rows overdue, from ONE grouped query.
 
         ``overdue_after``: how long after its time a scheduled row counts as overdue; the
-        sweep interval by default (a cron ``sweep_schedule``: the gap between its ticks).
+        sweep interval by default (a cron ``sweep_schedule``: the gap between its ticks), at
+        most :data:`~celery_outbox.config.MAX_DURATION`.
         Every registered job is listed, and the rows of jobs no longer registered. Raises
-        :class:`ConfigurationError` for a negative ``overdue_after``, :class:`StorageError`.
+        :class:`ConfigurationError` for an ``overdue_after`` out of range, :class:`StorageError`.
         """
         now = now or datetime.now(timezone.utc)
         grace = overdue_after if overdue_after is not None else self._sweep_interval(now)
-        if grace < timedelta(0):
-            raise ConfigurationError(f"overdue_after must be >= 0, got {grace}")
+        if not timedelta(0) <= grace <= MAX_DURATION:
+            raise ConfigurationError(f"overdue_after must be in 0..{MAX_DURATION}, got {grace}")
         found = self.store.status_summary(now, now - grace)
         names = {spec.name for spec in self.registry} | {c.job_name for c in found}
         jobs = []
@@ -253,6 +256,7 @@ class OutboxAdmin:
                 f"got {limit!r}")
         if isinstance(count_cap, bool) or not isinstance(count_cap, int) or count_cap < 1:
             raise ConfigurationError(f"count_cap must be an integer >= 1, got {count_cap!r}")
+        _check_tenant("page_executions", organization_id)
         wanted = _status(status)
         query = ExecutionQuery(
             job_names=(job_name,) if job_name is not None else None,
@@ -397,3 +401,19 @@ def _status(value: str | Status | None) -> Status | None:
     except ValueError:
         allowed = ", ".join(s.value for s in Status)
         raise ConfigurationError(f"unknown status {value!r}; one of: {allowed}") from None
+
+
+def _check_tenant(method: str, organization_id: str | None) -> None:
+    """ConfigurationError naming ``organization_id`` when it is no str the database can
+    compare (a NUL, a lone surrogate: what ``--organization-id`` gives for undecodable
+    bytes)."""
+    if organization_id is None:
+        return
+    if not isinstance(organization_id, str):
+        raise ConfigurationError(f"{method}: organization_id must be a string, got "
+                                 f"{organization_id!r:.80}")
+    what = unstorable(organization_id)
+    if what is not None:
+        raise ConfigurationError(
+            f"{method}: organization_id cannot be matched: it holds {what}, "
+            f"got {organization_id!r:.80}")

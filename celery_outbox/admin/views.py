@@ -16,6 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from celery_outbox.errors import ConfigurationError
+from celery_outbox.queries.clauses import storable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import Priority, Status, can_cancel, can_retry
 from celery_outbox.store import Cursor, JobStats
@@ -226,11 +227,14 @@ def _execution_view(row: dict[str, Any]) -> ExecutionView:
 
 
 def _execution_detail(row: dict[str, Any]) -> ExecutionDetail:
+    # A row written before its text was checked (a payload with a lone surrogate on SQLite)
+    # is shown with U+FFFD in place of what no JSON answer can carry.
+    logs = storable(row["logs"]) or ()
     return ExecutionDetail(
         **_execution_fields(row),
-        payload=row["payload"],
-        traceback=row["last_error"],
-        logs=tuple(_log_entry(e) for e in row["logs"] or () if isinstance(e, dict)),
+        payload=storable(row["payload"]),
+        traceback=storable(row["last_error"]),
+        logs=tuple(_log_entry(e) for e in logs if isinstance(e, dict)),
         claimed_by=row["claimed_by"],
         lease_expires_at=row["lease_expires_at"],
         dispatched_at=row["dispatched_at"],

@@ -57,6 +57,7 @@ from celery_outbox.cli.output import (
     status_notes,
     status_table,
 )
+from celery_outbox.config import MAX_DURATION
 from celery_outbox.errors import ConfigurationError, OutboxError, PayloadInvalid, StorageError
 from celery_outbox.outbox import Outbox
 from celery_outbox.registry import JobSpec
@@ -174,7 +175,8 @@ def _job(box: Outbox, name: str) -> JobSpec:
 
 
 @outbox.command("status")
-@click.option("--overdue-after", type=click.FloatRange(min=0), default=None,
+@click.option("--overdue-after", default=None,
+              type=click.FloatRange(min=0, max=MAX_DURATION.total_seconds()),
               help="Seconds after its time a scheduled execution counts as overdue "
                    "(default: the sweep interval).")
 @json_option

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
 
@@ -15,24 +16,46 @@ WHO_MAX = 200
 """``cancelled_by`` and ``cancelled_by_name`` are cut to this many characters."""
 
 
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""A character no database column of the outbox can hold: NUL (PostgreSQL's text and JSON
+refuse it) or a surrogate code point (U+D800..U+DFFF: in a Python ``str`` always a lone one,
+as ``os.listdir`` and ``surrogateescape`` decoding make for undecodable bytes; UTF-8 cannot
+encode it, and JSON's escape of one is refused or turned into another character)."""
+
+
 def who(value: str | None) -> str | None:
-    """``value`` cut to :data:`WHO_MAX` characters (NUL replaced, :func:`storable`), for
+    """``value`` cut to :data:`WHO_MAX` characters, made :func:`storable`, for
     ``cancelled_by(_name)``."""
     return storable(value[:WHO_MAX]) if value is not None else None
 
 
 def storable(value: Any) -> Any:
-    """``value`` (a string, or lists and dicts of them: an error, captured log records) with
-    every NUL character replaced by U+FFFD: PostgreSQL's text and JSON cannot hold NUL, and an
-    outcome whose error or logs carry one (a handler's message about binary input) must still
-    be written, not fail its write."""
+    """``value`` (a string, or lists and dicts of them: an error, captured log records, keys
+    and values) with every character the database refuses (NUL, a lone surrogate:
+    :func:`unstorable`) replaced by U+FFFD. What a worker or the rescuer writes from a
+    handler's text (an error, its logs, a cancel reason) goes through it: an outcome must be
+    written whatever the handler's text holds, never fail its write."""
     if isinstance(value, str):
-        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+        if value.isascii():  # the usual case: only NUL can be wrong
+            return value.replace("\x00", "\ufffd") if "\x00" in value else value
+        return _UNSTORABLE.sub("\ufffd", value)
     if isinstance(value, list):
         return [storable(v) for v in value]
     if isinstance(value, dict):
         return {storable(k): storable(v) for k, v in value.items()}
     return value
+
+
+def unstorable(value: str) -> str | None:
+    """What in ``value`` the database refuses, in words (``"the NUL character"``, ``"a lone
+    surrogate (U+DCFF)"``), or None when it can be stored. The one test of user text that
+    is refused at the door (push arguments, payloads, filters) rather than made
+    :func:`storable`."""
+    found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    char = found.group()
+    return "the NUL character" if char == "\x00" else f"a lone surrogate (U+{ord(char):04X})"
 
 
 def upsert(table: Table, dialect: str) -> Any:

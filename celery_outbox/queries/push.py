@@ -1,6 +1,12 @@
 """The push queries: new rows, plain (one bulk insert an executor may serve by COPY or one
 INSERT on the driver), keyed (``INSERT ... ON CONFLICT DO NOTHING`` on the active-key index)
-or an admin retry (once per retried execution); and the reads that find who holds a key.
+or an admin retry (once per retried execution); the reads that find who holds a key; and
+the savepoint a keyed insert runs in inside a transaction (PostgreSQL), so a wait on another
+transaction's key that runs out, or any failure of that insert, never aborts the transaction.
+
+The savepoint is plain SQL, not SQLAlchemy's ``begin_nested()`` (or Django's ``savepoint()``):
+the after-commit hooks track the savepoints those open, and must not see this one, which the
+push always releases or rolls back before it returns.
 """
 
 from __future__ import annotations
@@ -34,6 +40,32 @@ def insert_rows(t: Table, values: Sequence[Values]) -> Query[None]:
 def _id(row: Row) -> UUID:
     value: UUID = row["id"]
     return value
+
+
+KEY_SAVEPOINT = "celery_outbox_key"
+"""The name of the savepoint around a keyed insert (one at a time per transaction)."""
+_SAVEPOINT = text(f"SAVEPOINT {KEY_SAVEPOINT}")
+_RELEASE = text(f"RELEASE SAVEPOINT {KEY_SAVEPOINT}")
+_ROLLBACK_TO = text(f"ROLLBACK TO SAVEPOINT {KEY_SAVEPOINT}")
+
+
+@named("push: a savepoint before a keyed insert in a transaction (PostgreSQL)")
+def key_savepoint() -> Query[None]:
+    """``SAVEPOINT celery_outbox_key``."""
+    return execute("key_savepoint", _SAVEPOINT)
+
+
+@named("push: the keyed insert's savepoint released: its rows stay in the transaction")
+def key_release() -> Query[None]:
+    """``RELEASE SAVEPOINT celery_outbox_key``."""
+    return execute("key_release", _RELEASE)
+
+
+@named("push: back to the keyed insert's savepoint after it failed: the transaction usable "
+       "again, nothing of the insert kept")
+def key_rollback() -> Query[None]:
+    """``ROLLBACK TO SAVEPOINT celery_outbox_key`` (the savepoint stays: release it next)."""
+    return execute("key_rollback", _ROLLBACK_TO)
 
 
 @named("push: none -> pending (or scheduled), keyed rows; a key already held is skipped")

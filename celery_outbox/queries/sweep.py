@@ -15,7 +15,7 @@ from sqlalchemy import Integer, Table, and_, bindparam, delete, or_, select, upd
 
 from celery_outbox.outcomes import Fence
 from celery_outbox.queries.base import Query, Row, named, rowcount, rows
-from celery_outbox.queries.clauses import fence_params, fenced_bound
+from celery_outbox.queries.clauses import fence_params, fenced_bound, storable
 from celery_outbox.states import Status
 
 
@@ -187,7 +187,7 @@ def _rescue_retry(t: Table) -> Any:
 def rescue_retry(t: Table, row: Expired, now: datetime, *, run_at: datetime, error: str,
                  dispatched: bool) -> Query[int]:
     return rowcount("rescue_retry", _rescue_retry(t), {
-        **_fence(row), "now": now, "run_at": run_at, "error": error,
+        **_fence(row), "now": now, "run_at": run_at, "error": storable(error),
         "dispatch_at": now if dispatched else None})
 
 
@@ -202,7 +202,7 @@ def _rescue_fail(t: Table) -> Any:
 
 @named("rescue: an expired row failed (running -> failed)")
 def rescue_fail(t: Table, row: Expired, now: datetime, *, error: str) -> Query[int]:
-    return rowcount("rescue_fail", _rescue_fail(t), {**_fence(row), "now": now, "error": error})
+    return rowcount("rescue_fail", _rescue_fail(t), {**_fence(row), "now": now, "error": storable(error)})
 
 
 @cache

@@ -76,3 +76,65 @@ def test_run_of_an_unknown_job_leaves_rows_untouched(
         assert outbox.run_now(job_name, [pending]).claimed == 0  # type: ignore[arg-type]
     assert outbox.store.status_of(pending) == "pending"
     assert "unregistered job 'no.such.job'" in caplog.text
+
+
+def test_text_or_a_time_the_database_refuses_leaves_the_callers_transaction_usable(
+    db_url: str, registry: JobRegistry, receipt: OutboxJob[Order], make_outbox: MakeOutbox,
+    recording: RecordingDispatcher,
+) -> None:
+    """Issue 17, defect 7: a lone surrogate in a key or tenant raised UnicodeEncodeError
+    from the driver (PostgreSQL: StorageError, the caller's transaction aborted), a
+    scheduled_at in year 10000 once in UTC an unclear StorageError."""
+    from datetime import datetime, timedelta, timezone
+
+    undecodable = b"\xff".decode("utf-8", "surrogateescape")
+    outbox = make_outbox(db_url, registry, recording)
+    with Session(outbox.engine) as session, session.begin():
+        kept = receipt.push(Order(order_id=1), session=session)
+        for option in ("key", "organization_id", "triggered_by", "triggered_by_name"):
+            with pytest.raises(ConfigurationError, match=f"option '{option}'.*surrogate"):
+                receipt.push(Order(order_id=2), session=session, **{option: undecodable})
+        late = datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5)))
+        with pytest.raises(ConfigurationError, match="scheduled_at"):
+            receipt.push(Order(order_id=3), session=session, scheduled_at=late)
+        also = receipt.push(Order(order_id=4), session=session, key="k")
+    assert {outbox.store.status_of(kept), outbox.store.status_of(also)} == {"pending"}
+    assert recording.ids == [kept, also]
+
+
+def test_the_admin_refuses_a_tenant_or_a_grace_the_database_cannot_take(
+    db_url: str, registry: JobRegistry, receipt: OutboxJob[Order], make_outbox: MakeOutbox,
+) -> None:
+    from datetime import timedelta
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    admin = outbox.admin
+    for tenant in ("a\udcff", "a\x00"):
+        with pytest.raises(ConfigurationError, match="organization_id"):
+            admin.page_executions(organization_id=tenant)
+        with pytest.raises(ConfigurationError, match="organization_id"):
+            admin.list_executions(receipt.name, organization_id=tenant)
+    with pytest.raises(ConfigurationError, match="overdue_after"):
+        admin.status(overdue_after=timedelta(days=10**6))  # now - grace: before year 1
+    assert admin.status(overdue_after=timedelta(days=3650)).jobs
+
+
+def test_a_cron_trigger_refuses_a_triggered_by_the_database_cannot_take(
+    db_url: str, make_outbox: MakeOutbox,
+) -> None:
+    from celery_outbox import JobContext, outbox_job
+
+    registry = JobRegistry()
+
+    @outbox_job(cron="0 3 * * *", name="bad.nightly", registry=registry)
+    def nightly(ctx: JobContext[None]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    with pytest.raises(ConfigurationError, match=r"option 'triggered_by_name'.*surrogate"):
+        nightly.trigger(triggered_by_name="ops-\udcff")
+    with pytest.raises(ConfigurationError, match="option 'triggered_by'"):
+        nightly.trigger(triggered_by="x" * 201)
+    t = outbox.tables.executions
+    with outbox.engine.connect() as conn:
+        assert conn.execute(select(t.c.id)).all() == []

@@ -224,6 +224,19 @@ def test_executions_with_filters_and_bad_input(cli_app: ModuleType) -> None:
         "(see 'outbox executions --help')"]
 
 
+def test_text_and_times_the_database_cannot_take_are_bad_input(cli_app: ModuleType) -> None:
+    """Issue 17, defect 7: argv decodes undecodable bytes to lone surrogates, and a huge
+    --overdue-after overflowed; each raised a traceback instead of one line."""
+    undecodable = b"acme-\xff".decode("utf-8", "surrogateescape")
+    tenant = bad_input(invoke(cli_app, "executions", "--organization-id", undecodable))
+    assert "organization_id" in tenant and "surrogate" in tenant, tenant
+    payload = bad_input(invoke(cli_app, "trigger", "cli.greet", "--payload",
+                               json.dumps({"name": undecodable})))
+    assert "name" in payload and "surrogate" in payload, payload
+    huge = invoke(cli_app, "status", "--overdue-after", "1e20")
+    assert huge.exit_code == 2 and "--overdue-after" in huge.stderr, huge.output
+
+
 def test_trigger_queue_and_cron_jobs(cli_app: ModuleType) -> None:
     result = invoke(cli_app, "trigger", "cli.greet", "--payload", '{"name": "Fay"}', "--json")
     assert result.exit_code == 0, result.output

@@ -10,6 +10,7 @@ transaction.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any
 
 import pytest
@@ -120,3 +121,77 @@ def test_a_job_name_longer_than_its_column_fails_at_declaration() -> None:
         return None
 
     assert len(just_fits.name) == 200
+
+
+UNDECODABLE = b"\xff".decode("utf-8", "surrogateescape")  # '\udcff', as os.listdir gives it
+
+
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ({"value": 1.0, "label": f"report-{UNDECODABLE}.csv"}, "label"),
+        ({"value": 1.0, "raw": {"files": ["ok", UNDECODABLE]}}, "raw.files.1"),
+        ({"value": 1.0, "raw": {f"k{UNDECODABLE}": 1}}, "raw.k\ufffd"),
+        ({"value": 1.0, "label": "\ud83d\ude00"}, "label"),  # a pair's halves, apart: no 😀
+        ({"value": 1.0, "raw": ["\x00"]}, "raw.0"),
+    ],
+)
+def test_a_payload_with_a_lone_surrogate_or_nul_is_invalid_naming_the_field(
+    job: OutboxJob[Reading], recording: Recording, payload: dict[str, Any], where: str,
+) -> None:
+    """Issue 17, defect 7: such payloads were written (SQLite) or failed in the database
+    (PostgreSQL), and their detail view answered 500 / 503."""
+    with pytest.raises(PayloadInvalid) as info:
+        job.push(payload)
+    [error] = info.value.errors
+    assert ".".join(map(str, error["loc"])) == where
+    assert "surrogate" in error["msg"] or "NUL" in error["msg"]
+    str(info.value).encode("utf-8")  # printable, and sendable as JSON: the key made storable
+    assert recording.items == []
+    with pytest.raises(PayloadInvalid, match=rf"items\[1\]\.{where.split('.')[0]}"):
+        job.push_many([{"value": 1.0}, payload])
+
+
+def test_a_character_beyond_the_bmp_and_a_backslash_u_text_are_stored(
+    job: OutboxJob[Reading],
+) -> None:
+    # JSON escapes 😀 as a surrogate pair and keeps "\\udcff" (six characters) as text: both
+    # storable, so the push goes on to the (unreachable) database.
+    for label in ("🚀 😀", "C:\\udcff"):
+        with pytest.raises(StorageError):
+            job.push({"value": 1.0, "label": label})
+
+
+@pytest.mark.parametrize("option", ["key", "organization_id", "triggered_by",
+                                    "triggered_by_name"])
+def test_push_arguments_with_a_lone_surrogate_fail_before_the_database(
+    job: OutboxJob[Reading], recording: Recording, option: str,
+) -> None:
+    with pytest.raises(ConfigurationError, match=f"option '{option}'.*surrogate"):
+        job.push({"value": 1.0}, **{option: f"a{UNDECODABLE}"})
+    assert recording.items == []
+
+
+class _NoOffset(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+
+@pytest.mark.parametrize("when", [
+    datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5))),  # year 10000 in UTC
+    datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=14))),  # year 0 in UTC
+    datetime(2030, 1, 1, tzinfo=_NoOffset()),  # a tzinfo that gives no offset: naive
+])
+def test_a_scheduled_at_without_a_utc_time_is_a_configuration_error_naming_it(
+    job: OutboxJob[Reading], recording: Recording, when: datetime,
+) -> None:
+    """Issue 17, defect 7: year 10000 in UTC was an unclear StorageError."""
+    with pytest.raises(ConfigurationError, match="scheduled_at"):
+        job.push({"value": 1.0}, scheduled_at=when)
+    assert recording.items == []
+
+
+def test_a_scheduled_at_at_the_last_utc_time_passes_the_checks(job: OutboxJob[Reading]) -> None:
+    last = datetime(9999, 12, 31, 18, 59, tzinfo=timezone(timedelta(hours=-5)))
+    with pytest.raises(StorageError):  # accepted: on to the (unreachable) database
+        job.push({"value": 1.0}, scheduled_at=last)

@@ -28,7 +28,7 @@ from sqlalchemy import JSON, Dialect
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.errors import ConfigurationError, KeyBusy, StorageError
 from celery_outbox.queries import Query, Shape
 
 log = logging.getLogger("celery_outbox.executors")
@@ -219,6 +219,14 @@ def joined(alias: str = "default") -> Iterator[DjangoTransaction]:
     """The caller's ``atomic()`` block on ``alias`` joined without a savepoint; outside one,
     a transaction of its own (committed when the block ends), so a push of several statements
     commits whole either way. A block that raises marks the caller's transaction for
-    rollback, as a failed statement of its own would."""
+    rollback, as a failed statement of its own would; except :class:`KeyBusy`, raised once
+    the keyed insert was rolled back to a savepoint of its own: the caller's transaction is
+    intact and stays usable."""
+    busy: KeyBusy | None = None
     with transaction.atomic(using=alias, savepoint=False):
-        yield DjangoTransaction(alias)
+        try:
+            yield DjangoTransaction(alias)
+        except KeyBusy as exc:
+            busy = exc  # raised below, outside the block: it must not doom the transaction
+    if busy is not None:
+        raise busy
