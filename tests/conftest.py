@@ -109,3 +109,19 @@ def amqp_url() -> str:
 def queue_name() -> str:
     """A Celery queue of this test's own, so tests sharing a broker never see each other."""
     return f"outbox-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """pytest-xdist sends each report to the controller as UTF-8: a lone surrogate a test's
+    handler logged (tests of undecodable file names) would crash the run, so the captured
+    sections carry it as its ``\\udcff`` escape instead."""
+    report.sections = [(title, _escaped(content)) for title, content in report.sections]
+
+
+def _escaped(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -202,7 +202,8 @@ def _rescue_fail(t: Table) -> Any:
 
 @named("rescue: an expired row failed (running -> failed)")
 def rescue_fail(t: Table, row: Expired, now: datetime, *, error: str) -> Query[int]:
-    return rowcount("rescue_fail", _rescue_fail(t), {**_fence(row), "now": now, "error": storable(error)})
+    return rowcount("rescue_fail", _rescue_fail(t),
+                    {**_fence(row), "now": now, "error": storable(error)})
 
 
 @cache
