@@ -45,12 +45,15 @@ def _line(proc: subprocess.Popen[str]) -> str:
 def _race(ob: Outbox, table: str, first_ends: str, one: subprocess.Popen[str],
           two: subprocess.Popen[str]) -> str:
     def waiting() -> Any:
+        assert two.poll() is None, (two.stdout.read() if two.stdout else "",
+                                    two.stderr.read() if two.stderr else "")
         with ob.engine.connect() as conn:
             return conn.execute(text(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND query ILIKE :q"), {"q": f"%INSERT INTO {table}%"}).scalar()
 
-    procs.wait_for(waiting, 4, "the second push to wait on the first's row")
+    # The deadline covers the second process's start (its imports) on a loaded machine.
+    procs.wait_for(waiting, 60, "the second push to wait on the first's row")
     assert one.stdin is not None and two.stdin is not None
     one.stdin.write(f"{first_ends}\n")
     one.stdin.flush()
