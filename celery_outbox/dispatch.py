@@ -104,6 +104,20 @@ class Dispatcher(Protocol):
         was logged). True when nothing is left."""
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """The dispatch of one push in a caller's transaction, as the callback the push hands
+    ``Transaction.after_commit``: calling it hands ``items`` to ``dispatcher``. A join that
+    cannot follow every savepoint of the caller's transaction (Django's raw ``savepoint()``)
+    reads ``items`` to dispatch only the rows that committed."""
+
+    dispatcher: Dispatcher
+    items: Sequence[DispatchItem]
+
+    def __call__(self) -> None:
+        self.dispatcher.dispatch(self.items)
+
+
 class CeleryDispatcher:
     """Publishes through Celery from a background thread (one per process).
 

@@ -132,3 +132,208 @@ def test_a_socket_host_reaches_the_database_django_reaches(project: dict[str, st
 
 
 Body = Callable[[], None]
+
+
+class Boom(Exception):
+    pass
+
+
+def exact(ob: Any, rec: RecordingDispatcher, before: set[uuid.UUID]) -> set[uuid.UUID]:
+    """Assert the ids dispatched since ``before`` are exactly the rows committed since, each
+    once; answers them."""
+    new = committed(ob) - before
+    assert sorted(map(str, rec.ids)) == sorted(map(str, new)), (rec.ids, new)
+    return new
+
+
+def test_a_push_rolled_back_to_a_raw_savepoint_is_not_dispatched(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``transaction.savepoint()`` / ``savepoint_rollback(sid)`` (not ``atomic()``): Django
+    tags no ``on_commit`` callback with a raw savepoint, so it ran the rolled-back push's
+    dispatch at commit."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        kept = send_receipt.push({"order_id": 1})
+        sid = transaction.savepoint(using=alias)
+        dropped = send_receipt.push({"order_id": 2})
+        dropped_many = send_receipt.push_many([{"order_id": 3}, {"order_id": 4}])
+        transaction.savepoint_rollback(sid, using=alias)
+        after = send_receipt.push({"order_id": 5})
+    assert exact(ob, rec, before) == {kept, after}
+    assert dropped not in rec.ids and not set(dropped_many) & set(rec.ids)
+
+
+def test_raw_savepoints_released_nested_and_under_atomic(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``savepoint_commit`` keeps its pushes; a raw savepoint rolled back with an
+    ``atomic()`` block (and its pushes) inside it drops them all; a raw savepoint opened in
+    a nested ``atomic()`` that commits, then rolled back from the outer block."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        sid = transaction.savepoint(using=alias)
+        released = send_receipt.push({"order_id": 1})
+        transaction.savepoint_commit(sid, using=alias)
+        outer = transaction.savepoint(using=alias)
+        with transaction.atomic(using=alias):
+            send_receipt.push({"order_id": 2})
+            inner = transaction.savepoint(using=alias)
+            send_receipt.push({"order_id": 3})
+            transaction.savepoint_rollback(inner, using=alias)
+            send_receipt.push({"order_id": 4})
+        transaction.savepoint_rollback(outer, using=alias)
+        last = send_receipt.push({"order_id": 5})
+    assert exact(ob, rec, before) == {released, last}
+
+
+def test_set_rollback_and_nested_atomic_rollbacks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        kept = send_receipt.push({"order_id": 1})
+        with transaction.atomic(using=alias):
+            send_receipt.push({"order_id": 2})
+            transaction.set_rollback(True, using=alias)
+        try:
+            with transaction.atomic(using=alias):
+                send_receipt.push({"order_id": 3})
+                with transaction.atomic(using=alias, savepoint=False):
+                    send_receipt.push({"order_id": 4})
+                raise Boom
+        except Boom:
+            pass
+    with transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 5})
+        transaction.set_rollback(True, using=alias)
+    with pytest.raises(Boom), transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 6})
+        raise Boom
+    assert exact(ob, rec, before) == {kept}
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_a_users_on_commit_callback_that_raises_does_not_drop_the_dispatch(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], robust: bool,
+) -> None:
+    """A callback of the user's, registered before the push, raises at commit: Django stops
+    running the callbacks after it (``robust=False``: the error reaches the caller) or logs
+    it; the pushes committed are dispatched either way."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    ran: list[str] = []
+
+    def boom() -> None:
+        ran.append("boom")
+        raise Boom
+
+    ctx: Any = pytest.raises(Boom) if not robust else ExitStack()
+    with ctx, transaction.atomic(using=alias):
+        transaction.on_commit(boom, using=alias, robust=robust)
+        first = send_receipt.push({"order_id": 1})
+        transaction.on_commit(lambda: ran.append("after"), using=alias)
+        second = send_receipt.push({"order_id": 2})
+    assert ran == (["boom", "after"] if robust else ["boom"])
+    assert exact(ob, rec, before) == {first, second}
+
+
+def test_each_outermost_end_dispatches_its_own_pushes_once(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """Two transactions in a row, a push outside any block between them: each dispatch once,
+    after its own commit."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        a = send_receipt.push({"order_id": 1})
+    assert rec.ids == [a]
+    alone = send_receipt.push({"order_id": 2})
+    assert rec.ids == [a, alone]
+    with transaction.atomic(using=alias):
+        b = send_receipt.push({"order_id": 3})
+        assert rec.ids == [a, alone]
+    assert exact(ob, rec, before) == {a, alone, b}
+
+
+def test_manual_transaction_management_is_refused(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``set_autocommit(False)``: Django runs no ``on_commit`` callback there (and drops
+    every one at a later rollback), so the push refuses it before writing anything."""
+    from django.db import transaction
+
+    from celery_outbox.errors import ConfigurationError
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    transaction.set_autocommit(False, using=alias)
+    try:
+        with pytest.raises(ConfigurationError, match="set_autocommit"):
+            send_receipt.push({"order_id": 1})
+    finally:
+        transaction.rollback(using=alias)
+        transaction.set_autocommit(True, using=alias)
+    assert committed(ob) == before and rec.ids == []
+
+
+def test_django_testcase_capture_of_on_commit_callbacks_runs_the_dispatch(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``TestCase.captureOnCommitCallbacks(execute=True)`` (a test's transaction that never
+    commits): it runs the outbox's entry, which reads the rows in that transaction."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    with transaction.atomic(using=alias):
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as callbacks:
+            pushed = send_receipt.push({"order_id": 1})
+            sid = transaction.savepoint(using=alias)
+            send_receipt.push({"order_id": 2})
+            transaction.savepoint_rollback(sid, using=alias)
+        assert len(callbacks) == 1 and rec.ids == [pushed]
+        later = send_receipt.push({"order_id": 3})  # after the capture: an entry of its own
+        transaction.set_rollback(True, using=alias)
+    assert rec.ids == [pushed] and later not in committed(ob)
+
+
+def test_a_failed_read_back_dispatches_nothing_and_never_raises(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The rows cannot be read back after the commit (here: the table renamed in the
+    transaction): nothing is dispatched (the sweep sends what committed), the error is
+    logged, the caller's block ends normally."""
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    try:
+        with transaction.atomic(using=alias):
+            pushed = send_receipt.push({"order_id": 1})
+            with connections[alias].cursor() as cur:
+                cur.execute(f"ALTER TABLE {TABLE} RENAME TO {TABLE}_away")
+    finally:
+        with connections[alias].cursor() as cur:
+            cur.execute(f"ALTER TABLE {TABLE}_away RENAME TO {TABLE}")
+    assert rec.ids == [] and pushed in committed(ob)
+    assert "reading back the rows" in caplog.text
