@@ -337,3 +337,20 @@ def test_a_failed_read_back_dispatches_nothing_and_never_raises(
             cur.execute(f"ALTER TABLE {TABLE}_away RENAME TO {TABLE}")
     assert rec.ids == [] and pushed in committed(ob)
     assert "reading back the rows" in caplog.text
+
+
+def test_many_rows_are_read_back_in_chunks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    from django.db import transaction
+
+    from celery_outbox.contrib.django.on_commit import READ_BACK_CHUNK
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        ids = send_receipt.push_many([{"order_id": i} for i in range(READ_BACK_CHUNK + 7)])
+        sid = transaction.savepoint(using=alias)
+        send_receipt.push({"order_id": -1})
+        transaction.savepoint_rollback(sid, using=alias)
+    assert exact(ob, rec, before) == set(ids)
