@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from kombu import pools
+from sqlalchemy import Table
 
 from celery_outbox.registry import JobRegistry
 
@@ -107,12 +108,14 @@ class Dispatcher(Protocol):
 @dataclass(frozen=True)
 class Dispatch:
     """The dispatch of one push in a caller's transaction, as the callback the push hands
-    ``Transaction.after_commit``: calling it hands ``items`` to ``dispatcher``. A join that
-    cannot follow every savepoint of the caller's transaction (Django's raw ``savepoint()``)
-    reads ``items`` to dispatch only the rows that committed."""
+    ``Transaction.after_commit``: calling it hands ``items`` to ``dispatcher``. ``table`` is
+    the executions table their rows were written to: a join that cannot follow every
+    savepoint of the caller's transaction (Django's raw ``savepoint()``) reads back there
+    which of ``items`` committed, and dispatches those only."""
 
     dispatcher: Dispatcher
     items: Sequence[DispatchItem]
+    table: Table
 
     def __call__(self) -> None:
         self.dispatcher.dispatch(self.items)

@@ -356,7 +356,7 @@ class Outbox:
                             items: list[DispatchItem]) -> None:
         """Dispatch ``items`` after the outermost commit of the caller's transaction ``tx``."""
         if items:
-            tx.after_commit(Dispatch(self.dispatcher, items))
+            tx.after_commit(Dispatch(self.dispatcher, items, self.tables.executions))
 
     def _new_rows(
         self, spec: JobSpec, payloads: Sequence[Any], now: datetime,

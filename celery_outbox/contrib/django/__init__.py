@@ -22,7 +22,6 @@ from contextvars import ContextVar
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Table
 
 from celery_outbox.contrib.django.conf import DEFAULT_ALIAS, database_url, outbox_settings
 from celery_outbox.dispatch import Dispatcher
@@ -41,11 +40,8 @@ class DjangoJoiner:
     :func:`using` names), in the caller's ``atomic()`` block or, outside one, in a
     transaction of its own that commits at once."""
 
-    def __init__(self, alias: str = DEFAULT_ALIAS, table: Table | None = None) -> None:
+    def __init__(self, alias: str = DEFAULT_ALIAS) -> None:
         self.alias = alias
-        self.table = table
-        """The outbox's executions table (:func:`install` sets it): where a push's dispatch
-        reads back, after the commit, which of its rows committed."""
 
     def __call__(self) -> AbstractContextManager[Transaction]:
         from django.db import connections
@@ -57,7 +53,7 @@ class DjangoJoiner:
             raise ConfigurationError(
                 f"Django database alias {alias!r} is not in settings.DATABASES "
                 f"({', '.join(sorted(connections.settings))})")
-        return joined(alias, self.table)
+        return joined(alias)
 
 
 @contextmanager
@@ -92,8 +88,5 @@ def install(
     if not isinstance(alias, str) or not alias:
         raise ConfigurationError(f"CELERY_OUTBOX['database'] must be an alias, got {alias!r}")
     url = options.pop("database_url", None) or database_url(alias)
-    joiner = DjangoJoiner(alias)
-    outbox = Outbox(app, database_url=url, registry=registry, dispatcher=dispatcher,
-                    joiner=joiner, **options)
-    joiner.table = outbox.tables.executions
-    return outbox
+    return Outbox(app, database_url=url, registry=registry, dispatcher=dispatcher,
+                  joiner=DjangoJoiner(alias), **options)

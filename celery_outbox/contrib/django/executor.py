@@ -71,14 +71,12 @@ class DjangoTransaction:
     """The transaction Django's connection ``alias`` is in (a caller's ``atomic()`` block,
     or the one :func:`joined` opened), as a :class:`~celery_outbox.executors.Transaction`.
 
-    ``table``: the outbox's executions table, where a push's dispatch reads its rows back
-    after the commit (``read_back``: the transaction is a caller's, whose savepoints may
-    have dropped them); without it a dispatch is an ordinary ``on_commit`` callback."""
+    ``read_back``: a push's dispatch reads back after the commit which of its rows
+    committed (the transaction is a caller's, whose savepoints may have dropped them);
+    False for a transaction :func:`joined` opened itself."""
 
-    def __init__(self, alias: str = "default", table: Any = None,
-                 read_back: bool = True) -> None:
+    def __init__(self, alias: str = "default", read_back: bool = True) -> None:
         self.alias = alias
-        self.table = table
         self.read_back = read_back
         connection = connections[alias]
         self.dialect = dialect_for(connection.vendor, _driver(alias))
@@ -104,8 +102,8 @@ class DjangoTransaction:
         joins the transaction's :class:`~celery_outbox.contrib.django.on_commit.Dispatches`
         (run first, for the rows committed only); any other callback goes to
         ``transaction.on_commit``."""
-        if isinstance(callback, Dispatch) and self.table is not None:
-            dispatches_of(connections[self.alias], self.table, self.read_back).add(callback)
+        if isinstance(callback, Dispatch):
+            dispatches_of(connections[self.alias], callback.table, self.read_back).add(callback)
             return
         transaction.on_commit(_logged(callback), using=self.alias)
 
@@ -233,13 +231,13 @@ def _logged(callback: Callable[[], None]) -> Callable[[], None]:
 
 
 @contextmanager
-def joined(alias: str = "default", table: Any = None) -> Iterator[DjangoTransaction]:
+def joined(alias: str = "default") -> Iterator[DjangoTransaction]:
     """The caller's ``atomic()`` block on ``alias`` joined without a savepoint; outside one,
     a transaction of its own (committed when the block ends), so a push of several statements
     commits whole either way. A block that raises marks the caller's transaction for
     rollback, as a failed statement of its own would; except :class:`KeyBusy`, raised once
     the keyed insert was rolled back to a savepoint of its own: the caller's transaction is
-    intact and stays usable. ``table``: see :class:`DjangoTransaction`.
+    intact and stays usable.
 
     Raises :class:`ConfigurationError` under manual transaction management
     (``transaction.set_autocommit(False)`` outside ``atomic()``), where Django runs no
@@ -254,7 +252,7 @@ def joined(alias: str = "default", table: Any = None) -> Iterator[DjangoTransact
     busy: KeyBusy | None = None
     with transaction.atomic(using=alias, savepoint=False):
         try:
-            yield DjangoTransaction(alias, table, read_back=caller)
+            yield DjangoTransaction(alias, read_back=caller)
         except KeyBusy as exc:
             busy = exc  # raised below, outside the block: it must not doom the transaction
     if busy is not None:

@@ -23,6 +23,8 @@ import logging
 from typing import Any
 from uuid import UUID
 
+from sqlalchemy import Table
+
 from celery_outbox.dispatch import Dispatch
 from celery_outbox.queries.push import existing_ids
 
@@ -34,9 +36,10 @@ READ_BACK_CHUNK = 5_000
 
 class Dispatches:
     """The outbox's one ``on_commit`` entry in one Django transaction on ``alias``: the
-    dispatches of the pushes made in it into ``table`` (the outbox's executions table)."""
+    dispatches of the pushes made in it into ``table`` (an outbox's executions table; the
+    pushes of outboxes sharing it share the entry, each dispatched to its own dispatcher)."""
 
-    def __init__(self, alias: str, table: Any, read_back: bool) -> None:
+    def __init__(self, alias: str, table: Table, read_back: bool) -> None:
         self.alias = alias
         self.table = table
         self.read_back = read_back
@@ -81,7 +84,7 @@ class Dispatches:
         return found
 
 
-def dispatches_of(connection: Any, table: Any, read_back: bool) -> Dispatches:
+def dispatches_of(connection: Any, table: Table, read_back: bool) -> Dispatches:
     """The :class:`Dispatches` entry of ``connection``'s transaction for ``table``: the one
     its callbacks hold (not run yet), else a new one put first among them."""
     for entry in connection.run_on_commit:
