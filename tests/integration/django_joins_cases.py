@@ -354,3 +354,26 @@ def test_many_rows_are_read_back_in_chunks(
         send_receipt.push({"order_id": -1})
         transaction.savepoint_rollback(sid, using=alias)
     assert exact(ob, rec, before) == set(ids)
+
+
+def test_in_a_testcase_transaction_the_capture_finds_the_dispatch_after_older_callbacks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """A ``TestCase``'s transaction (its outer block marked ``_from_testcase``, as Django's
+    TestCase marks it) with a callback registered before ``captureOnCommitCallbacks()``:
+    the capture runs the dispatch, not the older callback."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    _, rec = outbox
+    older: list[str] = []
+    outer = transaction.atomic(using=alias)
+    outer._from_testcase = True
+    with outer:
+        transaction.on_commit(lambda: older.append("ran"), using=alias)
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as callbacks:
+            pushed = send_receipt.push({"order_id": 1})
+        assert len(callbacks) == 1 and rec.ids == [pushed] and older == []
+        transaction.set_rollback(True, using=alias)
+    assert rec.ids == [pushed] and older == []

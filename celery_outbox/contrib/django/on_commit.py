@@ -8,7 +8,9 @@ the dispatch). So the pushes of one transaction share one entry, :class:`Dispatc
 
 - goes first in the connection's callbacks (``connection.run_on_commit``, whose entries are
   ``(savepoint ids, callback, robust)`` on every Django the package supports), tagged with no
-  savepoint: no savepoint's rollback drops it, a rollback of the whole transaction does;
+  savepoint: no savepoint's rollback drops it, a rollback of the whole transaction does (in
+  a ``TestCase``'s transaction, which never commits, it goes last, where
+  ``captureOnCommitCallbacks()`` looks for it);
 - after the commit, reads which of its ids have a row (named query ``existing_ids``, on
   Django's connection, by then in autocommit) and dispatches those only, each push's to its
   own dispatcher; it never raises into the committing caller.
@@ -86,12 +88,18 @@ class Dispatches:
 
 def dispatches_of(connection: Any, table: Table, read_back: bool) -> Dispatches:
     """The :class:`Dispatches` entry of ``connection``'s transaction for ``table``: the one
-    its callbacks hold (not run yet), else a new one put first among them."""
+    its callbacks hold (not run yet), else a new one put first among them; last, in the
+    transaction of a Django ``TestCase``, which never commits: its
+    ``captureOnCommitCallbacks()`` takes the callbacks added after its start by their
+    position."""
     for entry in connection.run_on_commit:
         found = entry[1]
         if isinstance(found, Dispatches) and found.table is table and not found.ran:
             found.read_back = found.read_back or read_back
             return found
     created = Dispatches(connection.alias, table, read_back)
-    connection.run_on_commit.insert(0, (set(), created, True))
+    blocks = connection.atomic_blocks
+    in_testcase = bool(blocks) and bool(getattr(blocks[0], "_from_testcase", False))
+    connection.run_on_commit.insert(len(connection.run_on_commit) if in_testcase else 0,
+                                    (set(), created, True))
     return created
