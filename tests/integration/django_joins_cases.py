@@ -377,3 +377,25 @@ def test_in_a_testcase_transaction_the_capture_finds_the_dispatch_after_older_ca
         assert len(callbacks) == 1 and rec.ids == [pushed] and older == []
         transaction.set_rollback(True, using=alias)
     assert rec.ids == [pushed] and older == []
+
+
+def test_a_commit_that_fails_dispatches_nothing(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """The outermost COMMIT itself fails (a deferred unique constraint, PostgreSQL): Django
+    rolls back and raises; nothing committed, nothing dispatched."""
+    if alias != "pg":
+        pytest.skip("deferred constraints: PostgreSQL")
+    from django.db import IntegrityError, connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with connections[alias].cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS dj_deferred "
+                    "(v int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+    with pytest.raises(IntegrityError), transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 1})
+        with connections[alias].cursor() as cur:
+            cur.execute("INSERT INTO dj_deferred VALUES (1), (1)")
+    assert committed(ob) == before and rec.ids == []
