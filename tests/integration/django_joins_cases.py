@@ -399,3 +399,31 @@ def test_a_commit_that_fails_dispatches_nothing(
         with connections[alias].cursor() as cur:
             cur.execute("INSERT INTO dj_deferred VALUES (1), (1)")
     assert committed(ob) == before and rec.ids == []
+
+
+def test_a_commit_of_an_aborted_transaction_dispatches_nothing(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """PostgreSQL: a statement fails, the caller swallows it and un-dooms the block
+    (``set_rollback(False)``); the COMMIT of the aborted transaction rolls back without an
+    error, and Django runs the ``on_commit`` callbacks as if it had committed. The pushes
+    made before are not dispatched (before: their ids were, with no rows)."""
+    if alias != "pg":
+        pytest.skip("an aborted transaction: PostgreSQL")
+    from django.db import DatabaseError, connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    ran: list[str] = []
+    with transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 1})
+        transaction.on_commit(lambda: ran.append("user"), using=alias)
+        try:
+            with connections[alias].cursor() as cur:
+                cur.execute("SELECT 1 / 0")
+        except DatabaseError:
+            transaction.set_rollback(False, using=alias)
+    assert committed(ob) == before
+    assert rec.ids == [], "dispatched ids whose rows the aborted transaction never committed"
+    assert ran == ["user"]  # Django believed it committed

@@ -6,7 +6,9 @@ PostgreSQL (through its Unix socket when the server has one here).
 A tree (:data:`TREES`) is made of ``atomic()`` blocks (with or without a savepoint) left
 normally or by an exception, raw ``transaction.savepoint()`` levels ended by
 ``savepoint_commit``, ``savepoint_rollback`` or left open (for an enclosing one to release or
-roll back past), ``set_rollback(True/False)``, ``push`` / ``push_many`` (unkeyed and keyed),
+roll back past), ``set_rollback(True/False)``, a statement that fails and whose error the
+caller swallows (PostgreSQL then aborts the transaction, and its COMMIT rolls back while
+Django runs the ``on_commit`` callbacks), ``push`` / ``push_many`` (unkeyed and keyed),
 and the user's own ``on_commit`` callbacks (robust or not, raising or not, pushing from the
 callback or not). Between trees, pushes outside any block. The oracle is the database: which
 rows committed is read on the worker's engine, not predicted, so the model needs no copy of
@@ -53,7 +55,9 @@ class Boom(Exception):
 
 
 # A node is a tuple: ("push", how, key) | ("on_commit", raises, robust, pushes) |
-# ("set_rollback", value) | ("atomic", savepoint, ends, children), ends "leave" or "raise" |
+# ("set_rollback", value) | ("fail",): a statement that fails, the error swallowed (on
+# PostgreSQL the transaction is aborted until a savepoint before it is rolled back to; its
+# COMMIT rolls back) | ("atomic", savepoint, ends, children), ends "leave" or "raise" |
 # ("savepoint", ends, children), ends "commit" (savepoint_commit), "rollback"
 # (savepoint_rollback) or "open". Children run in order inside their node.
 LEAVES = st.one_of(
@@ -61,6 +65,7 @@ LEAVES = st.one_of(
               st.none() | st.integers(0, 2)),
     st.tuples(st.just("on_commit"), st.booleans(), st.booleans(), st.booleans()),
     st.tuples(st.just("set_rollback"), st.booleans()),
+    st.tuples(st.just("fail")),
 )
 
 
@@ -111,6 +116,7 @@ class DjangoJoins(RuleBasedStateMachine):
         self.connection = connections[self.alias]
         self.prefix = uuid.uuid4().hex[:8]
         self.pushed: set[uuid.UUID] = set()
+        self.failed = False  # a statement failed in this outermost block (PostgreSQL)
 
     @property
     def doomed(self) -> bool:
@@ -144,7 +150,7 @@ class DjangoJoins(RuleBasedStateMachine):
                 got = send_receipt.push_many([{"order_id": i} for i in range(3)],
                                              keys=[keyed, None, None])
         except StorageError:
-            assert self.doomed, "a push failed outside a block marked for rollback"
+            assert self.doomed or self.failed, "a push failed in a healthy transaction"
             return
         self.pushed.update(got)
 
@@ -159,6 +165,8 @@ class DjangoJoins(RuleBasedStateMachine):
         elif kind == "set_rollback":
             self.stats.nodes[f"set_rollback({node[1]})"] += 1
             transaction.set_rollback(node[1], using=self.alias)
+        elif kind == "fail":
+            self.fail()
         elif kind == "atomic":
             self.atomic(*node[1:])
         else:
@@ -177,9 +185,21 @@ class DjangoJoins(RuleBasedStateMachine):
 
         transaction.on_commit(callback, using=self.alias, robust=robust)
 
+    def fail(self) -> None:
+        from django.db import DatabaseError, connections
+        if self.doomed:
+            return
+        self.stats.nodes["fail"] += 1
+        try:
+            with connections[self.alias].cursor() as cur:
+                cur.execute("SELECT * FROM no_such_table_here")
+        except DatabaseError:
+            self.failed = self.failed or self.connection.vendor == "postgresql"
+
     def atomic(self, savepoint: bool, ends: str, children: list[Any]) -> None:
-        from django.db import transaction
+        from django.db import DatabaseError, transaction
         self.stats.nodes[f"atomic{'' if savepoint else '(savepoint=False)'} {ends}"] += 1
+        outermost = not self.connection.in_atomic_block
         try:
             with transaction.atomic(using=self.alias, savepoint=savepoint):
                 for child in children:
@@ -188,21 +208,29 @@ class DjangoJoins(RuleBasedStateMachine):
                     raise Boom
         except Boom:
             pass  # the block's own, or (outermost only) a user's callback after the commit
+        except DatabaseError:
+            # a savepoint's statement in an aborted transaction (PostgreSQL)
+            assert self.failed, "a block's savepoint failed in a healthy transaction"
+        if outermost:
+            self.failed = False
 
     def savepoint(self, ends: str, children: list[Any]) -> None:
-        from django.db import transaction
+        from django.db import DatabaseError, transaction
         if self.doomed:  # Django refuses the statement: the caller's code stops here
             return
         self.stats.nodes[f"savepoint() {ends}"] += 1
-        sid = transaction.savepoint(using=self.alias)
-        for child in children:
-            self.run(child)
-        if self.doomed or ends == "open":
-            return
-        if ends == "commit":
-            transaction.savepoint_commit(sid, using=self.alias)
-        else:
-            transaction.savepoint_rollback(sid, using=self.alias)
+        try:
+            sid = transaction.savepoint(using=self.alias)
+            for child in children:
+                self.run(child)
+            if self.doomed or ends == "open":
+                return
+            if ends == "commit":
+                transaction.savepoint_commit(sid, using=self.alias)
+            else:
+                transaction.savepoint_rollback(sid, using=self.alias)
+        except DatabaseError:
+            assert self.failed, "a raw savepoint's statement failed in a healthy transaction"
 
     # -- rules --------------------------------------------------------------------------
 
