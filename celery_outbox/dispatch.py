@@ -105,7 +105,7 @@ class Dispatcher(Protocol):
         was logged). True when nothing is left."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dispatch:
     """The dispatch of one push in a caller's transaction, as the callback the push hands
     ``Transaction.after_commit``: calling it hands ``items`` to ``dispatcher``. ``table`` is

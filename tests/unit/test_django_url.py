@@ -93,3 +93,9 @@ def test_sqlite_is_an_absolute_path(tmp_path: Any, monkeypatch: pytest.MonkeyPat
 def test_what_the_workers_cannot_reach_is_refused(db: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         url_of(db)
+
+
+def test_a_sqlite_name_may_be_a_path_object(tmp_path: Any) -> None:
+    """Django's default settings name the file ``BASE_DIR / "db.sqlite3"``."""
+    assert url_of({"ENGINE": "django.db.backends.sqlite3", "NAME": tmp_path / "db.sqlite3"}) \
+        == f"sqlite:///{tmp_path}/db.sqlite3"
