@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from kombu import pools
-from sqlalchemy import Table
 
 from celery_outbox.registry import JobRegistry
 
 if TYPE_CHECKING:
     from celery import Celery
+    from sqlalchemy import Table
 
 log = logging.getLogger(__name__)
 
