@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any
@@ -129,9 +129,6 @@ def test_a_socket_host_reaches_the_database_django_reaches(project: dict[str, st
     finally:
         ob.runner.heartbeat.stop()
         ob.engine.dispose()
-
-
-Body = Callable[[], None]
 
 
 class Boom(Exception):
