@@ -39,6 +39,7 @@ from celery_outbox.registry import JobRegistry
 
 if TYPE_CHECKING:
     from celery import Celery
+    from sqlalchemy import Table
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,22 @@ class Dispatcher(Protocol):
     def flush(self, timeout: timedelta) -> bool:
         """Wait up to ``timeout`` until everything handed over was published (or failed and
         was logged). True when nothing is left."""
+
+
+@dataclass(frozen=True, eq=False)
+class Dispatch:
+    """The dispatch of one push in a caller's transaction, as the callback the push hands
+    ``Transaction.after_commit``: calling it hands ``items`` to ``dispatcher``. ``table`` is
+    the executions table their rows were written to: a join that cannot follow every
+    savepoint of the caller's transaction (Django's raw ``savepoint()``) reads back there
+    which of ``items`` committed, and dispatches those only."""
+
+    dispatcher: Dispatcher
+    items: Sequence[DispatchItem]
+    table: Table
+
+    def __call__(self) -> None:
+        self.dispatcher.dispatch(self.items)
 
 
 class CeleryDispatcher:

@@ -30,6 +30,7 @@ from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.dispatch import (
     RUN_TASK,
     CeleryDispatcher,
+    Dispatch,
     Dispatcher,
     DispatchItem,
     InlineDispatcher,
@@ -355,8 +356,7 @@ class Outbox:
                             items: list[DispatchItem]) -> None:
         """Dispatch ``items`` after the outermost commit of the caller's transaction ``tx``."""
         if items:
-            dispatcher = self.dispatcher
-            tx.after_commit(lambda: dispatcher.dispatch(items))
+            tx.after_commit(Dispatch(self.dispatcher, items, self.tables.executions))
 
     def _new_rows(
         self, spec: JobSpec, payloads: Sequence[Any], now: datetime,

@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Table, and_, insert, or_, select, text
+from sqlalchemy import Table, and_, bindparam, insert, or_, select, text
 
 from celery_outbox.queries.base import Query, Row, execute, first, named, rows
 from celery_outbox.queries.clauses import active, upsert
@@ -118,3 +118,15 @@ def key_holder(t: Table, job_name: str, key: str) -> Query[UUID | None]:
     """Answers the id of the active row of ``job_name`` holding ``key``, or None."""
     stmt = select(t.c.id).where(active(t), t.c.job_name == job_name, t.c.unique_key == key)
     return first("key_holder", stmt, _id)
+
+
+@named("push: the ids of the given ones that have a row (a Django join's pushes, read after "
+       "its commit)")
+def existing_ids(t: Table, ids: Sequence[UUID]) -> Query[list[UUID]]:
+    """Answers the ids among ``ids`` (at most a few thousand) that have a row."""
+    return rows("existing_ids", _existing_ids_statement(t), _id, {"ids": list(ids)})
+
+
+@cache
+def _existing_ids_statement(t: Table) -> Any:
+    return select(t.c.id).where(t.c.id.in_(bindparam("ids", expanding=True)))

@@ -3,6 +3,8 @@
 - ``OUTBOX_DJANGO_SQLITE``: the SQLite file of the alias ``default``;
 - ``OUTBOX_DJANGO_PG``: a PostgreSQL URL (``postgresql+psycopg://user@host:port/name``) for
   the alias ``pg`` (absent: no such alias);
+- ``OUTBOX_DJANGO_PG_HOST``: the ``HOST`` of ``pg`` instead of the URL's (a Unix socket's
+  directory: ``/var/run/postgresql``);
 - ``OUTBOX_DJANGO_ALIAS``: the alias the outbox writes through (``CELERY_OUTBOX["database"]``);
 - ``OUTBOX_DJANGO_TABLE``: the outbox's table name.
 """
@@ -42,7 +44,7 @@ if os.environ.get("OUTBOX_DJANGO_PG"):
         "NAME": _pg.path.lstrip("/"),
         "USER": _pg.username or "",
         "PASSWORD": _pg.password or "",
-        "HOST": _pg.hostname or "",
+        "HOST": os.environ.get("OUTBOX_DJANGO_PG_HOST") or _pg.hostname or "",
         "PORT": str(_pg.port or ""),
     }
     DATABASES["pg_again"] = {**DATABASES["pg"]}

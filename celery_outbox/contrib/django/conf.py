@@ -10,10 +10,11 @@ the one derived from ``DATABASES[database]``; every other key is an
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from sqlalchemy import URL
+from sqlalchemy import URL, make_url
 
 from celery_outbox.errors import ConfigurationError
 
@@ -37,8 +38,7 @@ def outbox_settings() -> dict[str, Any]:
 
 
 def database_url(alias: str = DEFAULT_ALIAS) -> str:
-    """The SQLAlchemy URL of ``DATABASES[alias]``: ``postgresql+psycopg://...`` (host, port,
-    user, password, name, and the libpq parameters of ``OPTIONS``) or ``sqlite:///<path>``.
+    """The SQLAlchemy URL of ``DATABASES[alias]`` (see :func:`url_of`).
 
     Raises :class:`ConfigurationError` for an unknown alias, another engine, or an in-memory
     SQLite database (a worker process cannot share it).
@@ -49,7 +49,22 @@ def database_url(alias: str = DEFAULT_ALIAS) -> str:
             f"settings.{SETTING}['database'] is {alias!r}, not an alias of settings.DATABASES "
             f"({', '.join(sorted(databases))})"
         )
-    db = databases[alias]
+    return url_of(databases[alias], alias)
+
+
+def url_of(db: Mapping[str, Any], alias: str = DEFAULT_ALIAS) -> str:
+    """The SQLAlchemy URL of one ``DATABASES`` entry ``db``, reaching the database Django's
+    connection reaches: ``sqlite:///<absolute path>``, or ``postgresql+psycopg://...`` with
+    the user, password, host, port, name and the libpq parameters of ``OPTIONS`` (``sslmode``,
+    ``service``, ...; Django's own options left out), each quoted as a URL needs.
+
+    ``HOST`` as libpq reads it: empty for libpq's default (its Unix socket), a path (a Unix
+    socket's directory, ``/var/run/postgresql``) or a comma-separated list given as the
+    ``host`` parameter (``?host=%2Fvar%2Frun%2Fpostgresql``, with ``port`` beside it), since
+    a URL's host part holds neither.
+
+    Raises :class:`ConfigurationError` for another engine or an in-memory SQLite database.
+    """
     engine = str(db.get("ENGINE", ""))
     name = str(db.get("NAME") or "")
     if engine.endswith(".sqlite3"):
@@ -60,19 +75,39 @@ def database_url(alias: str = DEFAULT_ALIAS) -> str:
             )
         return f"sqlite:///{os.path.abspath(name)}"
     if engine.endswith(".postgresql"):
-        query = {key: str(value) for key, value in (db.get("OPTIONS") or {}).items()
-                 if key not in _DJANGO_ONLY_OPTIONS and isinstance(value, (str, int))}
-        port = db.get("PORT")
-        return URL.create(
-            "postgresql+psycopg",
-            username=db.get("USER") or None,
-            password=db.get("PASSWORD") or None,
-            host=db.get("HOST") or None,
-            port=int(port) if port else None,
-            database=name or None,
-            query=query,
-        ).render_as_string(hide_password=False)
+        return _postgresql_url(db, name, alias)
     raise ConfigurationError(
         f"DATABASES[{alias!r}] uses {engine!r}; celery_outbox runs on "
         "django.db.backends.postgresql or django.db.backends.sqlite3"
     )
+
+
+def _postgresql_url(db: Mapping[str, Any], name: str, alias: str) -> str:
+    query = {key: str(value) for key, value in (db.get("OPTIONS") or {}).items()
+             if key not in _DJANGO_ONLY_OPTIONS and isinstance(value, (str, int))}
+    host = str(db.get("HOST") or "") or None
+    port = str(db.get("PORT") or "") or None
+    if port is not None and not port.isdigit():
+        raise ConfigurationError(f"DATABASES[{alias!r}]['PORT'] must be a port number, "
+                                 f"got {port!r}")
+    if host is not None and (host.startswith(("/", "@")) or "," in host):
+        # libpq's host parameter: a socket directory (or abstract socket), or several hosts
+        query["host"] = host
+        if port is not None:
+            query["port"] = ",".join([port] * len(host.split(",")))
+        host = port = None
+    url = URL.create(
+        "postgresql+psycopg",
+        username=str(db.get("USER") or "") or None,
+        password=str(db.get("PASSWORD") or "") or None,
+        host=host,
+        port=int(port) if port is not None else None,
+        database=name or None,
+        query=query,
+    )
+    rendered = url.render_as_string(hide_password=False)
+    if name and make_url(rendered).database != name:
+        # SQLAlchemy < 2.1 renders the name unquoted: a "?" or "#" in it would not parse back
+        rendered = url.set(database=None, query={**query, "dbname": name}).render_as_string(
+            hide_password=False)
+    return rendered

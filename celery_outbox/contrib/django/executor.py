@@ -8,9 +8,12 @@ so the rows written and read are the ones the SQLAlchemy executor writes and rea
 SQLAlchemy engine or pool ever touches Django's connection (a pool rolls a connection back on
 first use and on check-in, which would end the caller's transaction).
 
-After-commit callbacks go to ``transaction.on_commit(..., using=alias)``: Django runs them
-after the outermost commit, drops them on rollback and drops those of a rolled-back savepoint
-(a nested ``atomic()``); outside any atomic block Django autocommits and runs them at once.
+A push's dispatch (:class:`~celery_outbox.dispatch.Dispatch`) goes to the transaction's one
+entry of the outbox among Django's ``on_commit`` callbacks
+(:mod:`~celery_outbox.contrib.django.on_commit`): after the outermost commit it dispatches
+exactly the rows that committed, whatever savepoints (``atomic()`` or raw) were rolled back
+and whatever the user's own callbacks raise. Any other after-commit callback goes to
+``transaction.on_commit(..., using=alias)``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from sqlalchemy import JSON, Dialect
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from celery_outbox.contrib.django.on_commit import dispatches_of
+from celery_outbox.dispatch import Dispatch
 from celery_outbox.errors import ConfigurationError, KeyBusy, StorageError
 from celery_outbox.queries import Query, Shape
 
@@ -64,10 +69,15 @@ def _driver(alias: str) -> str:
 
 class DjangoTransaction:
     """The transaction Django's connection ``alias`` is in (a caller's ``atomic()`` block,
-    or the one :func:`joined` opened), as a :class:`~celery_outbox.executors.Transaction`."""
+    or the one :func:`joined` opened), as a :class:`~celery_outbox.executors.Transaction`.
 
-    def __init__(self, alias: str = "default") -> None:
+    ``read_back``: a push's dispatch reads back after the commit which of its rows
+    committed (the transaction is a caller's, whose savepoints may have dropped them);
+    False for a transaction :func:`joined` opened itself."""
+
+    def __init__(self, alias: str = "default", read_back: bool = True) -> None:
         self.alias = alias
+        self.read_back = read_back
         connection = connections[alias]
         self.dialect = dialect_for(connection.vendor, _driver(alias))
 
@@ -87,8 +97,14 @@ class DjangoTransaction:
         return query.mapper(raw)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
-        """``callback()`` after the outermost commit (``transaction.on_commit``); an error it
-        raises is logged, never raised into the committing caller."""
+        """``callback()`` after the outermost commit; an error it raises is logged, never
+        raised into the committing caller. A push's :class:`~celery_outbox.dispatch.Dispatch`
+        joins the transaction's :class:`~celery_outbox.contrib.django.on_commit.Dispatches`
+        (run first, for the rows committed only); any other callback goes to
+        ``transaction.on_commit``."""
+        if isinstance(callback, Dispatch):
+            dispatches_of(connections[self.alias], callback.table, self.read_back).add(callback)
+            return
         transaction.on_commit(_logged(callback), using=self.alias)
 
     def _execute(self, cursor: Any, query: Query[Any]) -> Any:
@@ -221,11 +237,22 @@ def joined(alias: str = "default") -> Iterator[DjangoTransaction]:
     commits whole either way. A block that raises marks the caller's transaction for
     rollback, as a failed statement of its own would; except :class:`KeyBusy`, raised once
     the keyed insert was rolled back to a savepoint of its own: the caller's transaction is
-    intact and stays usable."""
+    intact and stays usable.
+
+    Raises :class:`ConfigurationError` under manual transaction management
+    (``transaction.set_autocommit(False)`` outside ``atomic()``), where Django runs no
+    ``on_commit`` callback, before anything is written."""
+    connection = connections[alias]
+    caller = connection.in_atomic_block
+    if not caller and not connection.get_autocommit():
+        raise ConfigurationError(
+            f"push: Django's connection {alias!r} is under manual transaction management "
+            "(transaction.set_autocommit(False)), where Django runs no on_commit callback: "
+            "push inside transaction.atomic(), or with autocommit on")
     busy: KeyBusy | None = None
     with transaction.atomic(using=alias, savepoint=False):
         try:
-            yield DjangoTransaction(alias)
+            yield DjangoTransaction(alias, read_back=caller)
         except KeyBusy as exc:
             busy = exc  # raised below, outside the block: it must not doom the transaction
     if busy is not None:

@@ -1,0 +1,105 @@
+"""The dispatch of pushes made in a Django transaction: exactly the rows that committed.
+
+Django's ``transaction.on_commit`` drops a callback when the ``atomic()`` savepoint it was
+added in rolls back, but knows nothing of a raw ``transaction.savepoint()`` (a push made
+after one that is then rolled back to would still be dispatched), and stops running its
+callbacks at the first one that raises (a user's callback added before the push would drop
+the dispatch). So the pushes of one transaction share one entry, :class:`Dispatches`, that
+
+- goes first in the connection's callbacks (``connection.run_on_commit``, whose entries are
+  ``(savepoint ids, callback, robust)`` on every Django the package supports), tagged with no
+  savepoint: no savepoint's rollback drops it, a rollback of the whole transaction does (in
+  a ``TestCase``'s transaction, which never commits, it goes last, where
+  ``captureOnCommitCallbacks()`` looks for it);
+- after the commit, reads which of its ids have a row (named query ``existing_ids``, on
+  Django's connection, by then in autocommit) and dispatches those only, each push's to its
+  own dispatcher; it never raises into the committing caller.
+
+A transaction the push opened itself (no ``atomic()`` block around it) holds no savepoint of
+the caller's: its entry dispatches without reading the rows back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import Table
+
+from celery_outbox.dispatch import Dispatch
+from celery_outbox.queries.push import existing_ids
+
+log = logging.getLogger("celery_outbox.executors")
+
+READ_BACK_CHUNK = 5_000
+"""Ids per read of the committed rows (one bound parameter each)."""
+
+
+class Dispatches:
+    """The outbox's one ``on_commit`` entry in one Django transaction on ``alias``: the
+    dispatches of the pushes made in it into ``table`` (an outbox's executions table; the
+    pushes of outboxes sharing it share the entry, each dispatched to its own dispatcher)."""
+
+    def __init__(self, alias: str, table: Table, read_back: bool) -> None:
+        self.alias = alias
+        self.table = table
+        self.read_back = read_back
+        self.dispatches: list[Dispatch] = []
+        self.ran = False
+
+    def add(self, dispatch: Dispatch) -> None:
+        self.dispatches.append(dispatch)
+
+    def __call__(self) -> None:
+        self.ran = True
+        try:
+            present = self._committed()
+        except Exception:  # after commit the rows are safe; never fail the caller here
+            log.exception("celery_outbox: reading back the rows of a Django transaction after "
+                          "its commit failed; the sweep dispatches them")
+            return
+        for dispatch in self.dispatches:
+            items = [i for i in dispatch.items if present is None or i.execution_id in present]
+            if not items:
+                continue
+            try:
+                dispatch.dispatcher.dispatch(items)
+            except Exception:
+                log.exception("celery_outbox: a dispatch after commit failed (the sweep sends "
+                              "it again)")
+
+    def _committed(self) -> set[UUID] | None:
+        """The ids among the dispatches' that have a row; None: all of them (nothing to
+        read back)."""
+        if not self.read_back:
+            return None
+        from celery_outbox.contrib.django.executor import DjangoTransaction
+
+        ids = [i.execution_id for d in self.dispatches for i in d.items]
+        tx = DjangoTransaction(self.alias)
+        found: set[UUID] = set()
+        for start in range(0, len(ids), READ_BACK_CHUNK):
+            query = existing_ids(self.table, ids[start:start + READ_BACK_CHUNK])
+            rows: list[UUID] = tx.run(query)
+            found.update(rows)
+        return found
+
+
+def dispatches_of(connection: Any, table: Table, read_back: bool) -> Dispatches:
+    """The :class:`Dispatches` entry of ``connection``'s transaction for ``table``: the one
+    its callbacks hold (not run yet), else a new one put first among them; last, in the
+    transaction of a Django ``TestCase``, which never commits: its
+    ``captureOnCommitCallbacks()`` takes the callbacks added after its start by their
+    position."""
+    for entry in connection.run_on_commit:
+        found = entry[1]
+        if isinstance(found, Dispatches) and found.table is table and not found.ran:
+            found.read_back = found.read_back or read_back
+            return found
+    created = Dispatches(connection.alias, table, read_back)
+    blocks = connection.atomic_blocks
+    in_testcase = bool(blocks) and bool(getattr(blocks[0], "_from_testcase", False))
+    connection.run_on_commit.insert(len(connection.run_on_commit) if in_testcase else 0,
+                                    (set(), created, True))
+    return created

@@ -1,0 +1,426 @@
+"""Pushes through Django's connection (``celery_outbox.contrib.django``), run by
+tests/integration/test_django_joins.py in a process of its own (Django is configured once per
+process): the alias ``default`` is a SQLite file, ``pg`` a fresh PostgreSQL database reached
+through its Unix socket (``HOST`` the socket's directory, Django's documented form) when the
+server has one here, else through TCP.
+
+- the workers' URL derived from ``DATABASES`` reaches the database Django's connection
+  reaches, socket ``HOST`` included (a push through Django, then a claim on the worker's
+  engine);
+- exact dispatch: for every way a Django transaction ends (``atomic()`` nested or not, raw
+  ``savepoint()`` / ``savepoint_rollback()`` / ``savepoint_commit()``, ``set_rollback()``,
+  a user's ``on_commit`` callback that raises), the ids dispatched are the rows committed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from tests.conftest import CI, PG_ADDRESS, port_open, require
+from tests.e2e.test_django import fresh_pg_database
+from tests.integration.fakes import RecordingDispatcher
+
+TABLE = "dj_joins"
+SOCKET_DIR = os.environ.get("OUTBOX_TEST_PG_SOCKET", "/var/run/postgresql")
+SOCKET = f"{SOCKET_DIR}/.s.PGSQL.{PG_ADDRESS[1]}"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    from django.conf import settings
+    if settings.configured:
+        pytest.fail("Django was configured before this module: it must configure it itself")
+    with ExitStack() as stack:
+        env = {"DJANGO_SETTINGS_MODULE": "tests.djangoproj.settings",
+               "OUTBOX_DJANGO_SQLITE": str(tmp_path_factory.mktemp("django") / "shop.sqlite3"),
+               "OUTBOX_DJANGO_TABLE": TABLE}
+        if port_open(*PG_ADDRESS):
+            env["OUTBOX_DJANGO_PG"] = stack.enter_context(fresh_pg_database("django_joins"))
+            if os.path.exists(SOCKET):
+                env["OUTBOX_DJANGO_PG_HOST"] = SOCKET_DIR
+        patch = stack.enter_context(pytest.MonkeyPatch.context())
+        for key, value in env.items():
+            patch.setenv(key, value)
+        from django.core.management import call_command
+        from django.db import connections
+
+        import tests.djangoproj.project  # noqa: F401  # django.setup()
+        for alias in ("default", "pg"):
+            if alias in connections:
+                call_command("migrate", database=alias, verbosity=0, interactive=False)
+        try:
+            yield env
+        finally:
+            connections.close_all()
+
+
+@pytest.fixture(params=["default", "pg"])
+def alias(request: pytest.FixtureRequest, project: dict[str, str]) -> str:
+    if request.param == "pg":
+        require("PostgreSQL", *PG_ADDRESS)
+    return str(request.param)
+
+
+def outbox_on(alias: str) -> tuple[Any, RecordingDispatcher]:
+    """An outbox of the project on ``alias`` (its engine on the URL derived from
+    ``DATABASES[alias]``), dispatching to a recorder."""
+    from celery import Celery
+
+    from celery_outbox.contrib.django import install
+    from tests.djangoproj.shop.jobs import REGISTRY
+    rec = RecordingDispatcher()
+    app = Celery(f"dj-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    return install(app, registry=REGISTRY, dispatcher=rec, database=alias), rec
+
+
+@pytest.fixture
+def outbox(alias: str) -> Iterator[tuple[Any, RecordingDispatcher]]:
+    ob, rec = outbox_on(alias)
+    try:
+        yield ob, rec
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
+
+
+def committed(ob: Any) -> set[uuid.UUID]:
+    """The ids of every row of the outbox, read on the worker's engine."""
+    with ob.engine.connect() as conn:
+        return {uuid.UUID(str(r[0])) for r in conn.execute(text(f"SELECT id FROM {TABLE}"))}
+
+
+def test_a_socket_host_reaches_the_database_django_reaches(project: dict[str, str]) -> None:
+    """``HOST: "/var/run/postgresql"``: the push writes through Django's connection, a
+    worker's engine on the derived URL claims the row (before: its database name was
+    ``var/run/postgresql:5432/<name>`` and every claim failed)."""
+    require("PostgreSQL", *PG_ADDRESS)
+    if "OUTBOX_DJANGO_PG_HOST" not in project:
+        message = f"PostgreSQL has no Unix socket at {SOCKET}"
+        if CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    from django.db import connections, transaction
+
+    from celery_outbox.contrib.django import database_url
+    from tests.djangoproj.shop.jobs import send_receipt
+    assert connections["pg"].settings_dict["HOST"] == SOCKET_DIR
+    url = database_url("pg")
+    ob, rec = outbox_on("pg")
+    try:
+        assert ob.engine.url.database == connections["pg"].settings_dict["NAME"], url
+        assert ob.engine.url.query["host"] == SOCKET_DIR
+        with transaction.atomic(using="pg"):
+            pushed = send_receipt.push({"order_id": 1})
+        assert rec.ids == [pushed]
+        claimed = ob.store.claim([pushed], send_receipt.spec.name, f"w-{uuid.uuid4().hex}",
+                                 None, timedelta(minutes=1))
+        assert [c.id for c in claimed] == [pushed]
+        with ob.engine.connect() as conn:
+            server_socket = conn.execute(text("SELECT inet_server_addr() IS NULL")).scalar_one()
+        assert server_socket  # the engine is on the socket, not on TCP
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
+
+
+class Boom(Exception):
+    pass
+
+
+def exact(ob: Any, rec: RecordingDispatcher, before: set[uuid.UUID]) -> set[uuid.UUID]:
+    """Assert the ids dispatched since ``before`` are exactly the rows committed since, each
+    once; answers them."""
+    new = committed(ob) - before
+    assert sorted(map(str, rec.ids)) == sorted(map(str, new)), (rec.ids, new)
+    return new
+
+
+def test_a_push_rolled_back_to_a_raw_savepoint_is_not_dispatched(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``transaction.savepoint()`` / ``savepoint_rollback(sid)`` (not ``atomic()``): Django
+    tags no ``on_commit`` callback with a raw savepoint, so it ran the rolled-back push's
+    dispatch at commit."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        kept = send_receipt.push({"order_id": 1})
+        sid = transaction.savepoint(using=alias)
+        dropped = send_receipt.push({"order_id": 2})
+        dropped_many = send_receipt.push_many([{"order_id": 3}, {"order_id": 4}])
+        transaction.savepoint_rollback(sid, using=alias)
+        after = send_receipt.push({"order_id": 5})
+    assert exact(ob, rec, before) == {kept, after}
+    assert dropped not in rec.ids and not set(dropped_many) & set(rec.ids)
+
+
+def test_raw_savepoints_released_nested_and_under_atomic(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``savepoint_commit`` keeps its pushes; a raw savepoint rolled back with an
+    ``atomic()`` block (and its pushes) inside it drops them all; a raw savepoint opened in
+    a nested ``atomic()`` that commits, then rolled back from the outer block."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        sid = transaction.savepoint(using=alias)
+        released = send_receipt.push({"order_id": 1})
+        transaction.savepoint_commit(sid, using=alias)
+        outer = transaction.savepoint(using=alias)
+        with transaction.atomic(using=alias):
+            send_receipt.push({"order_id": 2})
+            inner = transaction.savepoint(using=alias)
+            send_receipt.push({"order_id": 3})
+            transaction.savepoint_rollback(inner, using=alias)
+            send_receipt.push({"order_id": 4})
+        transaction.savepoint_rollback(outer, using=alias)
+        last = send_receipt.push({"order_id": 5})
+    assert exact(ob, rec, before) == {released, last}
+
+
+def test_set_rollback_and_nested_atomic_rollbacks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        kept = send_receipt.push({"order_id": 1})
+        with transaction.atomic(using=alias):
+            send_receipt.push({"order_id": 2})
+            transaction.set_rollback(True, using=alias)
+        try:
+            with transaction.atomic(using=alias):
+                send_receipt.push({"order_id": 3})
+                with transaction.atomic(using=alias, savepoint=False):
+                    send_receipt.push({"order_id": 4})
+                raise Boom
+        except Boom:
+            pass
+    with transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 5})
+        transaction.set_rollback(True, using=alias)
+    with pytest.raises(Boom), transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 6})
+        raise Boom
+    assert exact(ob, rec, before) == {kept}
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_a_users_on_commit_callback_that_raises_does_not_drop_the_dispatch(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], robust: bool,
+) -> None:
+    """A callback of the user's, registered before the push, raises at commit: Django stops
+    running the callbacks after it (``robust=False``: the error reaches the caller) or logs
+    it; the pushes committed are dispatched either way."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    ran: list[str] = []
+
+    def boom() -> None:
+        ran.append("boom")
+        raise Boom
+
+    ctx: Any = pytest.raises(Boom) if not robust else ExitStack()
+    with ctx, transaction.atomic(using=alias):
+        transaction.on_commit(boom, using=alias, robust=robust)
+        first = send_receipt.push({"order_id": 1})
+        transaction.on_commit(lambda: ran.append("after"), using=alias)
+        second = send_receipt.push({"order_id": 2})
+    assert ran == (["boom", "after"] if robust else ["boom"])
+    assert exact(ob, rec, before) == {first, second}
+
+
+def test_each_outermost_end_dispatches_its_own_pushes_once(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """Two transactions in a row, a push outside any block between them: each dispatch once,
+    after its own commit."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        a = send_receipt.push({"order_id": 1})
+    assert rec.ids == [a]
+    alone = send_receipt.push({"order_id": 2})
+    assert rec.ids == [a, alone]
+    with transaction.atomic(using=alias):
+        b = send_receipt.push({"order_id": 3})
+        assert rec.ids == [a, alone]
+    assert exact(ob, rec, before) == {a, alone, b}
+
+
+def test_manual_transaction_management_is_refused(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``set_autocommit(False)``: Django runs no ``on_commit`` callback there (and drops
+    every one at a later rollback), so the push refuses it before writing anything."""
+    from django.db import transaction
+
+    from celery_outbox.errors import ConfigurationError
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    transaction.set_autocommit(False, using=alias)
+    try:
+        with pytest.raises(ConfigurationError, match="set_autocommit"):
+            send_receipt.push({"order_id": 1})
+    finally:
+        transaction.rollback(using=alias)
+        transaction.set_autocommit(True, using=alias)
+    assert committed(ob) == before and rec.ids == []
+
+
+def test_django_testcase_capture_of_on_commit_callbacks_runs_the_dispatch(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``TestCase.captureOnCommitCallbacks(execute=True)`` (a test's transaction that never
+    commits): it runs the outbox's entry, which reads the rows in that transaction."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    with transaction.atomic(using=alias):
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as callbacks:
+            pushed = send_receipt.push({"order_id": 1})
+            sid = transaction.savepoint(using=alias)
+            send_receipt.push({"order_id": 2})
+            transaction.savepoint_rollback(sid, using=alias)
+        assert len(callbacks) == 1 and rec.ids == [pushed]
+        later = send_receipt.push({"order_id": 3})  # after the capture: an entry of its own
+        transaction.set_rollback(True, using=alias)
+    assert rec.ids == [pushed] and later not in committed(ob)
+
+
+def test_a_failed_read_back_dispatches_nothing_and_never_raises(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The rows cannot be read back after the commit (here: the table renamed in the
+    transaction): nothing is dispatched (the sweep sends what committed), the error is
+    logged, the caller's block ends normally."""
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    try:
+        with transaction.atomic(using=alias):
+            pushed = send_receipt.push({"order_id": 1})
+            with connections[alias].cursor() as cur:
+                cur.execute(f"ALTER TABLE {TABLE} RENAME TO {TABLE}_away")
+    finally:
+        with connections[alias].cursor() as cur:
+            cur.execute(f"ALTER TABLE {TABLE}_away RENAME TO {TABLE}")
+    assert rec.ids == [] and pushed in committed(ob)
+    assert "reading back the rows" in caplog.text
+
+
+def test_many_rows_are_read_back_in_chunks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    from django.db import transaction
+
+    from celery_outbox.contrib.django.on_commit import READ_BACK_CHUNK
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        ids = send_receipt.push_many([{"order_id": i} for i in range(READ_BACK_CHUNK + 7)])
+        sid = transaction.savepoint(using=alias)
+        send_receipt.push({"order_id": -1})
+        transaction.savepoint_rollback(sid, using=alias)
+    assert exact(ob, rec, before) == set(ids)
+
+
+def test_in_a_testcase_transaction_the_capture_finds_the_dispatch_after_older_callbacks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """A ``TestCase``'s transaction (its outer block marked ``_from_testcase``, as Django's
+    TestCase marks it) with a callback registered before ``captureOnCommitCallbacks()``:
+    the capture runs the dispatch, not the older callback."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    _, rec = outbox
+    older: list[str] = []
+    outer = transaction.atomic(using=alias)
+    outer._from_testcase = True
+    with outer:
+        transaction.on_commit(lambda: older.append("ran"), using=alias)
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as callbacks:
+            pushed = send_receipt.push({"order_id": 1})
+        assert len(callbacks) == 1 and rec.ids == [pushed] and older == []
+        transaction.set_rollback(True, using=alias)
+    assert rec.ids == [pushed] and older == []
+
+
+def test_a_commit_that_fails_dispatches_nothing(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """The outermost COMMIT itself fails (a deferred unique constraint, PostgreSQL): Django
+    rolls back and raises; nothing committed, nothing dispatched."""
+    if alias != "pg":
+        pytest.skip("deferred constraints: PostgreSQL")
+    from django.db import IntegrityError, connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with connections[alias].cursor() as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS dj_deferred "
+                    "(v int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+    with pytest.raises(IntegrityError), transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 1})
+        with connections[alias].cursor() as cur:
+            cur.execute("INSERT INTO dj_deferred VALUES (1), (1)")
+    assert committed(ob) == before and rec.ids == []
+
+
+def test_a_commit_of_an_aborted_transaction_dispatches_nothing(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """PostgreSQL: a statement fails, the caller swallows it and un-dooms the block
+    (``set_rollback(False)``); the COMMIT of the aborted transaction rolls back without an
+    error, and Django runs the ``on_commit`` callbacks as if it had committed. The pushes
+    made before are not dispatched (before: their ids were, with no rows)."""
+    if alias != "pg":
+        pytest.skip("an aborted transaction: PostgreSQL")
+    from django.db import DatabaseError, connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    ran: list[str] = []
+    with transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 1})
+        transaction.on_commit(lambda: ran.append("user"), using=alias)
+        try:
+            with connections[alias].cursor() as cur:
+                cur.execute("SELECT 1 / 0")
+        except DatabaseError:
+            transaction.set_rollback(False, using=alias)
+    assert committed(ob) == before
+    assert rec.ids == [], "dispatched ids whose rows the aborted transaction never committed"
+    assert ran == ["user"]  # Django believed it committed

@@ -1,0 +1,21 @@
+"""Pushes through Django's connection (tests/integration/django_joins_cases.py: a Unix-socket
+``HOST``, exact dispatch for every way a Django transaction ends) in a pytest process of its
+own: Django is configured once per process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_django_joins_pass_in_a_process_of_their_own() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         str(ROOT / "tests" / "integration" / "django_joins_cases.py")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
