@@ -1,0 +1,55 @@
+"""The matrix's cases, one test each (found at collection by :func:`discover`), and its
+figures at the end of the run: pairs (path, named query), scenarios, passes, known failures."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.matrix.cases import discover
+from tests.matrix.faults import FAULTS
+from tests.matrix.known import KNOWN_FAILING
+
+_OUTCOMES: Counter[str] = Counter()
+_PAIRS: set[tuple[str, str]] = set()
+_TEST = "test_matrix.py::test_fault["
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" not in metafunc.fixturenames:
+        return
+    params = []
+    for case in discover().cases():
+        reason = KNOWN_FAILING.get(case.id)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        params.append(pytest.param(case, id=case.id, marks=marks))
+    metafunc.parametrize("case", params)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _TEST not in report.nodeid:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        case = report.nodeid.split(_TEST, 1)[1].rstrip("]")
+        path, query = case.split("-")[:2]
+        _PAIRS.add((path, query))
+        xfail = hasattr(report, "wasxfail")
+        kind = ("known failure" if xfail and report.outcome == "skipped" else
+                "XPASS(strict): fixed, remove from KNOWN_FAILING" if xfail else
+                report.outcome)
+        _OUTCOMES[kind] += 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _OUTCOMES:
+        return
+    scenarios = sum(_OUTCOMES.values())
+    paths = {p for p, _ in _PAIRS}
+    queries = {q for _, q in _PAIRS}
+    terminalreporter.section("fault matrix")
+    terminalreporter.write_line(
+        f"{len(_PAIRS)} (path, query) pairs over {len(paths)} paths and {len(queries)} named "
+        f"queries; {scenarios} scenarios (each occurrence x {len(FAULTS)} faults)")
+    terminalreporter.write_line(", ".join(f"{n} {k}" for k, n in sorted(_OUTCOMES.items())))
+    terminalreporter.write_line(f"KNOWN_FAILING lists {len(KNOWN_FAILING)} cases")

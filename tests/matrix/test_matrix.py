@@ -1,0 +1,62 @@
+"""The fault matrix: every (path, named query, occurrence) a clean run shows, times every
+fault (:mod:`tests.matrix.faults`), each a scenario checked against the invariants of
+:class:`tests.matrix.world.World`. Cases in :data:`tests.matrix.known.KNOWN_FAILING` are
+strict xfails. ``pytest tests/matrix`` runs only the matrix; the summary at the end of the
+run gives its figures.
+"""
+
+from __future__ import annotations
+
+from celery_outbox.queries import QUERIES
+from tests.matrix.cases import Case, discover, run_case
+from tests.matrix.paths import PATHS
+
+NOT_REACHED: dict[str, str] = {
+    "database_now": "the matrix's clock stands in for the database's (store.db_clock)",
+    "start_unflushed": "PostgreSQL only (the worker's start on SQLite is start_fenced)",
+    "finish_and_start": "PostgreSQL only (on SQLite: finish_fenced and start_fenced in one "
+                        "transaction)",
+    "key_savepoint": "PostgreSQL only (a keyed push's savepoint)",
+    "key_release": "PostgreSQL only (a keyed push's savepoint)",
+    "key_rollback": "PostgreSQL only (a keyed push's savepoint)",
+    "key_holders": "a keyed push whose key is taken (no path pushes a taken key)",
+    "retried_by": "an admin retry of an execution already retried",
+    "key_holder": "an admin retry whose key another active execution holds",
+    "trim_measure": "a trim of more rows than its probes settle",
+    "trim_count_kept": "a trim of more rows than its probes settle",
+    "advance_tick": "cron (not a path of the matrix yet)",
+    "last_tick": "cron (not a path of the matrix yet)",
+    "job_stats": "the admin's list of jobs: one read, no path",
+    "capped_counts": "the dashboard's reads (no path)",
+    "oldest_pending": "the dashboard's reads (no path)",
+    "last_finished": "the dashboard's reads (no path)",
+    "outcomes_since": "the dashboard's reads (no path)",
+    "page": "the dashboard's reads (no path)",
+    "count_matching": "the dashboard's reads (no path)",
+    "get_visible": "the dashboard's reads (no path)",
+    "recent_failures": "the dashboard's reads (no path)",
+    "matching_ids": "the dashboard's reads (no path)",
+    "status_of": "a read no path's step runs",
+}
+"""Named queries no path's clean step runs, and why. A query registered later that no path
+reaches fails :func:`test_every_query_is_reached` until a path runs it or it is listed."""
+
+
+def test_every_path_is_sound_without_a_fault() -> None:
+    found = discover()
+    assert {p: v for p, v in found.clean.items() if v} == {}
+    assert set(found.counts) == set(PATHS)
+
+
+def test_every_query_is_reached() -> None:
+    reached = {q for counts in discover().counts.values() for q in counts}
+    assert set(QUERIES) - reached - set(NOT_REACHED) == set(), (
+        "named queries no path of the matrix runs: add a path (tests/matrix/paths.py) or "
+        "list them in NOT_REACHED with the reason")
+    assert set(NOT_REACHED) & reached == set(), "NOT_REACHED lists queries a path now runs"
+    assert set(NOT_REACHED) <= set(QUERIES), "NOT_REACHED lists queries no longer registered"
+
+
+def test_fault(case: Case) -> None:
+    violations, _ = run_case(case)
+    assert violations == [], "\n".join(violations)
