@@ -3,17 +3,54 @@ figures at the end of the run: pairs (path, named query), scenarios, passes, kno
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections import Counter
 
 import pytest
 
+from tests.conftest import PG_ADDRESS, PG_ADMIN_URL, port_open
 from tests.matrix.cases import discover
 from tests.matrix.faults import FAULTS
 from tests.matrix.known import KNOWN_FAILING
+from tests.matrix.world import DATABASES, dispose
 
+_CREATED: list[str] = []
 _OUTCOMES: Counter[str] = Counter()
 _PAIRS: set[tuple[str, str]] = set()
 _TEST = "test_matrix.py::test_fault["
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A PostgreSQL database of the matrix's own, when a server answers (the subset of
+    paths on PostgreSQL is collected only then)."""
+    if not port_open(*PG_ADDRESS, timeout=0.5):
+        return
+    from sqlalchemy import create_engine, text
+
+    name = f"outbox_matrix_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        # Its scenarios commit often and need no durability across a crash of the server.
+        conn.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit = off'))
+    admin.dispose()
+    _CREATED.append(name)
+    DATABASES["postgresql"] = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    dispose()
+    if not _CREATED:
+        return
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        for name in _CREATED:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+    _CREATED.clear()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -28,6 +28,12 @@ What each fault does (:data:`FAULTS`), at the statement it hits:
 - ``pool``: the pool's ``sqlalchemy.exc.TimeoutError`` (no connection to send it on).
 - ``interface``: ``sqlalchemy.exc.InterfaceError`` (the connection already closed).
 
+On PostgreSQL the executor sends the worker's prepared queries and a one-row insert straight
+on the psycopg connection (``_on_driver``, ``_insert_on``): there the faults before sending
+are the driver's own errors (``psycopg.OperationalError``, ``psycopg.InterfaceError``) and
+the pool's ``TimeoutError`` from the checkout, raised where psycopg and the pool raise them;
+a hang on a pipeline (``run_all``) fails it whole, then applies it whole later.
+
 Several faults may be armed at once (a path that needs one to reach a statement, such as a
 hand-back, and the one the matrix enumerates). Counting and recording happen only while
 :attr:`FaultyExecutor.active`: a scenario's seed
@@ -36,11 +42,13 @@ and its run to quiescence are neither counted nor faulted.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from unittest import mock
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
@@ -125,9 +133,13 @@ class FaultyExecutor(SqlAlchemyExecutor):
             queries = self.deferred.pop(0)
             self._replaying = True
             try:
-                with super().transaction() as tx:
-                    for query in queries:
-                        tx.run(query)
+                with warnings.catch_warnings():
+                    # start_unflushed through SQLAlchemy (not the direct path) draws its
+                    # linter's "cartesian product" warning: its one-row CTE is meant so.
+                    warnings.simplefilter("ignore", sa_exc.SAWarning)
+                    with super().transaction() as tx:
+                        for query in queries:
+                            tx.run(query)
                 self.replayed += 1
             except StorageError:
                 pass  # the late statement failed on the server: it changed nothing
@@ -193,7 +205,7 @@ class FaultyExecutor(SqlAlchemyExecutor):
             self.fired = raised
             raise raised
 
-    # -- the statement ---------------------------------------------------------------------
+    # -- the statement: SQLAlchemy's path ----------------------------------------------------
 
     def _run(self, conn: Connection, query: Query[R]) -> R:
         if self._replaying or not self.active:
@@ -201,8 +213,7 @@ class FaultyExecutor(SqlAlchemyExecutor):
         unit = self._units[-1] if self._units else None
         self.counts[query.name] += 1
         self.trace.append(query.name)
-        fault = next((f for f in self.faults if f.query == query.name
-                      and f.occurrence == self.counts[query.name]), None)
+        fault = self._match(query)
         if fault is None:
             if unit is not None:
                 unit.queries.append(query)
@@ -243,3 +254,90 @@ class FaultyExecutor(SqlAlchemyExecutor):
             raise raised
         unit.after = kind
         return result
+
+    # -- the statement: psycopg's direct path ------------------------------------------------
+
+    def _on_driver(self, queries: Sequence[Query[Any]], *, pipelined: bool) -> list[Any]:
+        """Prepared queries straight on the pooled psycopg connection (one alone, or several
+        pipelined in one transaction: ``run_all``). A fault before sending is raised where
+        the driver or the pool would raise it, so it goes through the direct path's own
+        error handling."""
+        if self._replaying or not self.active:
+            return super()._on_driver(queries, pipelined=pipelined)
+        unit = self._units[-1] if self._units else None
+        fault = None
+        for query in queries:
+            self.counts[query.name] += 1
+            self.trace.append(query.name)
+            fault = fault or self._match(query)
+        if fault is None:
+            if unit is not None:
+                unit.queries.extend(queries)
+            return super()._on_driver(queries, pipelined=pipelined)
+        kind = fault.kind
+        self.fired = kind
+        if kind in ("error", "interface", "hang", "pool"):
+            if kind == "hang":
+                self.deferred.append(list(queries))  # the server applies them later
+            with self._driver_fails(kind):
+                return super()._on_driver(queries, pipelined=pipelined)
+        if unit is not None:
+            unit.queries.extend(queries)
+        results = super()._on_driver(queries, pipelined=pipelined)
+        if unit is None:  # not reached: the direct path runs only alone or run_all
+            raise AssertionError("the direct path ran outside a unit")
+        unit.after = kind
+        return results
+
+    def _insert_on(self, conn: Connection, table: Any, values: dict[str, Any]) -> None:
+        """The one-row insert straight on a caller's psycopg connection (its transaction)."""
+        if self._replaying or not self.active:
+            return super()._insert_on(conn, table, values)
+        name = "insert_rows"  # the one bulk query: what _Joined.run sends this way
+        self.counts[name] += 1
+        self.trace.append(name)
+        fault = next((f for f in self.faults
+                      if (f.query, f.occurrence) == (name, self.counts[name])), None)
+        if fault is None:
+            return super()._insert_on(conn, table, values)
+        kind = self.fired = fault.kind
+        if kind in ("error", "interface", "hang", "pool"):
+            with self._driver_fails("error" if kind == "hang" else kind):
+                return super()._insert_on(conn, table, values)
+        super()._insert_on(conn, table, values)
+        if kind == "lost":
+            raise StorageError(f"database error on {self.where()}: server closed the "
+                               "connection unexpectedly (injected)")
+        raised = INTERRUPTS[kind]()
+        self.fired = raised
+        raise raised
+
+    def _match(self, query: Query[Any]) -> Fault | None:
+        return next((f for f in self.faults if f.query == query.name
+                     and f.occurrence == self.counts[query.name]), None)
+
+    @contextmanager
+    def _driver_fails(self, kind: str) -> Iterator[None]:
+        """psycopg's connections fail their next statement as ``kind`` says (the pool's
+        checkout, for ``pool``), for the block."""
+        import psycopg
+
+        if kind == "pool":
+            def checkout() -> Any:
+                raise sa_exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached, "
+                                          "connection timed out, timeout 10.00 (injected)")
+
+            with mock.patch.object(self.engine, "raw_connection", checkout):
+                yield
+            return
+        error: Exception = (
+            psycopg.InterfaceError("the connection is closed (injected)") if kind == "interface"
+            else psycopg.OperationalError("consuming input failed: timed out (injected)")
+            if kind == "hang" else
+            psycopg.OperationalError("server closed the connection unexpectedly (injected)"))
+
+        def execute(*_: Any, **__: Any) -> Any:
+            raise error
+
+        with mock.patch.object(psycopg.Connection, "execute", execute):
+            yield

@@ -2,8 +2,9 @@
 (or found by the matrix and reported): strict xfail, so a fix turns them into XPASS(strict)
 failures and its entries are removed with it.
 
-Keys are case ids, ``path-query-occurrence-fault`` (:attr:`tests.matrix.cases.Case.id`); one
-list per defect class, under its reason.
+Keys are case ids, ``path-query-occurrence-fault`` (:attr:`tests.matrix.cases.Case.id`;
+``pg_<path>``: on PostgreSQL, some only with ``OUTBOX_TEST_FAULTS=full``); one list per
+defect class, under its reason.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ BASE_EXCEPTION = (
     "leaves the message's never-begun rows running, held by nobody, until the rescuer takes "
     "them (a row marked started fails 'lease expired' with no handler run), and an outcome "
     "decided but not written is thrown away"
+)
+
+POOL_TIMEOUT = (
+    "the direct psycopg path's pool TimeoutError is not StorageError: the pool's checkout "
+    "raises outside the direct path's error mapping, so sqlalchemy.exc.TimeoutError reaches "
+    "the caller raw (a push, or Runner.run, which then hands nothing back)"
 )
 
 LOST_CLAIM = (
@@ -78,6 +85,63 @@ _BASE_EXCEPTION_CASES = [
     "hand_back-claim_rows-1-exit",
     "hand_back-finish_fenced-1-interrupt",
     "hand_back-finish_fenced-1-exit",
+    "pg_worker-claim_rows-1-interrupt",
+    "pg_worker-claim_rows-1-exit",
+    "pg_worker-finish_and_start-1-interrupt",
+    "pg_worker-finish_and_start-1-exit",
+    "pg_worker-finish_and_start-2-interrupt",
+    "pg_worker-finish_and_start-2-exit",
+    "pg_worker_window-claim_rows-1-interrupt",
+    "pg_worker_window-claim_rows-1-exit",
+    "pg_worker_window-start_unflushed-1-interrupt",
+    "pg_worker_window-start_unflushed-1-exit",
+    "pg_worker_window-start_unflushed-2-interrupt",
+    "pg_worker_window-start_unflushed-2-exit",
+    "pg_worker_one-claim_rows-1-interrupt",
+    "pg_worker_one-claim_rows-1-exit",
+    "pg_hand_back-claim_rows-1-interrupt",
+    "pg_hand_back-claim_rows-1-exit",
+    "pg_hand_back-finish_fenced-1-interrupt",
+    "pg_hand_back-finish_fenced-1-exit",
+    "pg_lease_watch-claim_rows-1-interrupt",
+    "pg_lease_watch-claim_rows-1-exit",
+    "pg_lease_watch-finish_fenced-1-interrupt",
+    "pg_lease_watch-finish_fenced-1-exit",
+    "pg_lease_watch-extend_leases-1-interrupt",
+    "pg_lease_watch-extend_leases-1-exit",
+    "pg_lease_watch-start_fenced-1-interrupt",
+    "pg_lease_watch-start_fenced-1-exit",
+    "pg_heartbeat-claim_rows-1-interrupt",
+    "pg_heartbeat-claim_rows-1-exit",
+    "pg_heartbeat-extend_leases-1-interrupt",
+    "pg_heartbeat-extend_leases-1-exit",
+    "pg_heartbeat-finish_and_start-1-interrupt",
+    "pg_heartbeat-finish_and_start-1-exit",
+]
+
+_POOL_TIMEOUT_CASES = [
+    "pg_worker-claim_rows-1-pool",
+    "pg_worker-finish_and_start-1-pool",
+    "pg_worker-finish_and_start-2-pool",
+    "pg_worker-finish_fenced-1-pool",
+    "pg_worker_window-claim_rows-1-pool",
+    "pg_worker_window-start_unflushed-1-pool",
+    "pg_worker_window-start_unflushed-2-pool",
+    "pg_worker_window-finish_fenced-1-pool",
+    "pg_worker_window-finish_fenced-2-pool",
+    "pg_worker_window-finish_fenced-3-pool",
+    "pg_push-insert_rows-1-pool",
+    "pg_worker_one-claim_rows-1-pool",
+    "pg_worker_one-finish_fenced-1-pool",
+    "pg_hand_back-claim_rows-1-pool",
+    "pg_hand_back-finish_fenced-1-pool",
+    "pg_lease_watch-claim_rows-1-pool",
+    "pg_lease_watch-finish_fenced-1-pool",
+    "pg_lease_watch-finish_fenced-2-pool",
+    "pg_lease_watch-start_fenced-1-pool",
+    "pg_heartbeat-claim_rows-1-pool",
+    "pg_heartbeat-finish_and_start-1-pool",
+    "pg_heartbeat-finish_fenced-1-pool",
 ]
 
 _LOST_CLAIM_CASES = [
@@ -95,6 +159,18 @@ _LOST_CLAIM_CASES = [
     "cancel_running-claim_rows-1-hang",
     "hand_back-claim_rows-1-lost",
     "hand_back-claim_rows-1-hang",
+    "pg_worker-claim_rows-1-lost",
+    "pg_worker-claim_rows-1-hang",
+    "pg_worker_window-claim_rows-1-lost",
+    "pg_worker_window-claim_rows-1-hang",
+    "pg_worker_one-claim_rows-1-lost",
+    "pg_worker_one-claim_rows-1-hang",
+    "pg_hand_back-claim_rows-1-lost",
+    "pg_hand_back-claim_rows-1-hang",
+    "pg_lease_watch-claim_rows-1-lost",
+    "pg_lease_watch-claim_rows-1-hang",
+    "pg_heartbeat-claim_rows-1-lost",
+    "pg_heartbeat-claim_rows-1-hang",
 ]
 
 _COMBINED_WRITE_CASES = [
@@ -110,6 +186,12 @@ _COMBINED_WRITE_CASES = [
     "heartbeat-start_fenced-1-error",
     "heartbeat-start_fenced-1-pool",
     "heartbeat-start_fenced-1-interface",
+    "pg_worker-finish_and_start-1-error",
+    "pg_worker-finish_and_start-1-interface",
+    "pg_heartbeat-finish_and_start-1-error",
+    "pg_heartbeat-finish_and_start-1-interface",
+    "pg_heartbeat-finish_fenced-1-error",
+    "pg_heartbeat-finish_fenced-1-interface",
 ]
 
 _OUTCOME_WRITE_CASES = [
@@ -140,6 +222,22 @@ _OUTCOME_WRITE_CASES = [
     "hand_back-finish_fenced-1-error",
     "hand_back-finish_fenced-1-pool",
     "hand_back-finish_fenced-1-interface",
+    "pg_worker-finish_fenced-1-error",
+    "pg_worker-finish_fenced-1-interface",
+    "pg_worker_window-finish_fenced-1-error",
+    "pg_worker_window-finish_fenced-1-interface",
+    "pg_worker_window-finish_fenced-2-error",
+    "pg_worker_window-finish_fenced-2-interface",
+    "pg_worker_window-finish_fenced-3-error",
+    "pg_worker_window-finish_fenced-3-interface",
+    "pg_worker_one-finish_fenced-1-error",
+    "pg_worker_one-finish_fenced-1-interface",
+    "pg_hand_back-finish_fenced-1-error",
+    "pg_hand_back-finish_fenced-1-interface",
+    "pg_lease_watch-finish_fenced-1-error",
+    "pg_lease_watch-finish_fenced-1-interface",
+    "pg_lease_watch-finish_fenced-2-error",
+    "pg_lease_watch-finish_fenced-2-interface",
 ]
 
 _HELD_OUTCOMES_CASES = [
@@ -153,10 +251,19 @@ _HELD_OUTCOMES_CASES = [
     "worker_window-start_fenced-2-hang",
     "worker_window-start_fenced-2-pool",
     "worker_window-start_fenced-2-interface",
+    "pg_worker_window-start_unflushed-1-error",
+    "pg_worker_window-start_unflushed-1-lost",
+    "pg_worker_window-start_unflushed-1-hang",
+    "pg_worker_window-start_unflushed-1-interface",
+    "pg_worker_window-start_unflushed-2-error",
+    "pg_worker_window-start_unflushed-2-lost",
+    "pg_worker_window-start_unflushed-2-hang",
+    "pg_worker_window-start_unflushed-2-interface",
 ]
 
 KNOWN_FAILING: dict[str, str] = {
     **dict.fromkeys(_BASE_EXCEPTION_CASES, BASE_EXCEPTION),
+    **dict.fromkeys(_POOL_TIMEOUT_CASES, POOL_TIMEOUT),
     **dict.fromkeys(_LOST_CLAIM_CASES, LOST_CLAIM),
     **dict.fromkeys(_COMBINED_WRITE_CASES, COMBINED_WRITE),
     **dict.fromkeys(_OUTCOME_WRITE_CASES, OUTCOME_WRITE),

@@ -1,14 +1,14 @@
-"""One scenario's world: a SQLite file of its own, an outbox on it whose store runs every
-query through a :class:`~tests.matrix.faults.FaultyExecutor`, a fake clock every service
-reads, handlers that record what they did, and the invariants checked at the step's end
-and after the run to quiescence.
+"""One scenario's world: an outbox whose store runs every query through a
+:class:`~tests.matrix.faults.FaultyExecutor`, a fake clock every service reads, handlers
+that record what they did, and the invariants checked at the step's end and after the run
+to quiescence.
 
-Every scenario runs on one SQLite file per process (:func:`_database`), its tables emptied
-first. A scenario is a path (:mod:`tests.matrix.paths`): a seed (not counted, never faulted), then
-one step (counted, the fault injected at it), then :meth:`World.quiesce`: the hung work
-lands, the worker's process exit hands back what it still had to, then messages are
-delivered to a fresh worker and sweeps run with the clock moved past every lease, until no
-row is active.
+Every scenario runs on one SQLite file per process (or the matrix's PostgreSQL database,
+:func:`_database`), its tables emptied first. A scenario is a path
+(:mod:`tests.matrix.paths`): a seed (not counted, never faulted), then one step (counted,
+the fault injected at it), then :meth:`World.quiesce`: the hung work lands, the worker's
+process exit hands back what it still had to, then messages are delivered to a fresh worker
+and sweeps run with the clock moved past every lease, until no row is active.
 """
 
 from __future__ import annotations
@@ -67,38 +67,54 @@ class Plan(BaseModel):
         return OUTCOMES[self.steps[-1].split("+")[-1]]
 
 
+DATABASES: dict[str, str] = {}
+"""The URL of each database the matrix may run on besides SQLite: ``"postgresql"``, set by
+its conftest when a server answers."""
 _SHARED: dict[str, Any] = {}
 
 
-def _database() -> tuple[Engine, Path]:
-    """The matrix's SQLite file and its engine, made once per process: every scenario
-    empties the tables first (one engine keeps SQLAlchemy's compiled statements, which cost
-    more than a scenario's statements themselves). The engine is the outbox's own
-    (:func:`~celery_outbox.engine.make_engine`), with a busy timeout of 2 s instead of 30,
-    so a scenario that deadlocks on the file's write lock fails fast."""
-    if "engine" not in _SHARED:
-        directory = Path(tempfile.mkdtemp(prefix="outbox-matrix-"))
-        path = directory / "matrix.sqlite3"
-        engine = make_engine(f"sqlite:///{path}")
+def _database(database: str) -> Engine:
+    """The engine of ``database`` (``"sqlite"``, or a key of :data:`DATABASES`), made once per
+    process: every scenario empties the tables first (one engine keeps SQLAlchemy's compiled
+    statements, which cost more than a scenario's statements themselves). The engine is the
+    outbox's own (:func:`~celery_outbox.engine.make_engine`); on SQLite (one file) with a busy
+    timeout of 2 s instead of 30, so a scenario that deadlocks on the file's write lock fails
+    fast."""
+    if "app" not in _SHARED:
+        _SHARED["app"] = Celery("matrix", broker="memory://")
+    if database not in _SHARED:
+        if database == "sqlite":
+            path = Path(tempfile.mkdtemp(prefix="outbox-matrix-")) / "matrix.sqlite3"
+            engine = make_engine(f"sqlite:///{path}")
 
-        @event.listens_for(engine, "connect")
-        def _short_busy(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.execute("PRAGMA busy_timeout=2000")
-
-        app = Celery("matrix", broker="memory://")
-        Outbox(app, engine=engine, registry=JobRegistry(),
+            @event.listens_for(engine, "connect")
+            def _short_busy(dbapi_conn: Any, _record: Any) -> None:
+                dbapi_conn.execute("PRAGMA busy_timeout=2000")
+        else:
+            engine = make_engine(DATABASES[database])
+        Outbox(_SHARED["app"], engine=engine, registry=JobRegistry(),
                dispatcher=RecordingDispatcher()).create_schema()
-        _SHARED.update(engine=engine, path=path, app=app)
-    return _SHARED["engine"], _SHARED["path"]
+        _SHARED[database] = engine
+    engine = _SHARED[database]
+    assert isinstance(engine, Engine)
+    return engine
+
+
+def dispose() -> None:
+    """Close the matrix's engines (the end of the session)."""
+    for database in ("sqlite", *DATABASES):
+        engine = _SHARED.pop(database, None)
+        if engine is not None:
+            engine.dispose()
 
 
 class World:
     """One scenario's outbox, clock, handlers and records (see the module docstring)."""
 
-    def __init__(self, *, outcome_window: timedelta = timedelta(0),
+    def __init__(self, *, database: str = "sqlite", outcome_window: timedelta = timedelta(0),
                  jobs: Sequence[str] = (JOB, ONCE, NOKEEP, TRIM)) -> None:
         self.now = START
-        self.engine, self.path = _database()
+        self.engine = _database(database)
         registry = JobRegistry()
         retry = RetryPolicy(retries=4, backoff=timedelta(0), jitter=False)
         options: dict[str, dict[str, Any]] = {
