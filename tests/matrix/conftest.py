@@ -83,10 +83,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     scenarios = sum(_OUTCOMES.values())
     paths = {p for p, _ in _PAIRS}
+    pg = {p for p in paths if p.startswith("pg_")}
     queries = {q for _, q in _PAIRS}
     terminalreporter.section("fault matrix")
     terminalreporter.write_line(
-        f"{len(_PAIRS)} (path, query) pairs over {len(paths)} paths and {len(queries)} named "
-        f"queries; {scenarios} scenarios (each occurrence x {len(FAULTS)} faults)")
+        f"{len(_PAIRS)} (path, query) pairs over {len(paths) - len(pg)} paths on SQLite and "
+        f"{len(pg)} on PostgreSQL, {len(queries)} named queries; {scenarios} scenarios (each "
+        f"occurrence of each query x {len(FAULTS)} faults: {', '.join(FAULTS)})")
     terminalreporter.write_line(", ".join(f"{n} {k}" for k, n in sorted(_OUTCOMES.items())))
     terminalreporter.write_line(f"KNOWN_FAILING lists {len(KNOWN_FAILING)} cases")
