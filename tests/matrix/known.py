@@ -30,12 +30,13 @@ LOST_CLAIM = (
 
 COMBINED_WRITE = (
     "defect 6 (the combined outcome + next start statement failing once): the previous "
-    "row's success is never written; the rescuer retries it and its handler runs again"
+    "row's outcome (a success, a final failure, its own cancel) is never written; the "
+    "rescuer retries it and its handler runs again"
 )
 
 OUTCOME_WRITE = (
     "defect 6 class (an outcome, once decided, is written): the outcome write alone (or "
-    "the held outcomes' one transaction) failing once throws the success away; the rescuer "
+    "the held outcomes' one transaction) failing once throws the outcome away; the rescuer "
     "retries it and its handler runs again"
 )
 
@@ -57,6 +58,16 @@ _BASE_EXCEPTION_CASES = [
     "worker-start_fenced-1-exit",
     "worker-start_fenced-2-interrupt",
     "worker-start_fenced-2-exit",
+    "worker_outcomes-claim_rows-1-interrupt",
+    "worker_outcomes-claim_rows-1-exit",
+    "worker_outcomes-finish_fenced-1-interrupt",
+    "worker_outcomes-finish_fenced-1-exit",
+    "worker_outcomes-finish_fenced-2-interrupt",
+    "worker_outcomes-finish_fenced-2-exit",
+    "worker_outcomes-start_fenced-1-interrupt",
+    "worker_outcomes-start_fenced-1-exit",
+    "worker_outcomes-start_fenced-2-interrupt",
+    "worker_outcomes-start_fenced-2-exit",
     "worker_window-claim_rows-1-interrupt",
     "worker_window-claim_rows-1-exit",
     "worker_window-start_fenced-1-interrupt",
@@ -149,6 +160,8 @@ _LOST_CLAIM_CASES = [
     "worker_one-claim_rows-1-hang",
     "worker-claim_rows-1-lost",
     "worker-claim_rows-1-hang",
+    "worker_outcomes-claim_rows-1-lost",
+    "worker_outcomes-claim_rows-1-hang",
     "worker_window-claim_rows-1-lost",
     "worker_window-claim_rows-1-hang",
     "heartbeat-claim_rows-1-lost",
@@ -180,6 +193,18 @@ _COMBINED_WRITE_CASES = [
     "worker-start_fenced-1-error",
     "worker-start_fenced-1-pool",
     "worker-start_fenced-1-interface",
+    "worker_outcomes-finish_fenced-1-error",
+    "worker_outcomes-finish_fenced-1-pool",
+    "worker_outcomes-finish_fenced-1-interface",
+    "worker_outcomes-finish_fenced-2-error",
+    "worker_outcomes-finish_fenced-2-pool",
+    "worker_outcomes-finish_fenced-2-interface",
+    "worker_outcomes-start_fenced-1-error",
+    "worker_outcomes-start_fenced-1-pool",
+    "worker_outcomes-start_fenced-1-interface",
+    "worker_outcomes-start_fenced-2-error",
+    "worker_outcomes-start_fenced-2-pool",
+    "worker_outcomes-start_fenced-2-interface",
     "heartbeat-finish_fenced-1-error",
     "heartbeat-finish_fenced-1-pool",
     "heartbeat-finish_fenced-1-interface",
@@ -190,8 +215,6 @@ _COMBINED_WRITE_CASES = [
     "pg_worker-finish_and_start-1-interface",
     "pg_heartbeat-finish_and_start-1-error",
     "pg_heartbeat-finish_and_start-1-interface",
-    "pg_heartbeat-finish_fenced-1-error",
-    "pg_heartbeat-finish_fenced-1-interface",
 ]
 
 _OUTCOME_WRITE_CASES = [
@@ -201,6 +224,9 @@ _OUTCOME_WRITE_CASES = [
     "worker-finish_fenced-3-error",
     "worker-finish_fenced-3-pool",
     "worker-finish_fenced-3-interface",
+    "worker_outcomes-finish_fenced-3-error",
+    "worker_outcomes-finish_fenced-3-pool",
+    "worker_outcomes-finish_fenced-3-interface",
     "worker_window-finish_fenced-1-error",
     "worker_window-finish_fenced-1-pool",
     "worker_window-finish_fenced-1-interface",
@@ -238,6 +264,8 @@ _OUTCOME_WRITE_CASES = [
     "pg_lease_watch-finish_fenced-1-interface",
     "pg_lease_watch-finish_fenced-2-error",
     "pg_lease_watch-finish_fenced-2-interface",
+    "pg_heartbeat-finish_fenced-1-error",
+    "pg_heartbeat-finish_fenced-1-interface",
 ]
 
 _HELD_OUTCOMES_CASES = [

@@ -17,8 +17,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from celery_outbox.states import Status
+from celery_outbox.ticker import TickOutcome
 from tests.matrix.faults import Fault
-from tests.matrix.world import JOB, LEASE, NOKEEP, ONCE, STALE_AFTER, TRIM, Push, World
+from tests.matrix.world import CRON, JOB, LEASE, NOKEEP, ONCE, STALE_AFTER, TRIM, Push, World
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,20 @@ def trim(w: World) -> None:
     w.outbox.trim(w.now)
 
 
+# -- cron ----------------------------------------------------------------------------------
+
+
+def cron_tick(w: World) -> None:
+    """Beat fires the job's tick: one execution, dispatched once committed."""
+    result = w.outbox.ticker.fire(CRON, now=w.now)
+    if result.outcome is TickOutcome.CREATED:
+        assert result.execution_id is not None
+        if result.execution_id not in w.table():
+            w.violations.append(f"tick created {result.execution_id}: no row committed")
+        if result.execution_id not in {d.execution_id for d in w.dispatcher.items}:
+            w.violations.append(f"tick created {result.execution_id}: not dispatched")
+
+
 # -- admin ---------------------------------------------------------------------------------
 
 
@@ -160,8 +175,19 @@ def admin_retry(w: World) -> None:
 def admin_reads(w: World) -> None:
     admin = w.outbox.admin
     admin.status(now=w.now)
+    admin.list_jobs()
     admin.list_executions(JOB)
+    admin.page_executions(JOB)
     admin.get_execution(w.target)  # type: ignore[attr-defined]
+
+
+def seed_retried(w: World) -> None:
+    """A failed row already retried once (its retry failed too)."""
+    seed_failed(w)
+    retry = w.outbox.admin.retry(w.target, triggered_by="matrix")  # type: ignore[attr-defined]
+    w.run(JOB, [retry])
+    w.messages.clear()
+    w.delivered = len(w.dispatcher.items)
 
 
 PATHS: dict[str, Path] = {p.name: p for p in [
@@ -172,6 +198,7 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("push_session", _nothing, push_session),
     Path("worker_one", _seed_message(("ok",)), run_seeded),
     Path("worker", _seed_message(("ok",), ("fail", "ok"), ("ok",)), run_seeded),
+    Path("worker_outcomes", _seed_message(("stop",), ("cancel",), ("ok",)), run_seeded),
     Path("worker_window", _seed_message(("ok",), ("fail", "ok"), ("ok",)), run_seeded,
          {"outcome_window": timedelta(minutes=1)}),
     Path("heartbeat", _seed_message(("beat+ok",), ("ok",)), run_seeded),
@@ -184,5 +211,7 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("trim", seed_trim, trim, {"jobs": (TRIM,)}),
     Path("admin_cancel", seed_pending, admin_cancel),
     Path("admin_retry", seed_failed, admin_retry),
+    Path("admin_retry_again", seed_retried, admin_retry),
     Path("admin_reads", seed_pending, admin_reads),
+    Path("cron", _nothing, cron_tick, {"jobs": (CRON,)}),
 ]}

@@ -44,17 +44,19 @@ JOB = "matrix.job"
 ONCE = "matrix.once"  # no retry
 NOKEEP = "matrix.nokeep"  # no retry, keeps no finished row
 TRIM = "matrix.trim"  # keeps one succeeded row
+CRON = "matrix.cron"  # every minute, no payload: its handler returns
 DEAD = "dead:1:0"  # the worker id of a seeded worker that died
-OUTCOMES = {"ok": Status.SUCCEEDED, "stop": Status.FAILED, "cancel_self": Status.CANCELLED}
+OUTCOMES = {"ok": Status.SUCCEEDED, "stop": Status.FAILED, "cancel": Status.CANCELLED,
+            "cancel_self": Status.CANCELLED}
 
 
 class Plan(BaseModel):
     """Every payload of the matrix: a tag naming the push, and what the handler does on
     each attempt (``steps[attempt - 1]``, the last one repeating). A step is ``+``-joined
     actions: ``ok`` (return), ``fail`` (ValueError: retried), ``stop`` (DoNotRetry),
-    ``beat`` (the heartbeat renews every lease the runner holds), ``age`` (every lease the
-    runner holds looks near its end unrenewed), ``cancel_self`` (an admin cancels the row
-    while it runs)."""
+    ``cancel`` (``ctx.cancel(reason)``, then return), ``beat`` (the heartbeat renews every
+    lease the runner holds), ``age`` (every lease the runner holds looks near its end
+    unrenewed), ``cancel_self`` (an admin cancels the row while it runs)."""
 
     tag: str
     steps: list[str]
@@ -71,6 +73,8 @@ DATABASES: dict[str, str] = {}
 """The URL of each database the matrix may run on besides SQLite: ``"postgresql"``, set by
 its conftest when a server answers."""
 _SHARED: dict[str, Any] = {}
+CRON_PLAN = Plan(tag="cron", steps=["ok"])
+"""What a cron tick's execution (no payload) does."""
 
 
 def _database(database: str) -> Engine:
@@ -122,10 +126,11 @@ class World:
             ONCE: dict(retry=RetryPolicy(retries=0), record="all"),
             NOKEEP: dict(retry=RetryPolicy(retries=0), record="none"),
             TRIM: dict(retry=retry, record="all", keep={"succeeded": 1, "failed": 1}),
+            CRON: dict(retry=retry, record="all", cron="* * * * *", schema=None),
         }
         for name in jobs:
-            outbox_job(schema=Plan, name=name, registry=registry, **options[name])(
-                self.handler)
+            outbox_job(**{"schema": Plan, "name": name, "registry": registry,
+                          **options[name]})(self.handler)
         self.registry = registry
         self.dispatcher = RecordingDispatcher()
         self.outbox = Outbox(_SHARED["app"], engine=self.engine, registry=registry,
@@ -144,7 +149,8 @@ class World:
         # What handlers did.
         self.begins: list[tuple[UUID, int]] = []
         self.live: dict[UUID, int] = {}
-        self.returned: set[tuple[UUID, int]] = set()
+        self.decided: dict[tuple[UUID, int], Status] = {}
+        """The outcome each handler decided (returned, raised DoNotRetry, cancelled itself)."""
         self.violations: list[str] = []
         # What the scenario expects, beyond each plan's own final status.
         self.expect: dict[UUID, set[Status | None]] = {}
@@ -178,11 +184,12 @@ class World:
         self.begins.append(key)
         self.live[ctx.execution_id] = ctx.attempt
         try:
-            plan = ctx.payload
+            plan = ctx.payload if ctx.payload is not None else CRON_PLAN  # a cron tick's
             assert isinstance(plan, Plan)
             for action in plan.step(ctx.attempt).split("+"):
                 self.act(action, ctx)
-            self.returned.add(key)
+            if action in ("ok", "cancel"):
+                self.decided[key] = OUTCOMES[action]
         finally:
             self.live.pop(ctx.execution_id, None)
 
@@ -192,7 +199,11 @@ class World:
         if action == "fail":
             raise ValueError(f"planned failure of attempt {ctx.attempt}")
         if action == "stop":
+            self.decided[(ctx.execution_id, ctx.attempt)] = Status.FAILED
             raise DoNotRetry("planned stop")
+        if action == "cancel":
+            ctx.cancel("the handler gave up")
+            return
         if action == "beat":
             self.current.heartbeat.beat()
             return
@@ -298,7 +309,7 @@ class World:
     def check_push(self, push: Push, table: dict[UUID, dict[str, Any]], *,
                    at_end: bool) -> None:
         rows = [i for i, r in table.items()
-                if r["payload"]["tag"] in push.tags and i not in push.exclude]
+                if (r["payload"] or {}).get("tag") in push.tags and i not in push.exclude]
         if rows and len(rows) != len(push.tags):
             self.violations.append(f"half-written push: {len(rows)} of {len(push.tags)} rows")
         if push.ids is None or at_end:
@@ -366,7 +377,7 @@ class World:
             wanted = self.expect.get(i)
             if wanted is None:
                 payload = (row or before.get(i) or {}).get("payload")
-                wanted = {Plan.model_validate(payload).final()} if payload else {None}
+                wanted = {_plan(payload).final()} if row or before.get(i) else {None}
             if status not in wanted:
                 what = "gone" if status is None else status.value
                 detail = "" if row is None else f", attempt {row['attempt']}: " \
@@ -381,18 +392,22 @@ class World:
             if missing:
                 self.violations.append(f"{i}: attempt(s) {missing} counted without a handler "
                                        f"run (ended {row['status']}, attempt {row['attempt']})")
-        for i, attempt in sorted(self.returned):
+        for (i, attempt), status in sorted(self.decided.items(), key=str):
             row = table.get(i)
-            wanted = self.expect.get(i)
-            if row is None or Status.CANCELLED in (wanted or set()) or (
-                    row["status"] == Status.CANCELLED.value and
-                    Plan.model_validate(row["payload"]).final() is Status.CANCELLED):
-                continue
-            if (row["status"], row["attempt"]) != (Status.SUCCEEDED.value, attempt) and \
-                    Plan.model_validate(row["payload"]).step(attempt).endswith("ok"):
+            if row is None:
+                continue  # a job that keeps no row, or trimmed: checked above
+            if row["status"] == Status.CANCELLED.value and \
+                    Status.CANCELLED in self.expect.get(i, set()):
+                continue  # an admin's cancel came first: the fence said no
+            if (row["status"], row["attempt"]) != (status.value, attempt):
+                word = "success" if status is Status.SUCCEEDED else f"{status.value} outcome"
                 self.violations.append(
-                    f"success thrown away: attempt {attempt} of {i} returned, the row ended "
+                    f"{word} thrown away: attempt {attempt} of {i} decided it, the row ended "
                     f"{row['status']} at attempt {row['attempt']}")
+
+
+def _plan(payload: Any) -> Plan:
+    return CRON_PLAN if payload is None else Plan.model_validate(payload)
 
 
 class Push:
