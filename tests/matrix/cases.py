@@ -4,7 +4,9 @@ times every fault.
 :func:`discover` runs each path once with no fault, recording the named queries its step
 runs and how often; each occurrence of each query then gets each fault. A query a path
 starts to run (or a new path) is in the matrix at the next collection, with no list to
-update. Every path runs on SQLite; those of :data:`PG_PATHS` also on PostgreSQL (named
+update. ``exit`` (SystemExit) goes only to the paths that run a worker (their step claims):
+elsewhere no code tells it from ``interrupt`` (KeyboardInterrupt), which every path gets.
+Every path runs on SQLite; those of :data:`PG_PATHS` also on PostgreSQL (named
 ``pg_<path>``) when a server answers (:data:`tests.matrix.world.DATABASES`), for its own
 statements (the combined outcome and start, the unflushed start, the keyed push's
 savepoints) and the executor's direct psycopg path.
@@ -70,7 +72,8 @@ class Discovered:
                 for k in range(1, n + 1)
                 if not any((g.query, g.occurrence) == (query, k)
                            for g in resolve(variant)[0].given)
-                for kind in FAULTS]
+                for kind in FAULTS
+                if kind != "exit" or "claim_rows" in counts]
 
     def pairs(self) -> list[tuple[str, str]]:
         return [(variant, query) for variant, counts in self.counts.items()

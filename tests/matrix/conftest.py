@@ -89,6 +89,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(
         f"{len(_PAIRS)} (path, query) pairs over {len(paths) - len(pg)} paths on SQLite and "
         f"{len(pg)} on PostgreSQL, {len(queries)} named queries; {scenarios} scenarios (each "
-        f"occurrence of each query x {len(FAULTS)} faults: {', '.join(FAULTS)})")
+        f"occurrence of each query x each fault: {', '.join(FAULTS)}; exit on the worker's "
+        "paths)")
     terminalreporter.write_line(", ".join(f"{n} {k}" for k, n in sorted(_OUTCOMES.items())))
     terminalreporter.write_line(f"KNOWN_FAILING lists {len(KNOWN_FAILING)} cases")

@@ -66,8 +66,13 @@ def push_session(w: World) -> None:
 
 
 def _seed_message(*plans: tuple[str, ...]) -> Callable[[World], None]:
+    """Push one row per plan: the step's message. A plan that has an admin cancel its row
+    (``cancel_self``) ends cancelled."""
     def seed(w: World) -> None:
         w.seeded = w.push([w.plan(*steps) for steps in plans])  # type: ignore[attr-defined]
+        for i, steps in zip(w.seeded, plans, strict=True):  # type: ignore[attr-defined]
+            if any("cancel_self" in step for step in steps):
+                w.expect[i] = {Status.CANCELLED}
 
     return seed
 
@@ -76,10 +81,14 @@ def run_seeded(w: World) -> None:
     w.run(JOB, w.seeded)  # type: ignore[attr-defined]
 
 
-def _seed_cancel(w: World) -> None:
-    _seed_message(("cancel_self+ok",))(w)
-    for i in w.seeded:  # type: ignore[attr-defined]
-        w.expect[i] = {Status.CANCELLED}
+def _seed_skip(w: World) -> None:
+    """A message whose first id is finished already: the runner marks the first row it
+    claimed started itself."""
+    (done,) = w.push([w.plan("ok")])
+    w.run(JOB, [done])
+    w.messages.clear()
+    w.seeded = [done, *w.push([w.plan("ok"), w.plan("ok")])]  # type: ignore[attr-defined]
+    w.delivered = len(w.dispatcher.items)
 
 
 # -- sweep ---------------------------------------------------------------------------------
@@ -203,7 +212,10 @@ PATHS: dict[str, Path] = {p.name: p for p in [
          {"outcome_window": timedelta(minutes=1)}),
     Path("heartbeat", _seed_message(("beat+ok",), ("ok",)), run_seeded),
     Path("lease_watch", _seed_message(("age+ok",), ("ok",)), run_seeded),
-    Path("cancel_running", _seed_cancel, run_seeded),
+    Path("worker_skip", _seed_skip, run_seeded),
+    Path("cancel_running", _seed_message(("cancel_self+ok",)), run_seeded),
+    # The heartbeat finds the row cancelled meanwhile (an admin's cancel on another host).
+    Path("heartbeat_lost", _seed_message(("cancel_self+beat+ok",), ("ok",)), run_seeded),
     # The renewal before the second row begins fails: that row is handed back.
     Path("hand_back", _seed_message(("age+ok",), ("ok",)), run_seeded,
          given=(Fault("extend_leases", 1, "error"),)),
