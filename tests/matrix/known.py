@@ -1,6 +1,6 @@
-"""The cases of the matrix that fail today, each for a defect being fixed on another branch
-(or found by the matrix and reported): strict xfail, so a fix turns them into XPASS(strict)
-failures and its entries are removed with it.
+"""The cases of the matrix that fail today, each for a known defect of the worker or the
+executor: strict xfail, so a fix turns them into XPASS(strict) failures and its entries are
+removed with it (``python -m tests.matrix`` lists both kinds of change).
 
 Keys are case ids, ``path-query-occurrence-fault`` (:attr:`tests.matrix.cases.Case.id`;
 ``pg_<path>``: on PostgreSQL, some only with ``OUTBOX_TEST_FAULTS=full``); one list per
@@ -10,7 +10,7 @@ defect class, under its reason.
 from __future__ import annotations
 
 BASE_EXCEPTION = (
-    "defect 2 (a BaseException after an applied write): KeyboardInterrupt / SystemExit "
+    "a BaseException after an applied write: KeyboardInterrupt / SystemExit "
     "leaves the message's never-begun rows running, held by nobody, until the rescuer takes "
     "them (a row marked started fails 'lease expired' with no handler run), and an outcome "
     "decided but not written is thrown away"
@@ -23,26 +23,26 @@ POOL_TIMEOUT = (
 )
 
 LOST_CLAIM = (
-    "defect 4 (a claim whose answer was lost, or that landed after its timeout): its rows "
+    "a claim whose answer was lost, or that landed after its timeout: its rows "
     "sit running, held by nobody, for a lease; the first fails 'lease expired' with 0 handler "
     "runs (its attempt counted)"
 )
 
 COMBINED_WRITE = (
-    "defect 6 (the combined outcome + next start statement failing once): the previous "
+    "the combined outcome + next start statement failing once: the previous "
     "row's outcome (a success, a final failure, its own cancel) is never written; the "
     "rescuer retries it and its handler runs again"
 )
 
 OUTCOME_WRITE = (
-    "defect 6 class (an outcome, once decided, is written): the outcome write alone (or "
+    "an outcome, once decided, is not written again: the outcome write alone (or "
     "the held outcomes' one transaction) failing once throws the outcome away; the rescuer "
     "retries it and its handler runs again"
 )
 
 HELD_OUTCOMES = (
-    "defect 6 with outcome_window: the next row's start failing once drops the outcomes "
-    "held unwritten; the rescuer retries them and their handlers run again"
+    "outcomes held (outcome_window) dropped: the next row's start failing once drops them, "
+    "unwritten; the rescuer retries them and their handlers run again"
 )
 
 _BASE_EXCEPTION_CASES = [
