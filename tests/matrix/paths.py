@@ -1,0 +1,229 @@
+"""The paths of the fault matrix: what the worker, heartbeat, lease watch, sweep, trim, push
+and admin do, each as a seed (set-up, never faulted) and a step (the statements faulted).
+
+Each path is short and deterministic; its named queries are found by running it once with
+no fault (:func:`tests.matrix.cases.discover`), so a query a path starts to run is in the
+matrix without touching this file. A path whose step must end in a particular state says
+so in ``World.expect`` (by default each row must end as its plan says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from celery_outbox.states import Status
+from celery_outbox.ticker import TickOutcome
+from tests.matrix.faults import Fault
+from tests.matrix.world import CRON, JOB, LEASE, NOKEEP, ONCE, STALE_AFTER, TRIM, Push, World
+
+
+@dataclass(frozen=True)
+class Path:
+    name: str
+    seed: Callable[[World], None]
+    step: Callable[[World], None]
+    options: dict[str, Any] = field(default_factory=dict)
+    """World options (``outcome_window``)."""
+    given: tuple[Fault, ...] = ()
+    """Faults of the path itself, in every case of it: what it takes to reach statements
+    that run only after a failure (a hand-back)."""
+
+
+def _nothing(w: World) -> None:
+    pass
+
+
+# -- push ----------------------------------------------------------------------------------
+
+
+def push_one(w: World) -> None:
+    w.push([w.plan("ok")])
+
+
+def push_keyed(w: World) -> None:
+    w.push([w.plan("ok")], keys=["k1"])
+
+
+def push_many(w: World) -> None:
+    w.push([w.plan("ok"), w.plan("ok"), w.plan("fail", "ok")])
+
+
+def push_many_keyed(w: World) -> None:
+    w.push([w.plan("ok"), w.plan("ok")], keys=[None, "k1"])
+
+
+def push_session(w: World) -> None:
+    with Session(w.engine) as session, session.begin():
+        w.push([w.plan("ok"), w.plan("ok")], session=session)
+
+
+# -- worker --------------------------------------------------------------------------------
+
+
+def _seed_message(*plans: tuple[str, ...]) -> Callable[[World], None]:
+    """Push one row per plan: the step's message. A plan that has an admin cancel its row
+    (``cancel_self``) ends cancelled."""
+    def seed(w: World) -> None:
+        w.seeded = w.push([w.plan(*steps) for steps in plans])  # type: ignore[attr-defined]
+        for i, steps in zip(w.seeded, plans, strict=True):  # type: ignore[attr-defined]
+            if any("cancel_self" in step for step in steps):
+                w.expect[i] = {Status.CANCELLED}
+
+    return seed
+
+
+def run_seeded(w: World) -> None:
+    w.run(JOB, w.seeded)  # type: ignore[attr-defined]
+
+
+def _seed_skip(w: World) -> None:
+    """A message whose first id is finished already: the runner marks the first row it
+    claimed started itself."""
+    (done,) = w.push([w.plan("ok")])
+    w.run(JOB, [done])
+    w.messages.clear()
+    w.seeded = [done, *w.push([w.plan("ok"), w.plan("ok")])]  # type: ignore[attr-defined]
+    w.delivered = len(w.dispatcher.items)
+
+
+# -- sweep ---------------------------------------------------------------------------------
+
+
+def seed_sweep(w: World) -> None:
+    """One row for each thing a sweep does: stage (scheduled past max_eta, now due),
+    redispatch (pending, its message lost), rescue into a retry (begun by a dead worker),
+    hand back (claimed with it, never begun), fail (begun, no retry left), delete (the same,
+    of a job that keeps no failed row)."""
+    w.push([w.plan("ok")], delay=timedelta(hours=1))
+    w.push([w.plan("ok")])
+    w.delivered = len(w.dispatcher.items)  # the pending row's message is lost
+    begun, unbegun = w.push([w.plan("ok"), w.plan("ok")])
+    w.claim_dead(JOB, [begun, unbegun])
+    (once,) = w.push([w.plan("ok")], job=ONCE)
+    w.claim_dead(ONCE, [once])
+    w.expect[once] = {Status.FAILED}
+    (nokeep,) = w.push([w.plan("ok")], job=NOKEEP)
+    w.claim_dead(NOKEEP, [nokeep])
+    w.expect[nokeep] = {None}
+    w.delivered = len(w.dispatcher.items)
+    w.now += max(LEASE, STALE_AFTER, timedelta(hours=1)) + timedelta(seconds=1)
+
+
+def sweep(w: World) -> None:
+    w.outbox.sweep()
+
+
+# -- trim ----------------------------------------------------------------------------------
+
+
+def seed_trim(w: World) -> None:
+    """Three succeeded rows of a job that keeps one, and one running."""
+    done = []
+    for _ in range(3):
+        (i,) = w.push([w.plan("ok")], job=TRIM)
+        w.run(TRIM, [i])
+        done.append(i)
+        w.now += timedelta(seconds=1)
+    for i in done[:-1]:
+        w.expect[i] = {Status.SUCCEEDED, None}
+    w.push([w.plan("ok")], job=TRIM)
+    w.messages.clear()
+    w.delivered = len(w.dispatcher.items) - 1
+
+
+def trim(w: World) -> None:
+    w.outbox.trim(w.now)
+
+
+# -- cron ----------------------------------------------------------------------------------
+
+
+def cron_tick(w: World) -> None:
+    """Beat fires the job's tick: one execution, dispatched once committed."""
+    result = w.outbox.ticker.fire(CRON, now=w.now)
+    if result.outcome is TickOutcome.CREATED:
+        assert result.execution_id is not None
+        if result.execution_id not in w.table():
+            w.violations.append(f"tick created {result.execution_id}: no row committed")
+        if result.execution_id not in {d.execution_id for d in w.dispatcher.items}:
+            w.violations.append(f"tick created {result.execution_id}: not dispatched")
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+
+def seed_pending(w: World) -> None:
+    (w.target,) = w.push([w.plan("ok")])  # type: ignore[attr-defined]
+    w.expect[w.target] = {Status.SUCCEEDED, Status.CANCELLED}  # type: ignore[attr-defined]
+
+
+def admin_cancel(w: World) -> None:
+    w.outbox.admin.cancel(w.target, cancelled_by="matrix")  # type: ignore[attr-defined]
+    w.expect[w.target] = {Status.CANCELLED}  # type: ignore[attr-defined]
+
+
+def seed_failed(w: World) -> None:
+    (w.target,) = w.push([w.plan("stop")])  # type: ignore[attr-defined]
+    w.run(JOB, [w.target])  # type: ignore[attr-defined]
+    w.messages.clear()
+    w.delivered = len(w.dispatcher.items)
+
+
+def admin_retry(w: World) -> None:
+    tag = w.table()[w.target]["payload"]["tag"]  # type: ignore[attr-defined]
+    push = Push([tag], len(w.dispatcher.items), frozenset({w.target}))  # type: ignore
+    w.pushes.append(push)
+    push.ids = [w.outbox.admin.retry(w.target, triggered_by="matrix")]  # type: ignore
+
+
+def admin_reads(w: World) -> None:
+    admin = w.outbox.admin
+    admin.status(now=w.now)
+    admin.list_jobs()
+    admin.list_executions(JOB)
+    admin.page_executions(JOB)
+    admin.get_execution(w.target)  # type: ignore[attr-defined]
+
+
+def seed_retried(w: World) -> None:
+    """A failed row already retried once (its retry failed too)."""
+    seed_failed(w)
+    retry = w.outbox.admin.retry(w.target, triggered_by="matrix")  # type: ignore[attr-defined]
+    w.run(JOB, [retry])
+    w.messages.clear()
+    w.delivered = len(w.dispatcher.items)
+
+
+PATHS: dict[str, Path] = {p.name: p for p in [
+    Path("push", _nothing, push_one),
+    Path("push_keyed", _nothing, push_keyed),
+    Path("push_many", _nothing, push_many),
+    Path("push_many_keyed", _nothing, push_many_keyed),
+    Path("push_session", _nothing, push_session),
+    Path("worker_one", _seed_message(("ok",)), run_seeded),
+    Path("worker", _seed_message(("ok",), ("fail", "ok"), ("ok",)), run_seeded),
+    Path("worker_outcomes", _seed_message(("stop",), ("cancel",), ("ok",)), run_seeded),
+    Path("worker_window", _seed_message(("ok",), ("fail", "ok"), ("ok",)), run_seeded,
+         {"outcome_window": timedelta(minutes=1)}),
+    Path("heartbeat", _seed_message(("beat+ok",), ("ok",)), run_seeded),
+    Path("lease_watch", _seed_message(("age+ok",), ("ok",)), run_seeded),
+    Path("worker_skip", _seed_skip, run_seeded),
+    Path("cancel_running", _seed_message(("cancel_self+ok",)), run_seeded),
+    # The heartbeat finds the row cancelled meanwhile (an admin's cancel on another host).
+    Path("heartbeat_lost", _seed_message(("cancel_self+beat+ok",), ("ok",)), run_seeded),
+    # The renewal before the second row begins fails: that row is handed back.
+    Path("hand_back", _seed_message(("age+ok",), ("ok",)), run_seeded,
+         given=(Fault("extend_leases", 1, "error"),)),
+    Path("sweep", seed_sweep, sweep),
+    Path("trim", seed_trim, trim, {"jobs": (TRIM,)}),
+    Path("admin_cancel", seed_pending, admin_cancel),
+    Path("admin_retry", seed_failed, admin_retry),
+    Path("admin_retry_again", seed_retried, admin_retry),
+    Path("admin_reads", seed_pending, admin_reads),
+    Path("cron", _nothing, cron_tick, {"jobs": (CRON,)}),
+]}
