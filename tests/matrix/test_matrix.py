@@ -14,6 +14,8 @@ from tests.matrix.known import KNOWN_FAILING
 from tests.matrix.world import DATABASES
 
 NOT_REACHED: dict[str, str] = {
+    "existing_ids": "the read-back after a Django commit (tests/model/test_django_joins.py "
+                    "runs Django's joins)",
     "database_now": "the matrix's clock stands in for the database's (store.db_clock)",
     "key_rollback": "a keyed push whose insert failed (PostgreSQL: rolls back to its "
                     "savepoint): reached only after a fault",
