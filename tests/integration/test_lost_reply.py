@@ -109,3 +109,45 @@ def test_a_run_whose_first_start_write_fails_holds_no_lease_and_hands_its_rows_b
         outbox.runner.heartbeat.stop()
         outbox.drop_schema()
         engine.dispose()
+
+
+def test_a_claim_whose_answer_is_lost_is_released_by_its_token(
+    muted_pg: Proxy, pg_url: str, registry: JobRegistry,
+) -> None:
+    """The claim commits, its answer never comes back: its rows must not sit running, held by
+    nobody, for a whole lease, and then fail "lease expired" with no handler run."""
+    begun: Counter[tuple[UUID, int]] = Counter()
+
+    @outbox_job(schema=Order, name="shop.once", registry=registry)  # no retries
+    def once(ctx: JobContext[Order]) -> None:
+        begun[(ctx.execution_id, ctx.attempt)] += 1
+
+    engine = create_engine(muted_pg.url(pg_url))
+    bound_waits(engine, timedelta(seconds=1))
+    app = Celery(f"muted-{uuid.uuid4().hex[:8]}", broker="memory://")
+    dispatcher = RecordingDispatcher()
+    outbox = Outbox(app, engine=engine, registry=registry, dispatcher=dispatcher,
+                    table_name=f"ob_{uuid.uuid4().hex[:12]}")
+    outbox.create_schema()
+
+    def claim_sent(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "attempt + " in statement:
+            muted_pg.mute_open_connections()
+
+    try:
+        ids = once.push_many([Order(order_id=1), Order(order_id=2)])
+        event.listen(engine, "before_cursor_execute", claim_sent)
+        with pytest.raises(StorageError):
+            outbox.run_now(once.name, ids)
+        event.remove(engine, "before_cursor_execute", claim_sent)
+        for i in ids:
+            row = outbox.store.get(i)
+            assert row is not None and (row["status"], row["attempt"], row["claimed_by"]) == (
+                "pending", 0, None), row
+        assert set(ids) <= set(dispatcher.ids)  # dispatched again at once
+        assert outbox.run_now(once.name, ids).succeeded == 2
+        assert begun == Counter({(i, 1): 1 for i in ids})
+    finally:
+        outbox.runner.heartbeat.stop()
+        outbox.drop_schema()
+        engine.dispose()
