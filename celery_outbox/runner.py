@@ -40,7 +40,7 @@ from pydantic import ValidationError
 
 from celery_outbox import signals
 from celery_outbox.config import OutboxConfig
-from celery_outbox.context import JobContext
+from celery_outbox.context import JobContext, Stop
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import (
     DoNotRetry,
@@ -50,6 +50,7 @@ from celery_outbox.errors import (
     StorageError,
 )
 from celery_outbox.heartbeat import Heartbeat
+from celery_outbox.inflight import InFlight
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logs import LogCapture
 from celery_outbox.outcomes import (
@@ -293,7 +294,7 @@ class _Outcomes:
         def end() -> None:
             for fence in fences:
                 runner.heartbeat.untrack(fence)
-            runner._forget_contexts([d.ctx for d in writes])
+            runner.inflight.remove(fences)
 
         runner._retries.start(_Retry("outcome-write", attempt, end), claim.lease)
 
@@ -309,7 +310,7 @@ class _Outcomes:
             counts[OutcomeName.LOST if hit is None else hit.name] += 1
             if hit is not None and d.on_hit is not None:
                 d.on_hit()
-            self.runner._forget_contexts([d.ctx])  # written: the drain no longer waits for it
+            self.runner.inflight.remove([d.fence])  # written: the drain no longer waits for it
             signals.job_end.send(sender=spec.name, execution_id=d.row.id,
                                  attempt=d.row.attempt,
                                  status=(Status.CANCELLED if hit is None else hit.status).value)
@@ -335,10 +336,11 @@ class Runner:
         self.config = config
         self.dispatcher = dispatcher
         self.clock = clock
-        self.heartbeat = Heartbeat(store, clock)
+        self.heartbeat = Heartbeat(store)
+        self.inflight = InFlight()
+        """The attempts this process holds (shared with the heartbeat's callbacks, the lease
+        watch and the shutdown drain)."""
         self._worker_id: tuple[int, str] | None = None
-        self._contexts: dict[UUID, JobContext[Any]] = {}
-        self._contexts_lock = threading.Lock()
         self._outcomes = _Outcomes(self)
         self._retries = _Retries()
 
@@ -424,7 +426,9 @@ class Runner:
                        [self._context(spec, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0])
         for fence, ctx in zip(claim.fences, claim.contexts, strict=True):
-            self.heartbeat.track(fence, lease, _on_lost(ctx), self._on_expired(ctx), sent)
+            self.inflight.add(fence, ctx)
+            self.heartbeat.track(fence, lease, self._on_lost(fence), self._on_expired(fence),
+                                 sent)
         return claim
 
     def _guard(self, claim: _Claim, index: int) -> None:
@@ -439,7 +443,7 @@ class Runner:
             # its lease run out.
             self._vouch(fence, claim.lease, ctx)
         if (index or not claim.first_started) and not self._outcomes.start(claim, fence):
-            ctx._interrupt("cancelled")
+            ctx._interrupt(Stop.CANCELLED)
         if not ctx.cancelled.is_set():
             # Its lease ran low unrenewed while its start was written or the claim answered
             # late: renewed before its handler begins (the watch stops only handlers that
@@ -459,7 +463,7 @@ class Runner:
             raise StorageError(f"the lease of {fence.id} could not be renewed before its "
                                "handler began (its row locked elsewhere)")
         else:
-            ctx._interrupt("cancelled")
+            ctx._interrupt(Stop.CANCELLED)
 
     def _leave(self, claim: _Claim) -> None:
         """The one way out of :meth:`run` on anything raised: the outcomes decided are
@@ -481,20 +485,12 @@ class Runner:
                           claim.spec.name)
 
     def _forget(self, claim: _Claim) -> None:
-        """The run is over: stop heartbeating its fences (but those a retry thread holds)
-        and forget its contexts (but those of outcomes a thread still writes)."""
-        for fence in claim.fences:
-            if fence not in claim.later:
-                self.heartbeat.untrack(fence)
-        self._forget_contexts([ctx for fence, ctx in zip(claim.fences, claim.contexts,
-                                                         strict=True)
-                               if fence not in claim.later])
-
-    def _forget_contexts(self, contexts: Sequence[JobContext[Any]]) -> None:
-        with self._contexts_lock:
-            for ctx in contexts:
-                if self._contexts.get(ctx.execution_id) is ctx:  # not a later claim's
-                    del self._contexts[ctx.execution_id]
+        """The run is over: stop heartbeating its fences and let them go (but those a retry
+        thread holds: it does both when done)."""
+        done = [fence for fence in claim.fences if fence not in claim.later]
+        for fence in done:
+            self.heartbeat.untrack(fence)
+        self.inflight.remove(done)
 
     def _confirm_stop(self, fence: Fence) -> None:
         """Tell the database this attempt's handler has stopped, should its row have been
@@ -507,14 +503,19 @@ class Runner:
                         "stopped (%s); it can be retried once its lease runs out",
                         fence.attempt, fence.id, exc)
 
-    def _on_expired(self, ctx: JobContext[Any]) -> Callable[[], None]:
+    def _on_lost(self, fence: Fence) -> Callable[[], None]:
+        """What the heartbeat calls when a renewal found the row no longer this attempt's:
+        stop its handler (or keep it from beginning)."""
+        def lost() -> None:
+            self.inflight.stop(fence, Stop.CANCELLED)
+
+        return lost
+
+    def _on_expired(self, fence: Fence) -> Callable[[], None]:
         """What the heartbeat's watch calls when the lease runs out unrenewed: stop the
-        handler if it runs; one queued behind it is renewed before it begins (:meth:`run`)."""
+        handler if it runs; one queued behind it is renewed before it begins (:meth:`_guard`)."""
         def expired() -> None:
-            with self._contexts_lock:
-                running = self._contexts.get(ctx.execution_id) is ctx
-            if running:
-                ctx._interrupt("cancelled")
+            self.inflight.stop(fence, Stop.LEASE_LOST, running_only=True)
 
         return expired
 
@@ -630,6 +631,7 @@ class Runner:
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
             decided = _Decided(fence, row, ctx, Failed(error, keep=spec.keep_failed_row()))
         decided.ended = self.clock()
+        self.inflight.decided(fence)
         return decided
 
     def _execute(
@@ -637,11 +639,7 @@ class Runner:
     ) -> _Decided:
         """Run one claimed execution and decide its outcome (written by :class:`_Outcomes`).
         The context stays among :meth:`running` until its outcome is written."""
-        with self._contexts_lock:  # one step: a shutdown drain sees it running, or it never runs
-            cancelled = ctx.cancelled.is_set()
-            if not cancelled:
-                self._contexts[row.id] = ctx
-        if cancelled:
+        if not self.inflight.begin(fence):  # one step: a drain sees it running, or it never runs
             return _Decided(fence, row, ctx, None)
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
@@ -654,7 +652,7 @@ class Runner:
                 spec.handler(ctx)
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                self._forget_contexts([ctx])  # no outcome decided: run() leaves (_leave)
+                self.inflight.remove([fence])  # no outcome decided: run() leaves (_leave)
                 raise
             if _cancelled_by_handler(ctx):
                 return self._on_cancel(spec, row, ctx, fence, exc, capture.entries(), began)
@@ -765,19 +763,14 @@ class Runner:
     # -- cancel / shutdown ------------------------------------------------------------------
 
     def running(self) -> list[JobContext[Any]]:
-        """The contexts of handlers running in this process now."""
-        with self._contexts_lock:
-            return list(self._contexts.values())
+        """The contexts of handlers running in this process now (and of those whose outcome
+        is not written yet)."""
+        return [attempt.ctx for attempt in self.inflight.busy()]
 
-    def cancel_local(self, execution_id: UUID, reason: str = "cancelled") -> bool:
+    def cancel_local(self, execution_id: UUID, reason: str = Stop.CANCELLED) -> bool:
         """Set ``cancelled`` on a handler of this process at once (an admin cancel, a
         shutdown: never counted as the handler's own cancel). True if it was running here."""
-        with self._contexts_lock:
-            ctx = self._contexts.get(execution_id)
-        if ctx is None:
-            return False
-        ctx._interrupt(reason)
-        return True
+        return self.inflight.cancel(execution_id, reason)
 
 
 def _parse_ids(job_name: object, ids: object) -> list[UUID]:
@@ -799,13 +792,8 @@ def _parse_ids(job_name: object, ids: object) -> list[UUID]:
     return uuids
 
 
-def _on_lost(ctx: JobContext[Any]) -> Callable[[], None]:
-    """What the heartbeat calls when the row is no longer this attempt's: cancel the handler."""
-    return lambda: ctx._interrupt("cancelled")
-
-
-SHUTDOWN = "worker shutdown"
-"""The cancel reason of a shutdown drain (``celery_outbox.shutdown``, which imports this)."""
+SHUTDOWN = Stop.SHUTDOWN
+"""The cancel reason of a shutdown drain."""
 
 HANDLER = "handler"
 """``cancelled_by`` of a row whose own handler cancelled it (``ctx.cancel(reason)``)."""
