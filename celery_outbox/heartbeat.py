@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
 
-from celery_outbox.store import ExecutionStore, Fence, Renewed
+from celery_outbox.store import Fence, Renewed
+from celery_outbox.store.protocol import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        store: ExecutionStore,
+        store: WorkerStore,
         idle_interval: timedelta = timedelta(seconds=60),
     ) -> None:
         self.store = store

@@ -64,7 +64,8 @@ from celery_outbox.outcomes import (
 )
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
-from celery_outbox.store import Claimed, ExecutionStore, Fence
+from celery_outbox.store import Claimed, Fence
+from celery_outbox.store.protocol import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +326,7 @@ class Runner:
 
     def __init__(
         self,
-        store: ExecutionStore,
+        store: WorkerStore,
         registry: JobRegistry,
         config: OutboxConfig,
         dispatcher: Callable[[], Dispatcher],
