@@ -26,6 +26,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from celery_outbox import JobContext, JobRegistry, OutboxConfig, OutboxJob, outbox_job
 from celery_outbox.errors import StorageError
 from celery_outbox.runner import Runner, RunResult
+from celery_outbox.shutdown import Drain
 from celery_outbox.store import Claimed
 from tests import procs
 from tests.twin import MemoryStore
@@ -265,3 +266,22 @@ def test_a_claim_that_lands_after_its_client_gave_up_is_released_too(
         assert runner.run("shop.receipt", ids) == RunResult(claimed=2, succeeded=2)
     finally:
         runner.heartbeat.stop()
+
+
+def test_a_shutdown_drain_waits_for_an_outcome_being_tried_again_and_never_hands_it_back(
+    store: MemoryStore, registry: JobRegistry, runner: Runner, recording: Recording,
+) -> None:
+    """The row's handler ran and its outcome is decided: the drain must not hand it back (it
+    would run again) while a thread still writes that outcome."""
+    job(registry, lambda ctx: None)
+    [only] = pending(store, 1)
+    store.fail_next(2, on=["finish"])
+    with pytest.raises(StorageError):
+        runner.run("shop.receipt", [only])
+    assert [ctx.execution_id for ctx in runner.running()] == [only]  # still being written
+
+    handed = Drain(runner, timedelta(0)).run()
+
+    assert handed == []
+    assert row(store, only)["status"] == "succeeded"
+    assert runner.running() == []
