@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -12,6 +13,25 @@ from uuid import UUID
 from celery_outbox.errors import ExecutionCancelled
 
 P = TypeVar("P")
+
+
+class Stop(str, enum.Enum):
+    """Why the worker set a handler's ``ctx.cancelled`` (its ``ctx.cancel_reason``); a
+    handler's own ``ctx.cancel(reason)`` gives a reason of its own instead."""
+
+    CANCELLED = "cancelled"
+    """The row is no longer this attempt's: an admin cancelled it, the rescuer took it or it
+    was handed back (the heartbeat or a fenced write found it so)."""
+    TIMED_OUT = "timed out"
+    """The job's ``timeout`` ran out: the attempt fails (and retries per policy)."""
+    SHUTDOWN = "worker shutdown"
+    """The worker stops (the drain's ``drain_timeout`` ran out): the row is handed back."""
+    LEASE_LOST = "lease lost"
+    """The lease runs out unrenewed (the database unreachable): the rescuer may run the row
+    again, so the handler is told to stop first."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -36,7 +56,7 @@ class JobContext(Generic[P]):
     now: datetime
     log: logging.Logger
     cancelled: threading.Event = field(default_factory=threading.Event)
-    cancel_reason: str = "cancelled"
+    cancel_reason: str = Stop.CANCELLED
     cancelled_by_handler: bool = False
     """True when the handler itself called :meth:`cancel` (the first cancel wins)."""
     _cancel_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -24,10 +24,11 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from uuid import UUID
 
-from celery_outbox.store import ExecutionStore, Fence, Renewed
+from celery_outbox.store import Fence, Renewed
+from celery_outbox.store.protocol import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +59,17 @@ class _Held:
 
 
 class Heartbeat:
-    """Renews the leases of this process's running executions.
-
-    ``clock()`` returns an aware UTC datetime. ``idle_interval`` is how long the thread sleeps
-    when nothing is held.
+    """Renews the leases of this process's running executions, in the database's clock
+    (``store.lease_now()``). ``idle_interval`` is how long the thread sleeps when nothing is
+    held.
     """
 
     def __init__(
         self,
-        store: ExecutionStore,
-        clock: Callable[[], datetime],
+        store: WorkerStore,
         idle_interval: timedelta = timedelta(seconds=60),
     ) -> None:
         self.store = store
-        self.clock = clock
         self.idle_interval = idle_interval
         # By fence, not by execution: a later claim of the same row in this process (after a
         # hand-back) is held on its own, and the earlier claim's end does not stop it.
@@ -134,26 +132,6 @@ class Heartbeat:
         """Stop renewing ``fence``'s lease (another claim of the same row stays held)."""
         with self._lock:
             self._held.pop(fence, None)
-
-    def drop(self, fence: Fence) -> bool:
-        """Stop renewing ``fence`` and fire its ``on_lost`` now (its handler's
-        ``ctx.cancelled`` is set). True when it was held (shutdown hands the row back)."""
-        with self._lock:
-            held = self._held.pop(fence, None)
-        if held is None:
-            return False
-        held.on_lost()
-        return True
-
-    def warn(self, fence: Fence) -> bool:
-        """Fire ``fence``'s ``on_lost`` now (its handler's ``ctx.cancelled`` is set) but keep
-        renewing its lease. True when it was held."""
-        with self._lock:
-            held = self._held.get(fence)
-        if held is None:
-            return False
-        held.on_lost()
-        return True
 
     def held(self) -> list[Fence]:
         """The fences currently held by this process."""
@@ -237,9 +215,8 @@ class Heartbeat:
             lost += self._settle(group, kept, written, lease)
             # The rows locked elsewhere, each renewed alone now (it may wait on its lock),
             # the others' renewals already counted.
-            skipped = kept.skipped if isinstance(kept, Renewed) else set()
             for h in group:
-                if h.fence.id not in skipped:
+                if h.fence.id not in kept.skipped:
                     continue
                 try:
                     alone = self.store.heartbeat(None, [h.fence], now, lease)
@@ -250,13 +227,13 @@ class Heartbeat:
                 lost += self._settle([h], alone, written, lease)
         return lost
 
-    def _settle(self, group: list[_Held], kept: set[UUID], written: float,
+    def _settle(self, group: list[_Held], kept: Renewed, written: float,
                 lease: timedelta) -> int:
         """Count the answer of one renewal of ``group`` sent at ``written``: the renewed
         leases run out a lease later (the watch woken if one of them was told, so it watches
         the new end); a row neither renewed nor left for later (locked elsewhere, its own
         write failed) is lost: its ``on_lost`` fires. Returns how many were lost."""
-        later = (kept.skipped | kept.unknown) if isinstance(kept, Renewed) else set()
+        later = kept.skipped | kept.unknown
         lost = 0
         wake = False
         for h in group:

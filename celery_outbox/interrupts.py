@@ -24,12 +24,12 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from celery_outbox.context import JobContext
+from celery_outbox.context import JobContext, Stop
 from celery_outbox.errors import ExecutionCancelled
 
 log = logging.getLogger(__name__)
 
-TIMED_OUT = "timed out"
+TIMED_OUT = Stop.TIMED_OUT
 
 _main_scope: HandlerScope | None = None
 """The scope of the handler running on the main thread, if one is."""

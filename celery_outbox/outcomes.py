@@ -8,10 +8,13 @@ takes one of :data:`Outcome` and a :class:`Fence` and answers a :class:`Finished
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID
+
+from celery_outbox.states import Status
 
 Logs = list[dict[str, Any]] | None
 """Captured log records of the attempt (JSON-ready dicts) for the ``logs`` column; None
@@ -32,6 +35,21 @@ class Fence:
     attempt: int
 
 
+class OutcomeName(str, enum.Enum):
+    """The one name of each outcome (and of a write that missed: ``LOST``): the counters of
+    a run (``RunResult``), the statement that writes it, the log line of a fence miss."""
+
+    SUCCEEDED = "succeeded"
+    RETRIED = "retried"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    """Not an outcome: its write found the row no longer this attempt's."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Succeeded:
     """running -> succeeded (``keep``), or the row is deleted (the job keeps no succeeded
@@ -39,6 +57,8 @@ class Succeeded:
 
     keep: bool
     logs: Logs = None
+    name: ClassVar[OutcomeName] = OutcomeName.SUCCEEDED
+    status: ClassVar[Status] = Status.SUCCEEDED
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,8 @@ class Retrying:
     error: str
     logs: Logs = None
     dispatched: bool = False
+    name: ClassVar[OutcomeName] = OutcomeName.RETRIED
+    status: ClassVar[Status] = Status.SCHEDULED
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,8 @@ class Failed:
     error: str
     logs: Logs = None
     keep: bool = True
+    name: ClassVar[OutcomeName] = OutcomeName.FAILED
+    status: ClassVar[Status] = Status.FAILED
 
 
 @dataclass(frozen=True)
@@ -73,10 +97,20 @@ class Cancelled:
     by: str | None
     by_name: str | None
     logs: Logs = None
+    name: ClassVar[OutcomeName] = OutcomeName.CANCELLED
+    status: ClassVar[Status] = Status.CANCELLED
 
 
 Outcome = Succeeded | Retrying | Failed | Cancelled
-"""What one attempt ended in, as the runner decided it."""
+"""What one attempt ended in, as the runner decided it. Each has its ``name`` (an
+:class:`OutcomeName`) and the ``status`` its write leaves the row in (``keep=False``: the row
+is deleted instead)."""
+
+
+def deletes(outcome: Outcome) -> bool:
+    """Whether writing ``outcome`` deletes the row (a success or failure the job keeps no
+    row of)."""
+    return isinstance(outcome, (Succeeded, Failed)) and not outcome.keep
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,23 @@
-"""The Celery task body: claim -> heartbeat -> handler -> complete / retry / fail.
+"""The Celery task body: the worker's write protocol.
 
-A message carries ``(job_name, [execution_id, ...])``. The runner claims all of them with one
-statement (rows already claimed, finished, cancelled or not yet due are skipped), runs each
-claimed execution's handler in order, and records each outcome with a write fenced by
-``claimed_by`` and ``attempt``: a late write from an attempt that was cancelled or rescued
-changes nothing.
+A message carries ``(job_name, [execution_id, ...])``. :meth:`Runner.run` follows one
+protocol, each rule of it kept in one place:
+
+1. **claim** all the ids with one statement (:meth:`Runner._claim`; rows already claimed,
+   finished, cancelled or not yet due are skipped). A claim whose answer was lost is
+   released by its token (:meth:`Runner._release_lost_claim`), tried again for up to a
+   lease.
+2. per claimed row, in order: **guard** (:meth:`Runner._guard`: marked started as still this
+   claim's, its lease vouched for) -> **run** and **decide** (:meth:`Runner._isolated`: the
+   handler, then its outcome as a value) -> **write** (:class:`_Outcomes`: every write of a
+   decided outcome, fenced by ``claimed_by`` and ``attempt``, so a late write from an
+   attempt that was cancelled or rescued changes nothing; an outcome once decided is written,
+   tried again until it hits or its fence says no).
+3. one way out, whatever is raised (:meth:`Runner._leave`): the outcomes decided are
+   written, the rows never begun are handed back, then the exception goes on.
+
+What a thread has to try again once the database answers (an outcome, a hand-back, the
+release of a lost claim) goes to :class:`_Retries`, which keeps trying for up to a lease.
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -26,7 +40,7 @@ from pydantic import ValidationError
 
 from celery_outbox import signals
 from celery_outbox.config import OutboxConfig
-from celery_outbox.context import JobContext
+from celery_outbox.context import JobContext, Stop
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import (
     DoNotRetry,
@@ -36,12 +50,22 @@ from celery_outbox.errors import (
     StorageError,
 )
 from celery_outbox.heartbeat import Heartbeat
+from celery_outbox.inflight import InFlight
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logs import LogCapture
-from celery_outbox.outcomes import Cancelled, Failed, Outcome, Retrying, Succeeded, Write
+from celery_outbox.outcomes import (
+    Cancelled,
+    Failed,
+    Outcome,
+    OutcomeName,
+    Retrying,
+    Succeeded,
+    Write,
+)
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.states import Status
-from celery_outbox.store import Claimed, ExecutionStore, Fence
+from celery_outbox.store import Claimed, Fence
+from celery_outbox.store.protocol import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +97,224 @@ class _Decided:
     ctx: JobContext[Any]
     outcome: Outcome | None
     """None: nothing to write (cancelled by an admin, rescued or handed back meanwhile)."""
-    status: Status | None
-    """What the row becomes when the write hits (None: nothing written)."""
     on_hit: Callable[[], None] | None = None
     """What follows a write that hit (a retry's dispatch, a cancel's log and signal)."""
     ended: datetime | None = None
     """When the outcome was decided (its ``finished_at``); set by :meth:`Runner._isolated`."""
     at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Claim:
+    """One message's claim as :meth:`Runner.run` works through it."""
+
+    spec: JobSpec
+    token: str
+    lease: timedelta
+    rows: list[Claimed]
+    fences: list[Fence]
+    contexts: list[JobContext[Any]]
+    first_started: bool
+    """The claim itself marked ``rows[0]`` started (its id came first in the message)."""
+    held: list[_Decided] = field(default_factory=list)
+    """Decided, not yet written (oldest first)."""
+    begun: int = 0
+    """``rows[:begun]`` may have begun; the others never did."""
+    later: set[Fence] = field(default_factory=set)
+    """The fences a retry thread holds now (still heartbeated; it untracks them)."""
+    counts: Counter[OutcomeName] = field(default_factory=Counter)
+
+    def result(self) -> RunResult:
+        return RunResult(claimed=len(self.rows),
+                         **{name.value: self.counts[name] for name in OutcomeName})
+
+
+class _Retry:
+    """One write the database refused, tried again by :class:`_Retries`: ``attempt(final)``
+    answers True when nothing is left to do (it hit, its fence said no, nothing to release);
+    ``end()`` runs once, when it is done or given up."""
+
+    def __init__(self, name: str, attempt: Callable[[bool], bool],
+                 end: Callable[[], None]) -> None:
+        self.name = name
+        self._attempt = attempt
+        self._end = end
+        self._lock = threading.Lock()  # one try at a time: the thread's or the process exit's
+        self.done = False
+
+    def once(self, *, final: bool) -> bool:
+        with self._lock:
+            if self.done:
+                return True
+            try:
+                self.done = self._attempt(final) or final
+            except Exception:
+                log.exception("celery_outbox: trying %s again failed", self.name)
+                self.done = final
+            if self.done:
+                self._end()
+            return self.done
+
+
+class _Retries:
+    """The writes a thread tries again until the database takes them, or a lease has passed
+    (every second at first, then less often, at most every lease / 3); :meth:`settle` tries
+    each once more now (the process is about to end, and its threads with it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[_Retry] = set()
+
+    def start(self, retry: _Retry, lease: timedelta) -> None:
+        with self._lock:
+            self._pending.add(retry)
+
+        def loop() -> None:
+            deadline = time.monotonic() + lease.total_seconds()
+            pause = 1.0
+            try:
+                while not retry.done and time.monotonic() < deadline:
+                    time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+                    if retry.once(final=time.monotonic() + pause * 2 >= deadline):
+                        return
+                    pause = min(pause * 2, lease.total_seconds() / 3)
+                retry.once(final=True)
+            finally:
+                with self._lock:
+                    self._pending.discard(retry)
+
+        threading.Thread(target=loop, name=f"celery-outbox-{retry.name}", daemon=True).start()
+
+    def settle(self) -> None:
+        with self._lock:
+            pending = list(self._pending)
+        for retry in pending:
+            if retry.once(final=True):
+                with self._lock:
+                    self._pending.discard(retry)
+
+
+class _Outcomes:
+    """Writes decided outcomes: the one place of the rule "an outcome, once decided, is
+    written".
+
+    Outcomes decided within ``outcome_window`` of each other are held and written together
+    (one transaction), with the start of the claim's next row in the same round trip when
+    one follows. When that statement fails, the outcomes are written alone, at once; when
+    that fails too they go to a thread that tries again (the rows kept heartbeated, so the
+    rescuer does not take them) until each hits or its fence says no, and the run ends
+    (:class:`StorageError`). A write that hit is counted and followed up (a retry's dispatch,
+    a cancel's signal); one that missed tells the database the handler stopped
+    (``confirm_stop``).
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.store = runner.store
+
+    def start(self, claim: _Claim, fence: Fence) -> bool:
+        """Mark ``fence`` started (still this claim's: True), with the outcomes held when the
+        window says they are due (or there is no window). Raises :class:`StorageError`."""
+        window = self.runner.config.outcome_window.total_seconds()
+        held = claim.held
+        if held and (window == 0 or time.monotonic() - held[0].at >= window):
+            return bool(self.write(claim, start=fence))
+        if not held:
+            return self.store.start(fence, self.runner.clock())
+        # Its outcomes held, the start commits without waiting for its flush (PostgreSQL).
+        return self.store.start(fence, self.runner.clock(), flushed=False)
+
+    def write(self, claim: _Claim, *, start: Fence | None = None) -> bool | None:
+        """Write the outcomes held for ``claim`` and mark ``start`` started in the same round
+        trip; whether ``start`` still was the claim's (None: no start asked). Raises
+        :class:`StorageError` when the outcomes went to a retry thread, or the start alone
+        failed after them."""
+        held = claim.held
+        writes = [d for d in held if d.outcome is not None]
+        try:
+            hits, started = self._send(writes, start)
+        except StorageError:
+            if not writes:
+                raise  # a start alone failed: not ours to retry, the row is handed back
+            log.warning("celery_outbox: writing %d outcome(s) of %r failed; writing them "
+                        "again%s", len(writes), claim.spec.name,
+                        " without the next row's start" if start is not None else "")
+            hits = self._again(claim, writes)
+            claim.held = []
+            self.settle(claim.spec, held, hits, claim.counts)
+            return None if start is None else self.store.start(start, self.runner.clock())
+        claim.held = []
+        self.settle(claim.spec, held, hits, claim.counts)
+        return started
+
+    def _send(self, writes: Sequence[_Decided],
+              start: Fence | None) -> tuple[dict[Fence, bool], bool | None]:
+        """One statement for one outcome, one transaction for several, ``start`` with them;
+        whether each hit and whether ``start`` was still the claim's."""
+        clock = self.runner.clock
+        if not writes:
+            return {}, None if start is None else self.store.start(start, clock())
+        if len(writes) == 1:
+            d = writes[0]
+            assert d.outcome is not None
+            done = self.store.finish(d.outcome, d.fence, d.ended or clock(), start=start)
+            return {d.fence: done.hit}, done.started
+        many = self.store.finish_many(
+            [Write(d.outcome, d.fence, d.ended or clock()) for d in writes
+             if d.outcome is not None], clock(), start=start)
+        return dict(zip((d.fence for d in writes), many.hits, strict=True)), many.started
+
+    def _again(self, claim: _Claim, writes: list[_Decided]) -> dict[Fence, bool]:
+        """The outcomes alone, now; failing again, to a retry thread (then raises)."""
+        try:
+            return self._send(writes, None)[0]
+        except StorageError:
+            self.later(claim, writes)
+            raise
+
+    def later(self, claim: _Claim, writes: list[_Decided]) -> None:
+        """Hand ``writes`` to a thread that writes them once the database answers; their
+        rows stay heartbeated (and "running" for the drain) until it is done."""
+        fences = [d.fence for d in writes]
+        claim.later.update(fences)
+        claim.held = [d for d in claim.held if d not in writes]
+        spec, runner = claim.spec, self.runner
+
+        def attempt(final: bool) -> bool:
+            try:
+                hits = self._send(writes, None)[0]
+            except StorageError as exc:
+                log.warning("celery_outbox: writing %d decided outcome(s) of %r failed (%s); "
+                            "%s", len(writes), spec.name, exc,
+                            "the rescuer decides them when their leases expire" if final
+                            else "trying again")
+                return False
+            self.settle(spec, writes, hits, Counter())
+            return True
+
+        def end() -> None:
+            for fence in fences:
+                runner.heartbeat.untrack(fence)
+            runner.inflight.remove(fences)
+
+        runner._retries.start(_Retry("outcome-write", attempt, end), claim.lease)
+
+    def settle(self, spec: JobSpec, held: Sequence[_Decided], hits: dict[Fence, bool],
+               counts: Counter[OutcomeName]) -> None:
+        """Count each of ``held``, follow up the writes that hit, tell the database of the
+        misses that the handler stopped, send ``job_end`` and let the drain see each done."""
+        for d in held:
+            if not hits.get(d.fence):
+                self.runner._confirm_stop(d.fence)
+        for d in held:
+            hit = d.outcome if hits.get(d.fence) else None
+            counts[OutcomeName.LOST if hit is None else hit.name] += 1
+            if hit is not None and d.on_hit is not None:
+                d.on_hit()
+            self.runner.inflight.remove([d.fence])  # written: the drain no longer waits for it
+            signals.job_end.send(sender=spec.name, execution_id=d.row.id,
+                                 attempt=d.row.attempt,
+                                 status=(Status.CANCELLED if hit is None else hit.status).value)
 
 
 class Runner:
@@ -91,7 +326,7 @@ class Runner:
 
     def __init__(
         self,
-        store: ExecutionStore,
+        store: WorkerStore,
         registry: JobRegistry,
         config: OutboxConfig,
         dispatcher: Callable[[], Dispatcher],
@@ -102,12 +337,13 @@ class Runner:
         self.config = config
         self.dispatcher = dispatcher
         self.clock = clock
-        self.heartbeat = Heartbeat(store, clock)
+        self.heartbeat = Heartbeat(store)
+        self.inflight = InFlight()
+        """The attempts this process holds (shared with the heartbeat's callbacks, the lease
+        watch and the shutdown drain)."""
         self._worker_id: tuple[int, str] | None = None
-        self._contexts: dict[UUID, JobContext[Any]] = {}
-        self._contexts_lock = threading.Lock()
-        # Hand-backs a thread is trying again: their fences -> the job's name.
-        self._handing_back: dict[frozenset[Fence], str] = {}
+        self._outcomes = _Outcomes(self)
+        self._retries = _Retries()
 
     @property
     def worker_id(self) -> str:
@@ -128,13 +364,37 @@ class Runner:
         """
         return f"{self.worker_id}/{uuid.uuid4().hex[:12]}"
 
+    # -- the protocol -----------------------------------------------------------------------
+
     def run(self, job_name: str, ids: Sequence[UUID | str]) -> RunResult:
         """Claim and run the executions ``ids`` of ``job_name``.
 
         An unknown job is logged and skipped (the message is acknowledged; rows untouched), and
-        so is an id that is no UUID (the others run). Never raises for a handler's error;
-        raises :class:`StorageError` when the claim fails.
+        so is an id that is no UUID (the others run). Never raises for a handler's
+        ``Exception``; raises :class:`StorageError` when the database fails, and whatever a
+        handler raises that is no ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, ...),
+        each after :meth:`_leave`.
         """
+        message = self._message(job_name, ids)
+        if message is None:
+            return RunResult()
+        claim = self._claim(*message)
+        try:
+            for index in range(len(claim.rows)):
+                self._guard(claim, index)
+                claim.begun = index + 1
+                claim.held.append(self._isolated(claim, index))
+            self._outcomes.write(claim)
+        except BaseException:
+            self._leave(claim)
+            raise
+        finally:
+            self._forget(claim)
+        return claim.result()
+
+    def _message(self, job_name: str,
+                 ids: Sequence[UUID | str]) -> tuple[JobSpec, list[UUID]] | None:
+        """The job and the ids to claim; None when there is nothing to run (logged)."""
         uuids = list(dict.fromkeys(_parse_ids(job_name, ids)))  # an id carried twice: once
         try:
             spec = self.registry.get(job_name) if isinstance(job_name, str) else None
@@ -143,122 +403,95 @@ class Runner:
         if spec is None:
             log.error("celery_outbox: received %d execution(s) of unregistered job %r; "
                       "rows left untouched", len(uuids), job_name)
-            return RunResult()
-        if not uuids:
-            return RunResult()
+            return None
+        return (spec, uuids) if uuids else None
+
+    def _claim(self, spec: JobSpec, uuids: list[UUID]) -> _Claim:
+        """claim: the rows of ``uuids`` still claimable, tracked by the heartbeat from the
+        moment the claim was sent. A claim that raised (whatever it raised: its answer lost,
+        a timeout on the client while the server may still apply it) is released by its
+        token before the error goes on."""
         now, sent = self.clock(), time.monotonic()
-        worker = self.claim_token()
+        token = self.claim_token()
         lease = spec.lease(self.config)
-        claimed = self.store.claim(uuids, job_name, worker, self.store.lease_now(), lease)
+        try:
+            claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(), lease)
+        except BaseException:
+            self._release_lost_claim(spec, uuids, token, lease)
+            raise
         if len(claimed) < len(uuids):
             log.debug("celery_outbox: %d of %d id(s) of %r not claimable (already claimed, "
-                      "finished or not due)", len(uuids) - len(claimed), len(uuids), job_name)
-        contexts = [self._context(spec, row, now) for row in claimed]
-        fences = [Fence(row.id, worker, row.attempt) for row in claimed]
-        for fence, ctx in zip(fences, contexts, strict=True):
-            self.heartbeat.track(fence, lease, _on_lost(ctx), self._on_expired(ctx), sent)
-        counts = {"succeeded": 0, "retried": 0, "failed": 0, "lost": 0, "cancelled": 0}
-        window = self.config.outcome_window.total_seconds()
-        held: list[_Decided] = []  # decided, not yet written (oldest first)
-        begun = 0  # rows whose handler may have begun: fences[:begun]
-        retrying: frozenset[Fence] = frozenset()  # handed back later, still heartbeated
-        try:
-            # The claim marked the first of ids started; a miss: handed back, rescued or
-            # cancelled since, so not ours to begin.
-            if (claimed and claimed[0].id != uuids[0]
-                    and not self.store.start(fences[0], now)):
-                contexts[0]._interrupt("cancelled")
-            for index, (row, ctx) in enumerate(zip(claimed, contexts, strict=True)):
-                if index and not ctx.cancelled.is_set() and self.heartbeat.stale(fences[index]):
-                    # Queued while its lease ran low (a busy process, the database away a
-                    # while): renewed before it is marked started, so the rescuer never finds
-                    # it begun with its lease run out (the outcomes held, written first).
-                    if held:
-                        self._write(spec, held, counts)
-                        held = []
-                    self._renew(fences[index], lease, ctx)
-                if index:
-                    # Mark this row started before it begins; a miss: no longer ours
-                    # (cancelled, rescued, handed back). With the outcomes held past the
-                    # window, in the same round trip as their write.
-                    if window == 0 or time.monotonic() - held[0].at >= window:
-                        started = self._write(spec, held, counts, start=fences[index])
-                        held = []
-                    else:
-                        started = self.store.start(fences[index], self.clock(), flushed=False)
-                    if started is False:
-                        ctx._interrupt("cancelled")
-                if not ctx.cancelled.is_set() and self.heartbeat.stale(fences[index]):
-                    # Its lease ran low unrenewed while its start was written or the claim
-                    # answered late: renew it before its handler begins, or the rescuer could
-                    # take it from under the handler (the watch stops only handlers that
-                    # run). A failed renewal hands it back, never begun; outcomes held past
-                    # the window are written first, so that failure never drops them.
-                    if held:
-                        self._write(spec, held, counts)
-                        held = []
-                    self._renew(fences[index], lease, ctx)
-                begun = index + 1
-                held.append(self._isolated(spec, row, ctx, fences[index]))
-            self._write(spec, held, counts)
-            held = []
-        except StorageError:
-            # The failed write may have committed and marked the next row started (its
-            # answer lost, or delivered later by a network that hung): hand back the rows
-            # never begun, or each would count an attempt. The attempts held unwritten stay
-            # running: the rescuer takes them.
-            retrying = self._hand_back_unbegun(spec.name, fences[begun:], lease)
-            raise
-        finally:
-            for fence in fences:
-                if fence not in retrying:
-                    self.heartbeat.untrack(fence)
-            with self._contexts_lock:
-                for ctx in contexts:
-                    if self._contexts.get(ctx.execution_id) is ctx:  # not a later claim's
-                        del self._contexts[ctx.execution_id]
-        return RunResult(claimed=len(claimed), **counts)
+                      "finished or not due)", len(uuids) - len(claimed), len(uuids), spec.name)
+        claim = _Claim(spec, token, lease, claimed,
+                       [Fence(row.id, token, row.attempt) for row in claimed],
+                       [self._context(spec, row, now) for row in claimed],
+                       first_started=bool(claimed) and claimed[0].id == uuids[0])
+        for fence, ctx in zip(claim.fences, claim.contexts, strict=True):
+            self.inflight.add(fence, ctx)
+            self.heartbeat.track(fence, lease, self._on_lost(fence), self._on_expired(fence),
+                                 sent)
+        return claim
 
-    def _write(self, spec: JobSpec, held: Sequence[_Decided], counts: dict[str, int], *,
-               start: Fence | None = None) -> bool | None:
-        """Write the outcomes ``held`` (one statement for one, one transaction for several)
-        and mark ``start`` started in the same round trip; then count each, follow up the
-        writes that hit, send ``job_end`` and let the drain see them done. Whether ``start``
-        still was the claim's (None: no start asked). Raises :class:`StorageError`."""
-        writes = [(d, d.outcome, d.ended or self.clock()) for d in held
-                  if d.outcome is not None]
-        if not writes:
-            hits: list[bool] = []
-            started = self._start(start)
-        elif len(writes) == 1:
-            d, outcome, ended = writes[0]
-            done = self.store.finish(outcome, d.fence, ended, start=start)
-            hits, started = [done.hit], done.started
+    def _guard(self, claim: _Claim, index: int) -> None:
+        """Before row ``index`` begins: mark it started, still this claim's (a miss: it was
+        cancelled, rescued or handed back, so its ctx is cancelled and it never begins),
+        with the outcomes held when due (:meth:`_Outcomes.start`), and vouch for its lease
+        before and after (:meth:`_vouch`). Raises :class:`StorageError`."""
+        fence, ctx = claim.fences[index], claim.contexts[index]
+        if index and not ctx.cancelled.is_set():
+            # Queued while its lease ran low (a busy process, the database away a while):
+            # renewed before it is marked started, so the rescuer never finds it begun with
+            # its lease run out.
+            self._vouch(fence, claim.lease, ctx)
+        if (index or not claim.first_started) and not self._outcomes.start(claim, fence):
+            ctx._interrupt(Stop.CANCELLED)
+        if not ctx.cancelled.is_set():
+            # Its lease ran low unrenewed while its start was written or the claim answered
+            # late: renewed before its handler begins (the watch stops only handlers that
+            # run), or the rescuer could take it from under the handler.
+            self._vouch(fence, claim.lease, ctx)
+
+    def _vouch(self, fence: Fence, lease: timedelta, ctx: JobContext[Any]) -> None:
+        """Renew ``fence``'s lease now if it is near its end unrenewed; a miss (no longer
+        this claim's) cancels ``ctx``. Raises :class:`StorageError`."""
+        if not self.heartbeat.stale(fence):
+            return
+        written = time.monotonic()
+        renewed = self.store.heartbeat(None, [fence], self.store.lease_now(), lease)
+        if fence.id in renewed:
+            self.heartbeat.renewed(fence, written)
+        elif fence.id in renewed.unknown:
+            raise StorageError(f"the lease of {fence.id} could not be renewed before its "
+                               "handler began (its row locked elsewhere)")
         else:
-            many = self.store.finish_many(
-                [Write(outcome, d.fence, ended) for d, outcome, ended in writes],
-                self.clock(), start=start)
-            hits, started = many.hits, many.started
-        hit = dict(zip((d.fence for d, _, _ in writes), hits, strict=True))
-        for d in held:
-            if not hit.get(d.fence):
-                self._confirm_stop(d.fence)
-        for d in held:
-            status = d.status if hit.get(d.fence) else None
-            key = {
-                Status.SUCCEEDED: "succeeded", Status.SCHEDULED: "retried",
-                Status.FAILED: "failed", Status.CANCELLED: "cancelled",
-            }.get(status, "lost") if status else "lost"
-            counts[key] += 1
-            if status is not None and d.on_hit is not None:
-                d.on_hit()
-            with self._contexts_lock:  # written: the drain no longer waits for it
-                if self._contexts.get(d.row.id) is d.ctx:
-                    del self._contexts[d.row.id]
-            signals.job_end.send(sender=spec.name, execution_id=d.row.id,
-                                 attempt=d.row.attempt,
-                                 status=(status or Status.CANCELLED).value)
-        return started
+            ctx._interrupt(Stop.CANCELLED)
+
+    def _leave(self, claim: _Claim) -> None:
+        """The one way out of :meth:`run` on anything raised: the outcomes decided are
+        written (or left to a retry thread), the rows never begun handed back (the failed
+        write may have committed and marked the next one started: its answer lost, or
+        delivered later by a network that hung). A row whose handler was interrupted by what
+        is raised (no outcome decided) is left to the rescuer, which counts its attempt.
+        Never raises an ``Exception`` of its own: the caller's goes on."""
+        if claim.held:
+            try:
+                self._outcomes.write(claim)
+            except Exception as exc:
+                log.warning("celery_outbox: the outcomes decided before %r ended could not be "
+                            "written now (%s)", claim.spec.name, exc)
+        try:
+            self._hand_back(claim, claim.fences[claim.begun:])
+        except Exception:
+            log.exception("celery_outbox: handing back the rows of %r never begun failed",
+                          claim.spec.name)
+
+    def _forget(self, claim: _Claim) -> None:
+        """The run is over: stop heartbeating its fences and let them go (but those a retry
+        thread holds: it does both when done)."""
+        done = [fence for fence in claim.fences if fence not in claim.later]
+        for fence in done:
+            self.heartbeat.untrack(fence)
+        self.inflight.remove(done)
 
     def _confirm_stop(self, fence: Fence) -> None:
         """Tell the database this attempt's handler has stopped, should its row have been
@@ -271,78 +504,46 @@ class Runner:
                         "stopped (%s); it can be retried once its lease runs out",
                         fence.attempt, fence.id, exc)
 
-    def _on_expired(self, ctx: JobContext[Any]) -> Callable[[], None]:
+    def _on_lost(self, fence: Fence) -> Callable[[], None]:
+        """What the heartbeat calls when a renewal found the row no longer this attempt's:
+        stop its handler (or keep it from beginning)."""
+        def lost() -> None:
+            self.inflight.stop(fence, Stop.CANCELLED)
+
+        return lost
+
+    def _on_expired(self, fence: Fence) -> Callable[[], None]:
         """What the heartbeat's watch calls when the lease runs out unrenewed: stop the
-        handler if it runs; one queued behind it is renewed before it begins (:meth:`run`)."""
+        handler if it runs; one queued behind it is renewed before it begins (:meth:`_guard`)."""
         def expired() -> None:
-            with self._contexts_lock:
-                running = self._contexts.get(ctx.execution_id) is ctx
-            if running:
-                ctx._interrupt("cancelled")
+            self.inflight.stop(fence, Stop.LEASE_LOST, running_only=True)
 
         return expired
 
-    def _renew(self, fence: Fence, lease: timedelta, ctx: JobContext[Any]) -> None:
-        """Renew ``fence``'s lease now, before its handler begins; a miss (no longer this
-        claim's) cancels ``ctx``. Raises :class:`StorageError`."""
-        written = time.monotonic()
-        renewed = self.store.heartbeat(None, [fence], self.store.lease_now(), lease)
-        if fence.id in renewed:
-            self.heartbeat.renewed(fence, written)
-        elif fence.id in getattr(renewed, "unknown", ()):
-            raise StorageError(f"the lease of {fence.id} could not be renewed before its "
-                               "handler began (its row locked elsewhere)")
-        else:
-            ctx._interrupt("cancelled")
+    # -- hand-back, and the release of a lost claim -----------------------------------------
 
-    def _hand_back_unbegun(self, job_name: str, fences: Sequence[Fence],
-                           lease: timedelta) -> frozenset[Fence]:
+    def _hand_back(self, claim: _Claim, fences: Sequence[Fence]) -> None:
         """release: running -> pending (the attempt not counted, dispatched now) for the rows
-        of ``fences``, claimed by this run and never begun, after the database failed.
+        of ``fences``, claimed by this run and never begun, after the run failed.
 
-        When that fails too, a thread tries again (every second at first, then less often)
-        until it succeeds or a lease has passed, the rows meanwhile still heartbeated so the
-        rescuer does not count an attempt for them should a write the database received but
-        never answered have marked one started; it untracks them when done. Returns the
-        fences left to it (empty when the first try did it)."""
-        if not fences or self._try_hand_back(job_name, fences, final=False):
-            return frozenset()
-        pending = frozenset(fences)
-        with self._contexts_lock:
-            self._handing_back[pending] = job_name
+        When that fails too, a retry thread tries again until it succeeds or a lease has
+        passed, the rows meanwhile still heartbeated so the rescuer does not count an
+        attempt for them should a write the database received but never answered have
+        marked one started; it untracks them when done."""
+        if not fences or self._try_hand_back(claim.spec.name, fences, final=False):
+            return
+        claim.later.update(fences)
+        name = claim.spec.name
 
-        def retry() -> None:
-            deadline = time.monotonic() + lease.total_seconds()
-            pause = 1.0
-            try:
-                while time.monotonic() < deadline:
-                    time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
-                    final = time.monotonic() + pause * 2 >= deadline
-                    if self._try_hand_back(job_name, fences, final=final):
-                        return
-                    pause = min(pause * 2, lease.total_seconds() / 3)
-            finally:
-                with self._contexts_lock:
-                    self._handing_back.pop(pending, None)
-                for fence in pending:
-                    self.heartbeat.untrack(fence)
+        def end() -> None:
+            for fence in fences:
+                self.heartbeat.untrack(fence)
 
-        threading.Thread(target=retry, name="celery-outbox-hand-back", daemon=True).start()
-        return pending
-
-    def hand_back_pending(self) -> None:
-        """Try once more, now, every hand-back a thread is still trying again (the process
-        is about to end, and its threads with it: a prefork child's exit). Fenced: a hand-back
-        the thread did meanwhile makes this one a miss."""
-        with self._contexts_lock:
-            pending = list(self._handing_back.items())
-        for fences, job_name in pending:
-            if self._try_hand_back(job_name, list(fences), final=True):
-                with self._contexts_lock:
-                    self._handing_back.pop(fences, None)
+        self._retries.start(_Retry("hand-back", lambda final: self._try_hand_back(
+            name, fences, final=final), end), claim.lease)
 
     def _try_hand_back(self, job_name: str, fences: Sequence[Fence], *, final: bool) -> bool:
-        """One try of :meth:`_hand_back_unbegun`; whether it reached the database."""
+        """One try of :meth:`_hand_back`; whether it reached the database."""
         try:
             released = self.store.release(fences, self.clock(), begun=False)
         except Exception as exc:
@@ -351,16 +552,57 @@ class Runner:
                         "the rescuer takes them when their leases expire" if final
                         else "trying again")
             return False
+        self._dispatch_released(job_name, released)
+        if released:
+            log.warning("celery_outbox: %d execution(s) of %r never begun handed back "
+                        "(pending again, dispatched at once)", len(released), job_name)
+        return True
+
+    def _release_lost_claim(self, spec: JobSpec, ids: Sequence[UUID], token: str,
+                            lease: timedelta) -> None:
+        """release claim: the rows a claim whose answer was lost holds (it may have been
+        applied, or be applied later by a server that hung), back to pending by the claim's
+        token, dispatched at once. Tried now, then by a retry thread until it releases them
+        or a lease has passed (a release that finds nothing may only have come first)."""
+        def attempt(final: bool) -> bool:
+            try:
+                released = self.store.release_claim(ids, token, self.clock())
+            except Exception as exc:
+                if final:
+                    log.warning("celery_outbox: could not release the claim of %d "
+                                "execution(s) of %r whose answer was lost (%s); the rescuer "
+                                "takes what it holds when its lease expires", len(ids),
+                                spec.name, exc)
+                return False
+            if released:
+                self._dispatch_released(spec.name, released)
+                log.warning("celery_outbox: a claim of %r whose answer was lost held %d "
+                            "execution(s); released (pending again, dispatched at once)",
+                            spec.name, len(released))
+            return bool(released)
+
+        if not attempt(False):
+            self._retries.start(_Retry("release-claim", attempt, lambda: None), lease)
+
+    def _dispatch_released(self, job_name: str, released: Sequence[UUID]) -> None:
+        """Dispatch the rows just handed back (pending again); a failed read of what to
+        dispatch sends them all the same, at the job's priority."""
+        if not released:
+            return
         try:
             items = [DispatchItem(r.id, r.job_name, r.priority)
                      for r in self.store.dispatchable(released)]
-        except Exception:  # handed back: dispatch them all the same, at the job's priority
+        except Exception:
             priority = int(self.registry.get(job_name).priority)
             items = [DispatchItem(i, job_name, priority) for i in released]
         self.dispatcher().dispatch(items)
-        log.warning("celery_outbox: the database failed; %d execution(s) of %r never begun "
-                    "handed back (pending again, dispatched at once)", len(released), job_name)
-        return True
+
+    def hand_back_pending(self) -> None:
+        """Try once more, now, every write a retry thread is still trying (the process is
+        about to end, and its threads with it: a prefork child's exit): decided outcomes,
+        hand-backs, the releases of lost claims. Each is fenced: one the thread did
+        meanwhile makes this one a miss."""
+        self._retries.settle()
 
     # -- one execution ----------------------------------------------------------------------
 
@@ -375,11 +617,12 @@ class Runner:
             log=logging.getLogger(f"celery_outbox.job.{spec.name}"),
         )
 
-    def _isolated(
-        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence
-    ) -> _Decided:
-        """:meth:`_execute`, so that an error of this row's own (deciding its outcome, a
-        bad log record, ...) fails this row, logged, and the message's other rows still run."""
+    def _isolated(self, claim: _Claim, index: int) -> _Decided:
+        """Run row ``index`` and decide its outcome (:meth:`_execute`), so that an error of
+        this row's own (deciding its outcome, a bad log record, ...) fails this row, logged,
+        and the message's other rows still run."""
+        spec, row = claim.spec, claim.rows[index]
+        ctx, fence = claim.contexts[index], claim.fences[index]
         began = self.clock()
         try:
             decided = self._execute(spec, row, ctx, fence, began)
@@ -387,22 +630,18 @@ class Runner:
             log.exception("celery_outbox: %s %s: recording the outcome of attempt %d failed; "
                           "failing the execution", spec.name, row.id, row.attempt)
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
-            decided = _Decided(fence, row, ctx, Failed(error, keep=spec.keep_failed_row()),
-                               Status.FAILED)
+            decided = _Decided(fence, row, ctx, Failed(error, keep=spec.keep_failed_row()))
         decided.ended = self.clock()
+        self.inflight.decided(fence)
         return decided
 
     def _execute(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, began: datetime
     ) -> _Decided:
-        """Run one claimed execution and decide its outcome (written by :meth:`_write`). The
-        context stays among :meth:`running` until its outcome is written."""
-        with self._contexts_lock:  # one step: a shutdown drain sees it running, or it never runs
-            cancelled = ctx.cancelled.is_set()
-            if not cancelled:
-                self._contexts[row.id] = ctx
-        if cancelled:
-            return _Decided(fence, row, ctx, None, None)
+        """Run one claimed execution and decide its outcome (written by :class:`_Outcomes`).
+        The context stays among :meth:`running` until its outcome is written."""
+        if not self.inflight.begin(fence):  # one step: a drain sees it running, or it never runs
+            return _Decided(fence, row, ctx, None)
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
         signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
@@ -414,9 +653,7 @@ class Runner:
                 spec.handler(ctx)
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                with self._contexts_lock:
-                    if self._contexts.get(row.id) is ctx:
-                        del self._contexts[row.id]
+                self.inflight.remove([fence])  # no outcome decided: run() leaves (_leave)
                 raise
             if _cancelled_by_handler(ctx):
                 return self._on_cancel(spec, row, ctx, fence, exc, capture.entries(), began)
@@ -433,13 +670,6 @@ class Runner:
             raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: {exc}")\
                 from exc
 
-    def _start(self, following: Fence | None) -> bool | None:
-        """Mark the claim's next row started on its own (no outcome to write); whether it
-        still was the claim's, None without a next row."""
-        if following is None:
-            return None
-        return self.store.start(following, self.clock())
-
     def _on_success(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, began: datetime,
         logs: list[dict[str, Any]],
@@ -448,7 +678,7 @@ class Runner:
         signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                  duration=now - began)
         keep = spec.keep_succeeded_row(self.config)
-        return _Decided(fence, row, ctx, Succeeded(keep, logs), Status.SUCCEEDED)
+        return _Decided(fence, row, ctx, Succeeded(keep, logs))
 
     def _on_cancel(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
@@ -467,8 +697,7 @@ class Runner:
                      spec.name, row.id, row.attempt, reason)
             signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
 
-        return _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), Status.CANCELLED,
-                        cancelled)
+        return _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), cancelled)
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
@@ -478,7 +707,7 @@ class Runner:
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
             signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    exception=exc, will_retry=False)
-            return _Decided(fence, row, ctx, None, None)
+            return _Decided(fence, row, ctx, None)
         now = self.clock()
         error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
         delay, refused = self._retry_delay(spec, row, exc)
@@ -491,8 +720,7 @@ class Runner:
             # worker's log sees it; a failed attempt that will retry stays at INFO.
             log.error("celery_outbox: %s %s failed on attempt %d/%d; no retry: %s",
                       spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0])
-            return _Decided(fence, row, ctx, Failed(error, logs, keep=spec.keep_failed_row()),
-                            Status.FAILED)
+            return _Decided(fence, row, ctx, Failed(error, logs, keep=spec.keep_failed_row()))
         run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
@@ -505,7 +733,7 @@ class Runner:
             )
 
         return _Decided(fence, row, ctx, Retrying(run_at, error, logs, dispatched=soon),
-                        Status.SCHEDULED, dispatch if soon else None)
+                        dispatch if soon else None)
 
     def _retry_delay(
         self, spec: JobSpec, row: Claimed, exc: Exception
@@ -536,19 +764,14 @@ class Runner:
     # -- cancel / shutdown ------------------------------------------------------------------
 
     def running(self) -> list[JobContext[Any]]:
-        """The contexts of handlers running in this process now."""
-        with self._contexts_lock:
-            return list(self._contexts.values())
+        """The contexts of handlers running in this process now (and of those whose outcome
+        is not written yet)."""
+        return [attempt.ctx for attempt in self.inflight.busy()]
 
-    def cancel_local(self, execution_id: UUID, reason: str = "cancelled") -> bool:
+    def cancel_local(self, execution_id: UUID, reason: str = Stop.CANCELLED) -> bool:
         """Set ``cancelled`` on a handler of this process at once (an admin cancel, a
         shutdown: never counted as the handler's own cancel). True if it was running here."""
-        with self._contexts_lock:
-            ctx = self._contexts.get(execution_id)
-        if ctx is None:
-            return False
-        ctx._interrupt(reason)
-        return True
+        return self.inflight.cancel(execution_id, reason)
 
 
 def _parse_ids(job_name: object, ids: object) -> list[UUID]:
@@ -570,13 +793,8 @@ def _parse_ids(job_name: object, ids: object) -> list[UUID]:
     return uuids
 
 
-def _on_lost(ctx: JobContext[Any]) -> Callable[[], None]:
-    """What the heartbeat calls when the row is no longer this attempt's: cancel the handler."""
-    return lambda: ctx._interrupt("cancelled")
-
-
-SHUTDOWN = "worker shutdown"
-"""The cancel reason of a shutdown drain (``celery_outbox.shutdown``, which imports this)."""
+SHUTDOWN = Stop.SHUTDOWN
+"""The cancel reason of a shutdown drain."""
 
 HANDLER = "handler"
 """``cancelled_by`` of a row whose own handler cancelled it (``ctx.cancel(reason)``)."""

@@ -51,6 +51,7 @@ from uuid import UUID
 
 from celery import signals as celery_signals
 
+from celery_outbox.context import Stop
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.interrupts import interrupt_main, main_thread_busy
 from celery_outbox.runner import Runner, utcnow
@@ -58,7 +59,7 @@ from celery_outbox.store import Fence
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN = "worker shutdown"
+SHUTDOWN = Stop.SHUTDOWN
 # A real-time signal where there is one: billiard's pool children (the threaded pool Celery
 # uses for brokers without async I/O, e.g. kombu's SQLAlchemy transport) turn SIGUSR2, like
 # every signal in billiard's TERMSIGS_FULL, into "exit now" after worker_process_init ran,
@@ -145,25 +146,19 @@ class Drain:
 
     def run(self) -> list[UUID]:
         """Drain now in the calling thread (steps 1 to 4). Returns the ids handed back."""
-        heartbeat = self.runner.heartbeat
-        running = {ctx.execution_id for ctx in self.runner.running()}
-        waiting = [f for f in heartbeat.held() if f.id not in running]
-        for fence in waiting:  # first, so the runner does not start them
-            heartbeat.warn(fence)
-        # One the runner began meanwhile (it checks ctx.cancelled and registers the handler
-        # under one lock) is running now: it waits for its handler like the others.
-        running = {ctx.execution_id for ctx in self.runner.running()}
-        waiting = [f for f in waiting if f.id not in running]
+        inflight, heartbeat = self.runner.inflight, self.runner.heartbeat
+        # One step each: the runner begins none of these (an attempt is taken or begun).
+        waiting = inflight.take_queued(SHUTDOWN)
         for fence in waiting:
-            heartbeat.drop(fence)
-        handed = self._hand_back(waiting, begun=False)  # warned: the runner never begins them
+            heartbeat.untrack(fence)
+        handed = self._hand_back(waiting, begun=False)
         deadline = time.monotonic() + self.timeout.total_seconds()
-        while self.runner.running() and time.monotonic() < deadline:
+        while inflight.busy() and time.monotonic() < deadline:
             time.sleep(_POLL)
         self.expired = True
-        left = self.runner.heartbeat.held()
+        left = inflight.fences()  # a message claimed after the drain began is among them
         for fence in left:
-            self.runner.cancel_local(fence.id, SHUTDOWN)
+            inflight.stop(fence, SHUTDOWN)
         main = threading.main_thread().ident
         if left and main_thread_busy() and main is not None:
             signal.pthread_kill(main, DRAIN_SIGNAL)  # -> on_signal -> interrupt_main
@@ -180,24 +175,20 @@ class Drain:
         gevent and eventlet pools) keeps its row, heartbeated, until it returns: another
         worker must not begin the same attempt meanwhile. Its outcome is then recorded by the
         runner as usual; the row is handed back only when the runner wrote none (the handler
-        stopped on the cancel), since the release is fenced. If the process dies first, the
-        lease expires and the rescuer takes the row.
+        stopped on the cancel), since the release is fenced. A queued one (stopped: it never
+        begins) is taken at once. If the process dies first, the lease expires and the
+        rescuer takes the row.
         """
+        inflight = self.runner.inflight
         handed: list[UUID] = []
         left = list(fences)
         announced = False
         while left:
-            running = {ctx.execution_id for ctx in self.runner.running()}
-            stopped = [f for f in left if f.id not in running]
-            for fence in stopped:  # first, so the runner does not begin a waiting one
-                self.runner.heartbeat.warn(fence)
-            # One the runner began between the look and the warning (a message claimed after
-            # the drain began) is running now: it stays held like the others (as in run()).
-            running = {ctx.execution_id for ctx in self.runner.running()}
-            stopped = [f for f in stopped if f.id not in running]
+            queued = inflight.take_queued(SHUTDOWN, among=left)
+            stopped = [f for f in left if f in queued or not inflight.holds(f)]
             left = [f for f in left if f not in stopped]
             for fence in stopped:
-                self.runner.heartbeat.drop(fence)
+                self.runner.heartbeat.untrack(fence)
             handed += self._hand_back(stopped)
             if left and not announced:
                 announced = True

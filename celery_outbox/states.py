@@ -41,6 +41,7 @@ TRANSITIONS: dict[str, tuple[frozenset[Status | None], Status | None]] = {
     "retry": (frozenset({Status.RUNNING}), Status.SCHEDULED),
     "fail": (frozenset({Status.RUNNING}), Status.FAILED),
     "release": (frozenset({Status.RUNNING}), Status.PENDING),
+    "release_claim": (frozenset({Status.RUNNING}), Status.PENDING),
     "stage": (frozenset({Status.SCHEDULED}), Status.PENDING),
     "redispatch": (frozenset({Status.PENDING}), Status.PENDING),
     "rescue_retry": (frozenset({Status.RUNNING}), Status.SCHEDULED),

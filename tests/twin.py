@@ -37,8 +37,8 @@ from celery_outbox.outcomes import (
     FinishedMany,
     Outcome,
     Retrying,
-    Succeeded,
     Write,
+    deletes,
 )
 from celery_outbox.queries.clauses import who
 from celery_outbox.states import ACTIVE, Status
@@ -48,6 +48,7 @@ from celery_outbox.store import (
     Expired,
     JobStats,
     NewExecution,
+    Renewed,
     RescueVerdict,
     StatusCount,
 )
@@ -59,7 +60,8 @@ COLUMNS = tuple(c.name for c in build_tables(MetaData()).executions.c)
 """The columns of the executions table, in its order: every row of the twin has them all."""
 
 WRITES = frozenset({
-    "insert", "claim", "start", "finish", "finish_many", "heartbeat", "release", "stage",
+    "insert", "claim", "start", "finish", "finish_many", "heartbeat", "release",
+    "release_claim", "stage",
     "redispatch", "rescue", "rescue_write", "trim", "advance_tick", "cancel", "confirm_stop",
 })
 """The names :meth:`MemoryStore.fail_next` takes (``rescue``: the rescue's read)."""
@@ -308,14 +310,14 @@ class MemoryStore:
             return FinishedMany(hits, None if start is None else self._start(start, now))
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
-                  lease: timedelta, *, wait_locked: bool = True) -> set[UUID]:
+                  lease: timedelta, *, wait_locked: bool = True) -> Renewed:
         """heartbeat: running -> running, the lease runs out ``lease`` after ``now`` (None:
         the database's clock), per fence (and ``worker``, when given, must be the holder).
-        The ids still held."""
+        The ids still held (no row locks here: none ``unknown`` or ``skipped``)."""
         with self._op("heartbeat"):
             now = self._at(now)
             lease_until = now + lease
-            kept: set[UUID] = set()
+            kept = Renewed()
             for fence in fences:
                 row = self._held(fence)
                 if row is not None and (worker is None or row["claimed_by"] == worker):
@@ -340,6 +342,21 @@ class MemoryStore:
                 row.update(status=_PENDING, claimed_by=None, lease_expires_at=None,
                            started_at=None, updated_at=now, dispatched_at=now)
                 out.append(fence.id)
+            return out
+
+    def release_claim(self, ids: Sequence[UUID], token: str, now: datetime) -> list[UUID]:
+        """release claim: running -> pending, dispatched now, attempt - 1, for the rows among
+        ``ids`` running under ``token``. The ids released."""
+        with self._op("release_claim"):
+            out: list[UUID] = []
+            for i in dict.fromkeys(ids):
+                row = self.rows.get(i)
+                if row is None or row["status"] != _RUNNING or row["claimed_by"] != token:
+                    continue
+                row.update(status=_PENDING, attempt=row["attempt"] - 1, claimed_by=None,
+                           lease_expires_at=None, started_at=None, updated_at=now,
+                           dispatched_at=now)
+                out.append(i)
             return out
 
     def stage(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
@@ -547,21 +564,19 @@ def _outcome_values(outcome: Outcome, now: datetime, *,
     """The columns an outcome write sets (``logs``: the rescuer's leave that column); None:
     the row is deleted."""
     kept = {"logs": outcome.logs} if logs else {}
-    done = {"finished_at": now, "updated_at": now, "lease_expires_at": None, **kept}
-    if isinstance(outcome, Succeeded):
-        return {**done, "status": Status.SUCCEEDED.value} if outcome.keep else None
-    if isinstance(outcome, Failed):
-        return ({**done, "status": Status.FAILED.value, "last_error": outcome.error}
-                if outcome.keep else None)
-    if isinstance(outcome, Cancelled):
-        return {**done, "status": Status.CANCELLED.value,
-                "cancelled_by": who(outcome.by),
-                "cancelled_by_name": who(outcome.by_name)}
+    if deletes(outcome):
+        return None
     if isinstance(outcome, Retrying):
         return {"status": _SCHEDULED, "scheduled_at": outcome.run_at, "updated_at": now,
                 "claimed_by": None, "lease_expires_at": None, "last_error": outcome.error,
                 "dispatched_at": now if outcome.dispatched else None, **kept}
-    raise TypeError(f"not an outcome: {outcome!r}")
+    values = {"finished_at": now, "updated_at": now, "lease_expires_at": None, **kept,
+              "status": outcome.status.value}
+    if isinstance(outcome, Failed):
+        values["last_error"] = outcome.error
+    elif isinstance(outcome, Cancelled):
+        values.update(cancelled_by=who(outcome.by), cancelled_by_name=who(outcome.by_name))
+    return values
 
 
 def _decided(decide: Callable[[Expired], RescueVerdict], row: Expired) -> RescueVerdict:

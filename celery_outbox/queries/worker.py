@@ -1,6 +1,6 @@
 """The worker's queries: claim, start, an attempt's outcome (with the start of the claim's next
-row), heartbeat and release; every write on a running row fenced by ``claimed_by`` and
-``attempt``.
+row), heartbeat, release and the release of a claim whose answer was lost; every write on a
+running row fenced by ``claimed_by`` and ``attempt``.
 
 The start and the outcome writes are the hot path: their statements are built once per table
 (bound parameters only), so SQLAlchemy's compiled cache serves them.
@@ -31,7 +31,15 @@ from sqlalchemy import (
     update,
 )
 
-from celery_outbox.outcomes import Cancelled, Failed, Fence, Outcome, Retrying, Succeeded
+from celery_outbox.outcomes import (
+    Cancelled,
+    Failed,
+    Fence,
+    Outcome,
+    OutcomeName,
+    Retrying,
+    deletes,
+)
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
 from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, storable, who
 from celery_outbox.queries.clock import db_after, db_now, lease_param
@@ -131,35 +139,30 @@ def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
                     prepared=True)
 
 
-def _kind(outcome: Outcome) -> str:
-    """Which statement writes ``outcome``: succeed, retry, fail, cancel, or delete."""
-    if isinstance(outcome, Succeeded):
-        return "succeed" if outcome.keep else "delete"
-    if isinstance(outcome, Retrying):
-        return "retry"
-    if isinstance(outcome, Failed):
-        return "fail" if outcome.keep else "delete"
-    return "cancel"
+def _kind(outcome: Outcome) -> OutcomeName | None:
+    """Which statement writes ``outcome``: its name's, or None for the delete."""
+    return None if deletes(outcome) else outcome.name
 
 
 @cache
-def _outcome_statement(t: Table, kind: str) -> Any:
-    """The fenced write of an outcome of ``kind``, with bound parameters (``o_*``)."""
+def _outcome_statement(t: Table, kind: OutcomeName | None) -> Any:
+    """The fenced write of an outcome named ``kind`` (None: the delete), with bound
+    parameters (``o_*``)."""
     where = fenced_bound(t, "fence")
-    if kind == "delete":
+    if kind is None:
         return delete(t).where(where)
     now = bindparam("o_now", type_=t.c.updated_at.type)
     logs = bindparam("o_logs", type_=t.c.logs.type)
-    if kind == "succeed":
+    if kind is OutcomeName.SUCCEEDED:
         values: dict[str, Any] = {"status": Status.SUCCEEDED.value, "finished_at": now,
                                   "lease_expires_at": None}
-    elif kind == "retry":
+    elif kind is OutcomeName.RETRIED:
         values = {"status": Status.SCHEDULED.value,
                   "scheduled_at": bindparam("o_run_at", type_=t.c.scheduled_at.type),
                   "claimed_by": None, "lease_expires_at": None,
                   "last_error": bindparam("o_error", type_=t.c.last_error.type),
                   "dispatched_at": bindparam("o_dispatched_at", type_=t.c.dispatched_at.type)}
-    elif kind == "fail":
+    elif kind is OutcomeName.FAILED:
         values = {"status": Status.FAILED.value, "finished_at": now, "lease_expires_at": None,
                   "last_error": bindparam("o_error", type_=t.c.last_error.type)}
     else:
@@ -172,7 +175,7 @@ def _outcome_statement(t: Table, kind: str) -> Any:
 
 def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, Any]:
     params = fence_params(fence, "fence")
-    if isinstance(outcome, (Succeeded, Failed)) and not outcome.keep:
+    if deletes(outcome):
         return params
     params.update(o_now=now, o_logs=storable(outcome.logs))
     if isinstance(outcome, Retrying):
@@ -194,7 +197,7 @@ def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime) -> Qu
 
 
 @cache
-def _outcome_and_start_statement(t: Table, kind: str) -> Any:
+def _outcome_and_start_statement(t: Table, kind: OutcomeName | None) -> Any:
     """The outcome write and the start as ONE PostgreSQL statement of two data-modifying
     CTEs; it answers both row counts (``hits``, ``began``)."""
     done = _outcome_statement(t, kind).returning(t.c.id).cte("outcome")
@@ -315,3 +318,19 @@ def release_fenced(
         .returning(t.c.id)
     )
     return rows("release_fenced", stmt, _id)
+
+
+@named("release a claim whose answer was lost: running -> pending, dispatched now, the "
+       "attempt given back; by the claim's token")
+def release_claim_rows(
+    t: Table, ids: Sequence[UUID], token: str, now: datetime
+) -> Query[list[UUID]]:
+    """Answers the ids released: the rows among ``ids`` still running under ``token``."""
+    stmt = (
+        update(t)
+        .where(t.c.id.in_(ids), t.c.status == Status.RUNNING.value, t.c.claimed_by == token)
+        .values(status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
+                lease_expires_at=None, started_at=None, updated_at=now, dispatched_at=now)
+        .returning(t.c.id)
+    )
+    return rows("release_claim_rows", stmt, _id)

@@ -17,7 +17,7 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 
 - ``push``: insert, insert_alone (one bulk insert, keyed ON CONFLICT DO NOTHING, an admin retry
   once per retried execution)
-- ``worker``: claim, start, finish (an attempt's outcome), heartbeat, release
+- ``worker``: claim, start, finish (an attempt's outcome), heartbeat, release, release_claim
 - ``sweep``: stage, redispatch, rescue, dispatchable
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
 - ``cron``: advance_tick, last_tick

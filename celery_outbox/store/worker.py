@@ -1,5 +1,5 @@
-"""The worker's transitions: claim, start, finish (an attempt's outcome), heartbeat, release;
-every write on a running row fenced by ``claimed_by`` and ``attempt``.
+"""The worker's transitions: claim, start, finish (an attempt's outcome), heartbeat, release,
+release_claim; every write on a running row fenced by ``claimed_by`` and ``attempt``.
 """
 
 from __future__ import annotations
@@ -11,21 +11,14 @@ from typing import Any
 from uuid import UUID
 
 from celery_outbox.errors import StorageError
-from celery_outbox.outcomes import (
-    Failed,
-    Finished,
-    FinishedMany,
-    Outcome,
-    Retrying,
-    Succeeded,
-    Write,
-)
+from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write
 from celery_outbox.queries.worker import (
     claim_rows,
     confirm_stop,
     extend_leases,
     finish_and_start,
     finish_fenced,
+    release_claim_rows,
     release_fenced,
     start_fenced,
     start_unflushed,
@@ -136,7 +129,7 @@ class WorkerStore(StoreBase):
             with self.transaction() as tx:
                 hits = tx.run(finish_fenced(t, outcome, fence, now))
                 started = tx.run(start_fenced(t, start, now)) == 1
-        return Finished(self._hit(hits, _transition(outcome), fence.id), started)
+        return Finished(self._hit(hits, outcome.name.value, fence.id), started)
 
     def finish_many(
         self, writes: Sequence[Write], now: datetime, *, start: Fence | None = None
@@ -149,7 +142,7 @@ class WorkerStore(StoreBase):
         if start is not None:
             queries.append(start_fenced(t, start, now))
         results = self.executor.run_all(queries)
-        hits = [self._hit(n, _transition(w.outcome), w.fence.id)
+        hits = [self._hit(n, w.outcome.name.value, w.fence.id)
                 for n, w in zip(results, writes, strict=False)]
         return FinishedMany(hits, None if start is None else results[-1] == 1)
 
@@ -225,11 +218,17 @@ class WorkerStore(StoreBase):
             return []
         return self.executor.run(release_fenced(self.t, fences, now, begun))
 
+    def release_claim(self, ids: Sequence[UUID], token: str, now: datetime) -> list[UUID]:
+        """release claim: running -> pending, dispatched now, the attempt given back: the
+        rows of a claim whose answer the runner never heard (its statement failed or timed
+        out on the client, yet the server may have applied it, now or later), so no handler
+        of that claim began.
 
-def _transition(outcome: Outcome) -> str:
-    """The transition ``outcome`` writes, for the log line of a fence miss."""
-    if isinstance(outcome, Succeeded):
-        return "complete"
-    if isinstance(outcome, Retrying):
-        return "retry"
-    return "fail" if isinstance(outcome, Failed) else "cancel"
+        Guard per row: among ``ids``, status running and ``claimed_by == token`` (a claim's
+        own token, unique per claim: no other claim's row matches). ``now`` (aware) becomes
+        ``updated_at`` and ``dispatched_at``. Returns the ids released (to dispatch at once);
+        none when the claim has not landed (yet).
+        """
+        if not ids:
+            return []
+        return self.executor.run(release_claim_rows(self.t, ids, token, now))

@@ -398,6 +398,35 @@ def test_release_not_begun_gives_every_attempt_back(store: ExecutionStore) -> No
             r, attempt=0, updated_at=LATER, dispatched_at=LATER))
 
 
+def test_release_claim_puts_back_every_row_of_a_claim_whose_answer_was_lost(
+    store: ExecutionStore,
+) -> None:
+    """The runner never heard the claim's answer, so it began none of its rows: each goes
+    back to pending with its attempt given back, the first (marked started by the claim)
+    included."""
+    first, second, other = add(store), add(store), add(store)
+    store.claim([first.id, second.id], JOB, "w1/a", T0, LEASE)
+    store.claim([other.id], JOB, "w1/b", T0, LEASE)
+    assert sorted(store.release_claim([first.id, second.id, other.id], "w1/a", LATER)) == \
+        sorted([first.id, second.id])
+    for r in (first, second):
+        assert_row(store, r.id, whole=True, **pushed(
+            r, attempt=0, updated_at=LATER, dispatched_at=LATER))
+    assert_row(store, other.id, whole=True, **claimed(other, "w1/b"))
+    assert store.release_claim([first.id, second.id], "w1/a", LATER) == []  # done once
+    assert store.release_claim([], "w1/a", LATER) == []
+
+
+def test_release_claim_leaves_a_row_no_longer_running(store: ExecutionStore) -> None:
+    row = add(store)
+    fence = claim(store, row.id, "w1/a")
+    assert store.finish(Succeeded(keep=True), fence, LATER).hit
+    before = store.get(row.id)
+    assert before is not None
+    assert store.release_claim([row.id], "w1/a", LATER) == []
+    assert_unchanged(store, before)
+
+
 @pytest.mark.parametrize("miss", MISSES)
 def test_release_guard_misses_write_nothing(store: ExecutionStore, miss: str) -> None:
     wrong = fences_missing(store, miss)

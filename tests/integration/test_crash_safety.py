@@ -56,7 +56,7 @@ def test_heartbeat_renews_every_lease_in_one_statement_per_lease_length(
     claimed = store.claim(ids, receipt.name, "w1", T1, timedelta(seconds=5))
     fences = [Fence(c.id, "w1", c.attempt) for c in claimed]
     store.db_clock = lambda: T1 + timedelta(seconds=1)  # the database's clock: leases
-    heartbeat = Heartbeat(store, clock=store.db_clock)
+    heartbeat = Heartbeat(store)
     lost: list[UUID] = []
     try:
         heartbeat.track(fences[0], timedelta(minutes=1), lambda: lost.append(fences[0].id))
@@ -98,7 +98,7 @@ def test_heartbeat_renews_before_expiry_and_survives_failed_writes(
     [execution_id] = [receipt.push(Order(order_id=1))]
     now = datetime.now(timezone.utc)
     [claimed] = store.claim([execution_id], receipt.name, "w1", now, lease)
-    heartbeat = Heartbeat(store, clock=lambda: datetime.now(timezone.utc))
+    heartbeat = Heartbeat(store)
     caplog.set_level(logging.WARNING, logger="celery_outbox.heartbeat")
     try:
         started = time.monotonic()

@@ -40,7 +40,8 @@ def test_drain_does_not_hand_back_a_row_its_runner_begins_while_the_drain_looks(
     first = slow.push(Order(order_id=1))
     second, third = slow.push_many([Order(order_id=2), Order(order_id=3)])
     runner = outbox.runner
-    real_running = runner.running
+    inflight = runner.inflight
+    real_take = inflight.take_queued
     threads: list[threading.Thread] = []
 
     def run(ids: list[UUID]) -> None:
@@ -49,36 +50,34 @@ def test_drain_does_not_hand_back_a_row_its_runner_begins_while_the_drain_looks(
         threads.append(thread)
 
     def running_ids() -> set[UUID]:
-        return {ctx.execution_id for ctx in real_running()}
+        return {ctx.execution_id for ctx in runner.running()}
 
     run([first])
     procs.wait_for(lambda: first in running_ids(), 10, "the first handler")
     drain = Drain(runner, timedelta(0))
     calls = {"n": 0, "raced": False}
 
-    def running() -> list[Any]:
-        snapshot = real_running()
+    def take_queued(reason: str, among: Any = None) -> list[Any]:
         calls["n"] += 1
-        if calls["n"] == 3:  # the drain is past its first look: a message is claimed now
+        if calls["n"] == 1:  # the drain's first look; a message is claimed right after it
+            taken = real_take(reason, among)
             run([second, third])
             procs.wait_for(lambda: second in running_ids(), 10, "the second handler")
-        elif drain.expired and not calls["raced"]:
-            calls["raced"] = True  # the third begins right after the drain looked
+            return taken
+        if drain.expired and not calls["raced"]:
+            calls["raced"] = True  # the runner reaches the third while the drain takes it
             go_second.set()
-            assert third_begun.wait(10)
             go_first.set()
-        elif calls["raced"]:
-            go_third.set()  # the drain decided on the third at its previous look
-        return snapshot
+        return real_take(reason, among)
 
-    runner.running = running  # type: ignore[method-assign]
+    inflight.take_queued = take_queued  # type: ignore[method-assign]
     try:
         drain.run()
     finally:
         go_third.set()
         go_first.set()
         go_second.set()
-        del runner.running
+        del inflight.take_queued
         for thread in threads:
             thread.join(10)
     assert calls["raced"]

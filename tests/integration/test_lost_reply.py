@@ -20,8 +20,7 @@ from sqlalchemy import create_engine, event
 from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
 from celery_outbox.engine import bound_waits
 from celery_outbox.errors import StorageError
-from celery_outbox.maintenance.rescuer import Rescuer
-from celery_outbox.runner import Runner
+from celery_outbox.maintenance.rescuer import Rescuer, RescueResult
 from tests.conftest import PG_ADDRESS
 from tests.faults import Proxy, proxy
 from tests.integration.conftest import Order
@@ -34,9 +33,12 @@ def muted_pg(pg_url: str) -> Iterator[Proxy]:
         yield p
 
 
-def test_rows_a_runner_never_began_are_handed_back_when_its_outcome_reply_is_lost(
+def test_an_outcome_whose_reply_is_lost_is_written_again_and_the_message_goes_on(
     muted_pg: Proxy, pg_url: str, registry: JobRegistry,
 ) -> None:
+    """The outcome and the next row's start committed, their answer lost: the outcome is
+    written again alone (a miss: it is there), the next row's start again (a hit: still
+    this claim's), and that row runs once, in this message."""
     begun: Counter[tuple[UUID, int]] = Counter()
 
     @outbox_job(schema=Order, name="shop.once", registry=registry)  # no retries
@@ -53,18 +55,16 @@ def test_rows_a_runner_never_began_are_handed_back_when_its_outcome_reply_is_los
     outbox.create_schema()
     try:
         first, second = once.push_many([Order(order_id=1), Order(order_id=2)])
-        with pytest.raises(StorageError):
-            outbox.run_now(once.name, [first, second])
-        assert begun == Counter({(first, 1): 1})
-
-        # Its lease runs out; the sweep must not count an attempt for the row never begun.
-        Rescuer(outbox.store, registry, lambda: outbox.dispatcher).run_once(
-            datetime.now(timezone.utc) + 3 * outbox.config.lease)
-        row = outbox.store.get(second)
-        assert row is not None and row["status"] == "pending", row
-        Runner(outbox.store, registry, outbox.config, lambda: outbox.dispatcher).run(
-            once.name, [second])
+        result = outbox.run_now(once.name, [first, second])
+        assert result.claimed == 2 and result.failed == 0
         assert begun == Counter({(first, 1): 1, (second, 1): 1})
+        assert outbox.store.get(first) is None and outbox.store.get(second) is None
+        assert outbox.runner.heartbeat.held() == []
+
+        # Nothing left for the sweep to count.
+        rescued = Rescuer(outbox.store, registry, lambda: outbox.dispatcher).run_once(
+            datetime.now(timezone.utc) + 3 * outbox.config.lease)
+        assert rescued == RescueResult()
     finally:
         outbox.runner.heartbeat.stop()
         outbox.drop_schema()
@@ -105,6 +105,48 @@ def test_a_run_whose_first_start_write_fails_holds_no_lease_and_hands_its_rows_b
         assert row is not None and (row["status"], row["attempt"]) == ("pending", 0), row
         outbox.run_now(once.name, [row_id])
         assert begun == Counter({(row_id, 1): 1})
+    finally:
+        outbox.runner.heartbeat.stop()
+        outbox.drop_schema()
+        engine.dispose()
+
+
+def test_a_claim_whose_answer_is_lost_is_released_by_its_token(
+    muted_pg: Proxy, pg_url: str, registry: JobRegistry,
+) -> None:
+    """The claim commits, its answer never comes back: its rows must not sit running, held by
+    nobody, for a whole lease, and then fail "lease expired" with no handler run."""
+    begun: Counter[tuple[UUID, int]] = Counter()
+
+    @outbox_job(schema=Order, name="shop.once", registry=registry)  # no retries
+    def once(ctx: JobContext[Order]) -> None:
+        begun[(ctx.execution_id, ctx.attempt)] += 1
+
+    engine = create_engine(muted_pg.url(pg_url))
+    bound_waits(engine, timedelta(seconds=1))
+    app = Celery(f"muted-{uuid.uuid4().hex[:8]}", broker="memory://")
+    dispatcher = RecordingDispatcher()
+    outbox = Outbox(app, engine=engine, registry=registry, dispatcher=dispatcher,
+                    table_name=f"ob_{uuid.uuid4().hex[:12]}")
+    outbox.create_schema()
+
+    def claim_sent(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "attempt + " in statement:
+            muted_pg.mute_open_connections()
+
+    try:
+        ids = once.push_many([Order(order_id=1), Order(order_id=2)])
+        event.listen(engine, "before_cursor_execute", claim_sent)
+        with pytest.raises(StorageError):
+            outbox.run_now(once.name, ids)
+        event.remove(engine, "before_cursor_execute", claim_sent)
+        for i in ids:
+            row = outbox.store.get(i)
+            assert row is not None and (row["status"], row["attempt"], row["claimed_by"]) == (
+                "pending", 0, None), row
+        assert set(ids) <= set(dispatcher.ids)  # dispatched again at once
+        assert outbox.run_now(once.name, ids).succeeded == 2
+        assert begun == Counter({(i, 1): 1 for i in ids})
     finally:
         outbox.runner.heartbeat.stop()
         outbox.drop_schema()

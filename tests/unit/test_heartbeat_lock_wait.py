@@ -60,7 +60,7 @@ def test_a_lock_wait_on_one_row_never_tells_the_handlers_of_the_others() -> None
     locked = store.put(payload={}, status="running", claimed_by="w/2", attempt=1,
                        created_at=t0, started_at=t0, lease_expires_at=t0 + LEASE)
     store.locked = locked
-    heartbeat = Heartbeat(store, now)
+    heartbeat = Heartbeat(store)
     told = threading.Event()
     try:
         heartbeat.track(Fence(healthy, "w/1", 1), LEASE, lambda: None, told.set)

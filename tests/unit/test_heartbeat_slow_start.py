@@ -78,12 +78,12 @@ def test_a_handler_begun_after_a_slow_start_is_still_told() -> None:
 
     real = runner._on_expired
 
-    def on_expired(ctx: JobContext[Any]) -> Any:
-        inner = real(ctx)
+    def on_expired(fence: Fence) -> Any:
+        inner = real(fence)
 
         def fired() -> None:
             inner()
-            if ctx.execution_id == second:
+            if fence.id == second:
                 store.told.set()
         return fired
 

@@ -26,7 +26,7 @@ def beats(store: MemoryStore) -> int:
 
 def test_a_short_lease_tracked_while_the_thread_sleeps_long_is_renewed_in_time() -> None:
     store = MemoryStore()
-    heartbeat = Heartbeat(store, lambda: T0, idle_interval=timedelta(seconds=60))
+    heartbeat = Heartbeat(store, idle_interval=timedelta(seconds=60))
     try:
         heartbeat.track(held(store, timedelta(minutes=30)), timedelta(minutes=30), lambda: None)
         for _ in range(20):  # many rounds: a track() racing the thread's own look must not lose

@@ -49,7 +49,7 @@ class Hanging(MemoryStore):
 
 def test_renewed_leases_are_never_told() -> None:
     store = MemoryStore()
-    heartbeat = Heartbeat(store, lambda: T0)
+    heartbeat = Heartbeat(store)
     told: list[int] = []
     try:
         heartbeat.track(held(store), LEASE, lambda: told.append(1))
@@ -62,7 +62,7 @@ def test_renewed_leases_are_never_told() -> None:
 
 def test_a_handler_is_told_once_when_the_writes_fail() -> None:
     store = Failing()
-    heartbeat = Heartbeat(store, lambda: T0)
+    heartbeat = Heartbeat(store)
     told: list[int] = []
     try:
         heartbeat.track(held(store), LEASE, lambda: told.append(1))
@@ -77,7 +77,7 @@ def test_a_handler_is_told_once_when_the_writes_fail() -> None:
 
 def test_a_handler_is_told_while_the_write_hangs() -> None:
     store = Hanging()
-    heartbeat = Heartbeat(store, lambda: T0)
+    heartbeat = Heartbeat(store)
     told = threading.Event()
     try:
         heartbeat.track(held(store), LEASE, told.set)

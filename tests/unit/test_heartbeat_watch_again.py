@@ -41,7 +41,7 @@ def test_a_second_outage_after_a_renewal_is_told_too() -> None:
     store = Switchable()
     row = store.put(payload={}, status="running", claimed_by="w/1", attempt=1,
                     created_at=T0, started_at=T0, lease_expires_at=T0 + LEASE)
-    heartbeat = Heartbeat(store, lambda: T0)  # idle_interval: the default 60 s
+    heartbeat = Heartbeat(store)  # idle_interval: the default 60 s
     told: list[float] = []
     try:
         store.down.set()

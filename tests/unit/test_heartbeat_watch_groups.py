@@ -66,7 +66,7 @@ def test_a_slow_write_of_one_lease_length_never_delays_the_tell_of_another() -> 
                                attempt=1, created_at=t0, started_at=t0,
                                lease_expires_at=t0 + lease)
     store.slow, store.fast = rows["long"], rows["short"]
-    heartbeat = Heartbeat(store, now)
+    heartbeat = Heartbeat(store)
     told: dict[str, datetime] = {}
     try:
         heartbeat.track(Fence(rows["long"], "w/long", 1), LONG,

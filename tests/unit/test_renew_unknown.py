@@ -1,6 +1,7 @@
-"""A queued row's lease renewal (``Runner._renew``) that fails (its row locked elsewhere past
-the lock timeout) comes after the previous row's outcome is written: the succeeded handler's
-outcome is kept, never left for the rescuer to run it again. Found by review."""
+"""A queued row's lease renewal (``Runner._vouch``) that fails (its row locked elsewhere past
+the lock timeout) ends the run, but the previous row's decided outcome is still written on
+the way out: the succeeded handler's outcome is kept, never left for the rescuer to run it
+again. Found by review."""
 
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ def test_retryable_is_failed_or_cancelled_only() -> None:
         ("retry", {Status.RUNNING}, Status.SCHEDULED),
         ("fail", {Status.RUNNING}, Status.FAILED),
         ("release", {Status.RUNNING}, Status.PENDING),
+        ("release_claim", {Status.RUNNING}, Status.PENDING),
         ("stage", {Status.SCHEDULED}, Status.PENDING),
         ("redispatch", {Status.PENDING}, Status.PENDING),
         ("rescue_retry", {Status.RUNNING}, Status.SCHEDULED),
@@ -74,7 +75,7 @@ def test_no_transition_leaves_a_terminal_status_except_trim() -> None:
 
 def test_writes_on_a_running_row_all_start_from_running() -> None:
     for name in ("heartbeat", "complete", "complete_delete", "retry", "fail", "release",
-                 "rescue_retry", "rescue_fail"):
+                 "release_claim", "rescue_retry", "rescue_fail"):
         assert TRANSITIONS[name][0] == {Status.RUNNING}, name
 
 

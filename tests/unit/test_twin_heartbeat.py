@@ -30,7 +30,7 @@ class Lost:
 @pytest.fixture
 def heartbeat(store: MemoryStore) -> Iterator[Heartbeat]:
     store.db_clock = lambda: T0  # the database's clock, where leases are written
-    hb = Heartbeat(store, lambda: T0)  # the thread waits lease / 3: tests call beat() alone
+    hb = Heartbeat(store)  # the thread waits lease / 3: tests call beat() alone
     yield hb
     hb.stop()
 
@@ -112,12 +112,13 @@ def test_a_failed_write_loses_nothing_and_the_next_beat_renews(
     assert lease_of(store, fence.id) == T0 + LEASE
 
 
-def test_untrack_and_drop(store: MemoryStore, heartbeat: Heartbeat) -> None:
+def test_untrack(store: MemoryStore, heartbeat: Heartbeat) -> None:
     a, b = running(store), running(store, "w1/b")
     lost_a, lost_b = Lost(), Lost()
     heartbeat.track(a, LEASE, lost_a)
     heartbeat.track(b, LEASE, lost_b)
     heartbeat.untrack(a)
-    assert heartbeat.drop(b) and not heartbeat.drop(b)
-    assert (lost_a.calls, lost_b.calls) == (0, 1)
+    heartbeat.untrack(b)
+    heartbeat.untrack(b)
+    assert (lost_a.calls, lost_b.calls) == (0, 0)
     assert heartbeat.beat() == 0 and "heartbeat" not in store.calls

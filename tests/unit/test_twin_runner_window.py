@@ -18,6 +18,7 @@ from celery_outbox import JobContext, JobRegistry, OutboxConfig, OutboxJob, outb
 from celery_outbox.errors import StorageError
 from celery_outbox.maintenance.rescuer import Rescuer
 from celery_outbox.runner import Runner, RunResult
+from tests import procs
 from tests.twin import MemoryStore
 from tests.unit.fakes import Recording
 
@@ -144,7 +145,7 @@ def test_a_row_cancelled_before_it_begins_never_begins(
 
 
 @pytest.mark.parametrize("after", [False, True], ids=["write-failed", "reply-lost"])
-def test_a_failed_write_leaves_the_attempts_it_held_to_the_rescuer(
+def test_a_failed_write_of_the_held_outcomes_is_written_again_at_once(
     store: MemoryStore, registry: JobRegistry, runner: Runner, recording: Recording,
     after: bool,
 ) -> None:
@@ -153,17 +154,31 @@ def test_a_failed_write_leaves_the_attempts_it_held_to_the_rescuer(
     ids = pending(store, 3)
     store.fail_next(on=["finish_many"], after=after)
 
+    runner.run("shop.receipt", ids)
+
+    assert seen == ids
+    assert [store.status_of(i) for i in ids] == ["succeeded"] * 3
+    assert runner.heartbeat.held() == [] and runner.running() == []
+
+
+def test_held_outcomes_whose_write_keeps_failing_are_written_by_a_retry_thread(
+    store: MemoryStore, registry: JobRegistry, runner: Runner, recording: Recording,
+) -> None:
+    """Every handler ran; their outcomes, decided, are written once the database answers
+    (the rows held meanwhile, still "running" for the drain), never left to the rescuer."""
+    seen: list[UUID] = []
+    job(registry, lambda ctx: seen.append(ctx.execution_id), record="all")
+    ids = pending(store, 3)
+    store.fail_next(2, on=["finish_many"])
+
     with pytest.raises(StorageError, match="injected"):
         runner.run("shop.receipt", ids)
 
     assert seen == ids  # every handler ran; no row was left unbegun to hand back now
     assert recording.items == []
-    assert runner.heartbeat.held() == [] and runner.running() == []
-    if after:  # the write committed: the outcomes are there
-        assert [store.status_of(i) for i in ids] == ["succeeded"] * 3
-        return
-    # Every one was marked started before it began: when the leases expire, the rescuer
-    # counts each attempt (a retry or a failure), none goes back as never begun.
-    assert all(store.get(i)["started_at"] is not None for i in ids)  # type: ignore[index]
+    procs.wait_for(lambda: [store.status_of(i) for i in ids] == ["succeeded"] * 3, 10,
+                   "the held outcomes written by the retry thread")
+    procs.wait_for(lambda: runner.heartbeat.held() == [] and runner.running() == [], 10,
+                   "the rows let go")
     result = Rescuer(store, registry, lambda: recording).run_once(T0 + timedelta(hours=1))
-    assert (result.handed_back, result.retried + result.failed) == (0, 3)
+    assert (result.handed_back, result.retried + result.failed) == (0, 0)
