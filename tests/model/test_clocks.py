@@ -60,7 +60,7 @@ def machine(url: str, mutant: str, **offsets: float) -> OutboxMachine:
     """A machine on ``url`` set up with one job (two retries, no backoff), a lease of a
     minute, and host clocks off by ``offsets`` (in leases; worker-2 is the second runner)."""
     cls = type("Scripted", (OutboxMachine,), {"url": url, "stats": Stats(), "mutant": mutant})
-    m = cls()
+    m: OutboxMachine = cls()
     given = {**SETUP, "app": 0.0, "sweeper-1": 0.0, "sweeper-2": 0.0, "worker-2": 0.0,
              **{k.replace("_", "-"): v for k, v in offsets.items()}}
     m.setup(data=Script(**given))
