@@ -405,10 +405,12 @@ class Chaos:
             self.redis_back_at = time.monotonic() + self.rng.uniform(0.5, 3.0)
             self.outcome.faults["broker"] += 1
         elif kind == "kill_child":
-            # Only a worker past its start-up: billiard gives up on a pool whose child dies
-            # while it starts ("Could not start worker processes"), which is Celery's, not ours.
+            # Only a worker past its start-up (ready, and a while ago): billiard gives up on a
+            # pool whose child dies while it starts ("Could not start worker processes"),
+            # which is Celery's, not ours; on a busy machine start-up outlasts any fixed wait.
             prefork = [w for w in up if w.pool.pool == "prefork" and w.proc is not None
-                       and time.monotonic() - w.since > CHILD_KILL_AFTER_START]
+                       and time.monotonic() - w.since > CHILD_KILL_AFTER_START
+                       and " ready." in w.generation_text()]
             pids = [p for w in prefork for p in children(w.proc.pid)]  # type: ignore[union-attr]
             if not pids:
                 return

@@ -599,6 +599,19 @@ class OutboxMachine(RuleBasedStateMachine):
             self.finish(run)
         self.clock_now = max(self.clock_now, to)
 
+    @precondition(lambda self: bool(self.background))
+    @rule(data=st.data())
+    def race_hanging(self, data: st.DataObject) -> None:
+        """A sweep, then another worker runs a hanging handler's execution at once: whatever
+        the clocks say, neither may take it from under a live lease."""
+        run = data.draw(st.sampled_from(self.background), label="background")
+        others = [s for s in self.live_slots() if s is not run.slot]
+        if not others:
+            return
+        self.hit("race_hanging")
+        self.sweep(data)  # type: ignore[call-arg]
+        self.run_on(data.draw(st.sampled_from(others), label="runner"), run.job, [run.first.id])
+
     def settle_cancelled(self) -> None:
         """A cooperative hanging handler whose ctx was cancelled stops by itself: wait for it."""
         for run in list(self.background):
@@ -724,7 +737,11 @@ class OutboxMachine(RuleBasedStateMachine):
         assert self.outbox is not None
         host = data.draw(st.sampled_from(self.sweepers), label="sweeper")
         self.host_jump(data, host)
+        hanging = [r.first for r in self.background if self.model.matches(r.first)]
         self.model.sweep(self.clock_now)
+        for fence in hanging:  # a hanging handler's row taken from it: a zombie's, or a bug
+            if not self.model.matches(fence):
+                self.hit("sweep_took_hanging")
         self.outbox.sweeper.run_once()  # None: the database's time
         for r in self.table().values():
             if r["status"] == Status.RUNNING.value:
