@@ -313,6 +313,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.dispatcher = RecordingDispatcher()
         for host in self.hosts():
             host.offset = cfg.lease * data.draw(st.sampled_from(OFFSETS), label=host.name)
+            self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
         self.patch = mock.patch("celery_outbox.outbox.utcnow", self.app_clock)
         self.patch.start()
         # Execution ids in push order: the trim breaks ties of finished_at by id, so random
@@ -339,6 +340,7 @@ class OutboxMachine(RuleBasedStateMachine):
         host = Host(f"worker-{len(self.slots) + 1}")
         host.offset = self.model.cfg.lease * data.draw(st.sampled_from(OFFSETS),
                                                        label=host.name)
+        self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
         self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
                              lambda: self.dispatcher, self.host_clock(host)), host)
 
