@@ -51,7 +51,7 @@ from celery_outbox.models import DEFAULT_TABLE, MAX_LENGTHS, TABLES, EncodedJson
 from celery_outbox.queries.clauses import storable, unstorable
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.runner import Runner, utcnow
-from celery_outbox.shutdown import Drain
+from celery_outbox.shutdown import Drain, cooperative_broker_waits
 from celery_outbox.states import Priority
 from celery_outbox.store import ExecutionStore, NewExecution, new_ids
 from celery_outbox.ticker import ENTRY_PREFIX, CronTicker, TickOutcome
@@ -190,6 +190,9 @@ class Outbox:
         celery_signals.worker_process_init.connect(after_fork, weak=False)
         celery_signals.worker_init.connect(limits.on_worker_init, weak=False)
         self._after_fork = after_fork
+        # A gevent worker whose broker is down must not stand still between reconnect tries
+        # (its heartbeat with it): see shutdown.cooperative_broker_waits.
+        cooperative_broker_waits()
 
     def _install_maintenance(self) -> None:
         self.sweeper = Sweeper.create(self.store, self.registry, self.config,

@@ -270,6 +270,27 @@ def _call_soon(fn: Callable[[], object]) -> None:
     fn()
 
 
+def cooperative_broker_waits() -> bool:
+    """Under gevent or eventlet monkey patching, make kombu's wait between two broker
+    reconnect tries (``kombu.utils.functional.sleep``) the patched ``time.sleep``.
+
+    ``celery worker -P gevent`` patches ``time`` after importing that module, which bound the
+    original: while the broker is down, each wait (2 s, 4 s, 6 s ...) blocks the whole process,
+    the heartbeat with it, so its leases run out in the database's clock, other workers begin
+    the next attempts, and its handlers go on beside them once the broker is back. Returns
+    whether it replaced the wait."""
+    gevent_monkey: Any = sys.modules.get("gevent.monkey")
+    eventlet_patcher: Any = sys.modules.get("eventlet.patcher")
+    patched = ((gevent_monkey is not None and gevent_monkey.is_module_patched("time"))
+               or (eventlet_patcher is not None and eventlet_patcher.is_monkey_patched("time")))
+    functional: Any = sys.modules.get("kombu.utils.functional")
+    if not patched or functional is None or functional.sleep is time.sleep:
+        return False
+    functional.sleep = time.sleep
+    log.debug("celery_outbox: kombu's broker reconnect wait made cooperative (monkey patching)")
+    return True
+
+
 def _signal_pool_children() -> None:
     """Send the drain signal to this process's prefork pool children (none for solo or
     threads pools)."""

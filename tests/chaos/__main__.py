@@ -3,7 +3,10 @@
 Example: ``python -m tests.chaos --executions 2000 --seed 7 --minutes 5``. Creates a fresh
 PostgreSQL database next to ``--database`` (default: the tests' ``OUTBOX_TEST_PG``), runs
 :func:`tests.chaos.run.chaos`, prints the report, drops the database. Exit status 0 when
-nothing was lost or doubled and no anomaly was seen, 1 otherwise.
+nothing was lost, doubled or overlapping and no anomaly was seen, 1 otherwise.
+
+By default every pool runs twice, ``outcome_window`` off and on (``--windows``), and every
+worker's client clock is off (``tests.chaos.run.SKEWS``; ``--no-skew`` for true clocks).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from tests.chaos.run import Plan, chaos
+from tests.chaos.run import SKEWS, WINDOW, Plan, chaos
 from tests.chaos.workers import POOLS
 from tests.conftest import PG_ADMIN_URL
 
@@ -35,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
                              "running handlers")
     parser.add_argument("--pools", default=",".join(POOLS),
                         help=f"comma-separated, from {', '.join(POOLS)}")
+    parser.add_argument("--windows", choices=("off", "on", "both"), default="both",
+                        help="outcome_window of each pool's worker: off, on, or one worker "
+                             "of each")
+    parser.add_argument("--window-seconds", type=float, default=WINDOW,
+                        help="the outcome_window when on")
+    parser.add_argument("--skew", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"worker clocks off by {', '.join(f'{s:+g}' for s in SKEWS)} s, "
+                             "cycled over the workers")
     parser.add_argument("--database", default=PG_ADMIN_URL,
                         help="PostgreSQL URL; the run creates and drops a database beside it")
     parser.add_argument("--workdir", type=Path, default=None, help="where worker logs go")
@@ -45,9 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(pools) - set(POOLS):
         parser.error(f"--pools: unknown {', '.join(sorted(unknown))} "
                      f"(known: {', '.join(POOLS)})")
+    slots = {"off": [p for p in pools], "on": [f"{p}:window" for p in pools],
+             "both": [s for p in pools for s in (p, f"{p}:window")]}[args.windows]
     plan = Plan(executions=args.executions, seed=args.seed, duration=args.minutes * 60,
-                fault_every=args.fault_every_seconds, pools=pools, drain=args.drain_seconds,
-                settle=max(120.0, args.executions / 10))
+                fault_every=args.fault_every_seconds, pools=tuple(slots),
+                drain=args.drain_seconds, settle=max(120.0, args.executions / 10),
+                outcome_window=args.window_seconds, skews=SKEWS if args.skew else ())
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(filename=workdir / "producer.log", level=logging.INFO,

@@ -4,9 +4,20 @@ A worker reads its settings from the environment at import:
 
 - ``CHAOS_BROKER`` / ``CHAOS_DB`` / ``CHAOS_QUEUE``: broker URL, database URL (it holds the
   outbox table :data:`TABLE` and the :data:`RUNS` and :data:`DOUBLES` tables), the queue.
-- ``CHAOS_WORKER``: this worker's label (e.g. ``prefork-mtpc``), written on each run.
+- ``CHAOS_WORKER`` / ``CHAOS_GENERATION``: this worker's label (e.g. ``prefork-mtpc`` or
+  ``threads:window``) and start count, written on each run.
 - ``CHAOS_LEASE_SECONDS`` / ``CHAOS_STALE_SECONDS`` / ``CHAOS_DRAIN_SECONDS``: the outbox's
-  ``lease``, ``stale_after`` and ``drain_timeout``.
+  ``lease``, ``stale_after`` and ``drain_timeout``; ``CHAOS_OUTCOME_WINDOW_SECONDS``: its
+  ``outcome_window`` (default 0, off).
+- ``CHAOS_CLOCK_SKEW_SECONDS``: how far this worker's clock is off (negative: behind). Every
+  client-side time the outbox reads in this process (the runner's, the heartbeat's, the
+  drain's, a push's or cancel's) is the host's time plus that; the database's clock, which
+  every lease is written and judged in, and ``time.time()``, which the spans are recorded in,
+  stay true.
+- ``CHAOS_SPANS``: a directory; each process appends every handler run's start and end
+  (``time.time()``, one host's wall clock: comparable across the run's processes) to a file
+  of its own there (:func:`span`), so the run can tell whether two runs of one execution were
+  ever running at once, whatever the database was doing meanwhile.
 
 Every handler call first inserts ``(execution_id, attempt)`` into :data:`RUNS`, whose
 primary key is that pair: a second start of one attempt is a double run. The handler then
@@ -16,9 +27,12 @@ records it in :data:`DOUBLES` (never raises for it) and goes on, so the run sees
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
-from datetime import timedelta
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -87,6 +101,21 @@ def begin(ctx: JobContext[Work]) -> Any:
         return update(DOUBLES).where(DOUBLES.c.id == double)
 
 
+def span(ctx: JobContext[Work], token: str, edge: str) -> None:
+    """Append this run's ``edge`` ("start" or "end", at ``time.time()``) to this process's
+    span file (``CHAOS_SPANS``), one line written at once (``O_APPEND``: threads and
+    greenlets of one process never interleave within a line)."""
+    where = os.environ.get("CHAOS_SPANS")
+    if not where:
+        return
+    line = json.dumps({"id": str(ctx.execution_id), "attempt": ctx.attempt, "token": token,
+                       "edge": edge, "at": time.time(), "pid": os.getpid(),
+                       "worker": os.environ.get("CHAOS_WORKER", "?"),
+                       "generation": int(os.environ.get("CHAOS_GENERATION", "0"))})
+    with open(Path(where) / f"spans-{os.getpid()}.jsonl", "a") as f:
+        f.write(line + "\n")
+
+
 def end(ctx: JobContext[Work], mark: Any) -> None:
     """Mark the run ended (best effort: the database may be the fault being injected)."""
     outbox = REGISTRY.outbox
@@ -98,6 +127,15 @@ def end(ctx: JobContext[Work], mark: Any) -> None:
 
 def body(ctx: JobContext[Work]) -> None:
     work = ctx.payload
+    token = uuid.uuid4().hex[:12]
+    span(ctx, token, "start")  # first thing: a span is never shorter than the run
+    try:
+        perform(ctx, work)
+    finally:
+        span(ctx, token, "end")  # last thing
+
+
+def perform(ctx: JobContext[Work], work: Work) -> None:
     mark = begin(ctx)
     try:
         sleeps = work.sleep_seconds and (not work.sleep_attempts
@@ -152,9 +190,30 @@ def settings_from_env() -> dict[str, timedelta]:
         "lease": timedelta(seconds=float(os.environ.get("CHAOS_LEASE_SECONDS", "3"))),
         "stale_after": timedelta(seconds=float(os.environ.get("CHAOS_STALE_SECONDS", "3"))),
         "drain_timeout": timedelta(seconds=float(os.environ.get("CHAOS_DRAIN_SECONDS", "10"))),
+        "outcome_window": timedelta(
+            seconds=float(os.environ.get("CHAOS_OUTCOME_WINDOW_SECONDS", "0"))),
     }
+
+
+def skew_clocks(outbox: Outbox, seconds: float) -> None:
+    """Put this process's client-side clock ``seconds`` off (negative: behind): the runner's,
+    its heartbeat's and the drain's clocks, and the one a push or cancel reads."""
+    from celery_outbox import outbox as outbox_module
+    from celery_outbox.runner import utcnow
+
+    skew = timedelta(seconds=seconds)
+
+    def clock() -> datetime:
+        return utcnow() + skew
+
+    outbox.runner.clock = clock
+    outbox.runner.heartbeat.clock = clock
+    outbox.drain.clock = clock
+    outbox_module.utcnow = clock  # type: ignore[attr-defined]
 
 
 if os.environ.get("CHAOS_BROKER"):
     app, outbox = build(os.environ["CHAOS_BROKER"], os.environ["CHAOS_DB"],
                         os.environ["CHAOS_QUEUE"], **settings_from_env())
+    if float(os.environ.get("CHAOS_CLOCK_SKEW_SECONDS") or 0):
+        skew_clocks(outbox, float(os.environ["CHAOS_CLOCK_SKEW_SECONDS"]))

@@ -21,7 +21,14 @@ The run calls ``outbox.sweep()`` itself every ``sweep_every`` seconds (lease and
 ``stale_after`` are seconds, so recovery is quick). After the fault phase every worker and
 the broker are brought back, and the sweep goes on until every execution is terminal or
 ``settle`` seconds passed. The :class:`Outcome` holds the figures and the findings: executions
-not terminal (lost), attempts begun twice (doubled), and other anomalies.
+not terminal (lost), attempts begun twice (doubled), two runs of one execution running at
+one moment (overlapping: from every handler run's start and end, see :func:`read_spans`),
+and other anomalies.
+
+A worker slot is a pool's name, or ``name:window`` for one whose outbox holds outcomes for
+``outcome_window`` (:attr:`Plan.outcome_window`); :attr:`Plan.skews` puts each slot's client
+clock off by so many seconds (cycled over the slots): its leases must not care, since they
+are written and judged in the database's clock.
 
 A warm stop whose ``drain`` expires hands the rows of its still-running handlers back once
 they stopped; an attempt that began keeps its number and the next start begins the next one,
@@ -33,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import math
 import os
 import random
 import signal
@@ -57,6 +66,24 @@ FAULTS = ("kill", "warm", "pg", "broker", "kill_child")
 WARM_EXIT_LIMIT = 60.0  # seconds a warm stop may take before it counts as hung
 BROKER_EXIT_WINDOW = 30.0  # seconds after a broker stop in which a worker's exit is its doing
 CHILD_KILL_AFTER_START = 5.0  # seconds a prefork worker runs before its pool children are fair game
+SKEWS = (-30.0, 9.0, -9.0, 4.0)
+"""Client clock offsets of the slots, in seconds, cycled (the lease is 3 s: ten leases behind,
+three ahead...). Ahead delays each retry that worker writes by as much (it is due by the
+worker's clock, claimed by the database's), so the offsets ahead stay small."""
+WINDOW = 0.3  # seconds: the outcome_window of a ``name:window`` slot
+
+
+def slot_pool(slot: str) -> tuple[str, bool]:
+    """The pool's name of a slot (``name`` or ``name:window``) and whether it holds outcomes."""
+    name, _, window = slot.partition(":")
+    if name not in POOLS or window not in ("", "window"):
+        raise ValueError(f"worker slot {slot!r}: a pool of {sorted(POOLS)}, optionally "
+                         "followed by ':window'")
+    return name, bool(window)
+
+
+EVERY_SLOT = tuple(s for name in POOLS for s in (name, f"{name}:window"))
+"""Every pool, each with outcome_window off and on."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +94,79 @@ class Plan:
     seed: int = 1
     duration: float = 30.0  # seconds of the fault phase; pushes spread over its first 70 %
     fault_every: float = 3.0  # mean seconds between faults
-    pools: tuple[str, ...] = tuple(POOLS)
+    pools: tuple[str, ...] = tuple(POOLS)  # worker slots: ``name`` or ``name:window``
+    outcome_window: float = WINDOW  # seconds, for the ``name:window`` slots
+    skews: tuple[float, ...] = ()  # seconds each slot's clock is off, cycled (empty: none)
     sweep_every: float = 1.0
     settle: float = 120.0  # seconds, after the fault phase, for every execution to finish
     lease: float = 3.0
     stale_after: float = 3.0
     drain: float = 10.0  # longer than any handler: a warm stop drains, hands back no run
+
+    def slot_skews(self) -> list[tuple[str, float]]:
+        """Each slot and how far its clock is off (none when :attr:`skews` is empty)."""
+        if not self.skews:
+            return []
+        return [(slot, self.skews[i % len(self.skews)]) for i, slot in enumerate(self.pools)]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One handler run: its start and end, ``time.time()`` (``end`` None: it may still run)."""
+
+    execution_id: str
+    attempt: int
+    worker: str
+    pid: int
+    start: float
+    end: float | None
+    killed: bool = False  # its end is when its process was killed or seen gone
+
+    def overlaps(self, other: Span) -> bool:
+        return (self.start < (other.end if other.end is not None else math.inf)
+                and other.start < (self.end if self.end is not None else math.inf))
+
+    def describe(self) -> str:
+        end = "still running" if self.end is None else f"{self.end:.3f}"
+        return (f"attempt {self.attempt} on {self.worker} pid {self.pid} {self.start:.3f}-"
+                f"{end}{' (killed)' if self.killed else ''}")
+
+
+def read_spans(where: Path, deaths: dict[tuple[str, int], float],
+               child_deaths: dict[int, float]) -> list[Span]:
+    """The handler runs the workers recorded in ``where`` (``tests.chaos.app.span``). A run
+    with no end was killed: it ended when its process did (``child_deaths`` by pid, else
+    ``deaths`` by worker slot and generation), or is taken as still running."""
+    edges: dict[str, dict[str, Any]] = {}
+    for path in sorted(where.glob("spans-*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:  # cut short by a kill mid-write
+                continue
+            edges.setdefault(event["token"], {}).update(event, **{event["edge"]: event["at"]})
+    spans = []
+    for e in edges.values():
+        if "start" not in e:
+            continue
+        end, killed = e.get("end"), False
+        if end is None:
+            end = child_deaths.get(e["pid"], deaths.get((e["worker"], e["generation"])))
+            killed = end is not None
+        spans.append(Span(e["id"], e["attempt"], e["worker"], e["pid"], e["start"], end, killed))
+    return spans
+
+
+def overlapping(spans: list[Span]) -> list[tuple[Span, Span]]:
+    """The pairs of runs of one execution that were running at one moment."""
+    by_id: dict[str, list[Span]] = {}
+    for span in spans:
+        by_id.setdefault(span.execution_id, []).append(span)
+    found = []
+    for runs in by_id.values():
+        runs.sort(key=lambda r: r.start)
+        found += [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:] if a.overlaps(b)]
+    return found
 
 
 @dataclass
@@ -88,6 +182,10 @@ class Outcome:
     seconds: float = 0.0
     lost: list[dict[str, Any]] = field(default_factory=list)
     doubled: list[dict[str, Any]] = field(default_factory=list)
+    overlapping: list[dict[str, Any]] = field(default_factory=list)
+    spans: int = 0  # handler runs whose start was recorded
+    unended: int = 0  # of those, runs whose end is their process's death (killed)
+    seen_skews: dict[str, float] = field(default_factory=dict)  # slot -> median offset seen
     anomalies: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)  # worker log lines of doubled ids
     sweep_errors: int = 0
@@ -96,14 +194,16 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.doubled or self.anomalies)
+        return not (self.lost or self.doubled or self.overlapping or self.anomalies)
 
     def report(self) -> str:
         f = self.faults
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
+        skews = ", ".join(f"{slot} {skew:+g} s" for slot, skew in self.plan.slot_skews())
         lines = [
             f"chaos run: seed {self.plan.seed}, pools {', '.join(self.plan.pools)}, drain "
-            f"{self.plan.drain:g} s",
+            f"{self.plan.drain:g} s, outcome_window {self.plan.outcome_window:g} s on the "
+            f":window slots, clocks off: {skews or 'none'}",
             f"  executions {len(self.pushed)} ({statuses}), "
             f"handler runs {self.runs} "
             f"({', '.join(f'{k} {v}' for k, v in sorted(self.runs_by_pool.items()))}), "
@@ -112,11 +212,16 @@ class Outcome:
             f"children killed, {f['warm']} warm stops, {f['pg']} backend terminations "
             f"({f['pg_backends']} connections), {f['broker']} broker restarts "
             f"({f['broker_exits']} workers exited on them and were restarted)",
-            f"  sweep calls failed {self.sweep_errors}, pushes retried {self.push_errors}",
-            f"  {len(self.lost)} lost / {len(self.doubled)} doubled",
+            f"  sweep calls failed {self.sweep_errors}, pushes retried {self.push_errors}"
+            + (", clocks seen off by " + ", ".join(f"{slot} {gap:+.1f} s" for slot, gap in
+                                                   sorted(self.seen_skews.items()))
+               if self.seen_skews else ""),
+            f"  {len(self.lost)} lost / {len(self.doubled)} doubled / {len(self.overlapping)} "
+            f"overlapping ({self.spans} handler runs timed, {self.unended} ended by a kill)",
         ]
         lines += [f"  LOST {row}" for row in self.lost[:20]]
         lines += [f"  DOUBLED {row}" for row in self.doubled[:20]]
+        lines += [f"  OVERLAPPING {pair}" for pair in self.overlapping[:20]]
         lines += [f"  ANOMALY {a}" for a in self.anomalies[:20]]
         lines += [f"  LOG {line}" for line in self.evidence[:40]]
         if self.logs is not None:
@@ -147,9 +252,10 @@ class Chaos:
     """One run (see the module docstring). Use :func:`chaos`."""
 
     def __init__(self, plan: Plan, database_url: str, workdir: Path) -> None:
-        unknown = set(plan.pools) - set(POOLS)
-        if unknown or not plan.pools:
-            raise ValueError(f"pools: unknown {sorted(unknown)} (known: {sorted(POOLS)})")
+        if not plan.pools:
+            raise ValueError(f"pools: none given (known: {sorted(POOLS)})")
+        for slot in plan.pools:
+            slot_pool(slot)
         self.plan = plan
         self.rng = random.Random(plan.seed)
         self.run_id = f"chaos-{uuid.uuid4().hex[:8]}"
@@ -163,6 +269,11 @@ class Chaos:
         self.outbox: Any = None
         self.redis_back_at: float | None = None
         self.broker_stopped_at: float | None = None
+        self.spans_dir = workdir / "spans"
+        # time.time() when a worker generation's processes died (killed, or seen gone), and
+        # when a prefork pool child was killed: the end of a run that recorded none.
+        self.deaths: dict[tuple[str, int], float] = {}
+        self.child_deaths: dict[int, float] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -174,13 +285,22 @@ class Chaos:
         """Start the broker, prepare the database, start one worker per pool."""
         self.redis.start()
         self.prepare()
+        self.spans_dir.mkdir(parents=True, exist_ok=True)
         env = {"CHAOS_BROKER": self.redis.url, "CHAOS_QUEUE": self.queue,
                "CHAOS_DB": self._url("worker"),
                "CHAOS_LEASE_SECONDS": str(self.plan.lease),
                "CHAOS_STALE_SECONDS": str(self.plan.stale_after),
-               "CHAOS_DRAIN_SECONDS": str(self.plan.drain)}
-        for name in self.plan.pools:
-            worker = Worker(POOLS[name], env, self.queue, self.workdir / f"{name}.log", self.book)
+               "CHAOS_DRAIN_SECONDS": str(self.plan.drain),
+               "CHAOS_SPANS": str(self.spans_dir)}
+        skews = dict(self.plan.slot_skews())
+        for slot in self.plan.pools:
+            name, window = slot_pool(slot)
+            own = {**env, "CHAOS_OUTCOME_WINDOW_SECONDS": str(
+                       self.plan.outcome_window if window else 0),
+                   "CHAOS_CLOCK_SKEW_SECONDS": str(skews.get(slot, 0.0))}
+            worker = Worker(POOLS[name], own, self.queue,
+                            self.workdir / f"{slot.replace(':', '-')}.log", self.book,
+                            label=slot)
             worker.start()
             self.workers.append(worker)
 
@@ -285,16 +405,19 @@ class Chaos:
             self.redis_back_at = time.monotonic() + self.rng.uniform(0.5, 3.0)
             self.outcome.faults["broker"] += 1
         elif kind == "kill_child":
-            # Only a worker past its start-up: billiard gives up on a pool whose child dies
-            # while it starts ("Could not start worker processes"), which is Celery's, not ours.
+            # Only a worker past its start-up (ready, and a while ago): billiard gives up on a
+            # pool whose child dies while it starts ("Could not start worker processes"),
+            # which is Celery's, not ours; on a busy machine start-up outlasts any fixed wait.
             prefork = [w for w in up if w.pool.pool == "prefork" and w.proc is not None
-                       and time.monotonic() - w.since > CHILD_KILL_AFTER_START]
+                       and time.monotonic() - w.since > CHILD_KILL_AFTER_START
+                       and " ready." in w.generation_text()]
             pids = [p for w in prefork for p in children(w.proc.pid)]  # type: ignore[union-attr]
             if not pids:
                 return
             pid = self.rng.choice(pids)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            self.child_deaths[pid] = time.time()
             self.outcome.faults["kill_child"] += 1
         elif up:
             worker = self.rng.choice(up)
@@ -302,6 +425,7 @@ class Chaos:
             if kind == "kill":
                 worker.note("SIGKILL (cold stop)")
                 kill_group(worker.proc)
+                self.died(worker)
                 worker.state = "down"
                 worker.restart_at = time.monotonic() + self.rng.uniform(0.3, 2.0)
             else:
@@ -310,6 +434,10 @@ class Chaos:
                 worker.state, worker.since = "stopping", time.monotonic()
             self.outcome.faults[kind] += 1
 
+    def died(self, worker: Worker) -> None:
+        """Note when ``worker``'s current generation died (its first sighting dead)."""
+        self.deaths.setdefault((worker.label, worker.generation), time.time())
+
     def supervise(self) -> None:
         """Notice exits, restart what is down once its moment came, the broker too."""
         now = time.monotonic()
@@ -317,13 +445,15 @@ class Chaos:
             self.redis.start()
             self.redis_back_at = None
         for w in self.workers:
+            if w.proc is not None and not w.alive():
+                self.died(w)
             if w.state == "up" and not w.alive() and self.died_of_broker_restart(w):
                 self.outcome.faults["broker_exits"] += 1
                 w.state, w.restart_at = "down", now
             elif w.state == "up" and not w.alive():
                 assert w.proc is not None
                 self.outcome.anomalies.append(
-                    f"{w.pool.name} generation {w.generation} exited by itself "
+                    f"{w.label} generation {w.generation} exited by itself "
                     f"({w.proc.returncode}); log {w.log_path}")
                 w.state, w.restart_at = "down", now
             elif w.state == "stopping" and not w.alive():
@@ -331,9 +461,10 @@ class Chaos:
             elif w.state == "stopping" and now - w.since > WARM_EXIT_LIMIT:
                 assert w.proc is not None
                 self.outcome.anomalies.append(
-                    f"{w.pool.name} generation {w.generation}: warm stop still running after "
+                    f"{w.label} generation {w.generation}: warm stop still running after "
                     f"{WARM_EXIT_LIMIT:.0f} s (killed); log {w.log_path}")
                 kill_group(w.proc)
+                self.died(w)
                 w.state, w.restart_at = "down", now
             if w.state == "down" and now >= w.restart_at:
                 w.start()
@@ -376,7 +507,7 @@ class Chaos:
         with self.outbox.engine.connect() as conn:
             rows = {r.id: r for r in conn.execute(
                 select(t.c.id, t.c.job_name, t.c.status, t.c.attempt, t.c.max_attempts,
-                       t.c.claimed_by, t.c.last_error))}
+                       t.c.claimed_by, t.c.last_error, t.c.finished_at))}
             runs = {(r.execution_id, r.attempt): r for r in conn.execute(select(RUNS))}
             doubles = list(conn.execute(select(DOUBLES).order_by(DOUBLES.c.id)))
         out.runs = len(runs) + len(doubles)
@@ -398,8 +529,13 @@ class Chaos:
                 out.anomalies.append(f"{row.id}: succeeded on attempt {row.attempt}, "
                                      "which never began")
         for w in self.workers:  # an outbox receiver of a worker signal that failed
-            out.anomalies += [f"{w.pool.name}: {line}" for line in w.text().splitlines()
+            out.anomalies += [f"{w.label}: {line}" for line in w.text().splitlines()
                               if "Signal handler" in line and "celery_outbox" in line]
+        self.check_skews(rows, runs)
+        spans = read_spans(self.spans_dir, self.deaths, self.child_deaths)
+        out.spans, out.unended = len(spans), sum(1 for s in spans if s.killed)
+        out.overlapping = [{"id": a.execution_id, "first": a.describe(), "then": b.describe()}
+                           for a, b in overlapping(spans)]
         by_key: dict[tuple[str, int], list[Any]] = {}
         for r in [*runs.values(), *doubles]:
             by_key.setdefault((r.execution_id, r.attempt), []).append(r)
@@ -412,9 +548,27 @@ class Chaos:
                         "again": f"{again.worker} pid {again.pid} {again.at:.3f}"}
                 out.doubled.append(pair)
 
+    def check_skews(self, rows: dict[Any, Any], runs: dict[tuple[str, int], Any]) -> None:
+        """Each slot's clock was off as planned: a success's ``finished_at`` (its worker's
+        clock) less its run's end (``time.time()``), the median over the slot's runs, is
+        its skew within a second (else the skew never took effect: an anomaly)."""
+        gaps: dict[str, list[float]] = {}
+        for row in rows.values():
+            run = runs.get((str(row.id), row.attempt))
+            if row.status == "succeeded" and run is not None and run.ended is not None:
+                gaps.setdefault(run.worker, []).append(row.finished_at.timestamp() - run.ended)
+        for slot, skew in self.plan.slot_skews():
+            seen = sorted(gaps.get(slot, []))
+            if seen:
+                self.outcome.seen_skews[slot] = seen[len(seen) // 2]
+            if seen and abs(seen[len(seen) // 2] - skew) > 1.0:
+                self.outcome.anomalies.append(
+                    f"{slot}: its clock should be {skew:+g} s off, but its successes were "
+                    f"written {seen[len(seen) // 2]:+.1f} s from their runs' ends (median)")
+
     def evidence(self, execution_id: str) -> list[str]:
         """The worker log lines that name ``execution_id``."""
-        return [f"{w.pool.name}: {line}" for w in self.workers for line in w.text().splitlines()
+        return [f"{w.label}: {line}" for w in self.workers for line in w.text().splitlines()
                 if execution_id in line]
 
     def close(self) -> None:
@@ -436,7 +590,7 @@ def chaos(plan: Plan, database_url: str, workdir: Path) -> Outcome:
     try:
         run.setup()
         outcome = run.run()
-        for d in outcome.doubled[:5]:
+        for d in [*outcome.doubled[:5], *outcome.overlapping[:5]]:
             outcome.evidence.extend(run.evidence(d["id"])[:20])
         return outcome
     finally:

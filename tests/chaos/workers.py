@@ -91,19 +91,24 @@ def children(pid: int) -> list[int]:
 
 @dataclass
 class Worker:
-    """One worker slot: restarted after each stop; its generations share one log file."""
+    """One worker slot: restarted after each stop; its generations share one log file.
+    ``label``: the slot's name (default: the pool's)."""
 
     pool: Pool
     env: dict[str, str]
     queue: str
     log_path: Path
     book: Processes
+    label: str = ""
     proc: subprocess.Popen[bytes] | None = None
     generation: int = 0
     state: str = "down"  # up | stopping | down
     since: float = field(default_factory=time.monotonic)
     restart_at: float = 0.0
     _log: IO[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.pool.name
 
     def start(self) -> None:
         self.generation += 1
@@ -113,11 +118,11 @@ class Worker:
         self._log.flush()
         args = [sys.executable, "-m", "celery", "-A", "tests.chaos.app", "worker",
                 "-P", self.pool.pool, "-c", str(self.pool.concurrency), "-Q", self.queue,
-                "-n", f"{self.pool.name}-{self.generation}-{self.queue}@%h",
+                "-n", f"{self.label.replace(':', '-')}-{self.generation}-{self.queue}@%h",
                 "--loglevel=INFO", "--without-gossip", "--without-mingle",
                 "--without-heartbeat", *self.pool.extra]
         env = {**os.environ, "PYTHONPATH": str(procs.ROOT), **self.env,
-               "CHAOS_WORKER": self.pool.name}
+               "CHAOS_WORKER": self.label, "CHAOS_GENERATION": str(self.generation)}
         self.proc = self.book.spawn(args, env, self._log)
         self.state, self.since = "up", time.monotonic()
 

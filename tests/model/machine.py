@@ -1,11 +1,18 @@
 """The stateful model test: Hypothesis drives the real outbox against :mod:`tests.model.model`.
 
 One example is one outbox (a table of its own) with 1 to 3 jobs drawn with extreme options,
-runners with distinct worker ids ("processes"), and a fake clock every service reads. Rules
-push, run (now, or in a background thread whose handler hangs until a later rule opens its
-gate), deliver recorded messages again, renew leases (or fail to), jump the clock, sweep,
-trim, cancel, retry, drain, and drive one execution to its end. After every step the table
-must equal the model, and the invariants of the guarantee must hold (see :meth:`check`).
+runners with distinct worker ids ("processes"), and clocks. True time is the database's clock
+(``store.db_clock``); every host (the app that pushes, cancels and retries, each worker, each
+sweeper) reads its own wall clock, true time plus an offset of its own (up to several leases
+either way) that its own jumps move forward and back. Rules push, run (now, or in a
+background thread whose handler hangs until a later rule opens its gate), deliver recorded
+messages again, renew leases (or fail to), move true time, jump a host's clock, sweep, trim,
+cancel, retry, drain, and drive one execution to its end. A worker's lease watch counts on
+its monotonic clock (true time: a wall clock's jump does not move it) from when it sent the
+claim or the last renewal that hit; when it says the lease may have run out, the worker stops
+its hanging handler (:meth:`OutboxMachine.advance`). After every step the table must equal
+the model, and the invariants of the guarantee must hold (see :meth:`check`): among them, no
+two runs of one execution (or of it and its admin retries) overlap in true time.
 
 Known defects, fixed on other branches, are reachable only behind the flags below; the lead
 flips each flag once its fix is merged (and adjusts the model's expectation if the fix chose
@@ -31,7 +38,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from celery_outbox import JobRegistry, Outbox, RetryPolicy, outbox_job
-from celery_outbox.errors import ExecutionNotFound, InvalidTransition, StorageError
+from celery_outbox.errors import (
+    ExecutionNotFound,
+    ExecutionStillRunning,
+    InvalidTransition,
+    StorageError,
+)
 from celery_outbox.runner import Runner
 from celery_outbox.shutdown import Drain
 from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, TRANSITIONS, Status
@@ -73,6 +85,14 @@ DEFECTS |= {n.strip() for n in os.environ.get("OUTBOX_MODEL_DEFECTS", "").split(
 adds some before their fix is merged, to see the model find them (labels: 1, 2, 3, 4, 8,
 drain, uncapped)."""
 
+MUTANT = os.environ.get("OUTBOX_MODEL_MUTANT", "")
+"""A fixed defect put back, to see the model's checks catch it: ``worker-clock-leases``
+writes every lease from the worker's wall clock (leases before they were written in the
+database's clock: a worker whose clock is behind gets a live run rescued, and two attempts
+overlap)."""
+MUTANTS = {"", "worker-clock-leases"}
+assert MUTANT in MUTANTS, f"OUTBOX_MODEL_MUTANT: {MUTANT!r} is none of {sorted(MUTANTS)}"
+
 START = datetime(2031, 1, 1, tzinfo=timezone.utc)
 
 BACKOFFS = [timedelta(0), timedelta(seconds=1), timedelta(seconds=30), timedelta(hours=1)]
@@ -85,6 +105,14 @@ JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=3),
 STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop"] + (
     ["cancel"] if "4" in DEFECTS else [])
 KEYS = [None, None, "k1", "k2", "k3"]
+OFFSETS = [-3.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 3.0]
+"""A host's clock offset at the start, in leases (the outbox's ``lease``)."""
+HOST_JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=31),
+              timedelta(hours=2)]
+"""How far one jump moves a host's clock, forward or back (NTP steps, a VM resumed)."""
+WATCH_MARGIN = 20
+"""The lease watch stops a handler a twentieth of the lease before it runs out, counted
+from when the claim or renewal was sent (as the heartbeat's watch: ``tell_at``)."""
 
 
 def overflows(policy: RetryPolicy) -> str | None:
@@ -119,11 +147,36 @@ def policies(draw: st.DrawFn) -> tuple[RetryPolicy, str]:
 
 
 @dataclass
+class Host:
+    """A machine's wall clock: true time plus ``offset``."""
+
+    name: str
+    offset: timedelta = timedelta(0)
+
+
+@dataclass
 class Slot:
-    """One runner: a worker process (its own worker id); ``retired`` once drained."""
+    """One runner: a worker process (its own worker id) on ``host``; ``retired`` once
+    drained."""
 
     runner: Runner
+    host: Host
     retired: bool = False
+
+
+class WorkerClockLeases:
+    """The store as a worker sees it under the mutant ``worker-clock-leases``: its leases
+    written from the worker's wall clock, as before they were in the database's."""
+
+    def __init__(self, store: Any, clock: Any) -> None:
+        self._store, self._clock = store, clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def lease_now(self) -> datetime:
+        now: datetime = self._clock()
+        return now
 
 
 @dataclass
@@ -136,12 +189,22 @@ class Background:
     gate: Gate
     thread: threading.Thread
     held: list[MFence]
+    lease: timedelta
+    sent: datetime
+    """True time (the worker's monotonic clock) when the claim, or the last renewal of the
+    first row that hit, was sent: its lease watch counts from there."""
     cancelled: set[UUID] = field(default_factory=set)  # ids whose ctx.cancelled is set
     errors: list[BaseException] = field(default_factory=list)
+    stopped: bool = False  # stopped by its worker's lease watch
 
     @property
     def first(self) -> MFence:
         return self.fences[0]
+
+    @property
+    def watch_at(self) -> datetime:
+        """When the lease watch says the first row's lease may have run out."""
+        return self.sent + self.lease - self.lease / WATCH_MARGIN
 
 
 @dataclass
@@ -153,18 +216,25 @@ class Stats:
     rules: Counter[str] = field(default_factory=Counter)
     transitions: Counter[str] = field(default_factory=Counter)
     states: set[tuple[Any, ...]] = field(default_factory=set)
+    spans: int = 0  # handler runs whose true-time spans were checked for overlaps
+    widest_skew: timedelta = timedelta(0)  # the largest |offset| of a host clock seen
 
 
 class OutboxMachine(RuleBasedStateMachine):
     url: ClassVar[str] = ""
     stats: ClassVar[Stats] = Stats()
+    mutant: ClassVar[str] = MUTANT
 
     def __init__(self) -> None:
         super().__init__()
         self.outbox: Outbox | None = None
-        self.world = World()
         self.clock_now = START
+        self.world = World(self.clock)
         self.slots: list[Slot] = []
+        self.app = Host("app")  # pushes, cancels, retries; the process of outbox.runner too
+        self.sweepers = [Host("sweeper-1"), Host("sweeper-2")]
+        self.retry_of: dict[UUID, UUID] = {}  # an admin retry's id -> the id it retries
+        self.spans_seen = 0
         self.background: list[Background] = []
         self.expected_begins: list[tuple[UUID, int]] = []
         self.retries_of: dict[UUID, set[UUID]] = {}
@@ -175,7 +245,33 @@ class OutboxMachine(RuleBasedStateMachine):
         self.before: dict[UUID, Status | None] = {}
 
     def clock(self) -> datetime:
+        """True time: the database's clock."""
         return self.clock_now
+
+    def wall(self, host: Host) -> datetime:
+        """``host``'s wall clock."""
+        return self.clock_now + host.offset
+
+    def app_clock(self) -> datetime:
+        return self.wall(self.app)
+
+    def host_clock(self, host: Host) -> Any:
+        return lambda: self.wall(host)
+
+    def hosts(self) -> list[Host]:
+        return [self.app, *self.sweepers, *(s.host for s in self.slots if s.host is not self.app)]
+
+    def lease_base(self, slot: Slot) -> datetime:
+        """The ``now`` of a claim or renewal by ``slot`` (its due check, what its lease
+        counts from): the database's time (the worker's own clock under the mutant
+        ``worker-clock-leases``)."""
+        return self.wall(slot.host) if self.mutant == "worker-clock-leases" else self.clock_now
+
+    def lineage(self, execution_id: UUID) -> UUID:
+        """The execution ``execution_id``'s admin retries go back to."""
+        while execution_id in self.retry_of:
+            execution_id = self.retry_of[execution_id]
+        return execution_id
 
     def next_id(self) -> UUID:
         self.id_count += 1
@@ -186,25 +282,28 @@ class OutboxMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def setup(self, data: st.DataObject) -> None:
         cfg = OutboxCfg(
-            lease=data.draw(st.sampled_from([timedelta(minutes=1), timedelta(minutes=30)])),
-            stale_after=data.draw(st.sampled_from([timedelta(minutes=1), timedelta(minutes=5)])),
-            max_eta=data.draw(st.sampled_from([timedelta(0), timedelta(minutes=5)])),
-            keep_succeeded=data.draw(st.sampled_from([0, 1, 3])),
-            keep_failed=data.draw(st.sampled_from([0, 2])),
+            lease=data.draw(st.sampled_from([timedelta(minutes=1), timedelta(minutes=30)]),
+                            label="lease"),
+            stale_after=data.draw(st.sampled_from([timedelta(minutes=1), timedelta(minutes=5)]),
+                                  label="stale_after"),
+            max_eta=data.draw(st.sampled_from([timedelta(0), timedelta(minutes=5)]),
+                              label="max_eta"),
+            keep_succeeded=data.draw(st.sampled_from([0, 1, 3]), label="keep_succeeded"),
+            keep_failed=data.draw(st.sampled_from([0, 2]), label="keep_failed"),
         )
         registry = JobRegistry()
         jobs: dict[str, JobCfg] = {}
         for n in range(data.draw(st.integers(1, 3), label="jobs")):
-            policy, when = data.draw(policies())
+            policy, when = data.draw(policies(), label="policy")
             job = JobCfg(
                 name=f"model.job{n}", retry=policy, when=when,
-                record=data.draw(st.sampled_from(["errors", "all", "none"])),
+                record=data.draw(st.sampled_from(["errors", "all", "none"]), label="record"),
                 keep=data.draw(st.sampled_from([None, {"succeeded": 0, "failed": 0},
                                                 {"succeeded": 1, "failed": 1},
-                                                {"succeeded": 3, "failed": 2}])),
+                                                {"succeeded": 3, "failed": 2}]), label="keep"),
                 timeout=data.draw(st.sampled_from([None, timedelta(minutes=2),
-                                                   timedelta(days=1)])),
-                priority=data.draw(st.integers(0, 3)),
+                                                   timedelta(days=1)]), label="timeout"),
+                priority=data.draw(st.integers(0, 3), label="priority"),
             )
             outbox_job(schema=Plan, name=job.name, registry=registry, retry=job.retry,
                        record=job.record, keep=job.keep, timeout=job.timeout,
@@ -212,7 +311,10 @@ class OutboxMachine(RuleBasedStateMachine):
             jobs[job.name] = job
         self.model = Model(cfg, jobs)
         self.dispatcher = RecordingDispatcher()
-        self.patch = mock.patch("celery_outbox.outbox.utcnow", self.clock)
+        for host in self.hosts():
+            host.offset = cfg.lease * data.draw(st.sampled_from(OFFSETS), label=host.name)
+            self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
+        self.patch = mock.patch("celery_outbox.outbox.utcnow", self.app_clock)
         self.patch.start()
         # Execution ids in push order: the trim breaks ties of finished_at by id, so random
         # ids would make an example's outcome (and Hypothesis's replay) vary.
@@ -227,18 +329,31 @@ class OutboxMachine(RuleBasedStateMachine):
             batch_size=data.draw(st.sampled_from([1, 2, 500]), label="batch_size"),
         )
         self.outbox.create_schema()
-        self.outbox.store.db_clock = self.clock  # one clock: the database's and the hosts'
-        self.add_slot(self.outbox.runner)
-        self.add_slot(Runner(self.outbox.store, registry, self.outbox.config,
-                             lambda: self.dispatcher, self.clock))
+        self.outbox.store.db_clock = self.clock  # true time: the database's clock
+        self.add_slot(self.outbox.runner, self.app)
+        self.new_slot(data)
         self.stats.examples += 1
 
-    def add_slot(self, runner: Runner) -> None:
-        runner.clock = self.clock
-        runner.heartbeat.clock = self.clock
-        # Leases are renewed by the heartbeat rule at the fake clock, not by a timer thread.
+    def new_slot(self, data: st.DataObject) -> None:
+        """A new worker process on a host of its own, its clock off by a drawn offset."""
+        assert self.outbox is not None
+        host = Host(f"worker-{len(self.slots) + 1}")
+        host.offset = self.model.cfg.lease * data.draw(st.sampled_from(OFFSETS),
+                                                       label=host.name)
+        self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
+        self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
+                             lambda: self.dispatcher, self.host_clock(host)), host)
+
+    def add_slot(self, runner: Runner, host: Host) -> None:
+        runner.clock = self.host_clock(host)
+        runner.heartbeat.clock = self.host_clock(host)
+        if self.mutant == "worker-clock-leases":
+            runner.store = runner.heartbeat.store = WorkerClockLeases(  # type: ignore[assignment]
+                runner.store, self.host_clock(host))
+        # Leases are renewed by the heartbeat rule, and the lease watch is the machine's
+        # (advance), both at the model's clocks, not by timer threads.
         runner.heartbeat._ensure_thread = lambda: None  # type: ignore[method-assign]
-        self.slots.append(Slot(runner))
+        self.slots.append(Slot(runner, host))
 
     def teardown(self) -> None:
         for run in self.background:
@@ -265,7 +380,10 @@ class OutboxMachine(RuleBasedStateMachine):
         """1 to ``most`` known ids (of ``job``, when given), in creation order."""
         ids = [i for i, r in self.model.rows.items() if job is None or r.job == job]
         active = [i for i in ids if self.model.rows[i].status in ACTIVE]
-        if active and data.draw(st.booleans(), label="active rows only"):
+        hanging = [r.first.id for r in self.background if r.first.id in ids]
+        if hanging and data.draw(st.booleans(), label="rows of hanging handlers"):
+            ids = hanging  # a run, cancel or retry while its handler may still run
+        elif active and data.draw(st.booleans(), label="active rows only"):
             ids = active  # most rules do something only on active rows
         if not ids:
             return []
@@ -279,22 +397,25 @@ class OutboxMachine(RuleBasedStateMachine):
         return Plan(steps=data.draw(st.lists(st.sampled_from(STEPS), min_size=1, max_size=4),
                                     label="plan"))
 
-    def follow(self, fences: list[MFence], begin: int, cancelled: set[UUID]) -> None:
+    def follow(self, slot: Slot, fences: list[MFence], begin: int, cancelled: set[UUID]
+               ) -> None:
         """The model of the runner's loop from ``fences[begin]`` on: each row begins when
-        the previous outcome write's start hit it and its ctx was not cancelled."""
+        the previous outcome write's start hit it and its ctx was not cancelled (else its
+        worker confirms it never ran on: a cancelled row's lease is cleared)."""
         for index in range(begin, len(fences)):
             fence = fences[index]
             if index > 0:
                 runs = self.model.start(fence) and fence.id not in cancelled
                 if not runs:
+                    self.model.confirm_stop(fence)
                     continue
-            self.begin(fence)
+            self.begin(slot, fence)
 
-    def begin(self, fence: MFence) -> None:
-        """The model of one handler run and its outcome write."""
+    def begin(self, slot: Slot, fence: MFence) -> None:
+        """The model of one handler run and its outcome write (at the worker's clock)."""
         self.expected_begins.append((fence.id, fence.attempt))
         step = self.model.rows[fence.id].plan.step(fence.attempt)
-        self.model.outcome(fence, step, self.clock_now, fixed=bool(DEFECTS & {"3", "4"}))
+        self.model.outcome(fence, step, self.wall(slot.host), fixed=bool(DEFECTS & {"3", "4"}))
 
     # -- push ----------------------------------------------------------------------------
 
@@ -315,6 +436,7 @@ class OutboxMachine(RuleBasedStateMachine):
     def push_items(self, data: st.DataObject, job: JobCfg,
                    items: list[tuple[str | None, Plan]]) -> None:
         assert self.outbox is not None
+        self.host_jump(data, self.app)  # the app's clock may have jumped since
         delay = data.draw(st.sampled_from([None, timedelta(0), timedelta(seconds=30),
                                            timedelta(minutes=10), timedelta(days=2)]))
         priority = data.draw(st.sampled_from([None, 0, 3]))
@@ -338,7 +460,7 @@ class OutboxMachine(RuleBasedStateMachine):
                 assert i in self.model.rows or self.outbox.store.get(i) is None, (
                     f"rolled-back push left row {i}")
             return
-        now = self.clock_now
+        now = self.app_clock()  # a push's delay counts on the app's clock
         run_at = now + delay if delay is not None else None
         fresh: dict[str, UUID] = {}
         for (key, plan), got in zip(items, ids, strict=True):
@@ -370,10 +492,10 @@ class OutboxMachine(RuleBasedStateMachine):
         self.run_on(slot, job, ids)
 
     def run_on(self, slot: Slot, job: str, ids: list[UUID]) -> None:
-        fences = self.model.claim(slot.runner.worker_id, job, ids, self.clock_now)
+        fences = self.model.claim(slot.runner.worker_id, job, ids, self.lease_base(slot))
         result = slot.runner.run(job, ids)
         assert result.claimed == len(fences), f"claimed {result.claimed}, model {fences}"
-        self.follow(fences, 0, set())
+        self.follow(slot, fences, 0, set())
 
     @rule(data=st.data())
     def deliver(self, data: st.DataObject) -> None:
@@ -401,7 +523,7 @@ class OutboxMachine(RuleBasedStateMachine):
         slot = data.draw(st.sampled_from(slots), label="runner")
         worker = slot.runner.worker_id
         claimable = [i for i in ids if self.model.claimable(self.model.rows[i], job,
-                                                             self.clock_now)]
+                                                             self.lease_base(slot))]
         if not claimable:
             return
         self.hit("run_in_background")
@@ -418,10 +540,19 @@ class OutboxMachine(RuleBasedStateMachine):
         thread = threading.Thread(target=body, daemon=True, name="model-background")
         thread.start()
         assert thread.ident is not None
-        gate = Gate(thread.ident, cooperative=data.draw(st.booleans(), label="cooperative"))
+        cooperative = data.draw(st.booleans(), label="cooperative")
+        # Deaf to ctx.cancelled, it is stopped by its worker all the same when the lease
+        # watch says so; or, rarely, nothing stops it (a zombie: its writes must be fenced
+        # out, and it is left out of the overlap check).
+        watched = cooperative or data.draw(st.sampled_from([True, True, True, False]),
+                                           label="watched")
+        gate = Gate(thread.ident, cooperative=cooperative, watched=watched)
         self.world.gates[claimable[0]] = gate
-        fences = self.model.claim(worker, job, ids, self.clock_now)
-        run = Background(slot, job, fences, gate, thread, list(fences), errors=errors)
+        fences = self.model.claim(worker, job, ids, self.lease_base(slot))
+        first = self.model.rows[fences[0].id]
+        run = Background(slot, job, fences, gate, thread, list(fences),
+                         lease=self.model.lease_of(self.model.job(first)),
+                         sent=self.clock_now, errors=errors)
         self.background.append(run)
         self.expected_begins.append((run.first.id, run.first.attempt))
         go.set()
@@ -443,10 +574,45 @@ class OutboxMachine(RuleBasedStateMachine):
         del self.world.gates[run.first.id]
         assert not run.errors, f"Runner.run raised: {run.errors[0]!r}"
         first = run.first
-        if not (run.gate.cooperative and first.id in run.cancelled):
+        if run.stopped or (run.gate.cooperative and first.id in run.cancelled):
+            self.model.confirm_stop(first)  # it raised ExecutionCancelled: nothing written
+        else:
             step = self.model.rows[first.id].plan.step(first.attempt)
-            self.model.outcome(first, step, self.clock_now, fixed=bool(DEFECTS & {"3", "4"}))
-        self.follow(run.fences, 1, run.cancelled)
+            self.model.outcome(first, step, self.wall(run.slot.host),
+                               fixed=bool(DEFECTS & {"3", "4"}))
+        self.follow(run.slot, run.fences, 1, run.cancelled)
+
+    def advance(self, to: datetime) -> None:
+        """Move true time to ``to``. On the way, each worker's lease watch stops its hanging
+        handler when it says the lease may have run out (a lease less a twentieth, counted
+        on the worker's monotonic clock from when the claim or the last renewal that hit was
+        sent); the runner goes on with the message's next rows then and there."""
+        while True:
+            due = [r for r in self.background if r.gate.watched and r.watch_at <= to]
+            if not due:
+                break
+            run = min(due, key=lambda r: r.watch_at)
+            self.clock_now = max(self.clock_now, run.watch_at)
+            self.hit("watch_stop")
+            run.stopped = True
+            run.cancelled.add(run.first.id)
+            run.slot.runner.cancel_local(run.first.id)  # what the watch does: ctx.cancelled
+            run.gate.stopped.set()  # and a handler deaf to it is stopped all the same
+            self.finish(run)
+        self.clock_now = max(self.clock_now, to)
+
+    @precondition(lambda self: bool(self.background))
+    @rule(data=st.data())
+    def race_hanging(self, data: st.DataObject) -> None:
+        """A sweep, then another worker runs a hanging handler's execution at once: whatever
+        the clocks say, neither may take it from under a live lease."""
+        run = data.draw(st.sampled_from(self.background), label="background")
+        others = [s for s in self.live_slots() if s is not run.slot]
+        if not others:
+            return
+        self.hit("race_hanging")
+        self.sweep(data)  # type: ignore[call-arg]
+        self.run_on(data.draw(st.sampled_from(others), label="runner"), run.job, [run.first.id])
 
     def settle_cancelled(self) -> None:
         """A cooperative hanging handler whose ctx was cancelled stops by itself: wait for it."""
@@ -467,11 +633,15 @@ class OutboxMachine(RuleBasedStateMachine):
         self.hit("heartbeat")
         slot = data.draw(st.sampled_from(self.slots), label="runner")
         beat = slot.runner.heartbeat
+        self.host_jump(data, slot.host)  # a heartbeat's renewal must not care
         if data.draw(st.booleans(), label="write fails"):
             self.hit("heartbeat_fails")
             real = beat.store
 
             class Failing:
+                def lease_now(self) -> datetime | None:
+                    return real.lease_now()
+
                 def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
                     raise StorageError("heartbeat write failed (injected)")
 
@@ -487,16 +657,33 @@ class OutboxMachine(RuleBasedStateMachine):
             if run.slot is not slot:
                 continue
             for fence in list(run.held):
-                if not self.model.heartbeat(fence, self.clock_now):
+                if not self.model.heartbeat(fence, self.lease_base(slot)):
                     run.held.remove(fence)
                     run.cancelled.add(fence.id)
                     expected_lost += 1
+                elif fence == run.first:
+                    run.sent = self.clock_now  # the watch counts from this renewal
         assert lost == expected_lost, f"heartbeat lost {lost}, model {expected_lost}"
 
     @rule(jump=st.sampled_from(JUMPS))
     def clock_jump(self, jump: timedelta) -> None:
+        """True time moves on (every host's clock with it)."""
         self.hit("clock_jump")
-        self.clock_now += jump
+        self.advance(self.clock_now + jump)
+
+    @rule(data=st.data())
+    def host_clock_jump(self, data: st.DataObject) -> None:
+        """One host's wall clock steps forward or back; true time and the others' stay."""
+        self.hit("host_clock_jump")
+        self.host_jump(data, data.draw(st.sampled_from(self.hosts()), label="host"), always=True)
+
+    def host_jump(self, data: st.DataObject, host: Host, *, always: bool = False) -> None:
+        """Maybe (``always``: surely) step ``host``'s clock forward or back."""
+        if not always and not data.draw(st.booleans(), label=f"{host.name} clock jumps"):
+            return
+        step = data.draw(st.sampled_from(HOST_JUMPS), label="step")
+        host.offset += step if data.draw(st.booleans(), label="forward") else -step
+        self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
 
     @rule(data=st.data())
     def drain(self, data: st.DataObject) -> None:
@@ -517,7 +704,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.hit("drain")
         assert self.outbox is not None
         slot = data.draw(st.sampled_from(slots), label="runner")
-        Drain(slot.runner, timedelta(0), self.clock).run()
+        Drain(slot.runner, timedelta(0), self.host_clock(slot.host)).run()
         slot.retired = True
         runs = [r for r in self.background if r.slot is slot]
         running = {r.first.id for r in runs}
@@ -525,45 +712,51 @@ class OutboxMachine(RuleBasedStateMachine):
             for fence in [f for f in run.held if f.id not in running]:
                 run.held.remove(fence)
                 run.cancelled.add(fence.id)
-                self.model.release(fence, self.clock_now)
+                self.model.release(fence, self.wall(slot.host))
         for run in runs:
             for fence in list(run.held):
                 run.held.remove(fence)
                 run.cancelled.add(fence.id)
                 if run.gate.cooperative:  # it stops: cancelled, it raises at once
-                    self.model.release(fence, self.clock_now)
+                    self.model.release(fence, self.wall(slot.host))
                 # A handler that ignores ctx.cancelled (defect 8) keeps its row: handed back
                 # only once it stopped; the rescuer takes it when its lease expires.
-        self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
-                             lambda: self.dispatcher, self.clock))
+        self.new_slot(data)
 
     @precondition(lambda self: len(self.slots) < 5)
-    @rule()
-    def add_worker(self) -> None:
+    @rule(data=st.data())
+    def add_worker(self, data: st.DataObject) -> None:
         self.hit("add_worker")
-        assert self.outbox is not None
-        self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
-                             lambda: self.dispatcher, self.clock))
+        self.new_slot(data)
 
     # -- maintenance ---------------------------------------------------------------------
 
-    @rule()
-    def sweep(self) -> None:
+    @rule(data=st.data())
+    def sweep(self, data: st.DataObject) -> None:
+        """A sweep by one of the sweepers: every comparison in the database's time, whatever
+        the sweeper's clock says."""
         self.hit("sweep")
         assert self.outbox is not None
+        host = data.draw(st.sampled_from(self.sweepers), label="sweeper")
+        self.host_jump(data, host)
+        hanging = [r.first for r in self.background if self.model.matches(r.first)]
         self.model.sweep(self.clock_now)
-        self.outbox.sweeper.run_once(self.clock_now)
+        for fence in hanging:  # a hanging handler's row taken from it: a zombie's, or a bug
+            if not self.model.matches(fence):
+                self.hit("sweep_took_hanging")
+        self.outbox.sweeper.run_once()  # None: the database's time
         for r in self.table().values():
             if r["status"] == Status.RUNNING.value:
                 assert r["lease_expires_at"] >= self.clock_now, (
                     f"running with an expired lease after the sweep: {r}")
 
-    @rule()
-    def trim(self) -> None:
+    @rule(data=st.data())
+    def trim(self, data: st.DataObject) -> None:
         self.hit("trim")
         assert self.outbox is not None
+        host = data.draw(st.sampled_from(self.sweepers), label="trimmer")
         before = self.table()
-        self.outbox.trimmer.run_once(self.clock_now)
+        self.outbox.trimmer.run_once(self.wall(host))  # as Outbox.trim: the host's clock
         after = self.table()
         trimmed = {Status.SUCCEEDED, Status.FAILED} | (
             {Status.CANCELLED} if H1_STORE_MERGED else set())
@@ -604,7 +797,7 @@ class OutboxMachine(RuleBasedStateMachine):
             assert row.status in TERMINAL, f"cancel refused, model {row.status}"
             return
         assert row.status in ACTIVE, f"cancel of a {row.status} row succeeded"
-        self.model.cancel(row, self.clock_now)
+        self.model.cancel(row, self.app_clock())
         for run in self.background:  # Outbox.cancel stops a handler of its own runner
             if run.slot.runner is self.outbox.runner and run.first.id == row.id:
                 run.cancelled.add(row.id)
@@ -617,14 +810,22 @@ class OutboxMachine(RuleBasedStateMachine):
         self.hit("admin_retry")
         assert self.outbox is not None
         row = self.model.rows[ids[0]]
+        waits = self.model.still_running(row, self.clock_now)
         try:
             got = self.outbox.admin.retry(row.id, triggered_by="model")
         except ExecutionNotFound:
             assert row.status is None, f"retry: {row.id} not found, model {row.status}"
             return
+        except ExecutionStillRunning as exc:
+            assert waits, f"retry refused as still running, model: lease {row.lease}"
+            assert exc.retry_after == row.lease, f"retry_after {exc.retry_after}, {row.lease}"
+            self.hit("admin_retry_still_running")
+            return
         except InvalidTransition:
             assert row.status not in RETRYABLE, f"retry refused, model {row.status}"
             return
+        assert not waits, (f"retry of {row.id}, cancelled while its handler ran, went through "
+                           f"before its stop was confirmed or its lease ({row.lease}) ran out")
         assert row.status in RETRYABLE, f"retry of a {row.status} row succeeded"
         holder = self.model.active_holder(row.job, row.key) if row.key else None
         earlier = self.retries_of.setdefault(row.id, set())
@@ -634,9 +835,10 @@ class OutboxMachine(RuleBasedStateMachine):
             return
         assert got not in self.model.rows, f"retry returned a known id {got}"
         earlier.add(got)
+        self.retry_of[got] = row.id
         self.model.push(MRow(id=got, job=row.job, plan=row.plan, key=row.key, org=row.org,
                              priority=row.priority, max_attempts=row.max_attempts,
-                             status=None), self.clock_now, None)
+                             status=None), self.app_clock(), None)
 
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
@@ -652,7 +854,7 @@ class OutboxMachine(RuleBasedStateMachine):
         for _ in range(70):
             if row.status is Status.SCHEDULED:
                 assert row.scheduled_at is not None
-                self.clock_now = max(self.clock_now, row.scheduled_at)
+                self.advance(max(self.clock_now, row.scheduled_at))
             elif row.status is not Status.PENDING:
                 return
             self.run_on(slot, row.job, [row.id])
@@ -686,6 +888,7 @@ class OutboxMachine(RuleBasedStateMachine):
         assert not self.world.violations, self.world.violations
         self.check_rows(table)
         self.check_begins()
+        self.check_overlaps()
         self.check_dispatches()
         self.check_transitions(table)
         active_keys = Counter((r["job_name"], r["unique_key"]) for r in table.values()
@@ -739,6 +942,17 @@ class OutboxMachine(RuleBasedStateMachine):
         assert begun == Counter(self.expected_begins), (
             f"handlers begun {sorted(begun)} but the model expected "
             f"{sorted(Counter(self.expected_begins))}")
+
+    def check_overlaps(self) -> None:
+        """No two runs of one execution, or of it and its admin retries, were running at one
+        moment of true time (a zombie, which nothing stops, left out)."""
+        overlapping = self.world.overlapping(self.lineage)
+        assert not overlapping, "runs overlap in true time: " + "; ".join(
+            f"{a.execution_id} attempt {a.attempt} [{a.start[0]}, "
+            f"{a.end[0] if a.end else 'running'}] and {b.execution_id} attempt {b.attempt} "
+            f"[{b.start[0]}, {b.end[0] if b.end else 'running'}]" for a, b in overlapping)
+        self.stats.spans += len(self.world.spans) - self.spans_seen
+        self.spans_seen = len(self.world.spans)
 
     def check_dispatches(self) -> None:
         new = {i.execution_id for i in self.dispatcher.items[self.seen_dispatches:]}

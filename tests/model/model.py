@@ -44,9 +44,14 @@ class OutboxCfg:
 
 @dataclass(frozen=True)
 class MFence:
+    """A claim's hold on a row: the worker, the attempt, and which claim (the real fence's
+    per-claim token: a row handed back and claimed again by one worker at the same attempt is
+    another claim)."""
+
     id: UUID
     worker: str
     attempt: int
+    claim: int = 0
 
 
 @dataclass
@@ -63,7 +68,10 @@ class MRow:
     status: Status | None
     attempt: int = 0
     claimed_by: str | None = None
+    claim: int | None = None  # the MFence.claim holding it
     lease: datetime | None = None
+    """When the lease runs out, in the database's clock: set while running, and kept by a
+    cancel of a running row until its worker confirms the stop."""
     started: bool = False
     scheduled_at: datetime | None = None
     dispatched_at: datetime | None = None
@@ -92,6 +100,7 @@ class Model:
     expect_dispatch: set[UUID] = field(default_factory=set)
     readbacks: list[Readback] = field(default_factory=list)
     transitions: dict[str, int] = field(default_factory=dict)
+    claim_count: int = 0
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -107,7 +116,7 @@ class Model:
         if to is None:
             row.gone = name
         if to is not Status.RUNNING:
-            row.claimed_by, row.lease = None, None
+            row.claimed_by, row.claim, row.lease = None, None, None
 
     def job(self, row: MRow) -> JobCfg:
         return self.jobs[row.job]
@@ -128,7 +137,7 @@ class Model:
     def matches(self, fence: MFence) -> bool:
         row = self.rows[fence.id]
         return (row.status is Status.RUNNING and row.claimed_by == fence.worker
-                and row.attempt == fence.attempt)
+                and row.attempt == fence.attempt and row.claim == fence.claim)
 
     def dispatch(self, row: MRow, now: datetime) -> None:
         row.dispatched_at = now
@@ -157,8 +166,10 @@ class Model:
 
     def claim(self, worker: str, job: str, ids: list[UUID], now: datetime) -> list[MFence]:
         """pending / due scheduled -> running for each of ``ids`` (in order, once each);
-        the first claimed row is started."""
+        the first claimed row is started. ``now``: the database's time (the due check, and
+        what the lease counts from)."""
         fences: list[MFence] = []
+        self.claim_count += 1
         for i in dict.fromkeys(ids):
             row = self.rows.get(i)
             if row is None or not self.claimable(row, job, now):
@@ -166,9 +177,10 @@ class Model:
             self.move(row, "claim", Status.RUNNING)
             row.attempt += 1
             row.claimed_by = worker
+            row.claim = self.claim_count
             row.lease = now + self.lease_of(self.job(row))
             row.started = not fences
-            fence = MFence(row.id, worker, row.attempt)
+            fence = MFence(row.id, worker, row.attempt, self.claim_count)
             self.claims.append(fence)
             fences.append(fence)
         return fences
@@ -180,31 +192,43 @@ class Model:
         self.rows[fence.id].started = True
         return True
 
-    def outcome(self, fence: MFence, step: str, now: datetime, *, fixed: bool) -> None:
-        """The runner's fenced outcome write for plan ``step`` (a miss changes nothing).
-        ``fixed``: the known runner defects (when raising, ctx.cancel) are fixed."""
+    def outcome(self, fence: MFence, step: str, now: datetime, *, fixed: bool) -> bool:
+        """The runner's fenced outcome write for plan ``step`` at ``now`` (the worker's clock;
+        a miss changes nothing, and the worker confirms the stop: :meth:`confirm_stop`).
+        ``fixed``: the known runner defects (when raising, ctx.cancel) are fixed. Whether it
+        hit."""
         if not self.matches(fence):
-            return
+            self.confirm_stop(fence)
+            return False
         row = self.rows[fence.id]
         job = self.job(row)
         if step == "ok":
             keep = self.keep_succeeded_row(job)
             self.move(row, "complete", Status.SUCCEEDED if keep else None)
             row.finished_at = now
-            return
+            return True
         if step == "cancel":
             assert fixed, "plan step 'cancel' is generated only once defect 4 is fixed"
             self.move(row, "cancel", Status.CANCELLED)
             row.finished_at = now
-            return
+            return True
         delay = self.retry_delay(row, job, step, fixed=fixed)
         if delay is None:
             self.move(row, "fail", Status.FAILED if job.record != "none" else None)
             row.finished_at = now
-            return
+            return True
         self.move(row, "retry", Status.SCHEDULED)
         self.schedule(row, now, delay, jittered=not step.startswith("later:") and
                       job.retry.jitter)
+        return True
+
+    def confirm_stop(self, fence: MFence) -> None:
+        """confirm stop: the handler of ``fence``'s attempt stopped; a row cancelled while it
+        ran (still this claim's) has its lease cleared, so a retry no longer waits for it."""
+        row = self.rows.get(fence.id)
+        if (row is not None and row.status is Status.CANCELLED and row.claimed_by == fence.worker
+                and row.attempt == fence.attempt and row.claim == fence.claim):
+            row.lease = None
 
     def retry_delay(self, row: MRow, job: JobCfg, step: str, *, fixed: bool
                     ) -> timedelta | None:
@@ -242,7 +266,8 @@ class Model:
             self.dispatch(row, rb.lo)
 
     def heartbeat(self, fence: MFence, now: datetime) -> bool:
-        """heartbeat: lease renewed when ``fence`` still holds; False: lost."""
+        """heartbeat: lease renewed from ``now`` (the database's time) when ``fence`` still
+        holds; False: lost."""
         if not self.matches(fence):
             return False
         row = self.rows[fence.id]
@@ -305,8 +330,19 @@ class Model:
         self.schedule(row, now, delay, jittered=job.retry.jitter)
 
     def cancel(self, row: MRow, now: datetime) -> None:
+        """cancel: a running row keeps its claim and lease (its handler may still run)."""
+        held = (row.claimed_by, row.claim, row.lease) if row.status is Status.RUNNING else None
         self.move(row, "cancel", Status.CANCELLED)
         row.finished_at = now
+        if held is not None:
+            row.claimed_by, row.claim, row.lease = held
+
+    def still_running(self, row: MRow, now: datetime) -> bool:
+        """Whether an admin retry of ``row`` must wait (``ExecutionStillRunning``): cancelled
+        while it ran, its stop not confirmed, its lease not run out at ``now`` (the database's
+        time)."""
+        return (row.status is Status.CANCELLED and row.lease is not None
+                and row.lease >= now)
 
 
 def when_predicate(kind: str) -> object:

@@ -46,7 +46,9 @@ def report(dialect: str, stats: Stats, seconds: float, runs: int) -> str:
     moves = ", ".join(f"{name} {n}" for name, n in stats.transitions.most_common())
     return (f"\nmodel soak on {dialect}: {seconds / 60:.1f} min, {runs} run(s), "
             f"{stats.examples} examples, {stats.steps} steps, "
-            f"{len(stats.states)} distinct states\n  rules: {rules}\n  transitions: {moves}\n"
+            f"{len(stats.states)} distinct states, {stats.spans} handler runs checked for "
+            f"overlaps in true time, host clocks off by up to {stats.widest_skew}\n"
+            f"  rules: {rules}\n  transitions: {moves}\n"
             f"  flags: H1_STORE_MERGED={H1_STORE_MERGED} "
             f"H3_LIFECYCLE_MERGED={H3_LIFECYCLE_MERGED}, known defects generated: "
             f"{sorted(DEFECTS) or 'none'}")

@@ -3,9 +3,12 @@
 Every execution's payload is a :class:`Plan`: what its handler does on each attempt
 (``steps[attempt - 1]``, the last step repeating). The handler records each begin as
 ``(execution id, attempt)`` and which thread runs which execution, so the machine can check
-that no attempt begins twice and that no execution has two live handlers. A handler whose
-execution has a *gate* (armed by the machine before it starts a run in a background thread)
-blocks on it, so other rules run while it is in flight; the machine opens the gate later.
+that no attempt begins twice and that no execution has two live handlers; and each run's start
+and end in true time (the database's clock, :attr:`World.now`), as a :class:`Span`, so the
+machine can check that no two runs of one execution overlap. A handler whose execution has a
+*gate* (armed by the machine before it starts a run in a background thread) blocks on it, so
+other rules run while it is in flight; the machine opens the gate later, or stops the handler
+(:attr:`Gate.stopped`) when its worker's lease watch says the lease may have run out.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
 
 from celery_outbox import DoNotRetry, JobContext, RetryLater
+from celery_outbox.errors import ExecutionCancelled
 
 HANG_LIMIT = 60.0
 """Seconds a gated handler waits at most (a bug in the machine must not hang the suite)."""
@@ -69,15 +73,46 @@ class Gate:
 
     thread: int  # the ident of the thread whose handler waits on it
     cooperative: bool  # also wakes when ctx.cancelled is set (then raises ExecutionCancelled)
+    watched: bool = True
+    """Its worker stops it when the lease watch says the lease may have run out (``stopped``),
+    even if it ignores ``ctx.cancelled``; False: a zombie nothing stops before its gate opens
+    (no design keeps it from overlapping a later run: :meth:`World.overlapping` leaves it out)."""
     opened: threading.Event = field(default_factory=threading.Event)
     entered: threading.Event = field(default_factory=threading.Event)
+    stopped: threading.Event = field(default_factory=threading.Event)
+    """Set by the machine when its worker stops the handler: it raises ExecutionCancelled."""
+
+
+Instant = tuple[datetime, int]
+"""A moment of true time, and a sequence number: the model's clock stands still while one
+rule runs, so the number orders the handlers' starts and ends within one instant."""
+
+
+@dataclass
+class Span:
+    """One handler run, in true time: ``end`` None while it runs."""
+
+    execution_id: UUID
+    attempt: int
+    start: Instant
+    end: Instant | None = None
+    zombie: bool = False  # a handler nothing stops (Gate.watched False)
+
+    def overlaps(self, other: Span) -> bool:
+        """Whether the two runs were ever running at one moment (an open end: still running)."""
+        return ((other.end is None or self.start < other.end)
+                and (self.end is None or other.start < self.end))
 
 
 class World:
     """What handlers did: begins, live handlers, violations seen from inside a handler."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], datetime] | None = None) -> None:
         self.lock = threading.Lock()
+        self.now = now or (lambda: datetime.now(timezone.utc))
+        """True time (the database's clock): what the spans are measured in."""
+        self.seq = 0
+        self.spans: list[Span] = []
         self.begins: list[tuple[UUID, int]] = []
         self.live: dict[UUID, dict[int, int]] = {}  # id -> {thread ident: attempt}
         self.violations: list[str] = []
@@ -103,8 +138,13 @@ class World:
             live[me] = ctx.attempt
             self.contexts[key] = ctx
             gate = self.gates.get(ctx.execution_id)
+            gated = gate is not None and gate.thread == me and not gate.entered.is_set()
+            span = Span(ctx.execution_id, ctx.attempt, self._instant(),
+                        zombie=gated and gate is not None and not gate.watched)
+            self.spans.append(span)
         try:
-            if gate is not None and gate.thread == me and not gate.entered.is_set():
+            if gated:
+                assert gate is not None
                 gate.entered.set()
                 self._wait(gate, ctx)
             assert isinstance(ctx.payload, Plan)
@@ -112,6 +152,28 @@ class World:
         finally:
             with self.lock:
                 self.live[ctx.execution_id].pop(me, None)
+                span.end = self._instant()
+
+    def overlapping(self, lineage: Callable[[UUID], UUID]) -> list[tuple[Span, Span]]:
+        """The pairs of runs of one execution, or of one execution and its admin retries
+        (``lineage`` maps an id to the execution its retries go back to), that were running at
+        one moment; zombies left out."""
+        with self.lock:
+            spans = [s for s in self.spans if not s.zombie]
+        groups: dict[UUID, list[Span]] = {}
+        for span in spans:
+            groups.setdefault(lineage(span.execution_id), []).append(span)
+        found: list[tuple[Span, Span]] = []
+        for group in groups.values():
+            group.sort(key=lambda s: s.start)
+            for index, first in enumerate(group):
+                found += [(first, later) for later in group[index + 1:] if first.overlaps(later)]
+        return found
+
+    def _instant(self) -> Instant:
+        """Now in true time (caller holds the lock)."""
+        self.seq += 1
+        return self.now(), self.seq
 
     @staticmethod
     def _wait(gate: Gate, ctx: JobContext[Any]) -> None:
@@ -119,6 +181,9 @@ class World:
         while not gate.opened.wait(0.005):
             if gate.cooperative and ctx.cancelled.is_set():
                 ctx.raise_if_cancelled()
+            if gate.stopped.is_set():  # its worker stops it: the lease may have run out
+                ctx.raise_if_cancelled()
+                raise ExecutionCancelled(ctx.execution_id)
             if time.monotonic() > deadline:
                 raise AssertionError(f"gate of {ctx.execution_id} never opened")
 
