@@ -207,7 +207,6 @@ def skew_clocks(outbox: Outbox, seconds: float) -> None:
         return utcnow() + skew
 
     outbox.runner.clock = clock
-    outbox.runner.heartbeat.clock = clock
     outbox.drain.clock = clock
     outbox_module.utcnow = clock  # type: ignore[attr-defined]
 

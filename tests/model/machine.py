@@ -346,7 +346,6 @@ class OutboxMachine(RuleBasedStateMachine):
 
     def add_slot(self, runner: Runner, host: Host) -> None:
         runner.clock = self.host_clock(host)
-        runner.heartbeat.clock = self.host_clock(host)
         if self.mutant == "worker-clock-leases":
             runner.store = runner.heartbeat.store = WorkerClockLeases(  # type: ignore[assignment]
                 runner.store, self.host_clock(host))
