@@ -219,6 +219,9 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     # The renewal before the second row begins fails: that row is handed back.
     Path("hand_back", _seed_message(("age+ok",), ("ok",)), run_seeded,
          given=(Fault("extend_leases", 1, "error"),)),
+    # The claim applies, its answer is lost: the worker releases the claim by its token.
+    Path("lost_claim", _seed_message(("ok",), ("ok",)), run_seeded,
+         given=(Fault("claim_rows", 1, "lost"),)),
     Path("sweep", seed_sweep, sweep),
     Path("trim", seed_trim, trim, {"jobs": (TRIM,)}),
     Path("admin_cancel", seed_pending, admin_cancel),

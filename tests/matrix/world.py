@@ -299,7 +299,7 @@ class World:
         for i, r in table.items():
             if r["status"] != Status.RUNNING.value:
                 continue
-            claim = (i, r["claimed_by"], r["attempt"])
+            claim = (i, r["claimed_by"])
             begun = (i, r["attempt"]) in self.begins or (i, r["attempt"]) in self.dead_begun
             if claim not in held and not begun and not r["claimed_by"].startswith(DEAD):
                 self.violations.append(
