@@ -152,6 +152,9 @@ class World:
         self.decided: dict[tuple[UUID, int], Status] = {}
         """The outcome each handler decided (returned, raised DoNotRetry, cancelled itself)."""
         self.violations: list[str] = []
+        self.unwritten: set[tuple[UUID, int]] = set()
+        """Decided attempts whose outcome the database refused for as long as the step's
+        worker process lived (:meth:`exit_process`)."""
         # What the scenario expects, beyond each plan's own final status.
         self.expect: dict[UUID, set[Status | None]] = {}
         self.dead_begun: set[tuple[UUID, int]] = set()
@@ -239,6 +242,25 @@ class World:
             runner.run(job, list(ids))
         finally:
             self.current = self.runner
+
+    def exit_process(self) -> None:
+        """The step's worker process ends now (a prefork child's exit), its retry threads
+        with it: :meth:`Runner.hand_back_pending` tries their writes once more. An outcome
+        still unwritten after that (its row still running under the attempt's claim) was
+        refused by the database for as long as the process lived: the rescuer runs that
+        attempt again once its lease runs out, the guarantee's stated limit (a worker cut
+        off from the database after its handler returned), so that decision is not counted
+        thrown away (:meth:`check_end`)."""
+        held = internals.held_claims(self.runner)
+        try:
+            self.runner.hand_back_pending()
+        finally:
+            table = self.table()
+            for i, token in held:
+                r = table.get(i)
+                if r is not None and r["status"] == Status.RUNNING.value \
+                        and r["claimed_by"] == token:
+                    self.unwritten.add((i, r["attempt"]))
 
     def claim_dead(self, job: str, ids: Sequence[UUID]) -> None:
         """A worker claims ``ids`` and dies at once: its first row begun, no handler of ours
@@ -396,6 +418,8 @@ class World:
             row = table.get(i)
             if row is None:
                 continue  # a job that keeps no row, or trimmed: checked above
+            if (i, attempt) in self.unwritten:
+                continue  # refused until the worker process ended: see exit_process
             if row["status"] == Status.CANCELLED.value and \
                     Status.CANCELLED in self.expect.get(i, set()):
                 continue  # an admin's cancel came first: the fence said no
