@@ -235,6 +235,9 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     # goes to a retry thread, whose write the process's exit tries.
     Path("outcome_retry", _seed_message(("ok",), ("ok",)), run_then_exit,
          given=(Fault("finish_fenced", 1, "error"), Fault("finish_fenced", 2, "error"))),
+    # The hand-back fails too: a retry thread holds it, the process's exit tries it.
+    Path("hand_back_retry", _seed_message(("age+ok",), ("ok",)), run_then_exit,
+         given=(Fault("extend_leases", 1, "error"), Fault("release_fenced", 1, "error"))),
     Path("sweep", seed_sweep, sweep),
     Path("trim", seed_trim, trim, {"jobs": (TRIM,)}),
     Path("admin_cancel", seed_pending, admin_cancel),

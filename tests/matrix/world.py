@@ -155,6 +155,9 @@ class World:
         self.unwritten: set[tuple[UUID, int]] = set()
         """Decided attempts whose outcome the database refused for as long as the step's
         worker process lived (:meth:`exit_process`)."""
+        self.abandoned: set[tuple[UUID, str]] = set()
+        """The (id, claimed_by) still running when the step's worker process ended, its
+        writes refused to the end (:meth:`exit_process`)."""
         # What the scenario expects, beyond each plan's own final status.
         self.expect: dict[UUID, set[Status | None]] = {}
         self.dead_begun: set[tuple[UUID, int]] = set()
@@ -250,7 +253,10 @@ class World:
         refused by the database for as long as the process lived: the rescuer runs that
         attempt again once its lease runs out, the guarantee's stated limit (a worker cut
         off from the database after its handler returned), so that decision is not counted
-        thrown away (:meth:`check_end`)."""
+        thrown away (:meth:`check_end`). Likewise a row never begun whose hand-back was
+        refused to the end waits a lease for the rescuer, which gives its attempt back
+        (:meth:`check_step` does not count it held by nobody; :meth:`check_end` still checks
+        that no attempt of it is counted without its handler)."""
         held = internals.held_claims(self.runner)
         try:
             self.runner.hand_back_pending()
@@ -261,6 +267,7 @@ class World:
                 if r is not None and r["status"] == Status.RUNNING.value \
                         and r["claimed_by"] == token:
                     self.unwritten.add((i, r["attempt"]))
+                    self.abandoned.add((i, token))
 
     def claim_dead(self, job: str, ids: Sequence[UUID]) -> None:
         """A worker claims ``ids`` and dies at once: its first row begun, no handler of ours
@@ -303,7 +310,7 @@ class World:
             if not faults:
                 self.violations.append(f"StorageError without a fault: {exc}")
             return
-        if exc is self.executor.fired:
+        if any(exc is raised for raised in self.executor.interrupts):
             return
         self.violations.append(f"{type(exc).__name__} reached the caller (not StorageError): "
                                f"{exc}")
@@ -323,7 +330,8 @@ class World:
                 continue
             claim = (i, r["claimed_by"])
             begun = (i, r["attempt"]) in self.begins or (i, r["attempt"]) in self.dead_begun
-            if claim not in held and not begun and not r["claimed_by"].startswith(DEAD):
+            if claim not in held and not begun and not r["claimed_by"].startswith(DEAD) \
+                    and claim not in self.abandoned:
                 self.violations.append(
                     f"{i} left running, never begun, held by nobody (attempt {r['attempt']}, "
                     f"started {r['started_at'] is not None}): it waits a lease for the rescuer")
