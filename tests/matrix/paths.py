@@ -231,6 +231,9 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     # The claim applies, its answer is lost: the worker releases the claim by its token.
     Path("lost_claim", _seed_message(("ok",), ("ok",)), run_seeded,
          given=(Fault("claim_rows", 1, "lost"),)),
+    # Its release fails too: a retry thread holds it, the process's exit tries it.
+    Path("lost_claim_retry", _seed_message(("ok",), ("ok",)), run_then_exit,
+         given=(Fault("claim_rows", 1, "lost"), Fault("release_claim_rows", 1, "error"))),
     # The outcome + next start statement, then the outcome alone, both fail: the outcome
     # goes to a retry thread, whose write the process's exit tries.
     Path("outcome_retry", _seed_message(("ok",), ("ok",)), run_then_exit,

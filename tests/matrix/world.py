@@ -155,6 +155,9 @@ class World:
         self.unwritten: set[tuple[UUID, int]] = set()
         """Decided attempts whose outcome the database refused for as long as the step's
         worker process lived (:meth:`exit_process`)."""
+        self.exit_started: set[tuple[UUID, int]] = set()
+        """Attempts marked started by a claim, no handler run, when the step's worker
+        process ended (:meth:`exit_process`): counted or given back, either is sound."""
         self.abandoned: set[tuple[UUID, str]] = set()
         """The (id, claimed_by) still running when the step's worker process ended, its
         writes refused to the end (:meth:`exit_process`)."""
@@ -268,6 +271,12 @@ class World:
                         and r["claimed_by"] == token:
                     self.unwritten.add((i, r["attempt"]))
                     self.abandoned.add((i, token))
+                    if r["started_at"] is not None and (i, r["attempt"]) not in self.begins:
+                        # Marked started by its claim (a lost answer whose release was
+                        # refused to the end), no handler run: as a worker that died right
+                        # after its claim (claim_dead), the rescuer may count that attempt
+                        # (unless the release still lands: it hung, and gives it back).
+                        self.exit_started.add((i, r["attempt"]))
 
     def claim_dead(self, job: str, ids: Sequence[UUID]) -> None:
         """A worker claims ``ids`` and dies at once: its first row begun, no handler of ours
@@ -416,8 +425,8 @@ class World:
                                        f"{sorted(str(w) for w in wanted)}{detail}")
             if row is None:
                 continue
-            ran = {a for j, a in self.begins if j == i} | {a for j, a in self.dead_begun
-                                                             if j == i}
+            ran = {a for j, a in (*self.begins, *self.dead_begun, *self.exit_started)
+                   if j == i}
             missing = [a for a in range(1, row["attempt"] + 1) if a not in ran]
             if missing:
                 self.violations.append(f"{i}: attempt(s) {missing} counted without a handler "
