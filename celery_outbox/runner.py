@@ -472,18 +472,22 @@ class Runner:
         write may have committed and marked the next one started: its answer lost, or
         delivered later by a network that hung). A row whose handler was interrupted by what
         is raised (no outcome decided) is left to the rescuer, which counts its attempt.
-        Never raises an ``Exception`` of its own: the caller's goes on."""
-        if claim.held:
-            try:
-                self._outcomes.write(claim)
-            except Exception as exc:
-                log.warning("celery_outbox: the outcomes decided before %r ended could not be "
-                            "written now (%s)", claim.spec.name, exc)
+        Never raises an ``Exception`` of its own: the caller's goes on. A ``BaseException``
+        raised by the outcomes' write (a signal arriving in it, after it applied) goes on
+        instead, once the rows never begun are handed back all the same."""
         try:
-            self._hand_back(claim, claim.fences[claim.begun:])
-        except Exception:
-            log.exception("celery_outbox: handing back the rows of %r never begun failed",
-                          claim.spec.name)
+            if claim.held:
+                try:
+                    self._outcomes.write(claim)
+                except Exception as exc:
+                    log.warning("celery_outbox: the outcomes decided before %r ended could "
+                                "not be written now (%s)", claim.spec.name, exc)
+        finally:
+            try:
+                self._hand_back(claim, claim.fences[claim.begun:])
+            except Exception:
+                log.exception("celery_outbox: handing back the rows of %r never begun failed",
+                              claim.spec.name)
 
     def _forget(self, claim: _Claim) -> None:
         """The run is over: stop heartbeating its fences and let them go (but those a retry

@@ -27,7 +27,7 @@ PG_PATHS = ("worker", "worker_window", "push", "push_many_keyed", "push_session"
 path differ there (the combined outcome and start, the unflushed start, the direct psycopg
 path alone and in a caller's transaction, the keyed push's savepoints)."""
 PG_PATHS_FULL = (*PG_PATHS, "worker_one", "hand_back", "lease_watch", "heartbeat",
-                 "admin_retry", "sweep")
+                 "admin_retry", "sweep", "lost_claim")
 """The paths run on PostgreSQL with ``OUTBOX_TEST_FAULTS=full`` (``make faults``)."""
 PG = "pg_"
 

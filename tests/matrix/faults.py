@@ -108,6 +108,8 @@ class FaultyExecutor(SqlAlchemyExecutor):
         self.faults: list[Fault] = []
         self.fired: BaseException | str | None = None
         """What the fault raised (a BaseException instance) or its kind once it hit."""
+        self.interrupts: list[BaseException] = []
+        """Every BaseException the step's faults raised (several faults may be armed)."""
         self.counts: Counter[str] = Counter()
         self.trace: list[str] = []
         self.deferred: list[list[Query[Any]]] = []
@@ -121,6 +123,7 @@ class FaultyExecutor(SqlAlchemyExecutor):
     def step(self, faults: Sequence[Fault]) -> Iterator[None]:
         """Count, record and inject ``faults`` (none: record only) while the block runs."""
         self.faults, self.fired, self.active = list(faults), None, True
+        self.interrupts = []
         try:
             yield
         finally:
@@ -203,6 +206,7 @@ class FaultyExecutor(SqlAlchemyExecutor):
         if unit.after in INTERRUPTS:
             raised = INTERRUPTS[unit.after]()
             self.fired = raised
+            self.interrupts.append(raised)
             raise raised
 
     # -- the statement: SQLAlchemy's path ----------------------------------------------------
@@ -251,6 +255,7 @@ class FaultyExecutor(SqlAlchemyExecutor):
         if unit is None or unit.kind == "own":
             raised = INTERRUPTS[kind]()
             self.fired = raised
+            self.interrupts.append(raised)
             raise raised
         unit.after = kind
         return result
@@ -310,6 +315,7 @@ class FaultyExecutor(SqlAlchemyExecutor):
                                "connection unexpectedly (injected)")
         raised = INTERRUPTS[kind]()
         self.fired = raised
+        self.interrupts.append(raised)
         raise raised
 
     def _match(self, query: Query[Any]) -> Fault | None:

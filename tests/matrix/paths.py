@@ -81,6 +81,15 @@ def run_seeded(w: World) -> None:
     w.run(JOB, w.seeded)  # type: ignore[attr-defined]
 
 
+def run_then_exit(w: World) -> None:
+    """The message, then the worker process's exit (what its retry threads still hold is
+    tried once more, at a point the scenario chooses)."""
+    try:
+        run_seeded(w)
+    finally:
+        w.exit_process()
+
+
 def _seed_skip(w: World) -> None:
     """A message whose first id is finished already: the runner marks the first row it
     claimed started itself."""
@@ -219,6 +228,19 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     # The renewal before the second row begins fails: that row is handed back.
     Path("hand_back", _seed_message(("age+ok",), ("ok",)), run_seeded,
          given=(Fault("extend_leases", 1, "error"),)),
+    # The claim applies, its answer is lost: the worker releases the claim by its token.
+    Path("lost_claim", _seed_message(("ok",), ("ok",)), run_seeded,
+         given=(Fault("claim_rows", 1, "lost"),)),
+    # Its release fails too: a retry thread holds it, the process's exit tries it.
+    Path("lost_claim_retry", _seed_message(("ok",), ("ok",)), run_then_exit,
+         given=(Fault("claim_rows", 1, "lost"), Fault("release_claim_rows", 1, "error"))),
+    # The outcome + next start statement, then the outcome alone, both fail: the outcome
+    # goes to a retry thread, whose write the process's exit tries.
+    Path("outcome_retry", _seed_message(("ok",), ("ok",)), run_then_exit,
+         given=(Fault("finish_fenced", 1, "error"), Fault("finish_fenced", 2, "error"))),
+    # The hand-back fails too: a retry thread holds it, the process's exit tries it.
+    Path("hand_back_retry", _seed_message(("age+ok",), ("ok",)), run_then_exit,
+         given=(Fault("extend_leases", 1, "error"), Fault("release_fenced", 1, "error"))),
     Path("sweep", seed_sweep, sweep),
     Path("trim", seed_trim, trim, {"jobs": (TRIM,)}),
     Path("admin_cancel", seed_pending, admin_cancel),

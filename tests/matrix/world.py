@@ -152,6 +152,15 @@ class World:
         self.decided: dict[tuple[UUID, int], Status] = {}
         """The outcome each handler decided (returned, raised DoNotRetry, cancelled itself)."""
         self.violations: list[str] = []
+        self.unwritten: set[tuple[UUID, int]] = set()
+        """Decided attempts whose outcome the database refused for as long as the step's
+        worker process lived (:meth:`exit_process`)."""
+        self.exit_started: set[tuple[UUID, int]] = set()
+        """Attempts marked started by a claim, no handler run, when the step's worker
+        process ended (:meth:`exit_process`): counted or given back, either is sound."""
+        self.abandoned: set[tuple[UUID, str]] = set()
+        """The (id, claimed_by) still running when the step's worker process ended, its
+        writes refused to the end (:meth:`exit_process`)."""
         # What the scenario expects, beyond each plan's own final status.
         self.expect: dict[UUID, set[Status | None]] = {}
         self.dead_begun: set[tuple[UUID, int]] = set()
@@ -240,6 +249,35 @@ class World:
         finally:
             self.current = self.runner
 
+    def exit_process(self) -> None:
+        """The step's worker process ends now (a prefork child's exit), its retry threads
+        with it: :meth:`Runner.hand_back_pending` tries their writes once more. An outcome
+        still unwritten after that (its row still running under the attempt's claim) was
+        refused by the database for as long as the process lived: the rescuer runs that
+        attempt again once its lease runs out, the guarantee's stated limit (a worker cut
+        off from the database after its handler returned), so that decision is not counted
+        thrown away (:meth:`check_end`). Likewise a row never begun whose hand-back was
+        refused to the end waits a lease for the rescuer, which gives its attempt back
+        (:meth:`check_step` does not count it held by nobody; :meth:`check_end` still checks
+        that no attempt of it is counted without its handler)."""
+        held = internals.held_claims(self.runner)
+        try:
+            self.runner.hand_back_pending()
+        finally:
+            table = self.table()
+            for i, token in held:
+                r = table.get(i)
+                if r is not None and r["status"] == Status.RUNNING.value \
+                        and r["claimed_by"] == token:
+                    self.unwritten.add((i, r["attempt"]))
+                    self.abandoned.add((i, token))
+                    if r["started_at"] is not None and (i, r["attempt"]) not in self.begins:
+                        # Marked started by its claim (a lost answer whose release was
+                        # refused to the end), no handler run: as a worker that died right
+                        # after its claim (claim_dead), the rescuer may count that attempt
+                        # (unless the release still lands: it hung, and gives it back).
+                        self.exit_started.add((i, r["attempt"]))
+
     def claim_dead(self, job: str, ids: Sequence[UUID]) -> None:
         """A worker claims ``ids`` and dies at once: its first row begun, no handler of ours
         run, nobody holding the claim."""
@@ -281,7 +319,7 @@ class World:
             if not faults:
                 self.violations.append(f"StorageError without a fault: {exc}")
             return
-        if exc is self.executor.fired:
+        if any(exc is raised for raised in self.executor.interrupts):
             return
         self.violations.append(f"{type(exc).__name__} reached the caller (not StorageError): "
                                f"{exc}")
@@ -299,9 +337,10 @@ class World:
         for i, r in table.items():
             if r["status"] != Status.RUNNING.value:
                 continue
-            claim = (i, r["claimed_by"], r["attempt"])
+            claim = (i, r["claimed_by"])
             begun = (i, r["attempt"]) in self.begins or (i, r["attempt"]) in self.dead_begun
-            if claim not in held and not begun and not r["claimed_by"].startswith(DEAD):
+            if claim not in held and not begun and not r["claimed_by"].startswith(DEAD) \
+                    and claim not in self.abandoned:
                 self.violations.append(
                     f"{i} left running, never begun, held by nobody (attempt {r['attempt']}, "
                     f"started {r['started_at'] is not None}): it waits a lease for the rescuer")
@@ -386,8 +425,8 @@ class World:
                                        f"{sorted(str(w) for w in wanted)}{detail}")
             if row is None:
                 continue
-            ran = {a for j, a in self.begins if j == i} | {a for j, a in self.dead_begun
-                                                             if j == i}
+            ran = {a for j, a in (*self.begins, *self.dead_begun, *self.exit_started)
+                   if j == i}
             missing = [a for a in range(1, row["attempt"] + 1) if a not in ran]
             if missing:
                 self.violations.append(f"{i}: attempt(s) {missing} counted without a handler "
@@ -396,6 +435,8 @@ class World:
             row = table.get(i)
             if row is None:
                 continue  # a job that keeps no row, or trimmed: checked above
+            if (i, attempt) in self.unwritten:
+                continue  # refused until the worker process ended: see exit_process
             if row["status"] == Status.CANCELLED.value and \
                     Status.CANCELLED in self.expect.get(i, set()):
                 continue  # an admin's cancel came first: the fence said no

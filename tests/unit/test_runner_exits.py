@@ -154,6 +154,29 @@ def test_a_base_exception_from_a_handler_writes_what_was_decided_and_hands_back_
         runner.heartbeat.stop()
 
 
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "SystemExit", "GreenletExit"])
+def test_a_base_exception_while_leaving_still_hands_back_the_rows_never_begun(
+    store: MemoryStore, registry: JobRegistry, recording: Recording, raised: str,
+) -> None:
+    """The run fails (the next row's start), and on the way out the write of the outcome
+    held applies, then raises a BaseException (a signal arriving in it): the rows never
+    begun are handed back all the same, and that exception goes on."""
+    runner = make_runner(store, registry, recording, timedelta(minutes=1))
+    job(registry, lambda ctx: None)
+    first, second, third = pending(store, 3)
+    store.fail_next(on=["start"])
+    store.fail_next(exc=RAISED[raised], on=["finish"], after=True)
+    try:
+        with pytest.raises(type(RAISED[raised])):
+            runner.run("shop.receipt", [first, second, third])
+
+        assert row(store, first)["status"] == "succeeded"
+        assert_handed_back(store, recording, [second, third])
+        assert runner.heartbeat.held() == [] and runner.running() == []
+    finally:
+        runner.heartbeat.stop()
+
+
 # -- an outcome, once decided, is written -----------------------------------------------------
 
 
