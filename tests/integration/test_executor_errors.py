@@ -59,7 +59,7 @@ def test_own_transaction_run_raises_storage_error_as_the_protocol_says(
     store: ExecutionStore,
 ) -> None:
     """executors/base.py: ``Transaction.run`` -- "Driver errors become StorageError". The
-    store's own transaction (``_Own.run``, executors/sqlalchemy.py) lets the raw SQLAlchemy
+    store's own transaction (``Own.run``, executors/sqlalchemy.py) lets the raw SQLAlchemy
     DBAPIError out; only the ``transaction()`` block's exit maps it. A caller (or a plan, which
     ``drive`` throws the error into) that handles StorageError inside the block never sees
     one, while the same statement on a joined Session does raise StorageError."""
@@ -97,7 +97,7 @@ def test_joined_and_own_transactions_raise_the_same_error_for_the_same_statement
 def test_a_bad_value_in_a_one_row_push_is_a_storage_error_like_any_other_push(
     pg_store: ExecutionStore,
 ) -> None:
-    """The direct insert (executors/sqlalchemy.py ``_run_direct``) runs the bind
+    """The direct insert (executors/direct.py ``DirectPath.run``) runs the bind
     processors outside its try: a value the column type refuses (here a naive datetime,
     UTCDateTime's ValueError) escapes raw, while the same row pushed with another row, or on
     SQLite, is a StorageError (SQLAlchemy wraps it in a StatementError the executor maps)."""
@@ -109,7 +109,7 @@ def test_a_bad_value_in_a_one_row_push_is_a_storage_error_like_any_other_push(
 
 
 def test_a_one_row_push_is_seen_by_a_listener_on_connections(pg_store: ExecutionStore) -> None:
-    """``_direct_ok`` looks only at the Engine's own dispatch. A listener registered on the
+    """``DirectPath.usable`` looks only at the Engine's own dispatch. A listener registered on the
     Connection class (or on one Connection, as tracing integrations do) is not there, so the
     one-row push goes straight on the driver and the listener never sees it, though the
     docstring promises: "unless something listens to the engine's statements"."""
