@@ -76,7 +76,28 @@ def pg_url() -> Iterator[str]:
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}_other" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_other_url(pg_url: str) -> str:
+    """A second PostgreSQL database on the same server (``<session database>_other``),
+    created once if absent and dropped with the session's: a caller's transaction on another
+    database than the outbox's."""
+    from sqlalchemy import create_engine, text
+
+    name = pg_url.rsplit("/", 1)[1] + "_other"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :name"),
+                                  {"name": name}).first()
+            if exists is None:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return pg_url.rsplit("/", 1)[0] + f"/{name}"
 
 
 @pytest.fixture

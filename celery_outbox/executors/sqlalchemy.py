@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.errors import ConfigurationError, OutboxError, StorageError
 from celery_outbox.executors.base import Observer
+from celery_outbox.executors.database import SameDatabase, where
 from celery_outbox.executors.direct import (
     COPY_MIN_ROWS,
     REFUSED,
@@ -66,6 +67,8 @@ class SqlAlchemyExecutor:
         self.observers: list[Observer] = []
         self.direct = DirectPath(engine, self.where) \
             if direct and sync_psycopg(engine.dialect) else None
+        self.database = SameDatabase(engine, self.run)
+        """Checks that a caller's transaction is on this engine's database."""
         # Shares the engine's pool; a checked-out connection is switched to autocommit and
         # back on its return.
         self._autocommit = (
@@ -93,6 +96,8 @@ class SqlAlchemyExecutor:
         try:
             with self._autocommit.begin() as conn:
                 return self._run(conn, query)
+        except OutboxError:  # already what the caller gets
+            raise
         except DATABASE_ERRORS as exc:
             raise storage_error(self.where(), exc) from exc
 
@@ -126,23 +131,28 @@ class SqlAlchemyExecutor:
         """``caller``: a :class:`~sqlalchemy.orm.Session`, a
         :class:`~sqlalchemy.orm.scoped_session` (its current Session; Flask-SQLAlchemy's
         ``db.session``) or a :class:`~sqlalchemy.engine.Connection`, inside the transaction
-        to write in. Anything else raises :class:`ConfigurationError`."""
+        to write in, on the outbox's database. Anything else raises
+        :class:`ConfigurationError` (a caller on another database names both,
+        :class:`~celery_outbox.executors.database.SameDatabase`), before anything is
+        written."""
         from sqlalchemy.orm import Session, scoped_session
 
         if isinstance(caller, scoped_session):
             caller = caller()
-        if isinstance(caller, Session):
-            try:
-                conn = caller.connection()
-            except DATABASE_ERRORS as exc:
-                raise storage_error(self.where(), exc) from exc
-            return Joined(self, conn, caller)
-        if isinstance(caller, Connection):
-            return Joined(self, caller, None)
-        raise ConfigurationError(
-            f"expected a SQLAlchemy Session, scoped_session or Connection, got "
-            f"{type(caller).__name__}"
-        )
+        session = caller if isinstance(caller, Session) else None
+        if session is None and not isinstance(caller, Connection):
+            raise ConfigurationError(
+                f"expected a SQLAlchemy Session, scoped_session or Connection, got "
+                f"{type(caller).__name__}"
+            )
+        try:
+            conn = session.connection() if session is not None else caller
+            self.database.check(conn)
+        except OutboxError:  # already what the caller gets
+            raise
+        except DATABASE_ERRORS as exc:
+            raise storage_error(self.where(), exc) from exc
+        return Joined(self, conn, session)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -164,6 +174,8 @@ class SqlAlchemyExecutor:
         layer as :class:`StorageError` (``from``)."""
         try:
             return self._run(conn, query)
+        except OutboxError:  # already what the caller gets
+            raise
         except DATABASE_ERRORS as exc:
             raise storage_error(self.where(), exc) from exc
 
@@ -173,19 +185,9 @@ class SqlAlchemyExecutor:
             observe(query, elapsed)
 
 
-def where(engine: Any) -> str:
-    """The database of ``engine`` (sync or async) for messages: driver, host, port and
-    database, never the password."""
-    url = engine.url
-    port = f":{url.port}" if url.port else ""
-    return f"{url.drivername}://{url.host or ''}{port}/{url.database or ''}"
-
-
 def storage_error(at: str, exc: BaseException) -> StorageError:
-    """``exc`` (one of :data:`DATABASE_ERRORS`) as the :class:`StorageError` a caller gets;
-    a StorageError as it is."""
-    if isinstance(exc, StorageError):
-        return exc
+    """``exc`` (one of :data:`DATABASE_ERRORS`) as the :class:`StorageError` a caller
+    gets."""
     detail = exc.orig if isinstance(exc, DBAPIError) else exc
     return StorageError(f"database error on {at}: {detail}")
 

@@ -27,8 +27,9 @@ from sqlalchemy.ext.asyncio import (
     async_scoped_session,
 )
 
-from celery_outbox.errors import ConfigurationError
+from celery_outbox.errors import ConfigurationError, OutboxError
 from celery_outbox.executors.base import Observer
+from celery_outbox.executors.database import SameDatabase
 from celery_outbox.executors.hooks import Callback, call_all, queue_after_commit
 from celery_outbox.executors.sqlalchemy import (
     DATABASE_ERRORS,
@@ -50,11 +51,15 @@ class AsyncSqlAlchemyExecutor:
     AsyncEngine; its dialect is then the executor's), :meth:`run` and :meth:`transaction`
     run queries in transactions of the executor's own. ``observers`` are called after each
     query with the query and its duration in seconds (pass a sync executor's list to share
-    it). Raises :class:`ConfigurationError` for another dialect, or neither argument.
+    it). ``database``: the outbox's database (a sync executor's
+    :attr:`~celery_outbox.executors.SqlAlchemyExecutor.database`); :meth:`join` refuses a
+    caller on another one. Raises :class:`ConfigurationError` for another dialect, or
+    neither argument.
     """
 
     def __init__(self, engine: AsyncEngine | None = None, *, dialect: str | None = None,
-                 observers: list[Observer] | None = None) -> None:
+                 observers: list[Observer] | None = None,
+                 database: SameDatabase | None = None) -> None:
         name = engine.dialect.name if engine is not None else dialect
         if name not in SUPPORTED_DIALECTS:
             raise ConfigurationError(
@@ -64,6 +69,7 @@ class AsyncSqlAlchemyExecutor:
         self.engine = engine
         self.dialect: str = name
         self.observers: list[Observer] = observers if observers is not None else []
+        self.database = database
 
     def where(self) -> str:
         return where(self.engine) if self.engine is not None else f"a {self.dialect} database"
@@ -78,6 +84,8 @@ class AsyncSqlAlchemyExecutor:
         try:
             async with engine.begin() as conn:
                 return await self._run(conn, query)
+        except OutboxError:  # already what the caller gets
+            raise
         except DATABASE_ERRORS as exc:
             raise storage_error(self.where(), exc) from exc
 
@@ -91,6 +99,8 @@ class AsyncSqlAlchemyExecutor:
             async with engine.begin() as conn:
                 own.conn = conn
                 yield own
+        except OutboxError:  # already what the caller gets
+            raise
         except DATABASE_ERRORS as exc:
             raise storage_error(self.where(), exc) from exc
         call_all(own.callbacks)
@@ -101,24 +111,27 @@ class AsyncSqlAlchemyExecutor:
         """``caller``: an :class:`~sqlalchemy.ext.asyncio.AsyncSession`, an
         :class:`~sqlalchemy.ext.asyncio.async_scoped_session` (its current AsyncSession) or
         an :class:`~sqlalchemy.ext.asyncio.AsyncConnection`, inside the transaction to write
-        in, on a database of the executor's dialect. Anything else raises
-        :class:`ConfigurationError`."""
+        in, on the outbox's database (:attr:`database`; else one of the executor's
+        dialect). Anything else raises :class:`ConfigurationError`, before anything is
+        written."""
         if isinstance(caller, async_scoped_session):
             caller = caller()
-        if isinstance(caller, AsyncSession):
-            try:
-                conn = await caller.connection()
-            except DATABASE_ERRORS as exc:
-                raise storage_error("the caller's database", exc) from exc
+        session = caller if isinstance(caller, AsyncSession) else None
+        if session is None and not isinstance(caller, AsyncConnection):
+            raise ConfigurationError(
+                f"expected a SQLAlchemy AsyncSession, async_scoped_session or "
+                f"AsyncConnection, got {type(caller).__name__}"
+            )
+        try:
+            conn = await session.connection() if session is not None else caller
             self._check_dialect(conn)
-            return AsyncJoined(self, conn, caller)
-        if isinstance(caller, AsyncConnection):
-            self._check_dialect(caller)
-            return AsyncJoined(self, caller, None)
-        raise ConfigurationError(
-            f"expected a SQLAlchemy AsyncSession, async_scoped_session or AsyncConnection, "
-            f"got {type(caller).__name__}"
-        )
+            if self.database is not None:
+                await self.database.acheck(conn)
+        except OutboxError:  # already what the caller gets
+            raise
+        except DATABASE_ERRORS as exc:
+            raise storage_error("the caller's database", exc) from exc
+        return AsyncJoined(self, conn, session)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -160,6 +173,8 @@ class AsyncOwn:
         assert self.conn is not None
         try:
             return await self.executor._run(self.conn, query)
+        except OutboxError:  # already what the caller gets
+            raise
         except DATABASE_ERRORS as exc:
             raise storage_error(where(self.conn.engine), exc) from exc
 
@@ -180,6 +195,8 @@ class AsyncJoined:
     async def run(self, query: Query[R]) -> R:
         try:
             return await self.executor._run(self.conn, query)
+        except OutboxError:  # already what the caller gets
+            raise
         except DATABASE_ERRORS as exc:
             raise storage_error(where(self.conn.engine), exc) from exc
 
