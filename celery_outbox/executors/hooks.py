@@ -15,7 +15,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, event
 
@@ -88,7 +88,7 @@ class SessionHook:
         for _, conn, callback in entries:
             if conn.in_transaction():
                 # The Session joined a transaction it does not own: wait for that one.
-                ConnectionHook.get(conn).add(callback)
+                ConnectionHook.get(conn).add(callback, conn)
             else:
                 durable.append(callback)
         call_all(durable)
@@ -164,12 +164,18 @@ class ConnectionHook:
     callbacks; the commit SQLAlchemy issues next is a no-op on an idle DBAPI connection. If
     that commit fails, the error propagates from the caller's ``commit()`` and no callback
     runs.
+
+    A rollback to (or release of) a savepoint names it; the frames opened inside it go with
+    it, whether or not they were closed first. SQLAlchemy names the savepoints it generates
+    only after its ``savepoint`` event, so a frame learns its name from the Connection's
+    innermost :class:`~sqlalchemy.engine.NestedTransaction` at the next event
+    (:meth:`_bind`; its ``_savepoint``, the one SQLAlchemy attribute read here).
     """
 
     _hooks: weakref.WeakKeyDictionary[Connection, ConnectionHook] = weakref.WeakKeyDictionary()
 
     def __init__(self, conn: Connection) -> None:
-        self.frames: list[tuple[str | None, list[Callback]]] = [(None, [])]
+        self.frames: list[_Frame] = [_Frame(None)]
         event.listen(conn, "commit", self.on_commit)
         event.listen(conn, "rollback", self.on_rollback)
         event.listen(conn, "savepoint", self.on_savepoint)
@@ -183,12 +189,14 @@ class ConnectionHook:
             hook = cls._hooks[conn] = cls(conn)
         return hook
 
-    def add(self, callback: Callback) -> None:
-        self.frames[-1][1].append(callback)
+    def add(self, callback: Callback, conn: Connection | None = None) -> None:
+        if conn is not None:
+            self._bind(conn)
+        self.frames[-1].callbacks.append(callback)
 
     def on_commit(self, conn: Connection) -> None:
-        frames, self.frames = self.frames, [(None, [])]
-        callbacks = [c for _, cs in frames for c in cs]
+        frames, self.frames = self.frames, [_Frame(None)]
+        callbacks = [c for frame in frames for c in frame.callbacks]
         if not callbacks:
             return
         dbapi = conn.connection.dbapi_connection
@@ -197,34 +205,66 @@ class ConnectionHook:
         call_all(callbacks)
 
     def on_rollback(self, conn: Connection) -> None:
-        self.frames = [(None, [])]
+        self.frames = [_Frame(None)]
 
     def on_savepoint(self, conn: Connection, name: str | None) -> None:
-        # SQLAlchemy passes None here for the names it generates (the usual case): such a
-        # frame is matched by position, as the innermost open savepoint.
-        self.frames.append((name, []))
+        # None for the names SQLAlchemy generates (the usual case): learnt at the next event.
+        self._bind(conn)
+        self.frames.append(_Frame(name))
 
     def on_rollback_savepoint(self, conn: Connection, name: str, context: object) -> None:
-        if len(self.frames) == 1:
+        self._bind(conn)
+        at = self._index(name)
+        if at is None:
             # A savepoint opened before this hook existed: all queued so far is inside it.
-            self.frames = [(None, [])]
+            self.frames = [_Frame(None)]
             return
-        self._pop(name)
+        del self.frames[at:]
 
     def on_release_savepoint(self, conn: Connection, name: str, context: object) -> None:
-        if len(self.frames) > 1:
-            released = self._pop(name)
-            self.frames[-1][1].extend(released)
+        self._bind(conn)
+        at = self._index(name)
+        if at is None:  # opened before this hook: what it holds stays where it is
+            return
+        released = [c for frame in self.frames[at:] for c in frame.callbacks]
+        del self.frames[at:]
+        self.frames[-1].callbacks.extend(released)
 
-    def _pop(self, name: str) -> list[Callback]:
-        """Pop the frame of savepoint ``name`` and those opened after it; their callbacks."""
-        popped: list[Callback] = []
-        while len(self.frames) > 1:
-            frame_name, callbacks = self.frames.pop()
-            popped[:0] = callbacks
-            if frame_name is None or frame_name == name:
-                break
-        return popped
+    def _bind(self, conn: Connection) -> None:
+        """The innermost frame, if it does not know its savepoint yet, is the Connection's
+        innermost nested transaction: no event came since it opened."""
+        top = self.frames[-1]
+        if len(self.frames) > 1 and top.name is None and top.tx is None:
+            top.tx = conn.get_nested_transaction()
+
+    def _index(self, name: str) -> int | None:
+        """The frame of savepoint ``name``; a frame whose name is unknown answers the
+        innermost one (the old, positional match); None: a savepoint older than every
+        frame."""
+        for at in range(len(self.frames) - 1, 0, -1):
+            known = self.frames[at].savepoint()
+            if known is None:
+                return len(self.frames) - 1
+            if known == name:
+                return at
+        return None
+
+
+class _Frame:
+    """The callbacks queued inside one savepoint (the first frame: outside any)."""
+
+    __slots__ = ("callbacks", "name", "tx")
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+        self.tx: Any = None
+        self.callbacks: list[Callback] = []
+
+    def savepoint(self) -> str | None:
+        if self.name is not None:
+            return self.name
+        name = getattr(self.tx, "_savepoint", None)
+        return name if isinstance(name, str) else None
 
 
 def queue_after_commit(callback: Callback, conn: Connection,
@@ -235,4 +275,4 @@ def queue_after_commit(callback: Callback, conn: Connection,
     if session is not None:
         SessionHook.get(session).add(session, callback, conn)
     else:
-        ConnectionHook.get(conn).add(callback)
+        ConnectionHook.get(conn).add(callback, conn)
