@@ -148,6 +148,7 @@ class SqlAlchemyExecutor:
         try:
             conn = session.connection() if session is not None else caller
             self.database.check(conn)
+            _check_two_phase(conn, session)
         except OutboxError:  # already what the caller gets
             raise
         except DATABASE_ERRORS as exc:
@@ -200,6 +201,22 @@ def shaped(query: Query[Any], result: Any) -> Any:
     if query.shape is Shape.ROWCOUNT:
         return result.rowcount
     return None
+
+
+def _check_two_phase(conn: Connection, session: Session | None) -> None:
+    """A two-phase transaction is joined only through the Session that owns it
+    (``Session(twophase=True)``, whose ``after_commit`` follows the second phase): a
+    Connection's own ``begin_twophase()`` has no event after its commit the hooks could
+    follow, and the rows would commit undispatched."""
+    from sqlalchemy.engine import TwoPhaseTransaction
+
+    if isinstance(conn.get_transaction(), TwoPhaseTransaction) \
+            and not (session is not None and session.twophase):
+        raise ConfigurationError(
+            "push in a two-phase transaction of a Connection (begin_twophase()) is not "
+            "supported: its commit has no event the outbox can dispatch after; use "
+            "Session(twophase=True), or push in a plain transaction"
+        )
 
 
 def _one_row(query: Query[Any]) -> bool:
