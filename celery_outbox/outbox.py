@@ -349,7 +349,15 @@ class Outbox:
             await asyncio.to_thread(getattr(self.dispatcher, "prepare", lambda: None))
             self._dispatch_ready = True
         tx = await self.store.ajoin(caller)
-        results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
+        try:
+            results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
+        except asyncio.CancelledError:
+            # Its INSERT may or may not be in the caller's transaction, and its dispatch is
+            # not queued: that transaction must not commit.
+            tx.refuse_commit("an apush in this transaction was cancelled before it "
+                             "finished (its row may be written, its dispatch is not "
+                             "queued); roll the transaction back")
+            raise
         self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
         return [execution_id for execution_id, _ in results]
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, event
 
+from celery_outbox.errors import ConfigurationError
+
 if TYPE_CHECKING:  # a push in a Session has imported the ORM already; a worker never does
     from sqlalchemy.orm import Session, SessionTransaction
 
@@ -265,6 +267,27 @@ class _Frame:
             return self.name
         name = getattr(self.tx, "_savepoint", None)
         return name if isinstance(name, str) else None
+
+
+def refuse_commit(conn: Connection, reason: str) -> None:
+    """Make the next commit of ``conn``'s transaction roll back instead and raise
+    :class:`ConfigurationError` with ``reason`` (ahead of every other listener, the
+    after-commit hook's own DBAPI commit included); a rollback lifts it."""
+
+    def refuse(conn: Connection) -> None:
+        lift(conn)
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None:
+            dbapi.rollback()  # the Connection may be used again: nothing of it may stay
+        ConnectionHook.get(conn).on_rollback(conn)
+        raise ConfigurationError(reason)
+
+    def lift(conn: Connection) -> None:
+        event.remove(conn, "commit", refuse)
+        event.remove(conn, "rollback", lift)
+
+    event.listen(conn, "commit", refuse, insert=True)
+    event.listen(conn, "rollback", lift)
 
 
 def queue_after_commit(callback: Callback, conn: Connection,

@@ -30,7 +30,12 @@ from sqlalchemy.ext.asyncio import (
 from celery_outbox.errors import ConfigurationError, OutboxError
 from celery_outbox.executors.base import Observer
 from celery_outbox.executors.database import SameDatabase
-from celery_outbox.executors.hooks import Callback, call_all, queue_after_commit
+from celery_outbox.executors.hooks import (
+    Callback,
+    call_all,
+    queue_after_commit,
+    refuse_commit,
+)
 from celery_outbox.executors.sqlalchemy import (
     DATABASE_ERRORS,
     SUPPORTED_DIALECTS,
@@ -181,6 +186,10 @@ class AsyncOwn:
     def after_commit(self, callback: Callback) -> None:
         self.callbacks.append(callback)
 
+    def refuse_commit(self, reason: str) -> None:
+        assert self.conn is not None and self.conn.sync_connection is not None
+        refuse_commit(self.conn.sync_connection, reason)
+
 
 class AsyncJoined:
     """A caller's async transaction, on the AsyncConnection its AsyncSession (or itself)
@@ -205,3 +214,8 @@ class AsyncJoined:
         assert sync_conn is not None  # an AsyncConnection inside a transaction has one
         queue_after_commit(callback, sync_conn,
                            self.session.sync_session if self.session is not None else None)
+
+    def refuse_commit(self, reason: str) -> None:
+        sync_conn = self.conn.sync_connection
+        assert sync_conn is not None
+        refuse_commit(sync_conn, reason)
