@@ -351,9 +351,11 @@ class Outbox:
         tx = await self.store.ajoin(caller)
         try:
             results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
-        except asyncio.CancelledError:
-            # Its INSERT may or may not be in the caller's transaction, and its dispatch is
-            # not queued: that transaction must not commit.
+        except BaseException as exc:
+            if isinstance(exc, Exception) and not _cancelling():
+                raise  # a failed push: undone in its savepoint, or the transaction aborted
+            # Cancelled (whatever the driver made of it): its INSERT may or may not be in
+            # the caller's transaction, its dispatch is not queued: it must not commit.
             tx.refuse_commit("an apush in this transaction was cancelled before it "
                              "finished (its row may be written, its dispatch is not "
                              "queued); roll the transaction back")
@@ -555,6 +557,15 @@ class Outbox:
     def run_now(self, job_name: str, ids: Sequence[UUID]) -> Any:
         """Claim and run ``ids`` in this process now (what a worker does on a message)."""
         return self.runner.run(job_name, ids)
+
+
+def _cancelling() -> bool:
+    """Whether the current asyncio task is being cancelled (Python 3.11+; False before)."""
+    import asyncio
+
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 class _Cancelled(Exception):

@@ -97,6 +97,7 @@ class JoinsMachine(RuleBasedStateMachine):
         self.outer: Any = None  # a bound kind's Connection, in its own transaction
         self.expected: set[UUID] = set()  # what the model says is committed
         self.uncertain = False  # a cancelled await: the database decides
+        self.trace: list[str] = []  # this example's steps, printed with a failure
 
     # -- the kind ----------------------------------------------------------------------------
 
@@ -168,7 +169,8 @@ class JoinsMachine(RuleBasedStateMachine):
                     self.outer.close()
                 (self.caller.remove if self.kind == "scoped_session" else self.caller.close)()
         except (StorageError, Exception) as exc:
-            self.stats[f"end failed: {type(exc).__name__}"] += 1
+            self.stats[f"end failed: {type(exc).__name__}: {str(exc)[:60]}"] += 1
+            self.trace.append(f"  the end raised {type(exc).__name__}: {str(exc)[:80]}")
             self.uncertain = True
             self._abandon()
             return
@@ -203,6 +205,7 @@ class JoinsMachine(RuleBasedStateMachine):
     def begin(self) -> None:
         self._open()
         self.stats["begin"] += 1
+        self.trace.append("begin")
 
     @precondition(lambda self: bool(self.frames))
     @rule()
@@ -211,6 +214,7 @@ class JoinsMachine(RuleBasedStateMachine):
         handle = self.wait(caller.begin_nested()) if self.async_kind else caller.begin_nested()
         self.frames.append(Frame(handle))
         self.stats["savepoint"] += 1
+        self.trace.append("savepoint")
 
     @precondition(lambda self: bool(self.frames))
     @rule(n=st.sampled_from([1, 1, 2, 3, 101]))
@@ -220,6 +224,7 @@ class JoinsMachine(RuleBasedStateMachine):
         ids = self._push(n)
         self.frames[-1].ids |= set(ids)
         self.stats[f"push {'many' if n > 1 else 'one'}"] += 1
+        self.trace.append(f"push({n}) -> {ids if n < 5 else len(ids)}")
 
     @precondition(lambda self: len(self.frames) > 1)
     @rule()
@@ -228,6 +233,7 @@ class JoinsMachine(RuleBasedStateMachine):
         self.wait(frame.handle.commit()) if self.async_kind else frame.handle.commit()
         self.frames[-1].ids |= frame.ids
         self.stats["release"] += 1
+        self.trace.append("release")
 
     @precondition(lambda self: len(self.frames) > 1)
     @rule(data=st.data())
@@ -244,6 +250,7 @@ class JoinsMachine(RuleBasedStateMachine):
         self._rollback(handle)
         del self.frames[at:]
         self.stats["rollback to savepoint" + (" (inner open)" if at else "")] += 1
+        self.trace.append(f"rollback_to({at})")
 
     def _rollback(self, handle: Any) -> None:
         self.wait(handle.rollback()) if self.async_kind else handle.rollback()
@@ -278,6 +285,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
         result = self.wait(go())
         self.stats[f"cancel apush ({'done' if isinstance(result, UUID) else 'cancelled'})"] += 1
+        self.trace.append(f"cancel_apush(steps={steps}, commit={commit}) -> {result!r}")
         if isinstance(result, UUID):
             self.frames[-1].ids.add(result)
             return
@@ -287,6 +295,7 @@ class JoinsMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.frames))
     @rule(commit=st.booleans())
     def end(self, commit: bool) -> None:
+        self.trace.append(f"end(commit={commit})")
         self._end(commit)
         self.stats["commit" if commit else "rollback"] += 1
 
@@ -304,6 +313,7 @@ class JoinsMachine(RuleBasedStateMachine):
             ids = self.job.push_many([{"n": 1}])
         self.expected |= set(ids)
         self.stats["push alone"] += 1
+        self.trace.append(f"push_alone -> {ids}")
 
     @precondition(lambda self: self.async_kind and self._free())
     @rule(timeout=st.sampled_from([0.0, 0.001, 0.01]))
@@ -321,6 +331,7 @@ class JoinsMachine(RuleBasedStateMachine):
         else:
             self._settle()
         self.stats[f"apush alone timed out ({'done' if result else 'cancelled'})"] += 1
+        self.trace.append(f"apush_alone_timed_out({timeout}) -> {result}")
 
     def _settle(self) -> None:
         """Wait (with a deadline) until the outbox's pool has every connection back: the
@@ -370,6 +381,13 @@ class JoinsMachine(RuleBasedStateMachine):
         assert dispatched <= self.committed(), "an id dispatched without its committed row"
 
     def check_exact(self) -> None:
+        try:
+            self._check_exact()
+        except AssertionError as exc:  # shrinking may not replay a cancel: say it now
+            print(f"\njoins {self.kind}: {exc}\n  this example: {self.trace}")
+            raise
+
+    def _check_exact(self) -> None:
         committed = self.committed()
         dispatched = Counter(self.recording.ids)
         assert set(dispatched) == committed, (
