@@ -47,8 +47,23 @@ def aoutbox(driver: str, request: pytest.FixtureRequest, registry: JobRegistry,
 async def aengine(aoutbox: Outbox, driver: str) -> AsyncIterator[AsyncEngine]:
     url = aoutbox.engine.url.set(drivername=DRIVERS[driver])
     engine = create_async_engine(url)
+    if driver == "aiosqlite":
+        _begin_recipe(engine.sync_engine)
     yield engine
     await engine.dispose()
+
+
+def _begin_recipe(engine: Any) -> None:
+    """SQLAlchemy's pysqlite / aiosqlite recipe, as the README asks of an engine of one's
+    own: the driver's implicit transactions off, BEGIN on SQLAlchemy's begin."""
+
+    @event.listens_for(engine, "connect")
+    def _no_driver_transactions(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
 
 
 def committed(outbox: Outbox) -> set[Any]:

@@ -92,6 +92,8 @@ class JoinsMachine(RuleBasedStateMachine):
 
             self.aengine = create_async_engine(
                 self.driver + "://" + self.url.split("://", 1)[1])
+            if self.url.startswith("sqlite"):
+                _begin_recipe(self.aengine.sync_engine)
         self.frames: list[Frame] = []
         self.caller: Any = None  # the Session / Connection the pushes go to
         self.outer: Any = None  # a bound kind's Connection, in its own transaction
@@ -417,6 +419,22 @@ class JoinsMachine(RuleBasedStateMachine):
             self.outbox.runner.heartbeat.stop()
             self.outbox.drop_schema()
             self.engine.dispose()
+
+
+def _begin_recipe(engine: Engine) -> None:
+    """SQLAlchemy's recipe for pysqlite / aiosqlite (the README asks it of an engine of the
+    caller's own): the driver's own transaction handling off, a BEGIN on SQLAlchemy's begin.
+    Without it a savepoint that opens the transaction is one of its own, which its release
+    commits while the caller's transaction is still open."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_driver_transactions(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
 
 
 class _Boom(Exception):
