@@ -272,10 +272,14 @@ class _Frame:
 def refuse_commit(conn: Connection, reason: str) -> None:
     """Make the next commit of ``conn``'s transaction roll back instead and raise
     :class:`ConfigurationError` with ``reason`` (ahead of every other listener, the
-    after-commit hook's own DBAPI commit included); a rollback lifts it."""
+    after-commit hook's own DBAPI commit included); a rollback lifts it. The listeners stay
+    on ``conn`` (removing one while SQLAlchemy runs them would break its loop), disarmed."""
+    armed = [True]
 
     def refuse(conn: Connection) -> None:
-        lift(conn)
+        if not armed[0]:
+            return
+        armed[0] = False
         dbapi = conn.connection.dbapi_connection
         if dbapi is not None:
             dbapi.rollback()  # the Connection may be used again: nothing of it may stay
@@ -283,8 +287,7 @@ def refuse_commit(conn: Connection, reason: str) -> None:
         raise ConfigurationError(reason)
 
     def lift(conn: Connection) -> None:
-        event.remove(conn, "commit", refuse)
-        event.remove(conn, "rollback", lift)
+        armed[0] = False
 
     event.listen(conn, "commit", refuse, insert=True)
     event.listen(conn, "rollback", lift)

@@ -120,3 +120,31 @@ async def test_an_apush_cancelled_after_its_insert_leaves_the_transaction_uncomm
         again = await receipt.apush({"order_id": 2}, session=session)
     assert committed(aoutbox) == {again}
     assert recording.ids == [again]
+
+
+async def test_a_rollback_after_a_cancelled_apush_works_and_the_connection_is_usable(
+    aoutbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+    aengine: AsyncEngine,
+) -> None:
+    """The refusal's listeners disarm on a rollback; removing them while SQLAlchemy ran its
+    rollback listeners raised "deque mutated during iteration" from the caller's rollback
+    (found by the joins model)."""
+    tasks: list[asyncio.Task[Any]] = []
+
+    def cancel_after_insert(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT") and tasks:
+            tasks.pop().cancel()
+
+    event.listen(aengine.sync_engine, "after_cursor_execute", cancel_after_insert)
+    async with aengine.connect() as conn:
+        await conn.begin()
+        task = asyncio.ensure_future(receipt.apush({"order_id": 1}, connection=conn, key="k"))
+        tasks.append(task)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await conn.rollback()
+        await conn.begin()
+        again = await receipt.apush({"order_id": 2}, connection=conn)
+        await conn.commit()
+    assert committed(aoutbox) == {again}
+    assert recording.ids == [again]
