@@ -44,6 +44,23 @@ KINDS = SYNC_KINDS + ASYNC_KINDS + TWO_PHASE_KINDS
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
 
 
+def traced(step: Any) -> Any:
+    """A rule whose unexpected error prints the example's steps first (shrinking may not
+    replay an example whose cancels landed elsewhere)."""
+    import functools
+
+    @functools.wraps(step)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(self, *args, **kwargs)
+        except Exception as exc:
+            print(f"\njoins {self.kind}: {step.__name__} raised {exc!r}\n"
+                  f"  this example: {self.trace}")
+            raise
+
+    return run
+
+
 class Item(BaseModel):
     n: int
 
@@ -204,6 +221,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.frames)
     @rule()
+    @traced
     def begin(self) -> None:
         self._open()
         self.stats["begin"] += 1
@@ -211,6 +229,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.frames))
     @rule()
+    @traced
     def savepoint(self) -> None:
         caller = self.caller
         handle = self.wait(caller.begin_nested()) if self.async_kind else caller.begin_nested()
@@ -220,6 +239,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.frames))
     @rule(n=st.sampled_from([1, 1, 2, 3, 101]))
+    @traced
     def push(self, n: int) -> None:
         if n > 100 and (self.kind.startswith("async") or self.url.startswith("sqlite")):
             n = 4  # a COPY-sized batch matters on sync psycopg only; keep the rest quick
@@ -230,6 +250,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.frames) > 1)
     @rule()
+    @traced
     def release(self) -> None:
         frame = self.frames.pop()
         self.wait(frame.handle.commit()) if self.async_kind else frame.handle.commit()
@@ -239,6 +260,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.frames) > 1)
     @rule(data=st.data())
+    @traced
     def rollback_to(self, data: st.DataObject) -> None:
         """Roll back to any open savepoint; those opened inside it go with it."""
         at = data.draw(st.integers(1, len(self.frames) - 1), label="savepoint")
@@ -259,6 +281,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.frames) and not ASYNC_KINDS.count(self.kind))
     @rule()
+    @traced
     def raise_in_savepoint(self) -> None:
         """A push in ``with begin_nested():`` that raises: the savepoint rolls back."""
         try:
@@ -272,6 +295,7 @@ class JoinsMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.frames) and self.kind in ("async-session",
                                                                   "async-connection"))
     @rule(steps=st.integers(0, 6), commit=st.booleans())
+    @traced
     def cancel_apush(self, steps: int, commit: bool) -> None:
         """An apush in the caller's transaction, cancelled after ``steps`` turns of the
         loop: it either finished (its ids are in the frame) or not; then the caller's
@@ -296,6 +320,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.frames))
     @rule(commit=st.booleans())
+    @traced
     def end(self, commit: bool) -> None:
         self.trace.append(f"end(commit={commit})")
         self._end(commit)
@@ -307,6 +332,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self._free())
     @rule()
+    @traced
     def push_alone(self) -> None:
         """A push without a caller's transaction commits its own."""
         if self.async_kind:
@@ -319,6 +345,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.async_kind and self._free())
     @rule(timeout=st.sampled_from([0.0, 0.001, 0.01]))
+    @traced
     def apush_alone_timed_out(self, timeout: float) -> None:
         """``wait_for(apush(), timeout)``: either its ids, or nothing left behind."""
         async def go() -> Any:
@@ -346,6 +373,7 @@ class JoinsMachine(RuleBasedStateMachine):
             time.sleep(0.005)
 
     @rule()
+    @traced
     def push_on_the_other_database(self) -> None:
         """A session on the second database: refused, nothing written anywhere."""
         with Session(self.other) as session, session.begin():
@@ -358,6 +386,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.kind in TWO_PHASE_KINDS and not self.frames)
     @rule()
+    @traced
     def push_in_a_two_phase_connection(self) -> None:
         """A Connection's own ``begin_twophase()``: refused, nothing written."""
         with self.engine.connect() as conn:
