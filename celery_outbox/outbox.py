@@ -341,18 +341,74 @@ class Outbox:
         caller = _check_async_target(session, connection)
         import asyncio  # only here: a worker that never pushes from a loop does not import it
 
-        if caller is None:
+        if caller is None and self.joiner is not None:
             return await asyncio.to_thread(self.push_many, spec, payloads, **options)
         now = utcnow()
         rows = self._new_rows(spec, payloads, now, keys, delay, scheduled_at, priority,
                               organization_id, triggered_by, triggered_by_name, index_items,
                               None)
+        if caller is None:
+            return await self._apush_alone(rows, now)
         if not self._dispatch_ready:  # its first call prepares the broker client: not here
             await asyncio.to_thread(getattr(self.dispatcher, "prepare", lambda: None))
             self._dispatch_ready = True
         tx = await self.store.ajoin(caller)
-        results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
+        try:
+            results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
+        except BaseException as exc:
+            if isinstance(exc, Exception) and not _cancelling():
+                raise  # a failed push: undone in its savepoint, or the transaction aborted
+            # Cancelled (whatever the driver made of it): its INSERT may or may not be in
+            # the caller's transaction, its dispatch is not queued: it must not commit.
+            tx.refuse_commit("an apush in this transaction was cancelled before it "
+                             "finished (its row may be written, its dispatch is not "
+                             "queued); roll the transaction back")
+            raise
         self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+        return [execution_id for execution_id, _ in results]
+
+    async def _apush_alone(self, rows: list[NewExecution], now: datetime) -> list[UUID]:
+        """``rows`` in a transaction of the outbox's own, in a worker thread, that a
+        cancelled caller leaves with nothing behind.
+
+        A cancel (``asyncio.wait_for``'s timeout, ``task.cancel()``) that arrives before the
+        thread commits makes it roll back (:class:`_CommitGate`): the caller gets its
+        ``CancelledError`` (or ``TimeoutError``) and nothing is written or dispatched, so a
+        retry pushes once. A cancel that arrives once the commit is under way cannot undo
+        it: ``apush`` waits for the commit's answer and returns the ids (the rows are in and
+        dispatched), as if the cancel had come a moment later.
+        """
+        import asyncio
+        import contextvars
+        import functools
+
+        gate = _CommitGate()
+        run = functools.partial(self._push_gated, rows, now, gate)
+        future = asyncio.get_running_loop().run_in_executor(
+            None, contextvars.copy_context().run, run)
+        # A rolled-back push's _Cancelled is nobody's error: retrieve it.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        while True:
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    return future.result()  # committed already: the cancel came too late
+                if gate.cancel():
+                    raise  # the thread rolls back whatever it wrote
+                # The commit is under way: its answer is the push's.
+
+    def _push_gated(self, rows: list[NewExecution], now: datetime,
+                    gate: _CommitGate) -> list[UUID]:
+        """``rows`` in a transaction of the store's own, committed only if ``gate`` is still
+        open just before the commit (else rolled back: :class:`_Cancelled`)."""
+        if gate.cancelled:
+            raise _Cancelled
+        with self.store.transaction() as tx:
+            results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+            if not gate.enter_commit():
+                raise _Cancelled
         return [execution_id for execution_id, _ in results]
 
     def _dispatch_on_commit(self, tx: Transaction | AsyncTransaction,
@@ -504,6 +560,47 @@ class Outbox:
     def run_now(self, job_name: str, ids: Sequence[UUID]) -> Any:
         """Claim and run ``ids`` in this process now (what a worker does on a message)."""
         return self.runner.run(job_name, ids)
+
+
+def _cancelling() -> bool:
+    """Whether the current asyncio task is being cancelled (Python 3.11+; False before)."""
+    import asyncio
+
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
+
+
+class _Cancelled(Exception):
+    """A push whose caller was cancelled before its commit: its transaction rolls back."""
+
+
+class _CommitGate:
+    """Between an ``apush`` cancelled in the event loop and its transaction in a worker
+    thread: whichever comes first, the cancel or the commit, wins."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self._committing = False
+
+    def enter_commit(self) -> bool:
+        """The thread is about to commit: False when the caller was cancelled first."""
+        with self._lock:
+            if self.cancelled:
+                return False
+            self._committing = True
+            return True
+
+    def cancel(self) -> bool:
+        """The caller was cancelled: False when the commit is already under way."""
+        with self._lock:
+            if self._committing:
+                return False
+            self.cancelled = True
+            return True
 
 
 def _check_target(

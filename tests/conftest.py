@@ -6,8 +6,13 @@ set, so CI can never go green by skipping.
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -76,7 +81,84 @@ def pg_url() -> Iterator[str]:
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}_other" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_other_url(pg_url: str) -> str:
+    """A second PostgreSQL database on the same server (``<session database>_other``),
+    created once if absent and dropped with the session's: a caller's transaction on another
+    database than the outbox's."""
+    from sqlalchemy import create_engine, text
+
+    name = pg_url.rsplit("/", 1)[1] + "_other"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :name"),
+                                  {"name": name}).first()
+            if exists is None:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return pg_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def pg_2pc_url() -> Iterator[str]:
+    """A PostgreSQL of this test session's own with ``max_prepared_transactions=10`` (the
+    shared server has none: two-phase commits need it), its database ``postgres`` and a
+    second one, ``other``. Started from ``/usr/lib/postgresql/*/bin`` (as ``postgres`` when
+    run as root) on a free port in a temporary directory, stopped by its PID; without those
+    binaries it skips locally and fails under ``CI``."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        message = "no PostgreSQL server binaries (initdb) for a two-phase server"
+        if CI:
+            pytest.fail(f"{message} (CI is set: server tests must not skip)")
+        pytest.skip(message)
+    bin_dir = os.path.dirname(found[-1])
+    root = tempfile.mkdtemp(prefix="outbox-2pc-")
+    data = os.path.join(root, "data")
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+        shutil.chown(root, "postgres", "postgres")
+        as_user = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+    subprocess.run([*as_user, f"{bin_dir}/initdb", "-D", data, "-U", "root", "--auth=trust",
+                    "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
+    port = _free_port()
+    server = subprocess.Popen(
+        [*as_user, f"{bin_dir}/postgres", "-D", data, "-p", str(port), "-k", root,
+         "-c", "listen_addresses=127.0.0.1", "-c", "max_prepared_transactions=10",
+         "-c", "fsync=off"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            ready = subprocess.run([f"{bin_dir}/pg_isready", "-h", "127.0.0.1", "-p",
+                                    str(port)], capture_output=True)
+            if ready.returncode == 0:
+                break
+            assert server.poll() is None, "the two-phase PostgreSQL exited at start"
+            assert time.monotonic() < deadline, "the two-phase PostgreSQL never got ready"
+            time.sleep(0.1)
+        subprocess.run([f"{bin_dir}/createdb", "-h", "127.0.0.1", "-p", str(port), "-U",
+                        "root", "other"], check=True, capture_output=True)
+        yield f"postgresql+psycopg://root@127.0.0.1:{port}/postgres"
+    finally:
+        server.terminate()  # by its PID: a smart shutdown
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -55,6 +55,12 @@ class AsyncTransaction(Protocol):
         dispatch hands ids to the publishing thread)."""
         ...
 
+    def refuse_commit(self, reason: str) -> None:
+        """Make the commit of the transaction this one belongs to fail (rolled back instead,
+        :class:`~celery_outbox.errors.ConfigurationError` with ``reason``): a push in it was
+        cancelled half-way, so what it wrote and what it dispatches may differ."""
+        ...
+
 
 class Executor(Protocol):
     """Runs queries on one database for the store."""

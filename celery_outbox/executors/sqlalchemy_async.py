@@ -2,7 +2,7 @@
 ``async_scoped_session`` or AsyncConnection joined, with callbacks after its outermost commit;
 on an AsyncEngine, also queries alone or in a transaction of its own.
 
-After-commit goes through the sync hooks of :mod:`celery_outbox.executors.sqlalchemy` on the
+After-commit goes through the sync hooks of :mod:`celery_outbox.executors.hooks` on the
 caller's ``sync_session`` / ``sync_connection``: SQLAlchemy runs an async commit as the sync
 one inside its greenlet bridge, so the same events fire, in the same order, and the hooks'
 own DBAPI commit goes through the driver's async adapter. The callbacks then run in the event
@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -28,15 +27,21 @@ from sqlalchemy.ext.asyncio import (
     async_scoped_session,
 )
 
-from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.errors import ConfigurationError, OutboxError
 from celery_outbox.executors.base import Observer
-from celery_outbox.executors.sqlalchemy import (
-    SUPPORTED_DIALECTS,
+from celery_outbox.executors.database import SameDatabase
+from celery_outbox.executors.hooks import (
     Callback,
-    _call,
-    _ConnectionHook,
-    _SessionHook,
+    call_all,
+    queue_after_commit,
+    refuse_commit,
+)
+from celery_outbox.executors.sqlalchemy import (
+    DATABASE_ERRORS,
+    SUPPORTED_DIALECTS,
     shaped,
+    storage_error,
+    where,
 )
 from celery_outbox.queries import Query
 
@@ -51,11 +56,15 @@ class AsyncSqlAlchemyExecutor:
     AsyncEngine; its dialect is then the executor's), :meth:`run` and :meth:`transaction`
     run queries in transactions of the executor's own. ``observers`` are called after each
     query with the query and its duration in seconds (pass a sync executor's list to share
-    it). Raises :class:`ConfigurationError` for another dialect, or neither argument.
+    it). ``database``: the outbox's database (a sync executor's
+    :attr:`~celery_outbox.executors.SqlAlchemyExecutor.database`); :meth:`join` refuses a
+    caller on another one. Raises :class:`ConfigurationError` for another dialect, or
+    neither argument.
     """
 
     def __init__(self, engine: AsyncEngine | None = None, *, dialect: str | None = None,
-                 observers: list[Observer] | None = None) -> None:
+                 observers: list[Observer] | None = None,
+                 database: SameDatabase | None = None) -> None:
         name = engine.dialect.name if engine is not None else dialect
         if name not in SUPPORTED_DIALECTS:
             raise ConfigurationError(
@@ -65,9 +74,10 @@ class AsyncSqlAlchemyExecutor:
         self.engine = engine
         self.dialect: str = name
         self.observers: list[Observer] = observers if observers is not None else []
+        self.database = database
 
     def where(self) -> str:
-        return _where(self.engine) if self.engine is not None else f"a {self.dialect} database"
+        return where(self.engine) if self.engine is not None else f"a {self.dialect} database"
 
     # -- the executor's own transactions -----------------------------------------------------
 
@@ -79,51 +89,54 @@ class AsyncSqlAlchemyExecutor:
         try:
             async with engine.begin() as conn:
                 return await self._run(conn, query)
-        except DBAPIError as exc:
-            raise _error(engine, exc) from exc
-        except SQLAlchemyError as exc:
-            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        except OutboxError:  # already what the caller gets
+            raise
+        except DATABASE_ERRORS as exc:
+            raise storage_error(self.where(), exc) from exc
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[_AsyncOwn]:
+    async def transaction(self) -> AsyncIterator[AsyncOwn]:
         """A transaction of the executor's own: committed when the block ends, rolled back
         when it raises; its after-commit callbacks run after the commit."""
         engine = self._engine()
-        own = _AsyncOwn(self)
+        own = AsyncOwn(self)
         try:
             async with engine.begin() as conn:
                 own.conn = conn
                 yield own
-        except DBAPIError as exc:
-            raise _error(engine, exc) from exc
-        except SQLAlchemyError as exc:
-            raise StorageError(f"database error on {self.where()}: {exc}") from exc
-        _call(own.callbacks)
+        except OutboxError:  # already what the caller gets
+            raise
+        except DATABASE_ERRORS as exc:
+            raise storage_error(self.where(), exc) from exc
+        call_all(own.callbacks)
 
     # -- a caller's transaction --------------------------------------------------------------
 
-    async def join(self, caller: Any) -> _AsyncJoined:
+    async def join(self, caller: Any) -> AsyncJoined:
         """``caller``: an :class:`~sqlalchemy.ext.asyncio.AsyncSession`, an
         :class:`~sqlalchemy.ext.asyncio.async_scoped_session` (its current AsyncSession) or
         an :class:`~sqlalchemy.ext.asyncio.AsyncConnection`, inside the transaction to write
-        in, on a database of the executor's dialect. Anything else raises
-        :class:`ConfigurationError`."""
+        in, on the outbox's database (:attr:`database`; else one of the executor's
+        dialect). Anything else raises :class:`ConfigurationError`, before anything is
+        written."""
         if isinstance(caller, async_scoped_session):
             caller = caller()
-        if isinstance(caller, AsyncSession):
-            try:
-                conn = await caller.connection()
-            except DBAPIError as exc:
-                raise _error(None, exc) from exc
+        session = caller if isinstance(caller, AsyncSession) else None
+        if session is None and not isinstance(caller, AsyncConnection):
+            raise ConfigurationError(
+                f"expected a SQLAlchemy AsyncSession, async_scoped_session or "
+                f"AsyncConnection, got {type(caller).__name__}"
+            )
+        try:
+            conn = await session.connection() if session is not None else caller
             self._check_dialect(conn)
-            return _AsyncJoined(self, conn, caller)
-        if isinstance(caller, AsyncConnection):
-            self._check_dialect(caller)
-            return _AsyncJoined(self, caller, None)
-        raise ConfigurationError(
-            f"expected a SQLAlchemy AsyncSession, async_scoped_session or AsyncConnection, "
-            f"got {type(caller).__name__}"
-        )
+            if self.database is not None:
+                await self.database.acheck(conn)
+        except OutboxError:  # already what the caller gets
+            raise
+        except DATABASE_ERRORS as exc:
+            raise storage_error("the caller's database", exc) from exc
+        return AsyncJoined(self, conn, session)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -153,19 +166,7 @@ class AsyncSqlAlchemyExecutor:
             )
 
 
-def _where(engine: AsyncEngine | None) -> str:
-    if engine is None:
-        return "the caller's database"
-    url = engine.url
-    port = f":{url.port}" if url.port else ""
-    return f"{url.drivername}://{url.host or ''}{port}/{url.database or ''}"
-
-
-def _error(engine: AsyncEngine | None, exc: DBAPIError) -> StorageError:
-    return StorageError(f"database error on {_where(engine)}: {exc.orig}")
-
-
-class _AsyncOwn:
+class AsyncOwn:
     """A transaction of the executor's own; callbacks run after its commit."""
 
     def __init__(self, executor: AsyncSqlAlchemyExecutor) -> None:
@@ -177,16 +178,20 @@ class _AsyncOwn:
         assert self.conn is not None
         try:
             return await self.executor._run(self.conn, query)
-        except DBAPIError as exc:
-            raise _error(self.conn.engine, exc) from exc
-        except SQLAlchemyError as exc:
-            raise StorageError(f"database error: {exc}") from exc
+        except OutboxError:  # already what the caller gets
+            raise
+        except DATABASE_ERRORS as exc:
+            raise storage_error(where(self.conn.engine), exc) from exc
 
     def after_commit(self, callback: Callback) -> None:
         self.callbacks.append(callback)
 
+    def refuse_commit(self, reason: str) -> None:
+        assert self.conn is not None and self.conn.sync_connection is not None
+        refuse_commit(self.conn.sync_connection, reason)
 
-class _AsyncJoined:
+
+class AsyncJoined:
     """A caller's async transaction, on the AsyncConnection its AsyncSession (or itself)
     writes with; after-commit through the sync hooks on its sync twin."""
 
@@ -199,16 +204,18 @@ class _AsyncJoined:
     async def run(self, query: Query[R]) -> R:
         try:
             return await self.executor._run(self.conn, query)
-        except DBAPIError as exc:
-            raise _error(self.conn.engine, exc) from exc
-        except SQLAlchemyError as exc:
-            raise StorageError(f"database error: {exc}") from exc
+        except OutboxError:  # already what the caller gets
+            raise
+        except DATABASE_ERRORS as exc:
+            raise storage_error(where(self.conn.engine), exc) from exc
 
     def after_commit(self, callback: Callable[[], None]) -> None:
-        if self.session is not None:
-            sync = self.session.sync_session
-            _SessionHook.get(sync).add(sync, callback)
-        else:
-            sync_conn = self.conn.sync_connection
-            assert sync_conn is not None  # an AsyncConnection inside a transaction has one
-            _ConnectionHook.get(sync_conn).add(callback)
+        sync_conn = self.conn.sync_connection
+        assert sync_conn is not None  # an AsyncConnection inside a transaction has one
+        queue_after_commit(callback, sync_conn,
+                           self.session.sync_session if self.session is not None else None)
+
+    def refuse_commit(self, reason: str) -> None:
+        sync_conn = self.conn.sync_connection
+        assert sync_conn is not None
+        refuse_commit(sync_conn, reason)

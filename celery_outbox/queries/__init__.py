@@ -9,7 +9,7 @@ arguments' shape are built once per table. One module per area of the store.
 from __future__ import annotations
 
 # Every area's builders, so QUERIES names them all once the package is imported.
-from celery_outbox.queries import admin, cron, dashboard, push, sweep, trim, worker
+from celery_outbox.queries import admin, cron, dashboard, identity, push, sweep, trim, worker
 from celery_outbox.queries.base import (
     QUERIES,
     Named,
@@ -41,6 +41,7 @@ __all__ = [
     "drive",
     "execute",
     "first",
+    "identity",
     "named",
     "push",
     "rowcount",

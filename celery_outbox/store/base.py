@@ -81,7 +81,8 @@ class StoreBase:
             from celery_outbox.executors.sqlalchemy_async import AsyncSqlAlchemyExecutor
 
             self._async = AsyncSqlAlchemyExecutor(dialect=self.dialect,
-                                                  observers=self.executor.observers)
+                                                  observers=self.executor.observers,
+                                                  database=self.executor.database)
         return await self._async.join(caller)
 
     @staticmethod

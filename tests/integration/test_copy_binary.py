@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.types import UserDefinedType
 
 from celery_outbox import Outbox, OutboxJob, StorageError
-from celery_outbox.executors import sqlalchemy as executor
+from celery_outbox.executors import direct as executor
 from celery_outbox.models import TABLES
 from celery_outbox.states import Status
 from celery_outbox.store import NewExecution
@@ -40,11 +40,11 @@ def rows(outbox: Outbox) -> dict[UUID, dict[str, Any]]:
 def test_the_outbox_columns_have_binary_types_and_a_custom_type_has_none() -> None:
     t = TABLES.executions
     columns = tuple(c.name for c in t.columns)
-    oids = executor._binary_types(t, DIALECT, columns)
+    oids = executor.binary_types(t, DIALECT, columns)
     assert oids is not None and len(oids) == len(columns)
     custom = Table("custom", MetaData(), Column("n", Integer()), Column("p", Point()))
-    assert executor._binary_types(custom, DIALECT, ("n",)) is not None
-    assert executor._binary_types(custom, DIALECT, ("n", "p")) is None
+    assert executor.binary_types(custom, DIALECT, ("n",)) is not None
+    assert executor.binary_types(custom, DIALECT, ("n", "p")) is None
 
 
 @pytest.mark.parametrize("binary", [True, False])
@@ -53,7 +53,7 @@ def test_binary_and_text_copies_write_what_an_insert_writes(
     binary: bool,
 ) -> None:
     if not binary:
-        monkeypatch.setattr(executor, "_binary_types", lambda *_: None)
+        monkeypatch.setattr(executor, "binary_types", lambda *_: None)
     paris = timezone(timedelta(hours=1))
     when = datetime.now(paris) + timedelta(hours=2)
     options: dict[str, Any] = {"scheduled_at": when, "priority": "low",

@@ -1,5 +1,5 @@
 """A single unkeyed push in its own transaction on psycopg skips SQLAlchemy's statement
-machinery (SqlAlchemyExecutor._run_direct); its row must equal the one SQLAlchemy writes,
+machinery (DirectPath.run, executors/direct.py); its row must equal the one SQLAlchemy writes,
 listeners on the engine must still see the INSERT, and a failure must be a StorageError
 that leaves a working engine behind.
 """
@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event, select
 
 from celery_outbox import Outbox, OutboxJob, StorageError
-from celery_outbox.executors import SqlAlchemyExecutor
+from celery_outbox.executors.direct import DirectPath
 from celery_outbox.states import Status
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
@@ -73,14 +73,13 @@ def test_with_nothing_listening_a_one_row_push_goes_direct(
 ) -> None:
     """The speed this path exists for: no listener, no echo -> the driver, not SQLAlchemy."""
     direct: list[object] = []
-    real = SqlAlchemyExecutor._run_direct
+    real = DirectPath.run
 
-    def counted(self: SqlAlchemyExecutor, query: Any) -> Any:
-        if query.bulk:
-            direct.append(query)
-        return real(self, query)
+    def counted(self: DirectPath, queries: Any, *, pipelined: bool) -> Any:
+        direct.extend(query for query in queries if query.bulk)
+        return real(self, queries, pipelined=pipelined)
 
-    monkeypatch.setattr(SqlAlchemyExecutor, "_run_direct", counted)
+    monkeypatch.setattr(DirectPath, "run", counted)
     receipt.push({"order_id": 6})
     receipt.push_many([{"order_id": 7}, {"order_id": 8}])  # several rows: through SQLAlchemy
     assert len(direct) == 1

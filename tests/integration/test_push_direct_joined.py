@@ -1,5 +1,5 @@
 """A single unkeyed push in a caller's Session or Connection on psycopg goes straight on that
-Connection's driver connection (SqlAlchemyExecutor._insert_on), in the caller's transaction:
+Connection's driver connection (DirectPath.insert_on), in the caller's transaction:
 its row must equal the one SQLAlchemy writes, whatever would see or change the statement
 (listeners, echo, an execution option that changes SQL, a Connection not in a transaction)
 sends it through SQLAlchemy, and a failure is a StorageError that leaves the Session able to
@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, select, text
 from sqlalchemy.orm import Session
 
 from celery_outbox import Outbox, OutboxJob, StorageError
-from celery_outbox.executors import SqlAlchemyExecutor
+from celery_outbox.executors.direct import DirectPath
 from celery_outbox.queries import Query
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
@@ -29,13 +29,13 @@ VARYING = {"id", "payload", "created_at", "updated_at", "dispatched_at", "schedu
 def direct(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Each call of the direct insert on a caller's Connection, recorded."""
     calls: list[object] = []
-    real = SqlAlchemyExecutor._insert_on
+    real = DirectPath.insert_on
 
-    def counted(self: SqlAlchemyExecutor, *args: Any) -> None:
+    def counted(self: DirectPath, *args: Any) -> None:
         calls.append(args)
         real(self, *args)
 
-    monkeypatch.setattr(SqlAlchemyExecutor, "_insert_on", counted)
+    monkeypatch.setattr(DirectPath, "insert_on", counted)
     return calls
 
 

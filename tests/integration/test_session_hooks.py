@@ -14,7 +14,7 @@ from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from celery_outbox import Outbox, OutboxJob
-from celery_outbox.executors import sqlalchemy as executor
+from celery_outbox.executors import hooks as executor
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
 

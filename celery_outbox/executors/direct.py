@@ -1,0 +1,362 @@
+"""The direct path: statements straight on a sync psycopg connection, past SQLAlchemy's
+per-statement work (checkout events, the compiled cache lookup, the result's metadata), which
+costs about as much as the round trip (bench/README.md).
+
+Three shortcuts, each for a query the executor would otherwise run through SQLAlchemy:
+
+- :meth:`DirectPath.run`: prepared queries (the worker's claim, start and outcome writes) and
+  a one-row bulk insert on a pooled connection, one alone in autocommit or several pipelined
+  in one transaction;
+- :meth:`DirectPath.insert_on`: a one-row insert on a caller's Connection, in its open
+  transaction;
+- :func:`copy_rows`: a large bulk insert as one ``COPY ... FROM STDIN``.
+
+Values and results still go through each column type's SQLAlchemy bind and result
+processors, so the rows are the ones SQLAlchemy would write and read. Only a *sync* psycopg
+connection takes them (:func:`sync_psycopg`): SQLAlchemy's async psycopg dialect names its
+driver "psycopg" too, but its driver connection is psycopg's ``AsyncConnection``, whose
+methods are coroutines.
+
+This module reads SQLAlchemy's private internals (a compiled statement's
+``_bind_processors`` and ``_result_columns``, the Connection class's listener maps); it is the
+only one that does, so a SQLAlchemy upgrade that moves them breaks one module. An unknown
+shape of those internals answers "not direct": the safe way, through SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Dialect, Engine, Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from celery_outbox.errors import StorageError
+from celery_outbox.models import EncodedJson
+from celery_outbox.queries import Query, Shape
+
+COPY_MIN_ROWS = 100
+"""From this many rows on, a bulk insert on psycopg goes by COPY instead of an INSERT per row."""
+
+REFUSED = (TypeError, ValueError, UnicodeError, OverflowError, AttributeError)
+"""What a driver raises, outside its own error tree, for a value it cannot send."""
+
+
+def sync_psycopg(dialect: Dialect) -> bool:
+    """Whether ``dialect`` drives sync psycopg 3 (``postgresql+psycopg`` on a sync Engine),
+    the one driver the direct path and COPY speak."""
+    return dialect.driver == "psycopg" and not dialect.is_async
+
+
+class DirectPath:
+    """The direct path on ``engine`` (sync psycopg): compiled statements cached per table,
+    columns and dialect. ``where()`` names the database in error messages."""
+
+    def __init__(self, engine: Engine, where: Callable[[], str]) -> None:
+        self.engine = engine
+        self.where = where
+        self._compiled: dict[tuple[Dialect, Table, tuple[str, ...]],
+                             tuple[str, list[Any]]] = {}
+        self._statements: dict[Any, _Statement] = {}
+
+    # -- when ------------------------------------------------------------------------------
+
+    def usable(self) -> bool:
+        """A query may go on a pooled connection: the engine drives sync psycopg and nothing
+        listens to its statements (the engine's listeners, those on the Connection class,
+        echo)."""
+        engine = self.engine
+        return (
+            sync_psycopg(engine.dialect)
+            and not any(getattr(engine.dispatch, name) for name in _STATEMENT_EVENTS)
+            and not _class_listeners()
+            and not engine.logger.isEnabledFor(logging.INFO)
+        )
+
+    @staticmethod
+    def usable_on(conn: Connection) -> bool:
+        """The one-row insert may go on the caller's ``conn``: sync psycopg, its transaction
+        open and active, and nothing SQLAlchemy would do with the statement skipped (no
+        statement listener on its engine, on it or on the Connection class, no echo, no
+        execution option but those that leave the SQL as it is)."""
+        engine = conn.engine
+        if not sync_psycopg(conn.dialect) or not conn.in_transaction():
+            return False
+        tx = conn.get_transaction()
+        if tx is None or not tx.is_active or conn.invalidated \
+                or conn.get_execution_options().keys() - _PLAIN_OPTIONS:
+            return False
+        dispatch = conn.dispatch
+        return (not any(getattr(dispatch, name) for name in _STATEMENT_EVENTS)
+                and not _class_listeners()
+                and not engine.logger.isEnabledFor(logging.INFO))
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self, queries: Sequence[Query[Any]], *, pipelined: bool) -> list[Any]:
+        """Run ``queries`` on a pooled psycopg connection itself: one alone in autocommit, or
+        several pipelined in one transaction (one round trip, one commit); their mapped
+        results. Every error (the pool's, the driver's, a value it refuses) is a
+        :class:`StorageError`; one after the connection was taken discards it (it is not
+        pooled again)."""
+        bound = [self._bound(query) for query in queries]
+        try:
+            raw = self.engine.raw_connection()  # the pool raises the driver's own errors
+        except (SQLAlchemyError, self._driver_error(), *REFUSED) as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        try:
+            driver = raw.driver_connection
+            assert driver is not None
+            if pipelined:
+                with driver.pipeline(), driver.transaction():
+                    cursors = [driver.execute(sql, params) for sql, params, _, _ in bound]
+            else:
+                driver.autocommit = True
+                try:
+                    cursors = [driver.execute(sql, params) for sql, params, _, _ in bound]
+                finally:
+                    driver.autocommit = False
+            raw_results = [_fetched(cursor, shape, columns)
+                           for cursor, (_, _, shape, columns) in zip(cursors, bound,
+                                                                      strict=True)]
+        except (self._driver_error(), *REFUSED) as exc:
+            raw.invalidate()
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        finally:
+            raw.close()
+        return [query.mapper(result) for query, result in zip(queries, raw_results,
+                                                               strict=True)]
+
+    def insert_on(self, conn: Connection, table: Table, values: dict[str, Any]) -> None:
+        """One row by one INSERT on ``conn``'s psycopg connection, in its open transaction.
+
+        A driver error is a :class:`StorageError`; one that broke the connection invalidates
+        ``conn`` as SQLAlchemy would, and the caller's rollback then returns it to the pool
+        to be discarded.
+        """
+        sql, params = self.insert_values(table, values, conn.dialect)
+        try:
+            driver = conn.connection.driver_connection
+        except SQLAlchemyError as exc:
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        assert driver is not None
+        try:
+            driver.execute(sql, params)
+        except (conn.dialect.loaded_dbapi.Error, *REFUSED) as exc:
+            if driver.closed or getattr(driver, "broken", False):
+                conn.invalidate(exc)
+            raise StorageError(f"database error on {self.where()}: {exc}") from exc
+
+    # -- compiling -------------------------------------------------------------------------
+
+    def _driver_error(self) -> type[Exception]:
+        error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+        return error
+
+    def _prepared(self, table: Table, columns: Sequence[str],
+                  dialect: Dialect | None = None) -> tuple[str, list[Any]]:
+        """The INSERT of ``columns`` into ``table`` compiled once per ``dialect`` (None: the
+        engine's), and each column's bind processor (None: value as is)."""
+        dialect = dialect if dialect is not None else self.engine.dialect
+        key = (dialect, table, tuple(columns))
+        found = self._compiled.get(key)
+        if found is None:
+            compiled = table.insert().compile(dialect=dialect, column_keys=list(columns))
+            found = self._compiled[key] = (str(compiled), processors(table, dialect, columns))
+        return found
+
+    def _statement(self, statement: Any) -> _Statement:
+        """``statement`` (built once, bound parameters only) compiled once for the driver."""
+        found = self._statements.get(statement)
+        if found is None:
+            found = self._statements[statement] = _Statement.compile(statement,
+                                                                     self.engine.dialect)
+        return found
+
+    def insert_values(self, table: Table, values: dict[str, Any],
+                      dialect: Dialect | None = None) -> tuple[str, dict[str, Any]]:
+        """The one-row INSERT of ``values`` into ``table`` and its parameters, each through
+        its column's bind processor for ``dialect`` (None: the engine's). A value its column
+        type refuses raises :class:`StorageError`, as SQLAlchemy's StatementError would."""
+        sql, procs = self._prepared(table, list(values), dialect)
+        try:
+            params = {name: value if process is None else process(value)
+                      for (name, value), process in zip(values.items(), procs, strict=True)}
+        except Exception as exc:  # a value its column type refuses, as SQLAlchemy would
+            raise StorageError(f"push failed: a value its column refuses: {exc}") from exc
+        return sql, params
+
+    def _bound(self, query: Query[Any]) -> tuple[str, dict[str, Any], Shape,
+                                                  Sequence[tuple[str, Any]]]:
+        """The SQL of ``query`` for the driver, its converted parameters, its shape and its
+        result columns (name, result processor). A value its column type refuses is a
+        :class:`StorageError`, as SQLAlchemy's would be."""
+        if query.bulk:
+            assert isinstance(query.params, list)
+            sql, params = self.insert_values(query.statement.table, query.params[0])
+            return sql, params, Shape.NONE, ()
+        try:
+            statement = self._statement(query.statement)
+            return statement.sql, statement.params(query.params), query.shape, \
+                statement.columns
+        except Exception as exc:
+            raise StorageError(f"{query.name} failed: a value its column refuses: {exc}") \
+                from exc
+
+
+def copy_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert ``rows`` (same columns) with one ``COPY ... FROM STDIN`` on ``conn`` (sync
+    psycopg 3, :func:`sync_psycopg`), in its transaction.
+
+    Binary when psycopg knows the type of every column (:func:`binary_types`): the server
+    parses no text (timestamps, UUIDs), the biggest part of a COPY's cost after the index
+    inserts; text otherwise. Each value goes through its column's bind processor, called once
+    per run of the same object down a column (the timestamps of one push are one object).
+    Driver errors, and a value the column's binary format refuses, become
+    :class:`StorageError`.
+    """
+    prep = conn.dialect.identifier_preparer
+    columns = tuple(rows[0])
+    procs = processors(table, conn.dialect, columns)
+    types = binary_types(table, conn.dialect, columns)
+    sql = (f"COPY {prep.format_table(table)} "
+           f"({', '.join(prep.quote(name) for name in columns)}) FROM STDIN"
+           + (" (FORMAT BINARY)" if types is not None else ""))
+    try:
+        driver = conn.connection.driver_connection
+    except SQLAlchemyError as exc:
+        raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
+    assert driver is not None
+    processed = [(i, process) for i, process in enumerate(procs) if process is not None]
+    last_in: list[Any] = [_UNSET] * len(columns)
+    last_out: list[Any] = [None] * len(columns)
+    jsonb = _jsonb_columns(types)
+    from psycopg.types.json import Jsonb  # a binary COPY: psycopg's, as the driver is
+    try:
+        with driver.cursor() as cursor, cursor.copy(sql) as copy:
+            if types is not None:
+                copy.set_types(list(types))
+            for row in rows:
+                values = list(row.values())
+                for i, process in processed:
+                    value = values[i]
+                    if value.__class__ is EncodedJson and i in jsonb:
+                        values[i] = Jsonb(value.text, dumps=_text_as_is)
+                        continue
+                    if value is not last_in[i]:
+                        last_in[i] = value
+                        last_out[i] = process(value)
+                    values[i] = last_out[i]
+                copy.write_row(values)
+    except (conn.dialect.loaded_dbapi.Error, *REFUSED) as exc:
+        raise StorageError(f"push of {len(rows)} execution(s) failed: {exc}") from exc
+
+
+class _Statement:
+    """A statement compiled once for a dialect: its SQL, how its parameters are completed
+    (the statement's own literal values) and converted (bind processors), and each result
+    column's name and result processor (None: the driver's value as is)."""
+
+    def __init__(self, compiled: Any, dialect: Dialect) -> None:
+        self.compiled = compiled
+        self.sql: str = str(compiled)
+        self.processors: dict[str, Any] = dict(compiled._bind_processors)
+        self.columns: list[tuple[str, Any]] = [
+            (entry.keyname, entry.type._cached_result_processor(dialect, None))
+            for entry in compiled._result_columns
+        ]
+
+    @classmethod
+    def compile(cls, statement: Any, dialect: Dialect) -> _Statement:
+        return cls(statement.compile(dialect=dialect), dialect)
+
+    def params(self, given: Any) -> dict[str, Any]:
+        values: dict[str, Any] = self.compiled.construct_params(given)
+        for name, process in self.processors.items():
+            if name in values:
+                values[name] = process(values[name])
+        return values
+
+
+def _fetched(cursor: Any, shape: Shape, columns: Sequence[tuple[str, Any]]) -> Any:
+    """What a mapper of ``shape`` takes from a psycopg ``cursor`` (see the executor's
+    ``shaped``)."""
+    if shape is Shape.ROWS:
+        return [{name: value if process is None else process(value)
+                 for (name, process), value in zip(columns, row, strict=True)}
+                for row in cursor.fetchall()]
+    if shape is Shape.ROWCOUNT:
+        return cursor.rowcount
+    return None
+
+
+_STATEMENT_EVENTS = ("before_execute", "after_execute", "before_cursor_execute",
+                     "after_cursor_execute")
+_PLAIN_OPTIONS = frozenset({"isolation_level", "logging_token", "compiled_cache",
+                            "postgresql_readonly", "postgresql_deferrable"})
+"""Execution options a Connection may carry for the direct insert: none changes its SQL."""
+
+
+def _class_levels() -> list[Any]:
+    """SQLAlchemy's per-class listener maps of the statement events (fetched once)."""
+    return [getattr(getattr(Connection.dispatch, name, None), "_clslevel", None)
+            for name in _STATEMENT_EVENTS]
+
+
+_CLASS_LEVELS = _class_levels()
+
+
+def _class_listeners() -> bool:
+    """Whether a statement listener is registered on the Connection class (it does not show
+    in an engine's dispatch). An unknown SQLAlchemy internals shape answers True: the safe
+    way, through SQLAlchemy."""
+    for levels in _CLASS_LEVELS:
+        if not isinstance(levels, weakref.WeakKeyDictionary | dict) or levels.get(Connection):
+            return True
+    return False
+
+
+_UNSET = object()
+
+
+@functools.lru_cache(maxsize=64)
+def _jsonb_columns(types: tuple[int, ...] | None) -> frozenset[int]:
+    """The indexes of a binary COPY's ``jsonb`` columns, where an :class:`EncodedJson` goes
+    as its text (psycopg's ``Jsonb`` with an identity ``dumps``), not encoded again."""
+    if types is None:
+        return frozenset()
+    from psycopg import adapters
+
+    info = adapters.types.get("jsonb")
+    return frozenset(i for i, oid in enumerate(types) if info is not None and oid == info.oid)
+
+
+def _text_as_is(text: Any) -> str:
+    assert isinstance(text, str)
+    return text
+
+
+def binary_types(table: Table, dialect: Dialect, columns: tuple[str, ...]
+                 ) -> tuple[int, ...] | None:
+    """The type OID of each column for a binary COPY (psycopg's registry of built-in types,
+    by the column's SQL type name without its length: ``VARCHAR(200)`` -> ``varchar``), or
+    None when one is not there (a custom type: the COPY goes as text)."""
+    from psycopg import adapters
+
+    oids = []
+    for name in columns:
+        sql_type = table.c[name].type.dialect_impl(dialect).compile(dialect=dialect)
+        info = adapters.types.get(sql_type.split("(", 1)[0].strip().lower())
+        if info is None:
+            return None
+        oids.append(info.oid)
+    return tuple(oids)
+
+
+def processors(table: Table, dialect: Dialect, columns: Sequence[str]) -> list[Any]:
+    """Each column's SQLAlchemy bind processor for ``dialect`` (None: value as is)."""
+    return [table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+            for name in columns]

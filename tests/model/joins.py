@@ -1,0 +1,476 @@
+"""The joins model: Hypothesis builds random transaction trees in a caller's transaction of
+one join kind, pushes inside them, and ends them every way there is; after every step no id
+is dispatched whose row is not committed, and after every end the ids dispatched are exactly
+the ids of the rows committed, with no row in the second database.
+
+A kind (:data:`KINDS`) is one way a caller's transaction reaches the outbox: a Session, a
+``scoped_session``, a Connection, a Session bound to a Connection in each
+``join_transaction_mode``, a two-phase Session, an AsyncSession, an AsyncConnection, a sync
+push in ``AsyncSession.run_sync``. Rules: begin, savepoint (``begin_nested``), push /
+push_many (a COPY-sized batch on PostgreSQL) / apush inside, release, rollback to any open
+savepoint (inner ones open), a savepoint left by an exception, commit, rollback, an apush
+cancelled at a random await, a push alone (``apush`` cancelled by ``wait_for``), and a push
+in a session on the second database, which must be refused.
+
+The model does not predict which ids commit: the database says, and the invariant compares
+what was dispatched with it. It also keeps what each tree should commit and compares that
+too when nothing uncertain (a cancelled await) happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from typing import Any, ClassVar
+from uuid import UUID
+
+from celery import Celery
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from pydantic import BaseModel
+from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
+
+from celery_outbox import ConfigurationError, JobContext, JobRegistry, Outbox, outbox_job
+from celery_outbox.errors import StorageError
+from tests.integration.fakes import RecordingDispatcher
+
+SYNC_KINDS = ("session", "scoped_session", "connection", "bound-conditional_savepoint",
+              "bound-create_savepoint", "bound-rollback_only", "bound-control_fully")
+ASYNC_KINDS = ("async-session", "async-connection", "run_sync")
+TWO_PHASE_KINDS = ("two-phase-session",)
+KINDS = SYNC_KINDS + ASYNC_KINDS + TWO_PHASE_KINDS
+ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
+
+
+def traced(step: Any) -> Any:
+    """A rule whose unexpected error prints the example's steps first (shrinking may not
+    replay an example whose cancels landed elsewhere)."""
+    import functools
+
+    @functools.wraps(step)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(self, *args, **kwargs)
+        except Exception as exc:
+            print(f"\njoins {self.kind}: {step.__name__} raised {exc!r}\n"
+                  f"  this example: {self.trace}")
+            raise
+
+    return run
+
+
+class Item(BaseModel):
+    n: int
+
+
+class Frame:
+    """One open transaction level: the handle to end it and the ids pushed in it."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.ids: set[UUID] = set()
+
+
+class JoinsMachine(RuleBasedStateMachine):
+    """Configured by subclassing (see :func:`machine_for`): ``url``, ``other_url``, ``kind``,
+    ``driver`` (the async URL scheme)."""
+
+    url: ClassVar[str]
+    other_url: ClassVar[str]
+    kind: ClassVar[str]
+    driver: ClassVar[str] = ""
+    stats: ClassVar[Counter[str]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registry = JobRegistry()
+
+        @outbox_job(name="joins.job", schema=Item, registry=self.registry)
+        def job(ctx: JobContext[Item]) -> None:
+            return None
+
+        self.job = job
+        self.recording = RecordingDispatcher()
+        app = Celery(f"joins-{uuid.uuid4().hex[:8]}", broker="memory://")
+        self.outbox = Outbox(app, database_url=self.url, registry=self.registry,
+                             dispatcher=self.recording,
+                             table_name=f"jm_{uuid.uuid4().hex[:10]}")
+        self.outbox.create_schema()
+        self.engine: Engine = self.outbox.engine
+        self.other = create_engine(self.other_url)
+        self.outbox.tables.executions.metadata.create_all(
+            self.other, tables=self.outbox.tables.all())
+        self.loop = asyncio.new_event_loop() if self.async_kind else None
+        self.aengine: Any = None
+        if self.loop is not None:
+            from sqlalchemy.ext.asyncio import create_async_engine
+
+            self.aengine = create_async_engine(
+                self.driver + "://" + self.url.split("://", 1)[1])
+            if self.url.startswith("sqlite"):
+                _begin_recipe(self.aengine.sync_engine)
+        self.frames: list[Frame] = []
+        self.caller: Any = None  # the Session / Connection the pushes go to
+        self.outer: Any = None  # a bound kind's Connection, in its own transaction
+        self.expected: set[UUID] = set()  # what the model says is committed
+        self.uncertain = False  # a cancelled await: the database decides
+        self.trace: list[str] = []  # this example's steps, printed with a failure
+
+    # -- the kind ----------------------------------------------------------------------------
+
+    @property
+    def async_kind(self) -> bool:
+        return self.kind in ASYNC_KINDS
+
+    def wait(self, coro: Any) -> Any:
+        assert self.loop is not None
+        return self.loop.run_until_complete(coro)
+
+    def _open(self) -> None:
+        kind = self.kind
+        if kind == "session":
+            self.caller = Session(self.engine)
+            root = self.caller.begin()
+        elif kind == "two-phase-session":
+            self.caller = Session(self.engine, twophase=True)
+            root = self.caller.begin()
+        elif kind == "scoped_session":
+            self.caller = scoped_session(sessionmaker(self.engine))
+            root = self.caller.begin()
+        elif kind == "connection":
+            self.caller = self.engine.connect()
+            root = self.caller.begin()
+        elif kind.startswith("bound-"):
+            self.outer = self.engine.connect()
+            self.outer.begin()
+            self.caller = Session(bind=self.outer,
+                                  join_transaction_mode=kind.split("-", 1)[1])
+            root = self.caller.begin()
+        elif kind in ("async-session", "run_sync"):
+            from sqlalchemy.ext.asyncio import AsyncSession
+
+            self.caller = AsyncSession(self.aengine)
+            root = self.wait(self.caller.begin())
+        else:
+            self.caller = self.wait(self.aengine.connect())
+            root = self.wait(self.caller.begin())
+        self.frames = [Frame(root)]
+
+    def _push(self, n: int) -> list[UUID]:
+        payloads = [{"n": i} for i in range(n)]
+        caller, job = self.caller, self.job
+        where = "connection" if "connection" in self.kind else "session"
+        if self.kind == "run_sync":
+            def sync_push(session: Any) -> list[UUID]:
+                return list(job.push_many(payloads, session=session))
+            return list(self.wait(caller.run_sync(sync_push)))
+        if self.async_kind:
+            return list(self.wait(job.apush_many(payloads, **{where: caller})))
+        return list(job.push_many(payloads, **{where: caller}))
+
+    def _end(self, commit: bool) -> None:
+        """End the outermost transaction (and a bound kind's outer one the same way)."""
+        root = self.frames[0].handle
+        pushed = set().union(*(f.ids for f in self.frames))
+        try:
+            if self.async_kind:
+                self.wait(root.commit() if commit else root.rollback())
+                self.wait(self.caller.close())
+            else:
+                (root.commit if commit else root.rollback)()
+                if self.outer is not None:
+                    if commit:
+                        self.outer.commit()
+                    else:
+                        self.outer.rollback()
+                    self.outer.close()
+                (self.caller.remove if self.kind == "scoped_session" else self.caller.close)()
+        except (StorageError, Exception) as exc:
+            self.stats[f"end failed: {type(exc).__name__}: {str(exc)[:60]}"] += 1
+            self.trace.append(f"  the end raised {type(exc).__name__}: {str(exc)[:80]}")
+            self.uncertain = True
+            self._abandon()
+            return
+        if commit:
+            if self.kind == "bound-rollback_only" or self.kind == "bound-control_fully":
+                pass  # the Session's commit in these modes: the outer commit decides
+            self.expected |= pushed
+        self.frames, self.caller, self.outer = [], None, None
+        self.check_exact()
+
+    def _abandon(self) -> None:
+        """After an unexpected error: give everything back, whatever state it is in."""
+        for close in (self.caller, self.outer):
+            if close is None:
+                continue
+            try:
+                if self.async_kind:
+                    self.wait(close.close())
+                elif self.kind == "scoped_session" and close is self.caller:
+                    close.remove()
+                else:
+                    close.close()
+            except Exception:
+                pass
+        self.frames, self.caller, self.outer = [], None, None
+        self.check_exact()
+
+    # -- rules -------------------------------------------------------------------------------
+
+    @precondition(lambda self: not self.frames)
+    @rule()
+    @traced
+    def begin(self) -> None:
+        self._open()
+        self.stats["begin"] += 1
+        self.trace.append("begin")
+
+    @precondition(lambda self: bool(self.frames))
+    @rule()
+    @traced
+    def savepoint(self) -> None:
+        caller = self.caller
+        handle = self.wait(caller.begin_nested()) if self.async_kind else caller.begin_nested()
+        self.frames.append(Frame(handle))
+        self.stats["savepoint"] += 1
+        self.trace.append("savepoint")
+
+    @precondition(lambda self: bool(self.frames))
+    @rule(n=st.sampled_from([1, 1, 2, 3, 101]))
+    @traced
+    def push(self, n: int) -> None:
+        if n > 100 and (self.kind.startswith("async") or self.url.startswith("sqlite")):
+            n = 4  # a COPY-sized batch matters on sync psycopg only; keep the rest quick
+        ids = self._push(n)
+        self.frames[-1].ids |= set(ids)
+        self.stats[f"push {'many' if n > 1 else 'one'}"] += 1
+        self.trace.append(f"push({n}) -> {ids if n < 5 else len(ids)}")
+
+    @precondition(lambda self: len(self.frames) > 1)
+    @rule()
+    @traced
+    def release(self) -> None:
+        frame = self.frames.pop()
+        self.wait(frame.handle.commit()) if self.async_kind else frame.handle.commit()
+        self.frames[-1].ids |= frame.ids
+        self.stats["release"] += 1
+        self.trace.append("release")
+
+    @precondition(lambda self: len(self.frames) > 1)
+    @rule(data=st.data())
+    @traced
+    def rollback_to(self, data: st.DataObject) -> None:
+        """Roll back to any open savepoint; those opened inside it go with it."""
+        at = data.draw(st.integers(1, len(self.frames) - 1), label="savepoint")
+        handle = self.frames[at].handle
+        if len(self.frames) - 1 > at and "connection" in self.kind \
+                and data.draw(st.booleans(), label="inner ones first"):
+            # Each inner one rolled back first; else the outer one alone (SQLAlchemy warns
+            # but the database drops the inner savepoints with it).
+            for frame in reversed(self.frames[at + 1:]):
+                self._rollback(frame.handle)
+        self._rollback(handle)
+        del self.frames[at:]
+        self.stats["rollback to savepoint" + (" (inner open)" if at else "")] += 1
+        self.trace.append(f"rollback_to({at})")
+
+    def _rollback(self, handle: Any) -> None:
+        self.wait(handle.rollback()) if self.async_kind else handle.rollback()
+
+    @precondition(lambda self: bool(self.frames) and not ASYNC_KINDS.count(self.kind))
+    @rule()
+    @traced
+    def raise_in_savepoint(self) -> None:
+        """A push in ``with begin_nested():`` that raises: the savepoint rolls back."""
+        try:
+            with self.caller.begin_nested():
+                self._push(1)
+                raise _Boom
+        except _Boom:
+            pass
+        self.stats["raise"] += 1
+
+    @precondition(lambda self: bool(self.frames) and self.kind in ("async-session",
+                                                                  "async-connection"))
+    @rule(steps=st.integers(0, 6), commit=st.booleans())
+    @traced
+    def cancel_apush(self, steps: int, commit: bool) -> None:
+        """An apush in the caller's transaction, cancelled after ``steps`` turns of the
+        loop: it either finished (its ids are in the frame) or not; then the caller's
+        transaction ends either way (a commit after a half-done apush is refused)."""
+        where = "connection" if "connection" in self.kind else "session"
+
+        async def go() -> Any:
+            task = asyncio.ensure_future(self.job.apush({"n": 0}, **{where: self.caller}))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            task.cancel()
+            return (await asyncio.gather(task, return_exceptions=True))[0]
+
+        result = self.wait(go())
+        self.stats[f"cancel apush ({'done' if isinstance(result, UUID) else 'cancelled'})"] += 1
+        self.trace.append(f"cancel_apush(steps={steps}, commit={commit}) -> {result!r}")
+        if isinstance(result, UUID):
+            self.frames[-1].ids.add(result)
+            return
+        self.uncertain = True
+        self._end(commit)
+
+    @precondition(lambda self: bool(self.frames))
+    @rule(commit=st.booleans())
+    @traced
+    def end(self, commit: bool) -> None:
+        self.trace.append(f"end(commit={commit})")
+        self._end(commit)
+        self.stats["commit" if commit else "rollback"] += 1
+
+    def _free(self) -> bool:
+        """A push alone may run: on SQLite only when no caller holds the write lock."""
+        return not self.frames or not self.url.startswith("sqlite")
+
+    @precondition(lambda self: self._free())
+    @rule()
+    @traced
+    def push_alone(self) -> None:
+        """A push without a caller's transaction commits its own."""
+        if self.async_kind:
+            ids = self.wait(self.job.apush_many([{"n": 1}, {"n": 2}]))
+        else:
+            ids = self.job.push_many([{"n": 1}])
+        self.expected |= set(ids)
+        self.stats["push alone"] += 1
+        self.trace.append(f"push_alone -> {ids}")
+
+    @precondition(lambda self: self.async_kind and self._free())
+    @rule(timeout=st.sampled_from([0.0, 0.001, 0.01]))
+    @traced
+    def apush_alone_timed_out(self, timeout: float) -> None:
+        """``wait_for(apush(), timeout)``: either its ids, or nothing left behind."""
+        async def go() -> Any:
+            try:
+                return await asyncio.wait_for(self.job.apush({"n": 1}), timeout)
+            except asyncio.TimeoutError:
+                return None
+
+        result = self.wait(go())
+        if result is not None:
+            self.expected.add(result)
+        else:
+            self._settle()
+        self.stats[f"apush alone timed out ({'done' if result else 'cancelled'})"] += 1
+        self.trace.append(f"apush_alone_timed_out({timeout}) -> {result}")
+
+    def _settle(self) -> None:
+        """Wait (with a deadline) until the outbox's pool has every connection back: the
+        thread of a cancelled apush has committed or rolled back."""
+        import time
+
+        deadline = time.monotonic() + 10
+        while self.engine.pool.checkedout():  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "a cancelled apush's thread never ended"
+            time.sleep(0.005)
+
+    @rule()
+    @traced
+    def push_on_the_other_database(self) -> None:
+        """A session on the second database: refused, nothing written anywhere."""
+        with Session(self.other) as session, session.begin():
+            try:
+                self.job.push({"n": 1}, session=session)
+            except ConfigurationError:
+                self.stats["other database refused"] += 1
+            else:
+                raise AssertionError("a push on another database was accepted")
+
+    @precondition(lambda self: self.kind in TWO_PHASE_KINDS and not self.frames)
+    @rule()
+    @traced
+    def push_in_a_two_phase_connection(self) -> None:
+        """A Connection's own ``begin_twophase()``: refused, nothing written."""
+        with self.engine.connect() as conn:
+            tx = conn.begin_twophase()
+            try:
+                self.job.push({"n": 1}, connection=conn)
+            except ConfigurationError:
+                self.stats["two-phase connection refused"] += 1
+            else:
+                raise AssertionError("a push in a Connection's two-phase transaction")
+            tx.rollback()
+
+    # -- the invariant -----------------------------------------------------------------------
+
+    def committed(self) -> set[UUID]:
+        t = self.outbox.tables.executions
+        with self.engine.connect() as conn:
+            return set(conn.execute(select(t.c.id)).scalars())
+
+    @invariant()
+    def nothing_dispatched_before_its_commit(self) -> None:
+        dispatched = set(self.recording.ids)
+        assert dispatched <= self.committed(), "an id dispatched without its committed row"
+
+    def check_exact(self) -> None:
+        try:
+            self._check_exact()
+        except AssertionError as exc:  # shrinking may not replay a cancel: say it now
+            print(f"\njoins {self.kind}: {exc}\n  this example: {self.trace}")
+            raise
+
+    def _check_exact(self) -> None:
+        committed = self.committed()
+        dispatched = Counter(self.recording.ids)
+        assert set(dispatched) == committed, (
+            f"dispatched without a row: {set(dispatched) - committed}; "
+            f"committed, never dispatched: {committed - set(dispatched)}")
+        assert all(n == 1 for n in dispatched.values()), "an id dispatched twice"
+        if not self.uncertain and not self.kind.startswith("bound-"):
+            assert committed == self.expected, (
+                f"committed {len(committed)}, the model expected {len(self.expected)}")
+        t = self.outbox.tables.executions
+        with self.other.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(t)).scalar_one() == 0
+
+    def teardown(self) -> None:
+        try:
+            if self.frames:
+                self._abandon()
+            self.check_exact()
+        finally:
+            if self.aengine is not None:
+                self.wait(self.aengine.dispose())
+            if self.loop is not None:
+                self.loop.close()
+            self.outbox.tables.executions.metadata.drop_all(
+                self.other, tables=self.outbox.tables.all())
+            self.other.dispose()
+            self.outbox.runner.heartbeat.stop()
+            self.outbox.drop_schema()
+            self.engine.dispose()
+
+
+def _begin_recipe(engine: Engine) -> None:
+    """SQLAlchemy's recipe for pysqlite / aiosqlite (the README asks it of an engine of the
+    caller's own): the driver's own transaction handling off, a BEGIN on SQLAlchemy's begin.
+    Without it a savepoint that opens the transaction is one of its own, which its release
+    commits while the caller's transaction is still open."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_driver_transactions(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+
+class _Boom(Exception):
+    """The exception a caller's code raises inside a savepoint."""
+
+
+def machine_for(kind: str, url: str, other_url: str, dialect: str) -> type[JoinsMachine]:
+    return type(f"Joins_{kind.replace('-', '_')}_{dialect}", (JoinsMachine,), {
+        "kind": kind, "url": url, "other_url": other_url,
+        "driver": ASYNC_DRIVERS[dialect], "stats": Counter()})

@@ -1,0 +1,67 @@
+"""The joins model (:mod:`tests.model.joins`) for every join kind, on SQLite and PostgreSQL.
+
+The default run is bounded and derandomized (fixed seeds). ``OUTBOX_SOAK_MINUTES=N`` (``make
+soak``) runs fresh random seeds, longer examples, for a share of N minutes per kind.
+
+Two-phase runs on a PostgreSQL of the session's own (``pg_2pc_url``, tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from tests.model.joins import ASYNC_KINDS, KINDS, TWO_PHASE_KINDS, machine_for
+
+SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
+SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+settings.register_profile(
+    "joins", max_examples=4, stateful_step_count=14, derandomize=True, deadline=None,
+    database=None, suppress_health_check=SLOW, print_blob=True,
+)
+settings.register_profile(
+    "joins-soak", max_examples=40, stateful_step_count=40, derandomize=False, deadline=None,
+    database=None, suppress_health_check=SLOW, print_blob=True,
+)
+
+
+CASES = [(kind, dialect) for kind in KINDS for dialect in ("sqlite", "postgresql")
+         if not (kind in TWO_PHASE_KINDS and dialect == "sqlite")]
+
+
+@pytest.mark.timeout(int(SOAK_MINUTES * 60) + 600 if SOAK_MINUTES else 300)
+@pytest.mark.parametrize(("kind", "dialect"), CASES, ids=[f"{k}-{d}" for k, d in CASES])
+def test_joins(kind: str, dialect: str, request: pytest.FixtureRequest, tmp_path: object,
+               capsys: pytest.CaptureFixture[str]) -> None:
+    """Exact dispatch through every transaction tree Hypothesis builds in this kind."""
+    if kind in ASYNC_KINDS:
+        pytest.importorskip("greenlet")
+        pytest.importorskip("aiosqlite" if dialect == "sqlite" else "psycopg")
+    if dialect == "sqlite":
+        url = str(request.getfixturevalue("sqlite_url"))
+        other = f"sqlite:///{tmp_path}/other.sqlite3"
+    elif kind in TWO_PHASE_KINDS:
+        url = str(request.getfixturevalue("pg_2pc_url"))
+        other = url.rsplit("/", 1)[0] + "/other"
+    else:
+        url = str(request.getfixturevalue("pg_url"))
+        other = str(request.getfixturevalue("pg_other_url"))
+    machine = machine_for(kind, url, other, dialect)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's on the savepoint trees it is given
+        if not SOAK_MINUTES:
+            run_state_machine_as_test(machine, settings=settings.get_profile("joins"))
+        else:
+            deadline = time.monotonic() + SOAK_MINUTES * 60 / len(CASES)
+            while time.monotonic() < deadline:
+                run_state_machine_as_test(machine, settings=settings.get_profile("joins-soak"))
+    assert machine.stats["begin"] > 0
+    if SOAK_MINUTES:
+        with capsys.disabled():
+            print(f"\njoins {kind} on {dialect}: {dict(machine.stats.most_common())}")
