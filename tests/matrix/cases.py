@@ -68,7 +68,10 @@ class Discovered:
     def cases(self) -> list[Case]:
         return [Case(variant, Fault(query, k, kind))
                 for variant, counts in self.counts.items()
-                for query, n in counts.items()
+                # Sorted: the order a path ran its queries in may differ between processes
+                # (the rescuer's verdicts follow the rows' random ids), and pytest-xdist
+                # needs every worker to collect the same cases in the same order.
+                for query, n in sorted(counts.items())
                 for k in range(1, n + 1)
                 if not any((g.query, g.occurrence) == (query, k)
                            for g in resolve(variant)[0].given)
