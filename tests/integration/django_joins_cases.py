@@ -424,3 +424,45 @@ def test_a_commit_of_an_aborted_transaction_dispatches_nothing(
     assert committed(ob) == before
     assert rec.ids == [], "dispatched ids whose rows the aborted transaction never committed"
     assert ran == ["user"]  # Django believed it committed
+
+
+def test_in_django_testcases_a_capture_dispatches_its_own_pushes_after_earlier_tests(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """Real ``django.test.TestCase`` tests, one after another: a test pushes without
+    capturing, the next captures its own push. Django drops a callback added in a test when
+    the test's savepoint rolls back; the outbox's entry, tied to no savepoint, outlived the
+    test, the next test's push joined it (before that test's capture began) and the capture
+    ran nothing (before: 0 callbacks, nothing dispatched)."""
+    import unittest
+
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    _, rec = outbox
+    seen: dict[str, Any] = {}
+
+    class Tests(TestCase):  # type: ignore[misc]
+        databases = {alias}
+
+        def test_1_pushes_without_capturing(self) -> None:
+            send_receipt.push({"order_id": 1})
+
+        def test_2_captures_its_push(self) -> None:
+            with self.captureOnCommitCallbacks(using=alias, execute=True) as callbacks:
+                seen["pushed"] = send_receipt.push({"order_id": 2})
+            seen["callbacks"] = len(callbacks)
+            seen["dispatched"] = list(rec.ids)
+
+        def test_3_pushes_then_captures(self) -> None:
+            rec.calls.clear()
+            send_receipt.push({"order_id": 3})
+            with self.captureOnCommitCallbacks(using=alias, execute=True):
+                seen["later"] = send_receipt.push({"order_id": 4})
+            seen["dispatched_3"] = list(rec.ids)
+
+    result = unittest.TextTestRunner(stream=open(os.devnull, "w"), verbosity=0).run(  # noqa: SIM115
+        unittest.defaultTestLoader.loadTestsFromTestCase(Tests))
+    assert result.wasSuccessful(), result.errors + result.failures
+    assert seen["callbacks"] == 1 and seen["dispatched"] == [seen["pushed"]], seen
+    assert seen["dispatched_3"] == [seen["later"]], seen
