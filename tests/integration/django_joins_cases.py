@@ -493,3 +493,29 @@ def test_a_capture_in_a_plain_transaction_takes_its_push_not_an_older_callback(
             pushed = send_receipt.push({"order_id": 1})
         assert (ran, rec.ids, len(callbacks)) == ([], [pushed], 1)
     assert ran == ["user"] and rec.ids == [pushed]
+
+
+def test_the_workers_engine_follows_djangos_test_database(project: dict[str, str]) -> None:
+    """Django's test runner (``manage.py test``, pytest-django) creates ``test_<NAME>`` and
+    points the alias at it after the project's Celery module ran ``install()``: the workers'
+    engine must reach the database the pushes go to (before: it stayed on ``NAME``, and a
+    claim of a pushed id found no row)."""
+    require("PostgreSQL", *PG_ADDRESS)
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox_on("pg")
+    creation = connections["pg"].creation
+    old = connections["pg"].settings_dict["NAME"]
+    creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        with transaction.atomic(using="pg"):
+            pushed = send_receipt.push({"order_id": 1})
+        assert rec.ids == [pushed]
+        claimed = ob.store.claim([pushed], send_receipt.spec.name, f"w-{uuid.uuid4().hex}",
+                                 None, timedelta(minutes=1))
+        assert [c.id for c in claimed] == [pushed]
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
+        creation.destroy_test_db(old, verbosity=0)
