@@ -519,3 +519,35 @@ def test_the_workers_engine_follows_djangos_test_database(project: dict[str, str
         ob.runner.heartbeat.stop()
         ob.engine.dispose()
         creation.destroy_test_db(old, verbosity=0)
+
+
+def test_an_atomic_block_under_manual_transaction_management_is_refused(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``set_autocommit(False)`` then ``atomic()``: Django's block commits nothing (it acts
+    as a nested one) and runs the ``on_commit`` callbacks only at ``set_autocommit(True)``;
+    a ``rollback()`` before that drops every callback, those of transactions committed
+    already included (before: a push committed by ``commit()`` was never dispatched; on
+    SQLite a push rolled back by ``rollback()`` was committed anyway)."""
+    from django.db import transaction
+
+    from celery_outbox.errors import ConfigurationError
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    transaction.set_autocommit(False, using=alias)
+    try:
+        with pytest.raises(ConfigurationError, match="set_autocommit"), \
+                transaction.atomic(using=alias):
+            send_receipt.push({"order_id": 1})
+        transaction.commit(using=alias)
+        with pytest.raises(ConfigurationError, match="set_autocommit"), \
+                transaction.atomic(using=alias):
+            send_receipt.push({"order_id": 2})
+        transaction.rollback(using=alias)
+    finally:
+        transaction.set_autocommit(True, using=alias)
+    assert committed(ob) == before and rec.ids == []
+    with transaction.atomic(using=alias):  # autocommit again: joins as before
+        pushed = send_receipt.push({"order_id": 3})
+    assert exact(ob, rec, before) == {pushed}
