@@ -16,15 +16,18 @@ project's Celery module before ``django.setup()``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from celery import Celery
+from sqlalchemy import Engine, event
 
 from celery_outbox.contrib.django.conf import DEFAULT_ALIAS, database_url, outbox_settings
 from celery_outbox.dispatch import Dispatcher
+from celery_outbox.engine import make_engine
 from celery_outbox.errors import ConfigurationError
 from celery_outbox.executors import Transaction
 from celery_outbox.outbox import Outbox
@@ -87,6 +90,40 @@ def install(
     alias = options.pop("database", DEFAULT_ALIAS)
     if not isinstance(alias, str) or not alias:
         raise ConfigurationError(f"CELERY_OUTBOX['database'] must be an alias, got {alias!r}")
-    url = options.pop("database_url", None) or database_url(alias)
-    return Outbox(app, database_url=url, registry=registry, dispatcher=dispatcher,
-                  joiner=DjangoJoiner(alias), **options)
+    url = options.pop("database_url", None)
+    engine = None
+    if not url:
+        engine = make_engine(database_url(alias))
+        _follow_test_database(engine, alias)
+    return Outbox(app, database_url=url, engine=engine, registry=registry,
+                  dispatcher=dispatcher, joiner=DjangoJoiner(alias), **options)
+
+
+def _follow_test_database(engine: Engine, alias: str) -> None:
+    """Each connection of ``engine`` (derived from ``DATABASES[alias]``) opens the database
+    Django's connection ``alias`` names when it opens: Django's test runner (``manage.py
+    test``, pytest-django) points the alias at ``test_<NAME>`` after the project's Celery
+    module ran :func:`install`. A SQLite test database in memory is left alone: no other
+    connection can reach it."""
+    from django.db import connections
+
+    # SQLAlchemy runs do_connect listeners in the order added and stops at the first that
+    # opens the connection (make_engine's own): the name is set first, then they run.
+    others = list(engine.dialect.dispatch.do_connect)
+    for fn in others:
+        event.remove(engine, "do_connect", fn)
+
+    def _current_name(dialect: Any, record: Any, cargs: list[Any],
+                      cparams: dict[str, Any]) -> Any:
+        name = str(connections[alias].settings_dict.get("NAME") or "")
+        if name and dialect.name == "postgresql":
+            cparams["dbname"] = name
+        elif name and name != ":memory:" and not name.startswith("file:") and cargs:
+            cargs[0] = os.path.abspath(name)
+        for fn in others:
+            opened = fn(dialect, record, cargs, cparams)
+            if opened is not None:
+                return opened
+        return None
+
+    event.listen(engine, "do_connect", _current_name)

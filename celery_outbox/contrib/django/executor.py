@@ -240,8 +240,9 @@ def joined(alias: str = "default") -> Iterator[DjangoTransaction]:
     intact and stays usable.
 
     Raises :class:`ConfigurationError` under manual transaction management
-    (``transaction.set_autocommit(False)`` outside ``atomic()``), where Django runs no
-    ``on_commit`` callback, before anything is written."""
+    (``transaction.set_autocommit(False)``, outside ``atomic()`` or in an ``atomic()`` block
+    opened under it), where Django runs no ``on_commit`` callback at the commit, before
+    anything is written."""
     connection = connections[alias]
     caller = connection.in_atomic_block
     if not caller and not connection.get_autocommit():
@@ -249,6 +250,13 @@ def joined(alias: str = "default") -> Iterator[DjangoTransaction]:
             f"push: Django's connection {alias!r} is under manual transaction management "
             "(transaction.set_autocommit(False)), where Django runs no on_commit callback: "
             "push inside transaction.atomic(), or with autocommit on")
+    if caller and not connection.commit_on_exit:
+        # An atomic() block entered under manual management: it commits nothing, and a
+        # rollback() before set_autocommit(True) drops the callbacks of what committed.
+        raise ConfigurationError(
+            f"push: Django's connection {alias!r} is in an atomic() block opened under manual "
+            "transaction management (transaction.set_autocommit(False)), whose commit Django "
+            "does not follow with its on_commit callbacks: push with autocommit on")
     busy: KeyBusy | None = None
     with transaction.atomic(using=alias, savepoint=False):
         try:

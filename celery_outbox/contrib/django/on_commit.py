@@ -9,8 +9,9 @@ the dispatch). So the pushes of one transaction share one entry, :class:`Dispatc
 - goes first in the connection's callbacks (``connection.run_on_commit``, whose entries are
   ``(savepoint ids, callback, robust)`` on every Django the package supports), tagged with no
   savepoint: no savepoint's rollback drops it, a rollback of the whole transaction does (in
-  a ``TestCase``'s transaction, which never commits, it goes last, where
-  ``captureOnCommitCallbacks()`` looks for it);
+  a ``TestCase``'s transaction, which never commits, each push gets an entry of its own,
+  added last and tied to the open savepoints as ``on_commit`` ties a callback, where
+  ``captureOnCommitCallbacks()`` looks for it and the test's rollback drops it);
 - after the commit, reads which of its ids have a row (named query ``existing_ids``, on
   Django's connection, by then in autocommit) and dispatches those only, each push's to its
   own dispatcher; it never raises into the committing caller.
@@ -88,18 +89,23 @@ class Dispatches:
 
 def dispatches_of(connection: Any, table: Table, read_back: bool) -> Dispatches:
     """The :class:`Dispatches` entry of ``connection``'s transaction for ``table``: the one
-    its callbacks hold (not run yet), else a new one put first among them; last, in the
-    transaction of a Django ``TestCase``, which never commits: its
-    ``captureOnCommitCallbacks()`` takes the callbacks added after its start by their
-    position."""
+    its callbacks hold (not run yet), else a new one put first among them.
+
+    In the transaction of a Django ``TestCase``, which never commits, each push gets an entry
+    of its own, added last and tied to the savepoints open (the test's own among them), as
+    ``transaction.on_commit`` adds a callback: ``captureOnCommitCallbacks()`` takes the
+    callbacks added after its start by their position, and the test's rollback drops them
+    (an entry shared across tests, or begun before the capture, would never be captured)."""
+    blocks = connection.atomic_blocks
+    if blocks and getattr(blocks[0], "_from_testcase", False):
+        created = Dispatches(connection.alias, table, read_back)
+        connection.run_on_commit.append((set(connection.savepoint_ids), created, True))
+        return created
     for entry in connection.run_on_commit:
         found = entry[1]
         if isinstance(found, Dispatches) and found.table is table and not found.ran:
             found.read_back = found.read_back or read_back
             return found
     created = Dispatches(connection.alias, table, read_back)
-    blocks = connection.atomic_blocks
-    in_testcase = bool(blocks) and bool(getattr(blocks[0], "_from_testcase", False))
-    connection.run_on_commit.insert(len(connection.run_on_commit) if in_testcase else 0,
-                                    (set(), created, True))
+    connection.run_on_commit.insert(0, (set(), created, True))
     return created
