@@ -29,10 +29,17 @@ What each fault does (:data:`FAULTS`), at the statement it hits:
 - ``interface``: ``sqlalchemy.exc.InterfaceError`` (the connection already closed).
 
 On PostgreSQL the executor sends the worker's prepared queries and a one-row insert straight
-on the psycopg connection (``_on_driver``, ``_insert_on``): there the faults before sending
-are the driver's own errors (``psycopg.OperationalError``, ``psycopg.InterfaceError``) and
-the pool's ``TimeoutError`` from the checkout, raised where psycopg and the pool raise them;
-a hang on a pipeline (``run_all``) fails it whole, then applies it whole later.
+on the psycopg connection, through the :class:`~celery_outbox.executors.direct.DirectPath`
+it holds (:attr:`SqlAlchemyExecutor.direct`): the injector's executor holds a
+:class:`FaultyDirectPath` instead, whose ``run`` (a pooled connection) and ``insert_on`` (a
+caller's) count and fault the same queries. There the faults before sending are the
+driver's own errors (``psycopg.OperationalError``, ``psycopg.InterfaceError``) raised by the
+connection's ``execute``, and the pool's ``TimeoutError`` raised by the checkout
+(``Engine.raw_connection``; a caller's Connection: taking its driver connection), each from
+a wrapper of what the direct path calls, so it goes through the direct path's own error
+mapping; a ``lost`` reply on a caller's connection is the driver's error raised after the
+statement ran; a hang on a pipeline (``run_all``) fails it whole, then applies it whole
+later.
 
 Several faults may be armed at once (a path that needs one to reach a statement, such as a
 hand-back, and the one the matrix enumerates). Counting and recording happen only while
@@ -48,13 +55,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from unittest import mock
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy import exc as sa_exc
 
 from celery_outbox.errors import StorageError
-from celery_outbox.executors import SqlAlchemyExecutor
+from celery_outbox.executors.direct import DirectPath
+from celery_outbox.executors.sqlalchemy import SqlAlchemyExecutor, storage_error
 from celery_outbox.queries import Query
 
 R = TypeVar("R")
@@ -104,6 +111,8 @@ class FaultyExecutor(SqlAlchemyExecutor):
 
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
+        if self.direct is not None:
+            self.direct = FaultyDirectPath(self, engine)
         self.active = False
         self.faults: list[Fault] = []
         self.fired: BaseException | str | None = None
@@ -202,7 +211,8 @@ class FaultyExecutor(SqlAlchemyExecutor):
     def _after(self, unit: _Unit) -> None:
         """What the fault does once ``unit`` committed (alone, all, own)."""
         if unit.after == "lost":
-            raise self._error(_driver_error("server closed the connection unexpectedly"))
+            lost = _driver_error("server closed the connection unexpectedly")
+            raise storage_error(self.where(), lost) from lost
         if unit.after in INTERRUPTS:
             raised = INTERRUPTS[unit.after]()
             self.fired = raised
@@ -227,8 +237,7 @@ class FaultyExecutor(SqlAlchemyExecutor):
         if kind == "error":
             raise _driver_error("server closed the connection unexpectedly")
         if kind == "pool":
-            raise sa_exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached, "
-                                      "connection timed out, timeout 10.00 (injected)")
+            raise _pool_timeout()
         if kind == "interface":
             raise sa_exc.InterfaceError("(statement of the matrix)", None,
                                         InjectedDriverError("connection already closed "
@@ -260,90 +269,168 @@ class FaultyExecutor(SqlAlchemyExecutor):
         unit.after = kind
         return result
 
-    # -- the statement: psycopg's direct path ------------------------------------------------
-
-    def _on_driver(self, queries: Sequence[Query[Any]], *, pipelined: bool) -> list[Any]:
-        """Prepared queries straight on the pooled psycopg connection (one alone, or several
-        pipelined in one transaction: ``run_all``). A fault before sending is raised where
-        the driver or the pool would raise it, so it goes through the direct path's own
-        error handling."""
-        if self._replaying or not self.active:
-            return super()._on_driver(queries, pipelined=pipelined)
-        unit = self._units[-1] if self._units else None
-        fault = None
-        for query in queries:
-            self.counts[query.name] += 1
-            self.trace.append(query.name)
-            fault = fault or self._match(query)
-        if fault is None:
-            if unit is not None:
-                unit.queries.extend(queries)
-            return super()._on_driver(queries, pipelined=pipelined)
-        kind = fault.kind
-        self.fired = kind
-        if kind in ("error", "interface", "hang", "pool"):
-            if kind == "hang":
-                self.deferred.append(list(queries))  # the server applies them later
-            with self._driver_fails(kind):
-                return super()._on_driver(queries, pipelined=pipelined)
-        if unit is not None:
-            unit.queries.extend(queries)
-        results = super()._on_driver(queries, pipelined=pipelined)
-        if unit is None:  # not reached: the direct path runs only alone or run_all
-            raise AssertionError("the direct path ran outside a unit")
-        unit.after = kind
-        return results
-
-    def _insert_on(self, conn: Connection, table: Any, values: dict[str, Any]) -> None:
-        """The one-row insert straight on a caller's psycopg connection (its transaction)."""
-        if self._replaying or not self.active:
-            return super()._insert_on(conn, table, values)
-        name = "insert_rows"  # the one bulk query: what _Joined.run sends this way
-        self.counts[name] += 1
-        self.trace.append(name)
-        fault = next((f for f in self.faults
-                      if (f.query, f.occurrence) == (name, self.counts[name])), None)
-        if fault is None:
-            return super()._insert_on(conn, table, values)
-        kind = self.fired = fault.kind
-        if kind in ("error", "interface", "hang", "pool"):
-            with self._driver_fails("error" if kind == "hang" else kind):
-                return super()._insert_on(conn, table, values)
-        super()._insert_on(conn, table, values)
-        if kind == "lost":
-            raise StorageError(f"database error on {self.where()}: server closed the "
-                               "connection unexpectedly (injected)")
-        raised = INTERRUPTS[kind]()
-        self.fired = raised
-        self.interrupts.append(raised)
-        raise raised
-
     def _match(self, query: Query[Any]) -> Fault | None:
         return next((f for f in self.faults if f.query == query.name
                      and f.occurrence == self.counts[query.name]), None)
 
-    @contextmanager
-    def _driver_fails(self, kind: str) -> Iterator[None]:
-        """psycopg's connections fail their next statement as ``kind`` says (the pool's
-        checkout, for ``pool``), for the block."""
-        import psycopg
 
-        if kind == "pool":
-            def checkout() -> Any:
-                raise sa_exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached, "
-                                          "connection timed out, timeout 10.00 (injected)")
+# -- the statement: psycopg's direct path ----------------------------------------------------
 
-            with mock.patch.object(self.engine, "raw_connection", checkout):
-                yield
-            return
-        error: Exception = (
-            psycopg.InterfaceError("the connection is closed (injected)") if kind == "interface"
-            else psycopg.OperationalError("consuming input failed: timed out (injected)")
-            if kind == "hang" else
-            psycopg.OperationalError("server closed the connection unexpectedly (injected)"))
+_BEFORE_SENDING = ("error", "interface", "hang", "pool")
+"""The faults raised where the driver or the pool raises, before the statement is sent."""
 
-        def execute(*_: Any, **__: Any) -> Any:
-            raise error
 
-        with mock.patch.object(psycopg.Connection, "execute", execute):
-            yield
+class FaultyDirectPath(DirectPath):
+    """The executor's direct path, counting and faulting its queries for ``injector``."""
+
+    def __init__(self, injector: FaultyExecutor, engine: Engine) -> None:
+        super().__init__(engine, injector.where)
+        self.injector = injector
+
+    def run(self, queries: Sequence[Query[Any]], *, pipelined: bool) -> list[Any]:
+        """Prepared queries on a pooled psycopg connection (one alone, or several pipelined
+        in one transaction: ``run_all``). A fault before sending is raised by the pool's
+        checkout or the connection's ``execute``, inside the direct path's error mapping."""
+        injector = self.injector
+        if injector._replaying or not injector.active:
+            return super().run(queries, pipelined=pipelined)
+        unit = injector._units[-1] if injector._units else None
+        fault = None
+        for query in queries:
+            injector.counts[query.name] += 1
+            injector.trace.append(query.name)
+            fault = fault or injector._match(query)
+        if fault is None:
+            if unit is not None:
+                unit.queries.extend(queries)
+            return super().run(queries, pipelined=pipelined)
+        kind = fault.kind
+        injector.fired = kind
+        if kind in _BEFORE_SENDING:
+            if kind == "hang":
+                injector.deferred.append(list(queries))  # the server applies them later
+            real = self.engine
+            failing: Any = _FailingEngine(real, kind)
+            self.engine = failing
+            try:
+                return super().run(queries, pipelined=pipelined)
+            finally:
+                self.engine = real
+        if unit is None:  # not reached: the direct path runs only alone or in run_all
+            raise AssertionError("the direct path ran outside a unit")
+        unit.queries.extend(queries)
+        results = super().run(queries, pipelined=pipelined)
+        unit.after = kind  # lost, interrupt, exit: once the unit committed
+        return results
+
+    def insert_on(self, conn: Connection, table: Table, values: dict[str, Any]) -> None:
+        """The one-row insert straight on a caller's psycopg connection (its transaction)."""
+        injector = self.injector
+        if injector._replaying or not injector.active:
+            return super().insert_on(conn, table, values)
+        name = "insert_rows"  # the one bulk query: what Joined.run sends this way
+        injector.counts[name] += 1
+        injector.trace.append(name)
+        fault = next((f for f in injector.faults
+                      if (f.query, f.occurrence) == (name, injector.counts[name])), None)
+        if fault is None:
+            return super().insert_on(conn, table, values)
+        kind = injector.fired = fault.kind
+        if kind in (*_BEFORE_SENDING, "lost"):
+            # A hang in the caller's transaction is the client's timeout alone.
+            failing: Any = _FailingConnection(conn, "error" if kind == "hang" else kind)
+            return super().insert_on(failing, table, values)
+        super().insert_on(conn, table, values)
+        raised = INTERRUPTS[kind]()
+        injector.fired = raised
+        injector.interrupts.append(raised)
+        raise raised
+
+
+def _pool_timeout() -> sa_exc.TimeoutError:
+    return sa_exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached, "
+                               "connection timed out, timeout 10.00 (injected)")
+
+
+def _psycopg_error(kind: str) -> Exception:
+    """What psycopg's ``execute`` raises for ``kind`` (``error``, ``interface``, ``hang``,
+    ``lost``)."""
+    import psycopg
+
+    if kind == "interface":
+        return psycopg.InterfaceError("the connection is closed (injected)")
+    if kind == "hang":
+        return psycopg.OperationalError("consuming input failed: timed out (injected)")
+    return psycopg.OperationalError("server closed the connection unexpectedly (injected)")
+
+
+class _Wrapper:
+    """Everything but what a subclass overrides, from the object wrapped."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self._wrapped = wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:  # a psycopg connection's autocommit, say
+            setattr(self._wrapped, name, value)
+
+
+class _FailingDriver(_Wrapper):
+    """A psycopg connection whose ``execute`` raises as ``kind`` says: before sending, or
+    after the statement ran (``lost``)."""
+
+    def __init__(self, driver: Any, kind: str) -> None:
+        super().__init__(driver)
+        self._kind = kind
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        if self._kind == "lost":
+            self._wrapped.execute(*args, **kwargs)
+        raise _psycopg_error(self._kind)
+
+
+class _FailingPoolConnection(_Wrapper):
+    """A pooled connection whose driver connection fails as ``kind`` says."""
+
+    def __init__(self, raw: Any, kind: str) -> None:
+        super().__init__(raw)
+        self._driver = _FailingDriver(raw.driver_connection, kind)
+
+    @property
+    def driver_connection(self) -> Any:
+        return self._driver
+
+
+class _FailingEngine(_Wrapper):
+    """The engine as the direct path sees it while a fault is armed: the pool's checkout
+    raises its ``TimeoutError`` (``pool``), or hands out a connection that fails."""
+
+    def __init__(self, engine: Engine, kind: str) -> None:
+        super().__init__(engine)
+        self._kind = kind
+
+    def raw_connection(self) -> Any:
+        if self._kind == "pool":
+            raise _pool_timeout()
+        return _FailingPoolConnection(self._wrapped.raw_connection(), self._kind)
+
+
+class _FailingConnection(_Wrapper):
+    """A caller's Connection as the direct insert sees it: taking its driver connection
+    raises the pool's ``TimeoutError`` (``pool``: the connection was invalidated, and
+    getting another one timed out), or gives one that fails."""
+
+    def __init__(self, conn: Connection, kind: str) -> None:
+        super().__init__(conn)
+        self._kind = kind
+
+    @property
+    def connection(self) -> Any:
+        if self._kind == "pool":
+            raise _pool_timeout()
+        return _FailingPoolConnection(self._wrapped.connection, self._kind)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from celery_outbox.states import Status
@@ -60,6 +61,18 @@ def push_many_keyed(w: World) -> None:
 def push_session(w: World) -> None:
     with Session(w.engine) as session, session.begin():
         w.push([w.plan("ok"), w.plan("ok")], session=session)
+
+
+def push_session_other_url(w: World) -> None:
+    """A Session on another engine of the outbox's database, by a URL that does not tell
+    (SQLite's ``file:`` URI): the outbox asks each side which database it is on."""
+    assert w.engine.dialect.name == "sqlite"
+    other = create_engine(f"sqlite:///file:{w.engine.url.database}?uri=true")
+    try:
+        with Session(other) as session, session.begin():
+            w.push([w.plan("ok")], session=session)
+    finally:
+        other.dispose()
 
 
 # -- worker --------------------------------------------------------------------------------
@@ -214,6 +227,7 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("push_many", _nothing, push_many),
     Path("push_many_keyed", _nothing, push_many_keyed),
     Path("push_session", _nothing, push_session),
+    Path("push_session_other_url", _nothing, push_session_other_url),
     Path("worker_one", _seed_message(("ok",)), run_seeded),
     Path("worker", _seed_message(("ok",), ("fail", "ok"), ("ok",)), run_seeded),
     Path("worker_outcomes", _seed_message(("stop",), ("cancel",), ("ok",)), run_seeded),

@@ -1,17 +1,22 @@
 """The fault injector does what :mod:`tests.matrix.faults` says, on SQLite: what each fault
-applies, when, and what the caller gets, for a statement alone and in a transaction."""
+applies, when, and what the caller gets, for a statement alone and in a transaction; and on
+PostgreSQL that psycopg's direct path is faulted too, through its own error mapping, on a
+pooled connection and in a caller's transaction."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
 
 from celery_outbox.errors import StorageError
-from tests.matrix.faults import Fault
-from tests.matrix.world import World
+from tests.conftest import PG_ADDRESS, require
+from tests.matrix.faults import Fault, FaultyDirectPath
+from tests.matrix.world import DATABASES, World
 
 
 @pytest.fixture
@@ -110,3 +115,88 @@ def test_nothing_is_counted_outside_a_step(w: World) -> None:
     w.push([w.plan("ok")])
     assert w.executor.counts == {}
     assert _rows(w) == 1
+
+
+# -- psycopg's direct path (PostgreSQL) -----------------------------------------------------
+
+@pytest.fixture
+def pg() -> Iterator[World]:
+    if "postgresql" not in DATABASES:  # set by the matrix's conftest when a server answers
+        require("PostgreSQL", *PG_ADDRESS)
+        pytest.skip("the matrix's PostgreSQL database was not created")
+    world = World(database="postgresql")
+    try:
+        assert isinstance(world.executor.direct, FaultyDirectPath)
+        assert world.executor.direct.usable()
+        yield world
+    finally:
+        world.close()
+
+
+def _pushed_in_session(w: World, kind: str) -> tuple[BaseException | None, int]:
+    """A one-row push in a caller's Session (the direct insert on its connection) with
+    ``kind`` at its insert, the Session then committed; what the push raised, and how many
+    of its rows the caller's transaction left."""
+    raised = None
+    with Session(w.engine) as session, w.executor.step([Fault("insert_rows", 1, kind)]):
+        try:
+            w.push([w.plan("ok")], session=session)
+        except BaseException as exc:
+            raised = exc
+            session.rollback()
+        else:
+            session.commit()
+    return raised, _rows(w)
+
+
+@pytest.mark.parametrize(("kind", "cause"), [
+    ("error", psycopg.OperationalError),
+    ("hang", psycopg.OperationalError),
+    ("interface", psycopg.InterfaceError),
+    ("pool", sa_exc.TimeoutError),
+])
+def test_direct_faults_before_sending_are_the_drivers_and_the_pools(
+        pg: World, kind: str, cause: type[Exception]) -> None:
+    raised = _push(pg, kind)
+    assert isinstance(raised, StorageError)
+    assert isinstance(raised.__cause__, cause)
+    assert pg.executor.counts["insert_rows"] == 1  # through the direct path's run
+    assert _rows(pg) == 0
+    pg.executor.settle()
+    assert _rows(pg) == (1 if kind == "hang" else 0)
+
+
+def test_direct_lost_applies_then_raises(pg: World) -> None:
+    raised = _push(pg, "lost")
+    assert isinstance(raised, StorageError)
+    assert _rows(pg) == 1
+
+
+def test_direct_interrupt_after_the_commit(pg: World) -> None:
+    raised = _push(pg, "interrupt")
+    assert type(raised) is KeyboardInterrupt
+    assert raised is pg.executor.fired
+    assert _rows(pg) == 1
+
+
+@pytest.mark.parametrize(("kind", "cause"), [
+    ("error", psycopg.OperationalError),
+    ("hang", psycopg.OperationalError),
+    ("interface", psycopg.InterfaceError),
+    ("pool", sa_exc.TimeoutError),
+    ("lost", psycopg.OperationalError),
+])
+def test_direct_insert_in_a_callers_transaction(
+        pg: World, kind: str, cause: type[Exception]) -> None:
+    raised, rows = _pushed_in_session(pg, kind)
+    assert isinstance(raised, StorageError)
+    assert isinstance(raised.__cause__, cause)
+    assert pg.executor.counts["insert_rows"] == 1  # through the direct path's insert_on
+    assert rows == 0  # the caller rolled back
+
+
+def test_direct_interrupt_in_a_callers_transaction(pg: World) -> None:
+    raised, rows = _pushed_in_session(pg, "exit")
+    assert type(raised) is SystemExit
+    assert raised is pg.executor.fired
+    assert rows == 0
