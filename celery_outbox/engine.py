@@ -66,16 +66,7 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        @event.listens_for(engine, "savepoint")
-        def _begin_first(conn: Connection, name: str | None) -> None:
-            # pysqlite begins a transaction only before DML: a SAVEPOINT sent first would
-            # start one of its own, which its RELEASE commits and the outer ROLLBACK misses.
-            # IMMEDIATE: a transaction that reads before its first write would otherwise fail
-            # that write at once ("database is locked") if another connection wrote meanwhile.
-            dbapi: Any = conn.connection.dbapi_connection
-            if dbapi is not None and not dbapi.in_transaction:
-                dbapi.execute("BEGIN IMMEDIATE")
-
+        begin_before_savepoint(engine)
         return engine
     if url.startswith("postgresql"):
         engine = create_engine(url, connect_args=_pg_connect_args(make_url(url).query),
@@ -86,6 +77,27 @@ def make_engine(url: str) -> Engine:
             bound_waits(engine, IO_TIMEOUT)
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def begin_before_savepoint(engine: Engine) -> None:
+    """On a pysqlite ``engine`` (the outbox's own, or one of yours the outbox writes
+    through), send ``BEGIN IMMEDIATE`` before a SAVEPOINT that would otherwise open the
+    transaction: pysqlite begins one only before DML, so that SAVEPOINT would start a
+    transaction of its own, which its RELEASE commits and the outer ROLLBACK misses (a row
+    written and its dispatch dropped). IMMEDIATE: a transaction that reads before its first
+    write would otherwise fail that write at once ("database is locked") if another
+    connection wrote meanwhile. Idempotent; any other engine is left alone."""
+    if engine.dialect.name != "sqlite" or engine.dialect.driver != "pysqlite":
+        return
+    if event.contains(engine, "savepoint", _begin_first):
+        return
+    event.listen(engine, "savepoint", _begin_first)
+
+
+def _begin_first(conn: Connection, name: str | None) -> None:
+    dbapi: Any = conn.connection.dbapi_connection
+    if dbapi is not None and not dbapi.in_transaction:
+        dbapi.execute("BEGIN IMMEDIATE")
 
 
 def _pg_connect_args(query: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from celery_outbox.dispatch import (
     DispatchItem,
     InlineDispatcher,
 )
-from celery_outbox.engine import make_engine
+from celery_outbox.engine import begin_before_savepoint, make_engine
 from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
 from celery_outbox.executors import AsyncTransaction, Transaction
 from celery_outbox.maintenance import (
@@ -116,6 +116,7 @@ class Outbox:
                 "or set app.conf.outbox_database_url"
             )
         self.engine = engine if engine is not None else make_engine(str(url))
+        begin_before_savepoint(self.engine)
         name = self.config.table_name
         self.tables = TABLES if name == DEFAULT_TABLE else build_tables(MetaData(), name)
         self.store = ExecutionStore(self.engine, self.tables)
