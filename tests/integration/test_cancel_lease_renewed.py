@@ -1,12 +1,10 @@
-"""Hostile review of the worker protocol: behaviours found to overlap or strand an execution."""
+"""A row cancelled while its handler runs keeps its lease renewed until the stop is confirmed."""
 
 from __future__ import annotations
 
 import threading
 import time
 from datetime import timedelta
-
-import pytest
 
 from celery_outbox import JobRegistry, outbox_job
 from celery_outbox.errors import ExecutionStillRunning
@@ -15,12 +13,6 @@ from tests.integration.fakes import RecordingDispatcher
 from tests.integration.test_admin_retry import Deaf, retries_of
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the heartbeat renews only running rows (extend_leases guards status = running), so "
-    "a cancel stops the renewals and admin.retry is accepted one lease after the cancel "
-    "while the live worker's handler, deaf to ctx.cancelled, still runs; the fix renews a "
-    "cancelled row's lease under its fence until confirm_stop clears it (queries/worker.py "
-    "extend_leases, Heartbeat._settle, the contract tests and the model's heartbeat)"))
 def test_a_cancelled_handler_deaf_to_the_cancel_is_not_retried_past_its_first_lease(
     db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, recording: RecordingDispatcher,
 ) -> None:
