@@ -74,9 +74,11 @@ class JobContext(Generic[P]):
         Once the handler returns or raises (``raise_if_cancelled()``), the row ends
         ``cancelled`` (``cancelled_by = "handler"``) and ``job_cancel`` is sent: the attempt
         neither succeeds nor retries. The reasons ``"timed out"`` and ``"worker shutdown"``
-        keep their own meaning (a failed attempt; a hand-back).
+        keep their own meaning (a failed attempt; a hand-back). A reason that is no str (an
+        exception caught, a number) is recorded as its ``str()``: the outcome's write must not
+        fail on it.
         """
-        self._interrupt(reason, by_handler=True)
+        self._interrupt(reason if isinstance(reason, str) else str(reason), by_handler=True)
 
     def _interrupt(self, reason: str, *, by_handler: bool = False) -> None:
         """Set ``cancelled`` with ``reason`` unless it is set (the runner's own cancels:

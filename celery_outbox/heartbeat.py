@@ -1,9 +1,11 @@
 """Lease heartbeat: one thread per worker process renews its running executions' leases.
 
 Every ``lease / 3`` (the shortest lease held) it extends all held leases in one UPDATE per
-lease length. A held execution missing from the UPDATE's result was cancelled or rescued: its
-``on_lost`` callback fires, which sets the handler's ``ctx.cancelled``. A failed write is
-logged and tried again at the next interval; it never ends the thread.
+lease length. A held execution missing from the UPDATE's result was rescued or handed back:
+its ``on_lost`` callback fires, which sets the handler's ``ctx.cancelled``. One cancelled
+while held (its stop not confirmed) fires ``on_lost`` once and stays held, its lease renewed
+until it is untracked: its handler may still run, and an admin retry waits for it. A failed
+write is logged and tried again at the next interval; it never ends the thread.
 
 A worker cut off from the database cannot learn that its row was rescued (its writes fail,
 or hang until the engine's timeouts), so the heartbeat also keeps, per held execution, when
@@ -43,6 +45,8 @@ class _Held:
     """``time.monotonic()`` at which the lease last written runs out (at the latest)."""
     told: bool = False
     """``on_expired`` fired since the lease was last written."""
+    lost: bool = False
+    """``on_lost`` fired: the row was cancelled while held (still renewed until untracked)."""
 
     @property
     def ask_at(self) -> float:
@@ -237,17 +241,24 @@ class Heartbeat:
         lost = 0
         wake = False
         for h in group:
-            if h.fence.id in kept:
+            if h.fence.id in kept or h.fence.id in kept.cancelled:
                 with self._lock:
                     h.expires = max(h.expires, written + lease.total_seconds())
                     wake = wake or h.told or h.ask_at < self._next_watch
                     h.told = False
+                    # Cancelled while held: told once, renewed on until untracked (a retry
+                    # waits while its handler may run).
+                    tell = h.fence.id in kept.cancelled and not h.lost
+                    h.lost = h.lost or tell
+                if tell:
+                    lost += 1
+                    h.on_lost()
                 continue
             if h.fence.id in later:  # neither renewed nor known lost
                 continue
             with self._lock:
-                still_tracked = self._held.pop(h.fence, None) is not None
-            if still_tracked:
+                tracked = self._held.pop(h.fence, None)
+            if tracked is not None and not tracked.lost:
                 lost += 1
                 h.on_lost()
         if wake:

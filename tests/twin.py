@@ -313,17 +313,28 @@ class MemoryStore:
                   lease: timedelta, *, wait_locked: bool = True) -> Renewed:
         """heartbeat: running -> running, the lease runs out ``lease`` after ``now`` (None:
         the database's clock), per fence (and ``worker``, when given, must be the holder).
-        The ids still held (no row locks here: none ``unknown`` or ``skipped``)."""
+        The ids still held (no row locks here: none ``unknown`` or ``skipped``); a row
+        cancelled while the attempt of its fence ran, not confirmed stopped, is renewed too and
+        answered in ``cancelled``."""
         with self._op("heartbeat"):
             now = self._at(now)
             lease_until = now + lease
             kept = Renewed()
             for fence in fences:
-                row = self._held(fence)
+                row = self._held(fence) or self._cancelled_running(fence)
                 if row is not None and (worker is None or row["claimed_by"] == worker):
                     row.update(lease_expires_at=lease_until, updated_at=now)
-                    kept.add(fence.id)
+                    (kept if row["status"] == _RUNNING else kept.cancelled).add(fence.id)
             return kept
+
+    def _cancelled_running(self, fence: Fence) -> dict[str, Any] | None:
+        """The row of ``fence`` cancelled while that attempt ran, its stop not confirmed."""
+        row = self.rows.get(fence.id)
+        if row is None or row["status"] != Status.CANCELLED.value \
+                or row["claimed_by"] != fence.claimed_by \
+                or row["attempt"] != fence.attempt or row["lease_expires_at"] is None:
+            return None
+        return row
 
     def release(self, fences: Sequence[Fence], now: datetime, *,
                 begun: bool | None = None) -> list[UUID]:

@@ -24,6 +24,7 @@ from sqlalchemy import (
     delete,
     false,
     func,
+    literal,
     or_,
     select,
     true,
@@ -221,23 +222,28 @@ def finish_and_start(
                  prepared=True)
 
 
-@named("heartbeat: running -> running, the lease renewed from now, per fence; on "
-       "PostgreSQL a row locked by a writer is skipped and answered apart")
+@named("heartbeat: running -> running, the lease renewed from now, per fence (and that of a "
+       "row cancelled while its attempt runs, until the stop is confirmed); on PostgreSQL a "
+       "row locked by a writer is skipped and answered apart")
 def extend_leases(
     t: Table, dialect: str, worker: str | None, fences: Sequence[Fence], now: datetime | None,
     lease: timedelta, *, wait: bool = False,
-) -> Query[list[tuple[UUID, bool]]]:
-    """Answers ``(id, renewed)`` for each row still held: renewed (its lease now runs out
-    ``lease`` after ``now``; None: the database's clock), or (PostgreSQL, unless ``wait``)
-    not renewed because a writer holds it locked at this moment.
+) -> Query[list[tuple[UUID, bool, bool]]]:
+    """Answers ``(id, renewed, cancelled)`` for each row still held: renewed (its lease now
+    runs out ``lease`` after ``now``; None: the database's clock), or (PostgreSQL, unless
+    ``wait``) not renewed because a writer holds it locked at this moment. ``cancelled``: the
+    row was cancelled while this attempt ran and its stop is not confirmed yet (its lease
+    set): its lease is renewed all the same, so an admin retry waits while the handler may
+    still run (a handler deaf to ``ctx.cancelled`` may run past any one lease).
 
     On PostgreSQL the UPDATE takes only the rows it can lock at once (``SKIP LOCKED``) and
     never waits: a heartbeat renewing many rows in one statement, waiting on a row the runner
     is writing, could hold the next row that write needs, and the database would abort one of
     the two (a deadlock). A row it skipped but the statement's snapshot shows held is
-    answered ``(id, False)``; renew it on its own with ``wait`` (one row: no deadlock).
+    answered ``(id, False, False)``; renew it on its own with ``wait`` (one row: no deadlock).
     """
-    guard = [t.c.status == Status.RUNNING.value,
+    guard = [or_(t.c.status == Status.RUNNING.value,
+                 and_(t.c.status == Status.CANCELLED.value, t.c.lease_expires_at.is_not(None))),
              or_(*(and_(t.c.id == f.id, t.c.claimed_by == f.claimed_by,
                         t.c.attempt == f.attempt) for f in fences))]
     if worker is not None:
@@ -250,16 +256,18 @@ def extend_leases(
         values, params = {"lease_expires_at": now + lease, "updated_at": now}, {}
     renew = update(t).where(*guard).values(**values)
     if wait or dialect != "postgresql":  # SQLite: one writer at a time, no row locks
-        return rows("extend_leases", renew.returning(t.c.id), _renewed, params)
+        return rows("extend_leases", renew.returning(t.c.id, t.c.status), _renewed, params)
     free = (select(t.c.id).where(*guard)
             .with_for_update(key_share=True, skip_locked=True).cte("free"))
-    renewed = renew.where(t.c.id.in_(select(free.c.id))).returning(t.c.id).cte("renewed")
+    renewed = (renew.where(t.c.id.in_(select(free.c.id))).returning(t.c.id, t.c.status)
+               .cte("renewed"))
     visible = select(t.c.id).where(*guard).cte("visible")
-    skipped = select(visible.c.id, false().label("renewed")).where(
+    skipped = select(visible.c.id, false().label("renewed"),
+                     literal(Status.RUNNING.value).label("status")).where(
         visible.c.id.not_in(select(renewed.c.id)))
     return rows("extend_leases",
-                union_all(select(renewed.c.id, true().label("renewed")), skipped), _renewal,
-                params)
+                union_all(select(renewed.c.id, true().label("renewed"), renewed.c.status),
+                          skipped), _renewal, params)
 
 
 @cache
@@ -283,12 +291,12 @@ def confirm_stop(t: Table, fence: Fence, now: datetime) -> Query[int]:
                      "stop_attempt": fence.attempt, "stop_now": now}, prepared=True)
 
 
-def _renewed(row: Row) -> tuple[UUID, bool]:
-    return row["id"], True
+def _renewed(row: Row) -> tuple[UUID, bool, bool]:
+    return row["id"], True, row["status"] == Status.CANCELLED.value
 
 
-def _renewal(row: Row) -> tuple[UUID, bool]:
-    return row["id"], bool(row["renewed"])
+def _renewal(row: Row) -> tuple[UUID, bool, bool]:
+    return row["id"], bool(row["renewed"]), row["status"] == Status.CANCELLED.value
 
 
 def _id(row: Row) -> UUID:

@@ -45,12 +45,20 @@ class Renewed(set[UUID]):
     """The ids :meth:`WorkerStore.heartbeat` renewed (a ``set``); in ``unknown`` those whose
     renewal failed on its own (a row another transaction held locked past the lock timeout),
     in ``skipped`` those locked elsewhere and not tried alone: neither renewed nor known to be
-    lost."""
+    lost; in ``cancelled`` those cancelled while their attempt ran, the stop not confirmed
+    yet: no longer the attempt's (not in the set), their leases renewed all the same."""
 
     def __init__(self, ids: Iterable[UUID] = ()) -> None:
         super().__init__(ids)
         self.unknown: set[UUID] = set()
         self.skipped: set[UUID] = set()
+        self.cancelled: set[UUID] = set()
+
+    def add_answers(self, answered: Iterable[tuple[UUID, bool, bool]]) -> None:
+        """Count in the answers of the heartbeat's query: ``(id, renewed, cancelled)``."""
+        for execution_id, renewed, cancelled in answered:
+            if renewed:
+                (self.cancelled if cancelled else self).add(execution_id)
 
 
 class WorkerStore(StoreBase):
@@ -155,7 +163,10 @@ class WorkerStore(StoreBase):
         UPDATE (and one more per row a writer held locked, on PostgreSQL).
 
         Guard per row: status running, ``claimed_by`` and ``attempt`` as in its fence (each
-        claim has a ``claimed_by`` of its own, see :meth:`claim`). ``worker``, when not None,
+        claim has a ``claimed_by`` of its own, see :meth:`claim`). A row cancelled while the
+        attempt of its fence ran, its stop not confirmed (:meth:`confirm_stop`; its lease
+        set), has its lease renewed too and is answered in ``cancelled``: while its worker
+        holds it, its handler may still run, and an admin retry waits. ``worker``, when not None,
         must also equal every matched row's ``claimed_by`` (callers holding one claim).
         Returns the ids renewed (a :class:`Renewed`); a fence missing from the result and
         from its ``unknown`` was cancelled, rescued, handed back or deleted. On PostgreSQL
@@ -172,18 +183,20 @@ class WorkerStore(StoreBase):
         one = wait_locked and len(fences) == 1
         answered = self.executor.run(extend_leases(self.t, self.dialect, worker, fences, now,
                                                    lease, wait=one))
-        held = Renewed(execution_id for execution_id, renewed in answered if renewed)
+        held = Renewed()
+        held.add_answers(answered)
         if not wait_locked:
-            held.skipped.update(execution_id for execution_id, renewed in answered
+            held.skipped.update(execution_id for execution_id, renewed, _ in answered
                                 if not renewed)
             return held
         by_id = {f.id: f for f in fences}
-        for execution_id, renewed in answered:
+        for execution_id, renewed, _ in answered:
             if not renewed:
                 alone = extend_leases(self.t, self.dialect, worker, [by_id[execution_id]], now,
                                       lease, wait=True)
                 try:
-                    held.update(i for i, _ in self.executor.run(alone))
+                    answers = self.executor.run(alone)
+                    held.add_answers(answers)
                 except StorageError:  # locked past the lock timeout: the others stay renewed
                     held.unknown.add(execution_id)
         return held

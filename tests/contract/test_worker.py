@@ -434,7 +434,8 @@ def test_release_guard_misses_write_nothing(store: ExecutionStore, miss: str) ->
     assert before is not None
     assert store.release(wrong, LATER) == []
     assert store.release(wrong, LATER, begun=False) == []
-    assert store.heartbeat(None, wrong, LATER, LEASE) == set()
+    if miss != "cancelled":  # a cancelled row's lease is renewed on: see below
+        assert store.heartbeat(None, wrong, LATER, LEASE) == set()
     assert_unchanged(store, before)
 
 
@@ -448,11 +449,32 @@ def test_zombie_writes_after_cancel_are_rejected(store: ExecutionStore) -> None:
     assert before is not None
     for outcome, _ in OUTCOMES.values():
         assert not store.finish(outcome, fence, T0).hit
-    assert store.heartbeat(fence.claimed_by, [fence], T0, LEASE) == set()
     assert store.release([fence], T0) == []
     assert not store.start(fence, T0)
     assert_unchanged(store, before)
     assert (before["status"], before["last_error"]) == ("cancelled", None)
+
+
+def test_a_row_cancelled_while_running_keeps_its_lease_renewed_until_its_stop_is_confirmed(
+    store: ExecutionStore,
+) -> None:
+    """Its handler may still run (deaf to ``ctx.cancelled``) past the lease the cancel found:
+    the heartbeat renews it, answered apart (no longer the attempt's), so an admin retry
+    waits; once the worker confirms the stop nothing renews it any more."""
+    fence = running(store)
+    assert store.cancel(fence.id, T0, by=None, by_name=None) == JOB
+    renewed = store.heartbeat(fence.claimed_by, [fence], LATER, LEASE)
+    assert renewed == set() and renewed.cancelled == {fence.id}
+    row = store.get(fence.id)
+    assert row is not None
+    assert (row["status"], row["lease_expires_at"]) == ("cancelled", LATER + LEASE)
+    other = Fence(fence.id, fence.claimed_by, fence.attempt + 1)
+    assert store.heartbeat(None, [other], LATER, 2 * LEASE).cancelled == set()
+    assert store.confirm_stop(fence, LATER)
+    after = store.heartbeat(None, [fence], LATER, LEASE)
+    assert after == set() and after.cancelled == set()
+    row = store.get(fence.id)
+    assert row is not None and row["lease_expires_at"] is None
 
 
 def test_zombie_writes_after_another_claim_are_rejected(store: ExecutionStore) -> None:

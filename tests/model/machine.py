@@ -194,6 +194,7 @@ class Background:
     """True time (the worker's monotonic clock) when the claim, or the last renewal of the
     first row that hit, was sent: its lease watch counts from there."""
     cancelled: set[UUID] = field(default_factory=set)  # ids whose ctx.cancelled is set
+    told: set[MFence] = field(default_factory=set)  # the heartbeat found them lost
     errors: list[BaseException] = field(default_factory=list)
     stopped: bool = False  # stopped by its worker's lease watch
 
@@ -656,11 +657,14 @@ class OutboxMachine(RuleBasedStateMachine):
             if run.slot is not slot:
                 continue
             for fence in list(run.held):
-                if not self.model.heartbeat(fence, self.lease_base(slot)):
+                state = self.model.heartbeat(fence, self.lease_base(slot))
+                if state == "lost":
                     run.held.remove(fence)
+                if state != "held" and fence not in run.told:  # told once, cancelled or lost
+                    run.told.add(fence)
                     run.cancelled.add(fence.id)
                     expected_lost += 1
-                elif fence == run.first:
+                if state != "lost" and fence == run.first:
                     run.sent = self.clock_now  # the watch counts from this renewal
         assert lost == expected_lost, f"heartbeat lost {lost}, model {expected_lost}"
 

@@ -265,14 +265,20 @@ class Model:
         if value - rb.lo <= self.cfg.max_eta:
             self.dispatch(row, rb.lo)
 
-    def heartbeat(self, fence: MFence, now: datetime) -> bool:
+    def heartbeat(self, fence: MFence, now: datetime) -> str:
         """heartbeat: lease renewed from ``now`` (the database's time) when ``fence`` still
-        holds; False: lost."""
-        if not self.matches(fence):
-            return False
-        row = self.rows[fence.id]
+        holds ("held"), or when its row was cancelled while that attempt ran and the stop is
+        not confirmed ("cancelled": renewed, no longer the attempt's); else "lost"."""
+        row = self.rows.get(fence.id)
+        if row is None:
+            return "lost"
+        cancelled = (row.status is Status.CANCELLED and row.lease is not None
+                     and row.claimed_by == fence.worker and row.attempt == fence.attempt
+                     and row.claim == fence.claim)
+        if not (cancelled or self.matches(fence)):
+            return "lost"
         row.lease = now + self.lease_of(self.job(row))
-        return True
+        return "cancelled" if cancelled else "held"
 
     def release(self, fence: MFence, now: datetime) -> bool:
         """release (shutdown): running -> pending, dispatched now; a row never started gets

@@ -62,9 +62,11 @@ def test_beat_renews_every_held_lease_in_one_write_per_lease_length(
     assert set(heartbeat.held()) == {short, other, long}
 
 
-def test_a_cancelled_or_rescued_row_is_reported_lost_once_and_no_longer_held(
+def test_a_cancelled_or_rescued_row_is_reported_lost_once_the_cancelled_one_renewed_on(
     store: MemoryStore, heartbeat: Heartbeat,
 ) -> None:
+    """A rescued row is no longer held; a cancelled one stays held, its lease renewed (its
+    handler may still run, so an admin retry waits) until the runner untracks it."""
     kept, cancelled, rescued = running(store), running(store, "w1/b"), running(store, "w1/c")
     lost = {fence: Lost() for fence in (kept, cancelled, rescued)}
     for fence, on_lost in lost.items():
@@ -74,11 +76,16 @@ def test_a_cancelled_or_rescued_row_is_reported_lost_once_and_no_longer_held(
 
     assert heartbeat.beat() == 2
     assert [lost[f].calls for f in (kept, cancelled, rescued)] == [0, 1, 1]
-    assert heartbeat.held() == [kept]
-    assert store.status_of(cancelled.id) == "cancelled"  # the heartbeat writes nothing there
+    assert heartbeat.held() == [kept, cancelled]
+    assert store.status_of(cancelled.id) == "cancelled"
+    assert lease_of(store, cancelled.id) == T0 + LEASE
 
+    store.db_clock = lambda: T0 + LEASE / 3
     assert heartbeat.beat() == 0  # reported once
     assert lost[cancelled].calls == 1
+    assert lease_of(store, cancelled.id) == T0 + LEASE / 3 + LEASE
+    heartbeat.untrack(cancelled)
+    assert heartbeat.held() == [kept]
 
 
 def test_an_earlier_claim_of_a_row_claimed_again_is_lost_though_the_later_one_is_held(
