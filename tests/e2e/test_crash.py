@@ -265,7 +265,7 @@ def test_rescued_row_rejects_the_late_write_of_its_original_worker(
     assert rescued["last_error"].startswith("lease expired")
     hold.touch()  # the original worker finishes after all
     crash.wait_run(m, "end", 1)
-    procs.wait_for(lambda: f"complete: {execution_id} no longer held by this attempt"
+    procs.wait_for(lambda: f": {execution_id} no longer held by this attempt"
                    in crash.worker.text(), 10, "the worker's fenced-out write")
     after = crash.row(execution_id)
     assert (after["status"], after["last_error"], after["finished_at"]) == (
