@@ -39,10 +39,10 @@ class OutcomeName(str, enum.Enum):
     """The one name of each outcome (and of a write that missed: ``LOST``): the counters of
     a run (``RunResult``), the statement that writes it, the log line of a fence miss."""
 
-    SUCCEEDED = "succeeded"
+    SUCCEEDED = Status.SUCCEEDED.value
     RETRIED = "retried"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    FAILED = Status.FAILED.value
+    CANCELLED = Status.CANCELLED.value
     LOST = "lost"
     """Not an outcome: its write found the row no longer this attempt's."""
 
