@@ -468,12 +468,6 @@ def test_in_django_testcases_a_capture_dispatches_its_own_pushes_after_earlier_t
     assert seen["dispatched_3"] == [seen["later"]], seen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "outside a TestCase the outbox's entry is inserted first among the transaction's "
-    "callbacks, shifting the ones added before captureOnCommitCallbacks() began into the "
-    "window it takes by position: the capture runs the user's older callback (which runs "
-    "again at the commit) and not the push made in it; keeping the entry first without "
-    "moving the others needs a change to how it is put first"))
 def test_a_capture_in_a_plain_transaction_takes_its_push_not_an_older_callback(
     alias: str, outbox: tuple[Any, RecordingDispatcher],
 ) -> None:
