@@ -296,7 +296,9 @@ def test_django_testcase_capture_of_on_commit_callbacks_runs_the_dispatch(
     alias: str, outbox: tuple[Any, RecordingDispatcher],
 ) -> None:
     """``TestCase.captureOnCommitCallbacks(execute=True)`` (a test's transaction that never
-    commits): it runs the outbox's entry, which reads the rows in that transaction."""
+    commits): it runs the outbox's entries (one per push, as ``on_commit`` adds one per
+    call), which read the rows in that transaction: the push rolled back to a raw savepoint
+    is not dispatched."""
     from django.db import transaction
     from django.test import TestCase
 
@@ -308,7 +310,7 @@ def test_django_testcase_capture_of_on_commit_callbacks_runs_the_dispatch(
             sid = transaction.savepoint(using=alias)
             send_receipt.push({"order_id": 2})
             transaction.savepoint_rollback(sid, using=alias)
-        assert len(callbacks) == 1 and rec.ids == [pushed]
+        assert len(callbacks) == 2 and rec.ids == [pushed]
         later = send_receipt.push({"order_id": 3})  # after the capture: an entry of its own
         transaction.set_rollback(True, using=alias)
     assert rec.ids == [pushed] and later not in committed(ob)
@@ -487,6 +489,56 @@ def test_a_capture_in_a_plain_transaction_takes_its_push_not_an_older_callback(
             pushed = send_receipt.push({"order_id": 1})
         assert (ran, rec.ids, len(callbacks)) == ([], [pushed], 1)
     assert ran == ["user"] and rec.ids == [pushed]
+
+
+def test_a_capture_in_a_plain_transaction_takes_its_push_after_an_earlier_push(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """A push, then ``captureOnCommitCallbacks(execute=True)`` and a push in it, in one
+    ``atomic()`` block outside a TestCase: the capture runs the dispatch of the push made in
+    it, the commit dispatches the earlier one, each once (before: the second push joined the
+    transaction's entry, begun before the capture, and the capture ran nothing)."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        first = send_receipt.push({"order_id": 1})
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as callbacks:
+            second = send_receipt.push({"order_id": 2})
+        assert (rec.ids, len(callbacks)) == ([second], 1)
+    assert rec.ids == [second, first]
+    assert exact(ob, rec, before) == {first, second}
+
+
+@pytest.mark.parametrize("testcase", [False, True])
+def test_nested_captures_dispatch_a_push_once(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], testcase: bool,
+) -> None:
+    """``captureOnCommitCallbacks(execute=True)`` inside another: both run the callbacks
+    added in the inner one; the push is dispatched once, and not again at the commit
+    (before: once per capture that ran its entry)."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    outer = transaction.atomic(using=alias)
+    outer._from_testcase = testcase
+    with outer:
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as around:
+            with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as inner:
+                pushed = send_receipt.push({"order_id": 1})
+            assert rec.ids == [pushed]
+        assert (len(inner), len(around), rec.ids) == (1, 1, [pushed])
+        if testcase:
+            transaction.set_rollback(True, using=alias)
+    assert rec.ids == [pushed]
+    if not testcase:
+        assert exact(ob, rec, before) == {pushed}
 
 
 def test_the_workers_engine_follows_djangos_test_database(project: dict[str, str]) -> None:
