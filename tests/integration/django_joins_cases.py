@@ -541,6 +541,33 @@ def test_nested_captures_dispatch_a_push_once(
         assert exact(ob, rec, before) == {pushed}
 
 
+def test_the_pushes_of_a_transaction_are_read_back_in_one_query_before_the_users_callbacks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """Several pushes in one ``atomic()`` block, each with an entry of its own, callbacks of
+    the user's between them: at the commit the outbox's entries run first, together, with
+    one read back of their rows, then the user's in their order."""
+    from django.db import connections, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    order: list[str] = []
+    with CaptureQueriesContext(connections[alias]) as queries:
+        with transaction.atomic(using=alias):
+            transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias)
+            pushed = [send_receipt.push({"order_id": 1})]
+            transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias,
+                                  robust=True)
+            pushed += [send_receipt.push({"order_id": 2}), send_receipt.push({"order_id": 3})]
+            start = len(queries)
+    reads = [q["sql"] for q in queries.captured_queries[start:] if TABLE in q["sql"]]
+    assert len(reads) == 1 and reads[0].lstrip().upper().startswith("SELECT"), reads
+    assert order == ["user 3", "user 3"] and rec.ids == pushed
+    assert exact(ob, rec, before) == set(pushed)
+
+
 def test_the_workers_engine_follows_djangos_test_database(project: dict[str, str]) -> None:
     """Django's test runner (``manage.py test``, pytest-django) creates ``test_<NAME>`` and
     points the alias at it after the project's Celery module ran ``install()``: the workers'
