@@ -554,14 +554,13 @@ def test_the_pushes_of_a_transaction_are_read_back_in_one_query_before_the_users
     ob, rec = outbox
     before = committed(ob)
     order: list[str] = []
-    with CaptureQueriesContext(connections[alias]) as queries:
-        with transaction.atomic(using=alias):
-            transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias)
-            pushed = [send_receipt.push({"order_id": 1})]
-            transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias,
-                                  robust=True)
-            pushed += [send_receipt.push({"order_id": 2}), send_receipt.push({"order_id": 3})]
-            start = len(queries)
+    with CaptureQueriesContext(connections[alias]) as queries, transaction.atomic(using=alias):
+        transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias)
+        pushed = [send_receipt.push({"order_id": 1})]
+        transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias,
+                              robust=True)
+        pushed += [send_receipt.push({"order_id": 2}), send_receipt.push({"order_id": 3})]
+        start = len(queries)
     reads = [q["sql"] for q in queries.captured_queries[start:] if TABLE in q["sql"]]
     assert len(reads) == 1 and reads[0].lstrip().upper().startswith("SELECT"), reads
     assert order == ["user 3", "user 3"] and rec.ids == pushed
