@@ -22,6 +22,8 @@ in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.p
 by side (bench/peers.py; their packages: bench/requirements.txt, ``make bench-peers``).
 ``python -m bench startup [--rounds N]``: worker start-up to the first job's handler, plain
 Celery vs the outbox (bench/startup.py).
+``python -m bench runner [--n N] [--rounds N]``: the runner's CPU per no-op execution, on
+SQLite and on the in-memory twin, no broker (bench/runner.py).
 """
 
 from __future__ import annotations
@@ -120,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import startup
 
         return startup.main(argv[1:])
+    if argv[:1] == ["runner"]:  # the runner's CPU per execution (bench/runner.py)
+        from bench import runner
+
+        return runner.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 
