@@ -29,7 +29,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 from uuid import UUID
 
 from celery import Celery

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
@@ -95,18 +95,30 @@ class Heartbeat:
         """Hold ``fence`` (renewed every ``lease / 3``) until :meth:`untrack`. ``on_lost``:
         called when a renewal found the row no longer this claim's; ``on_expired`` (default
         ``on_lost``): when the lease is about to run out unrenewed (the database
-        unreachable), once per lease written. The thread is woken only when this lease needs
-        renewing before its next beat (a thread woken per message takes the GIL from the
-        handler about to begin). ``written``: ``time.monotonic()`` when the write that set
-        this lease was sent (the claim; default now)."""
-        since = time.monotonic() if written is None else written
-        expires = since + lease.total_seconds()
+        unreachable), once per lease written. ``written``: ``time.monotonic()`` when the
+        write that set this lease was sent (the claim; default now). One row of
+        :meth:`track_many`."""
+        self.track_many([(fence, on_lost, on_expired or on_lost)], lease, written)
+
+    def track_many(self, held: Sequence[tuple[Fence, Callable[[], None], Callable[[], None]]],
+                   lease: timedelta, written: float | None = None) -> None:
+        """Hold each ``(fence, on_lost, on_expired)`` of ``held`` (the rows of one claim, one
+        lease written by one statement sent at ``written``), each as :meth:`track` holds
+        one: renewed, told and untracked on its own. One registration for them all: the
+        lock taken once, the thread woken only when this lease needs renewing before its
+        next beat (a thread woken per message takes the GIL from the handler about to
+        begin)."""
+        if not held:
+            return
+        seconds = lease.total_seconds()
+        expires = (time.monotonic() if written is None else written) + seconds
         with self._lock:
             self._ensure_thread()
-            held = self._held[fence] = _Held(fence, lease, on_lost, on_expired or on_lost,
-                                             expires)
-            sooner = time.monotonic() + lease.total_seconds() / 3 < self._next_beat
-            watch_sooner = held.ask_at < self._next_watch
+            table = self._held  # after _ensure_thread: a new table after a fork
+            for fence, on_lost, on_expired in held:
+                table[fence] = _Held(fence, lease, on_lost, on_expired, expires)
+            sooner = time.monotonic() + seconds / 3 < self._next_beat
+            watch_sooner = expires - seconds / 6 < self._next_watch  # _Held.ask_at
         if sooner:
             self._wake.set()
         if watch_sooner:
@@ -136,6 +148,15 @@ class Heartbeat:
         """Stop renewing ``fence``'s lease (another claim of the same row stays held)."""
         with self._lock:
             self._held.pop(fence, None)
+
+    def untrack_many(self, fences: Sequence[Fence]) -> None:
+        """:meth:`untrack` each of ``fences``, the lock taken once."""
+        if not fences:
+            return
+        with self._lock:
+            pop = self._held.pop
+            for fence in fences:
+                pop(fence, None)
 
     def held(self) -> list[Fence]:
         """The fences currently held by this process."""

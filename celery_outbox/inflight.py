@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -51,6 +51,13 @@ class InFlight:
         """A claim answered: ``fence`` is held, queued."""
         with self._lock:
             self._held[fence] = Attempt(fence, ctx)
+
+    def add_many(self, attempts: Iterable[tuple[Fence, JobContext[Any]]]) -> None:
+        """A claim answered: each ``(fence, ctx)`` of its rows is held, queued (one step)."""
+        with self._lock:
+            held = self._held
+            for fence, ctx in attempts:
+                held[fence] = Attempt(fence, ctx)
 
     def begin(self, fence: Fence) -> bool:
         """queued -> running: whether its handler may begin now. False when it was taken

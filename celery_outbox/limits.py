@@ -21,6 +21,7 @@ Without any limit in effect nothing changes: the message runs all its ids.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -36,7 +37,8 @@ MARGIN = timedelta(seconds=5)
 inside the message too) and to twice the timeout (the job's lease) for its hard limit."""
 PUBLISH_WAIT = timedelta(seconds=5)
 
-_worker_limits = TimeLimits()
+_NONE = TimeLimits()
+_worker_limits = _NONE
 
 
 def on_worker_init(sender: Any = None, **_: Any) -> None:
@@ -51,9 +53,15 @@ def in_effect(task: Any) -> TimeLimits:
     """The limits Celery applies to the message ``task`` runs now, in seconds, as the worker
     computes them: the message's own, else the task's (``task_time_limit`` and annotations),
     else the worker's."""
-    header = getattr(task.request, "timelimit", None) or (None, None)
+    return _in_effect(task, getattr(task.request, "timelimit", None) or (None, None))
+
+
+def _in_effect(task: Any, header: Sequence[Any]) -> TimeLimits:
+    """:func:`in_effect`, the message's own limits (``task.request.timelimit``) given."""
     hard = header[0] or task.time_limit or _worker_limits.hard
     soft = header[1] or task.soft_time_limit or _worker_limits.soft
+    if hard is None and soft is None:
+        return _NONE  # the common case: no limit anywhere
     return TimeLimits(_seconds(hard), _seconds(soft))
 
 
@@ -92,12 +100,14 @@ def split(
     """
     if not isinstance(ids, (list, tuple)) or not isinstance(job_name, str):
         return Split(ids, [])  # the runner reports it
+    # The message's own limits read once (Celery's request is a thread-local stack); the
+    # task's and the worker's are the process's own.
+    header = getattr(task.request, "timelimit", None) or (None, None)
+    limits = _in_effect(task, header)
     spec = registry.jobs.get(job_name)
-    limits = in_effect(task)
     if spec is None or (limits.hard is None and limits.soft is None):
         return Split(list(ids), [])
     wanted = per_execution(spec, limits)
-    header = getattr(task.request, "timelimit", None) or (None, None)
     keep = wanted == TimeLimits() or TimeLimits(_seconds(header[0]), _seconds(header[1])) == wanted
     run, rest = (list(ids[:1]), list(ids[1:])) if keep else ([], list(ids))
     again = []

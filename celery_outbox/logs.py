@@ -50,20 +50,25 @@ class LogCapture:
 
     Use as a context manager around the handler call, on the handler's thread; then
     :meth:`entries` gives the stored form.
+
+    It costs next to nothing until something logs (most handlers never do): :attr:`logger`
+    sets itself up (its level, its parent) at its first use, and a capture that kept nothing
+    answers ``[]`` at once.
     """
 
     def __init__(self, logger_name: str, max_entries: int) -> None:
         if max_entries < 0:
             raise ValueError(f"max_entries must be >= 0, got {max_entries}")
         self.max_entries = max_entries
+        self._lock = threading.Lock()
         self.logger: logging.Logger = _JobLogger(logger_name, self)
         self._entries: list[dict[str, Any]] = []
         self._dropped = 0
-        self._lock = threading.Lock()
         self._outer: LogCapture | None = None
 
     def __enter__(self) -> LogCapture:
-        _ensure_root_handler()
+        if _root_handler not in logging.root.handlers:
+            _ensure_root_handler()
         self._outer = getattr(_local, "capture", None)
         _local.capture = self
         return self
@@ -92,6 +97,8 @@ class LogCapture:
 
     def entries(self) -> list[dict[str, Any]]:
         """The kept entries, oldest first, then one entry counting the dropped ones (if any)."""
+        if not self._entries and not self._dropped:
+            return []  # nothing logged (a record added now comes after this answer)
         with self._lock:
             out = list(self._entries)
             dropped = self._dropped
@@ -136,13 +143,32 @@ class _JobLogger(logging.Logger):
     It is not registered with ``logging.getLogger`` (one per attempt); its parent is the
     registered logger of the same name, so the application's handlers and levels apply to
     what goes further than the capture.
+
+    Made with its name and its capture only: the rest of a ``Logger`` (its level, from the
+    application's logger then, its parent, filters, handlers) is set up at the first look at
+    any of it (:meth:`__getattr__`), the first log call of the handler, so an attempt that
+    never logs never pays for it.
     """
 
     def __init__(self, name: str, capture: LogCapture) -> None:
-        app_logger = logging.getLogger(name)
-        super().__init__(name, min(logging.INFO, app_logger.getEffectiveLevel()))
-        self.parent = app_logger
+        self.name = name
         self.capture = capture
+
+    def __getattr__(self, attribute: str) -> Any:
+        # Only for what is missing: the Logger's own attributes, before _set_up made them.
+        if attribute.startswith("__") or "_lazy_ready" in self.__dict__:
+            raise AttributeError(attribute)
+        self._set_up()
+        return getattr(self, attribute)
+
+    def _set_up(self) -> None:
+        with self.capture._lock:
+            if "_lazy_ready" in self.__dict__:
+                return
+            app_logger = logging.getLogger(self.name)
+            super().__init__(self.name, min(logging.INFO, app_logger.getEffectiveLevel()))
+            self.parent = app_logger
+            self._lazy_ready = True
 
     def handle(self, record: logging.LogRecord) -> None:
         if self.disabled or not self.filter(record):

@@ -125,8 +125,27 @@ class _Claim:
     counts: Counter[OutcomeName] = field(default_factory=Counter)
 
     def result(self) -> RunResult:
+        counts = self.counts
         return RunResult(claimed=len(self.rows),
-                         **{name.value: self.counts[name] for name in OutcomeName})
+                         **{value: counts.get(name, 0) for name, value in _COUNTED})
+
+
+_COUNTED = tuple((name, name.value) for name in OutcomeName)
+"""Each outcome's name and its field of :class:`RunResult` (an enum walked once)."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a run of ``spec`` needs of the job and the config, resolved once per job spec
+    (:meth:`Runner._plan`), not per execution."""
+
+    spec: JobSpec
+    config: OutboxConfig
+    lease: timedelta
+    keep_succeeded: bool
+    keep_failed: bool
+    log_name: str
+    logger: logging.Logger
 
 
 class _Retry:
@@ -312,9 +331,11 @@ class _Outcomes:
             if hit is not None and d.on_hit is not None:
                 d.on_hit()
             self.runner.inflight.remove([d.fence])  # written: the drain no longer waits for it
-            signals.job_end.send(sender=spec.name, execution_id=d.row.id,
-                                 attempt=d.row.attempt,
-                                 status=(Status.CANCELLED if hit is None else hit.status).value)
+            if signals.job_end.receivers:  # looked at each time: a receiver connected later
+                signals.job_end.send(sender=spec.name, execution_id=d.row.id,
+                                     attempt=d.row.attempt,
+                                     status=(Status.CANCELLED if hit is None
+                                             else hit.status).value)
 
 
 class Runner:
@@ -344,6 +365,7 @@ class Runner:
         self._worker_id: tuple[int, str] | None = None
         self._outcomes = _Outcomes(self)
         self._retries = _Retries()
+        self._plans: dict[str, _Plan] = {}
 
     @property
     def worker_id(self) -> str:
@@ -362,7 +384,7 @@ class Runner:
         own per claim keeps a second claim of that row, even by another thread of this
         process at the same attempt, from matching the first claim's fence.
         """
-        return f"{self.worker_id}/{uuid.uuid4().hex[:12]}"
+        return f"{self.worker_id}/{os.urandom(6).hex()}"  # 48 random bits, as uuid4's first 12
 
     # -- the protocol -----------------------------------------------------------------------
 
@@ -413,7 +435,8 @@ class Runner:
         token before the error goes on."""
         now, sent = self.clock(), time.monotonic()
         token = self.claim_token()
-        lease = spec.lease(self.config)
+        plan = self._plan(spec)
+        lease = plan.lease
         try:
             claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(), lease)
         except BaseException:
@@ -424,13 +447,25 @@ class Runner:
                       "finished or not due)", len(uuids) - len(claimed), len(uuids), spec.name)
         claim = _Claim(spec, token, lease, claimed,
                        [Fence(row.id, token, row.attempt) for row in claimed],
-                       [self._context(spec, row, now) for row in claimed],
+                       [self._context(plan, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0])
-        for fence, ctx in zip(claim.fences, claim.contexts, strict=True):
-            self.inflight.add(fence, ctx)
-            self.heartbeat.track(fence, lease, self._on_lost(fence), self._on_expired(fence),
-                                 sent)
+        # Every row held and heartbeated from the claim on, each on its own (renewed, told
+        # of its loss, let go), registered once for the message.
+        self.inflight.add_many(zip(claim.fences, claim.contexts, strict=True))
+        self.heartbeat.track_many([(fence, self._on_lost(fence), self._on_expired(fence))
+                                   for fence in claim.fences], lease, sent)
         return claim
+
+    def _plan(self, spec: JobSpec) -> _Plan:
+        """What runs of ``spec`` need of it and of the config, resolved at its first run
+        (again for a job registered anew under its name, or a new config)."""
+        plan = self._plans.get(spec.name)
+        if plan is None or plan.spec is not spec or plan.config is not self.config:
+            name = f"celery_outbox.job.{spec.name}"
+            plan = self._plans[spec.name] = _Plan(
+                spec, self.config, spec.lease(self.config), spec.keep_succeeded_row(self.config),
+                spec.keep_failed_row(), name, logging.getLogger(name))
+        return plan
 
     def _guard(self, claim: _Claim, index: int) -> None:
         """Before row ``index`` begins: mark it started, still this claim's (a miss: it was
@@ -492,9 +527,10 @@ class Runner:
     def _forget(self, claim: _Claim) -> None:
         """The run is over: stop heartbeating its fences and let them go (but those a retry
         thread holds: it does both when done)."""
-        done = [fence for fence in claim.fences if fence not in claim.later]
-        for fence in done:
-            self.heartbeat.untrack(fence)
+        later = claim.later
+        done = [fence for fence in claim.fences if fence not in later] if later \
+            else claim.fences
+        self.heartbeat.untrack_many(done)
         self.inflight.remove(done)
 
     def _confirm_stop(self, fence: Fence) -> None:
@@ -610,15 +646,15 @@ class Runner:
 
     # -- one execution ----------------------------------------------------------------------
 
-    def _context(self, spec: JobSpec, row: Claimed, now: datetime) -> JobContext[Any]:
+    def _context(self, plan: _Plan, row: Claimed, now: datetime) -> JobContext[Any]:
         return JobContext(
             payload=row.payload,
             execution_id=row.id,
-            job_name=spec.name,
+            job_name=plan.spec.name,
             attempt=row.attempt,
             max_attempts=row.max_attempts,
             now=now,
-            log=logging.getLogger(f"celery_outbox.job.{spec.name}"),
+            log=plan.logger,
         )
 
     def _isolated(self, claim: _Claim, index: int) -> _Decided:
@@ -634,7 +670,7 @@ class Runner:
             log.exception("celery_outbox: %s %s: recording the outcome of attempt %d failed; "
                           "failing the execution", spec.name, row.id, row.attempt)
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
-            decided = _Decided(fence, row, ctx, Failed(error, keep=spec.keep_failed_row()))
+            decided = _Decided(fence, row, ctx, Failed(error, keep=self._plan(spec).keep_failed))
         decided.ended = self.clock()
         self.inflight.decided(fence)
         return decided
@@ -646,10 +682,12 @@ class Runner:
         The context stays among :meth:`running` until its outcome is written."""
         if not self.inflight.begin(fence):  # one step: a drain sees it running, or it never runs
             return _Decided(fence, row, ctx, None)
+        # Next to free until the handler logs (logs.LogCapture): most never do.
         capture = LogCapture(ctx.log.name, self.config.log_max_entries)
         ctx.log = capture.logger
-        signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
-                               max_attempts=row.max_attempts)
+        if signals.job_begin.receivers:  # looked at each time: a receiver connected later
+            signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                                   max_attempts=row.max_attempts)
         try:
             if spec.schema is not None:
                 ctx.payload = self._payload(spec, row)
@@ -678,11 +716,10 @@ class Runner:
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, began: datetime,
         logs: list[dict[str, Any]],
     ) -> _Decided:
-        now = self.clock()
-        signals.job_success.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
-                                 duration=now - began)
-        keep = spec.keep_succeeded_row(self.config)
-        return _Decided(fence, row, ctx, Succeeded(keep, logs))
+        if signals.job_success.receivers:
+            signals.job_success.send(sender=spec.name, execution_id=row.id,
+                                     attempt=row.attempt, duration=self.clock() - began)
+        return _Decided(fence, row, ctx, Succeeded(self._plan(spec).keep_succeeded, logs))
 
     def _on_cancel(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
@@ -724,7 +761,8 @@ class Runner:
             # worker's log sees it; a failed attempt that will retry stays at INFO.
             log.error("celery_outbox: %s %s failed on attempt %d/%d; no retry: %s",
                       spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0])
-            return _Decided(fence, row, ctx, Failed(error, logs, keep=spec.keep_failed_row()))
+            return _Decided(fence, row, ctx, Failed(error, logs,
+                                                    keep=self._plan(spec).keep_failed))
         run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
