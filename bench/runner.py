@@ -11,8 +11,9 @@ by the executions run. Two stores, two message sizes each:
   to nothing, so what is left is the runner's own bookkeeping;
 - one id per message (a single push) and 50 (``dispatch_chunk_size``, a ``push_many``).
 
-Each figure is the median of ``--rounds`` rounds, in microseconds of CPU per execution. Run it
-on two commits in one sitting to compare them (bench/README.md, "Runner").
+Each figure is the median of ``--rounds`` rounds (and their minimum, the least disturbed by the
+machine's other load), in microseconds of CPU per execution. Run it on two commits in one
+sitting to compare them (bench/README.md, "Runner").
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             for batch in BATCHES:
                 runs = [_round(make, run, args.n, batch) for _ in range(args.rounds)]
                 print(f"  {name:<7} {batch:>3} id(s) per message  {statistics.median(runs):7.1f}"
-                      f" us/execution   (rounds: {', '.join(f'{r:.1f}' for r in runs)})")
+                      f" us/execution, min {min(runs):6.1f}   (rounds: "
+                      f"{', '.join(f'{r:.1f}' for r in runs)})")
         if args.profile:
             profile = cProfile.Profile()
             _round(*stores[args.profile], args.n, 1, profile)

@@ -4,8 +4,10 @@ While a :class:`LogCapture` is entered on a thread, it collects:
 
 - every record of ``ctx.log`` (the capture's own logger, :attr:`LogCapture.logger`), at INFO and
   above whatever the application's logging configuration says (DEBUG too when the job's logger
-  ``celery_outbox.job.<name>`` is enabled for DEBUG). Those records still reach the application's
-  handlers when the application's configuration lets them through, as any other record would;
+  ``celery_outbox.job.<name>`` is enabled for DEBUG at ``ctx.log``'s first use: it is set up
+  then, so a handler that never logs costs no logger). Those records still reach the
+  application's handlers when the application's configuration lets them through, as any other
+  record would;
 - every record of any standard ``logging`` logger created on that same thread and propagated
   to the root logger (a logger with ``propagate=False`` keeps its records to itself; a level
   the application filtered out creates no record to capture).

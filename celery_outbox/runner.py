@@ -144,8 +144,8 @@ class _Plan:
     lease: timedelta
     keep_succeeded: bool
     keep_failed: bool
-    log_name: str
     logger: logging.Logger
+    """The application's logger of the job (``celery_outbox.job.<name>``)."""
 
 
 class _Retry:
@@ -461,10 +461,9 @@ class Runner:
         (again for a job registered anew under its name, or a new config)."""
         plan = self._plans.get(spec.name)
         if plan is None or plan.spec is not spec or plan.config is not self.config:
-            name = f"celery_outbox.job.{spec.name}"
             plan = self._plans[spec.name] = _Plan(
                 spec, self.config, spec.lease(self.config), spec.keep_succeeded_row(self.config),
-                spec.keep_failed_row(), name, logging.getLogger(name))
+                spec.keep_failed_row(), logging.getLogger(f"celery_outbox.job.{spec.name}"))
         return plan
 
     def _guard(self, claim: _Claim, index: int) -> None:
