@@ -21,8 +21,6 @@ from celery_outbox.executors.hooks import refuse_commit
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
-pytestmark = pytest.mark.asyncio
-
 REFUSED = (ConfigurationError, PendingRollbackError)
 """The commit's error: the outbox's refusal, or SQLAlchemy's own when the cancel broke the
 driver's statement (the connection is then invalidated)."""
@@ -73,6 +71,7 @@ def committed(outbox: Outbox) -> set[Any]:
         return set(conn.execute(select(t.c.id)).scalars())
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["session", "connection"])
 async def test_an_apush_cancelled_after_its_insert_leaves_the_transaction_uncommittable(
     aoutbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
@@ -119,6 +118,7 @@ async def test_an_apush_cancelled_after_its_insert_leaves_the_transaction_uncomm
     assert recording.ids == [again]
 
 
+@pytest.mark.asyncio
 async def test_a_rollback_after_a_cancelled_apush_works_and_the_connection_is_usable(
     aoutbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
     aengine: AsyncEngine,
