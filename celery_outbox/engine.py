@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import os
 import select
+import weakref
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import DisconnectionError
+
+from celery_outbox.errors import ConfigurationError
 
 if TYPE_CHECKING:  # the asyncio extension needs greenlet, which a worker never imports
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -106,7 +109,40 @@ SAVEPOINT_DRIVERS = ("pysqlite", "aiosqlite")
 ``sqlite3``, and aiosqlite on it): :func:`begin_before_savepoint` applies to them."""
 
 
+def check_savepoints(conn: Connection) -> None:
+    """Refuse a push in a savepoint that :func:`begin_before_savepoint` did not see open on
+    ``conn`` (pysqlite, aiosqlite): it may have opened the transaction (its release would
+    commit the push, the outer rollback miss it), which nothing can tell afterwards. Only
+    a transaction already inside a savepoint when the outbox first saw the engine (at a
+    joined caller's first push) can be refused; an engine with SQLAlchemy's BEGIN recipe, or
+    sqlite3's ``autocommit=False``, is always in a transaction at a SAVEPOINT and passes.
+    Raises :class:`ConfigurationError`, before anything is written."""
+    if conn.dialect.name != "sqlite" or conn.dialect.driver not in SAVEPOINT_DRIVERS \
+            or not conn.in_nested_transaction() or conn.get_transaction() in _SEEN:
+        return
+    driver: Any = conn.connection.driver_connection
+    if getattr(driver, "isolation_level", "") is None or getattr(driver, "autocommit", -1) \
+            is False:
+        return
+    raise ConfigurationError(
+        f"a push inside a savepoint this transaction opened before the outbox first saw "
+        f"its engine ({conn.dialect.driver}): the savepoint may have opened the transaction, "
+        f"so its release would commit the row and a rollback miss it; call "
+        f"celery_outbox.engine.begin_before_savepoint(engine) when you create the engine "
+        f"(or give it SQLAlchemy's BEGIN recipe)"
+    )
+
+
+_SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The root transactions whose outermost savepoint :func:`_begin_first` saw open (the
+savepoint event fires before SQLAlchemy counts the new one as nested): it came after a
+BEGIN."""
+
+
 def _begin_first(conn: Connection, name: str | None) -> None:
+    root = conn.get_transaction()
+    if root is not None and not conn.in_nested_transaction():  # the outermost savepoint
+        _SEEN.add(root)
     fairy = conn.connection
     driver: Any = fairy.driver_connection  # sqlite3's or aiosqlite's Connection
     if driver is not None and not driver.in_transaction:

@@ -14,7 +14,7 @@ such an engine too (``engine.begin_before_savepoint``, on the AsyncEngine's
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -25,7 +25,7 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
-from celery_outbox import JobRegistry, Outbox, OutboxJob
+from celery_outbox import ConfigurationError, JobRegistry, Outbox, OutboxJob
 from celery_outbox.engine import begin_before_savepoint
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
@@ -81,7 +81,7 @@ TREES: list[Tree] = [released_inside_a_rollback, rolled_back_savepoint_then_comm
 
 @pytest.fixture
 def outbox(tmp_path: Path, registry: JobRegistry,
-           recording: RecordingDispatcher) -> AsyncIterator[Outbox]:
+           recording: RecordingDispatcher) -> Iterator[Outbox]:
     outbox = Outbox(Celery(f"t-{uuid.uuid4().hex[:8]}", broker="memory://"),
                     database_url=f"sqlite:///{tmp_path / 'shop.sqlite3'}", registry=registry,
                     dispatcher=recording)
@@ -134,4 +134,24 @@ async def test_an_engine_given_begin_before_savepoint_is_kept_exact_from_the_sta
 ) -> None:
     begin_before_savepoint(theirs)
     begin_before_savepoint(theirs)  # idempotent
+    await run_trees(outbox, theirs, receipt, recording, set())
+
+
+@pytest.mark.parametrize("where", ["session", "connection"])
+async def test_a_push_in_a_savepoint_opened_before_the_engine_was_seen_is_refused(
+    outbox: Outbox, theirs: AsyncEngine, receipt: OutboxJob[Order],
+    recording: RecordingDispatcher, where: str,
+) -> None:
+    """The outbox first sees the engine at this push: the savepoint may have opened the
+    transaction, which nothing can tell now, so the push is refused before its row is
+    written; the transaction goes on, and the engine's next ones are kept exact."""
+    async with AsyncSession(theirs) if where == "session" else theirs.connect() as caller:
+        await caller.begin()
+        nested = await caller.begin_nested()  # the transaction's first statement
+        with pytest.raises(ConfigurationError, match="begin_before_savepoint"):
+            await receipt.apush({"order_id": 1}, **{where: caller})
+        await nested.commit()
+        await caller.rollback()
+    assert committed(outbox) == set()
+    assert recording.ids == []
     await run_trees(outbox, theirs, receipt, recording, set())
