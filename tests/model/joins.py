@@ -7,11 +7,11 @@ A kind (:data:`KINDS`) is one way a caller's transaction reaches the outbox: a S
 ``scoped_session``, a Connection, a Session bound to a Connection in each
 ``join_transaction_mode``, a two-phase Session, an AsyncSession, an AsyncConnection, a sync
 push in ``AsyncSession.run_sync`` (the async kinds on SQLite through an aiosqlite engine with
-SQLAlchemy's BEGIN recipe, or without it, drawn first). Rules: begin, savepoint (``begin_nested``), push /
-push_many (a COPY-sized batch on PostgreSQL) / apush inside, release, rollback to any open
-savepoint (inner ones open), a savepoint left by an exception, commit, rollback, an apush
-cancelled at a random await, a push alone (``apush`` cancelled by ``wait_for``), and a push
-in a session on the second database, which must be refused.
+SQLAlchemy's BEGIN recipe, or without it, drawn first). Rules: begin, savepoint
+(``begin_nested``), push / push_many (a COPY-sized batch on PostgreSQL) / apush inside,
+release, rollback to any open savepoint (inner ones open), a savepoint left by an exception,
+commit, rollback, an apush cancelled at a random await, a push alone (``apush`` cancelled by
+``wait_for``), and a push in a session on the second database, which must be refused.
 
 The model does not predict which ids commit: the database says, and the invariant compares
 what was dispatched with it. It also keeps what each tree should commit and compares that
