@@ -334,6 +334,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
         result = self.wait(go())
         if isinstance(result, ConfigurationError) and self._refused(result):
+            self._end(commit)  # as a cancelled one: its outcome is the loop's, not the draw's
             return
         self.stats[f"cancel apush ({'done' if isinstance(result, UUID) else 'cancelled'})"] += 1
         self.trace.append(f"cancel_apush(steps={steps}, commit={commit}) -> {result!r}")
