@@ -30,7 +30,7 @@ def _insert_statement(t: Table) -> Any:
     return insert(t)
 
 
-@named("push: none -> pending (or scheduled), unkeyed rows, one bulk insert")
+@named("push: none -> pending (or scheduled), unkeyed rows, one bulk insert", hot=True)
 def insert_rows(t: Table, values: Sequence[Values]) -> Query[None]:
     """The rows of ``values`` (same columns each), inserted whole: an executor may serve it by
     ``COPY`` or one INSERT straight on the driver."""
@@ -68,7 +68,8 @@ def key_rollback() -> Query[None]:
     return execute("key_rollback", _ROLLBACK_TO)
 
 
-@named("push: none -> pending (or scheduled), keyed rows; a key already held is skipped")
+@named("push: none -> pending (or scheduled), keyed rows; a key already held is skipped",
+       hot=True)
 def insert_keyed(
     t: Table, dialect: str, active_key_where: str, values: Sequence[Values]
 ) -> Query[list[UUID]]:
@@ -121,7 +122,7 @@ def key_holder(t: Table, job_name: str, key: str) -> Query[UUID | None]:
 
 
 @named("push: the ids of the given ones that have a row (a Django join's pushes, read after "
-       "its commit)")
+       "its commit)", hot=True)
 def existing_ids(t: Table, ids: Sequence[UUID]) -> Query[list[UUID]]:
     """Answers the ids among ``ids`` (at most a few thousand) that have a row."""
     return rows("existing_ids", _existing_ids_statement(t), _id, {"ids": list(ids)})
