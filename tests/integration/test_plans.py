@@ -21,8 +21,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, create_engine, event, make_url, text
+from sqlalchemy import Engine, MetaData, create_engine, event, text
 
+from celery_outbox import JobRegistry
 from celery_outbox.models import Tables, build_tables
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Retrying, Succeeded
 from celery_outbox.queries import QUERIES, Query
@@ -36,6 +37,7 @@ from celery_outbox.queries.worker import (
     start_fenced,
     start_unflushed,
 )
+from tests.integration.conftest import MakeOutbox
 
 BACKLOG = 20_000
 """Pending rows of the job the claims are for (and a few thousand rows in each other
@@ -91,7 +93,7 @@ def backlog(request: pytest.FixtureRequest, pg_url: str
             ) -> Iterator[tuple[Engine, Tables, list[uuid.UUID], list[Fence]]]:
     """A table of the test's own with its statistics stale (autovacuum off for it): never
     analyzed, or analyzed while empty (as ``create_schema`` leaves it); then the backlog."""
-    engine = create_engine(pg_url)
+    engine = create_engine(pg_url, enable_from_linting=False)  # start_unflushed's CTE
     metadata = MetaData()
     tables = build_tables(metadata, f"plans_{uuid.uuid4().hex[:8]}")
     t = tables.executions.name
@@ -213,3 +215,18 @@ def test_hot_query_is_planned_by_the_primary_key(
         for mode, plan in _plans(engine, query).items():
             wrong = _off_the_key(plan, t, indexes, pkey)
             assert not wrong, f"{name} ({mode}): {wrong}\n{json.dumps(plan, indent=1)}"
+
+
+def _never_analyzed(engine: Engine, tables: list[str]) -> list[str]:
+    """The ones of ``tables`` PostgreSQL has no statistics of (``reltuples`` -1: neither
+    analyzed nor vacuumed yet)."""
+    with engine.connect() as conn:
+        return [t for t in tables if conn.execute(text(
+            "SELECT reltuples FROM pg_class WHERE oid = CAST(:t AS regclass)"),
+            {"t": t}).scalar_one() < 0]
+
+
+def test_create_schema_leaves_the_tables_analyzed(pg_url: str, make_outbox: MakeOutbox,
+                                                  registry: JobRegistry) -> None:
+    box = make_outbox(pg_url, registry)
+    assert _never_analyzed(box.engine, [t.name for t in box.tables.all()]) == []
