@@ -40,7 +40,7 @@ from celery_outbox.queries.worker import (
 from tests.integration.conftest import MakeOutbox
 
 BACKLOG = 20_000
-"""Pending rows of the job the claims are for (and a few thousand rows in each other
+"""Pending rows of the job the claims are for (and 500 rows in each other
 status): enough that reading them is a plan of its own, few enough to insert in a second."""
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -108,10 +108,10 @@ def backlog(request: pytest.FixtureRequest, pg_url: str
                        "claimed_by, finished_at")
             for status, n, extra in (
                 ("pending", BACKLOG, "NULL, NULL, NULL, NULL"),
-                ("scheduled", 2000, "now() + interval '1 hour', NULL, NULL, NULL"),
-                ("running", 2000, "NULL, now() + interval '1 minute', 'w', NULL"),
-                ("succeeded", 2000, "NULL, NULL, NULL, now()"),
-                ("cancelled", 2000, "NULL, now() + interval '1 minute', 'w', now()"),
+                ("scheduled", 500, "now() + interval '1 hour', NULL, NULL, NULL"),
+                ("running", 500, "NULL, now() + interval '1 minute', 'w', NULL"),
+                ("succeeded", 500, "NULL, NULL, NULL, now()"),
+                ("cancelled", 500, "NULL, now() + interval '1 minute', 'w', now()"),
             ):
                 conn.execute(text(
                     f"INSERT INTO {t} ({columns}) SELECT gen_random_uuid(), 'job', "
@@ -154,10 +154,9 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def _plans(engine: Engine, query: Query[Any]) -> dict[str, dict[str, Any]]:
-    """The generic and the custom plan of ``query`` as a prepared statement, as JSON."""
-    import psycopg
-
+def _plans(engine: Engine, conn: Any, query: Query[Any]) -> dict[str, dict[str, Any]]:
+    """The generic and the custom plan of ``query`` as a prepared statement on ``conn`` (a
+    psycopg connection with client-side binding), as JSON."""
     statement, parameters = _sent(engine, query)
     names: list[str] = []
 
@@ -167,11 +166,10 @@ def _plans(engine: Engine, query: Query[Any]) -> dict[str, dict[str, Any]]:
         return f"${names.index(match.group(1)) + 1}"
 
     numbered = re.sub(r"%\((\w+)\)s", number, statement)
-    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
-        conn.execute(f"PREPARE hot AS {numbered}")
-        args = ", ".join(["%s"] * len(names))
-        plans = {}
+    conn.execute(f"PREPARE hot AS {numbered}")
+    args = ", ".join(["%s"] * len(names))
+    plans = {}
+    try:
         for mode in ("force_generic_plan", "force_custom_plan"):
             conn.execute(f"SET plan_cache_mode = {mode}")
             row = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE hot({args})" if names else
@@ -180,6 +178,8 @@ def _plans(engine: Engine, query: Query[Any]) -> dict[str, dict[str, Any]]:
             assert row is not None
             found = row[0] if isinstance(row[0], list) else json.loads(row[0])
             plans[mode] = found[0]["Plan"]
+    finally:
+        conn.execute("DEALLOCATE hot")
     return plans
 
 
@@ -211,10 +211,14 @@ def test_hot_query_is_planned_by_the_primary_key(
             "AND contype = 'p'"), {"t": t}).scalar_one()
         indexes = set(conn.execute(text(
             "SELECT indexname FROM pg_indexes WHERE tablename = :t"), {"t": t}).scalars())
-    for query in CASES[name](tables, ids, fences):
-        for mode, plan in _plans(engine, query).items():
-            wrong = _off_the_key(plan, t, indexes, pkey)
-            assert not wrong, f"{name} ({mode}): {wrong}\n{json.dumps(plan, indent=1)}"
+    import psycopg
+
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as raw:
+        for query in CASES[name](tables, ids, fences):
+            for mode, plan in _plans(engine, raw, query).items():
+                wrong = _off_the_key(plan, t, indexes, pkey)
+                assert not wrong, f"{name} ({mode}): {wrong}\n{json.dumps(plan, indent=1)}"
 
 
 def _never_analyzed(engine: Engine, tables: list[str]) -> list[str]:
