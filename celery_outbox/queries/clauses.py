@@ -6,7 +6,7 @@ import re
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, true
+from sqlalchemy import Table, and_, bindparam, literal, true
 from sqlalchemy.dialects import postgresql, sqlite
 
 from celery_outbox.outcomes import Fence
@@ -78,6 +78,15 @@ def filtered(*clauses: Any) -> Any:
     burst), the planner may AND the ids with an index of the job or of the status and read
     every pending row of the job for each claim (bench/README.md, "Claim plans")."""
     return and_(*clauses).is_(true())
+
+
+def active_literal(t: Table) -> Any:
+    """:func:`active` with the statuses written into the SQL, not bound: a prepared
+    statement's generic plan can then use the partial unique index of active keys, whose
+    predicate they must match (with bound statuses it reads the job's rows instead). Not for
+    a statement the direct path runs (it sends the SQL as compiled, without them)."""
+    return t.c.status.in_([literal(s.value, literal_execute=True)
+                           for s in sorted(ACTIVE, key=lambda s: s.value)])
 
 
 def fenced(t: Table, fence: Fence) -> Any:

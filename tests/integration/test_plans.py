@@ -27,7 +27,13 @@ from celery_outbox import JobRegistry
 from celery_outbox.models import Tables, build_tables
 from celery_outbox.outcomes import Cancelled, Failed, Fence, Retrying, Succeeded
 from celery_outbox.queries import QUERIES, Query
-from celery_outbox.queries.push import existing_ids, insert_keyed, insert_rows
+from celery_outbox.queries.push import (
+    existing_ids,
+    insert_keyed,
+    insert_rows,
+    key_holder,
+    key_holders,
+)
 from celery_outbox.queries.worker import (
     claim_rows,
     confirm_stop,
@@ -272,3 +278,26 @@ def test_no_generic_plan_is_kept_from_a_small_table(
             "SELECT statement FROM pg_prepared_statements WHERE generic_plans > 0 "
             "AND statement LIKE :t"), {"t": f"%{t}%"}).scalars().all()
     assert kept == []
+
+
+@pytest.mark.parametrize("build", [
+    lambda t: key_holder(t, "job", "pending7"),
+    lambda t: key_holders(t, [("job", "pending7"), ("job", "pending8")]),
+], ids=["key_holder", "key_holders"])
+def test_a_keys_holder_is_found_by_the_active_key_index(
+    backlog: tuple[Engine, Tables, list[uuid.UUID], list[Fence]],
+    build: Callable[[Any], Query[Any]],
+) -> None:
+    """A keyed push that finds its key held reads who holds it: by the partial unique index
+    of active keys, generic plan or custom (the statuses in the SQL match its predicate)."""
+    import psycopg
+
+    engine, tables, _, _ = backlog
+    t = tables.executions.name
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as raw:
+        for mode, plan in _plans(engine, raw, build(tables.executions)).items():
+            scans = [n for n in _nodes(plan) if "Scan" in n["Node Type"]]
+            assert not [n for n in scans if n["Node Type"] == "Seq Scan"], (mode, scans)
+            assert {n["Index Name"] for n in scans if "Index Name" in n} \
+                == {f"uq_{t}_active_key"}, (mode, scans)
