@@ -59,6 +59,12 @@ def make_engine(url: str) -> Engine:
     that would otherwise open the transaction (pysqlite begins one only before DML, so that
     SAVEPOINT's release would commit). Both: a pooled connection opened before a fork is
     never used by the child (:func:`_fork_safe`).
+
+    On psycopg 3, no statement is prepared on the server (``prepare_threshold=None``), so
+    PostgreSQL plans each at its execution for the table as it is then: a prepared
+    statement's generic plan, made while the table was small (a sequential scan), stays
+    cached for the connection until the table's statistics change, and a backlog that
+    arrives meanwhile would be read whole by every claim (bench/README.md, "Claim plans").
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
@@ -75,7 +81,11 @@ def make_engine(url: str) -> Engine:
         begin_before_savepoint(engine)
         return engine
     if url.startswith("postgresql"):
-        engine = create_engine(url, connect_args=_pg_connect_args(make_url(url).query),
+        parsed = make_url(url)
+        args = _pg_connect_args(parsed.query)
+        if parsed.get_driver_name() == "psycopg" and "prepare_threshold" not in parsed.query:
+            args["prepare_threshold"] = None  # planned at each execution: see the docstring
+        engine = create_engine(url, connect_args=args,
                                pool_timeout=POOL_TIMEOUT.total_seconds())
         _fork_safe(engine)  # first: its checkout check must run before the one below
         _replace_closed_connections(engine)
