@@ -295,6 +295,18 @@ def trim_triggers(table: str, marks: str) -> tuple[dict[str, list[str]], dict[st
     return {"postgresql": postgresql, "sqlite": sqlite}, drop
 
 
+def analyze_statements(tables: Tables, dialect: Dialect) -> list[str]:
+    """``ANALYZE`` of each outbox table on PostgreSQL (none elsewhere): what
+    ``create_schema`` and the migrations end with, so the planner starts from statistics
+    taken now rather than none. The hot statements do not depend on them (their rows are
+    found by the primary key alone, ``queries.clauses.filtered``); the sweep's, the trim's
+    and the dashboard's reads do."""
+    if dialect.name != "postgresql":
+        return []
+    prep = dialect.identifier_preparer
+    return [f"ANALYZE {prep.format_table(table)}" for table in tables.all()]
+
+
 def _index(name: str, table: Table, *columns: str, unique: bool = False, where: str = "") -> Index:
     kwargs: dict[str, Any] = {}
     if where:

@@ -47,7 +47,14 @@ from celery_outbox.maintenance import (
     beat,
 )
 from celery_outbox.maintenance.service import check_now
-from celery_outbox.models import DEFAULT_TABLE, MAX_LENGTHS, TABLES, EncodedJson, build_tables
+from celery_outbox.models import (
+    DEFAULT_TABLE,
+    MAX_LENGTHS,
+    TABLES,
+    EncodedJson,
+    analyze_statements,
+    build_tables,
+)
 from celery_outbox.queries.clauses import storable, unstorable
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.runner import Runner, utcnow
@@ -239,12 +246,17 @@ class Outbox:
 
     def create_schema(self) -> None:
         """Create the outbox tables, indexes and the trim's triggers if they do not exist
-        (idempotent).
+        (idempotent), then, on PostgreSQL, ``ANALYZE`` them (``models.analyze_statements``).
 
         Raises :class:`StorageError` when the database cannot be reached.
         """
         try:
             self.tables.executions.metadata.create_all(self.engine, tables=self.tables.all())
+            analyze = analyze_statements(self.tables, self.engine.dialect)
+            if analyze:
+                with self.engine.begin() as conn:
+                    for statement in analyze:
+                        conn.exec_driver_sql(statement)
         except DBAPIError as exc:
             raise StorageError(f"create_schema failed: {exc.orig}") from exc
 

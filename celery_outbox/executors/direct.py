@@ -11,6 +11,15 @@ Three shortcuts, each for a query the executor would otherwise run through SQLAl
   transaction;
 - :func:`copy_rows`: a large bulk insert as one ``COPY ... FROM STDIN``.
 
+A prepared query's statement is compiled once, but never prepared on the server (psycopg's
+``prepare=False``): PostgreSQL plans it at each execution for the table as it is then. A
+server-side prepared statement may be given a generic plan, cached for the connection's life
+until the table's statistics change; one made while the table was nearly empty is a
+sequential scan, and a backlog that arrives before the next ANALYZE would be read whole by
+every claim. Planning it again costs about 0.1 ms (bench/README.md, "Claim plans"); the
+statements' shape leaves the primary key as the planner's only index
+(:func:`~celery_outbox.queries.clauses.filtered`).
+
 Values and results still go through each column type's SQLAlchemy bind and result
 processors, so the rows are the ones SQLAlchemy would write and read. Only a *sync* psycopg
 connection takes them (:func:`sync_psycopg`): SQLAlchemy's async psycopg dialect names its
@@ -110,13 +119,18 @@ class DirectPath:
         try:
             driver = raw.driver_connection
             assert driver is not None
+            # Planned at each execution (the module's docstring); a one-row INSERT has one
+            # plan, psycopg may prepare it.
+            prepare = [None if query.bulk else False for query in queries]
             if pipelined:
                 with driver.pipeline(), driver.transaction():
-                    cursors = [driver.execute(sql, params) for sql, params, _, _ in bound]
+                    cursors = [driver.execute(sql, params, prepare=p)
+                               for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
             else:
                 driver.autocommit = True
                 try:
-                    cursors = [driver.execute(sql, params) for sql, params, _, _ in bound]
+                    cursors = [driver.execute(sql, params, prepare=p)
+                               for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
                 finally:
                     driver.autocommit = False
             raw_results = [_fetched(cursor, shape, columns)

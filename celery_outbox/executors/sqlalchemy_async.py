@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import (
     async_scoped_session,
 )
 
+from celery_outbox.engine import begin_before_savepoint, check_savepoints
 from celery_outbox.errors import ConfigurationError, OutboxError
 from celery_outbox.executors.base import Observer
 from celery_outbox.executors.database import SameDatabase
@@ -72,6 +73,8 @@ class AsyncSqlAlchemyExecutor:
                 f"use one of {', '.join(SUPPORTED_DIALECTS)}"
             )
         self.engine = engine
+        if engine is not None:
+            begin_before_savepoint(engine)
         self.dialect: str = name
         self.observers: list[Observer] = observers if observers is not None else []
         self.database = database
@@ -132,6 +135,9 @@ class AsyncSqlAlchemyExecutor:
             self._check_dialect(conn)
             if self.database is not None:
                 await self.database.acheck(conn)
+            begin_before_savepoint(conn.engine)  # this caller's next transactions
+            if conn.sync_connection is not None:
+                check_savepoints(conn.sync_connection)  # and this one
         except OutboxError:  # already what the caller gets
             raise
         except DATABASE_ERRORS as exc:

@@ -61,14 +61,19 @@ class Named:
     name: str
     purpose: str
     build: Callable[..., Query[Any]]
+    hot: bool = False
+    """Run for each execution by a push or a worker (the claim, the start, the outcome
+    writes, the heartbeat): its rows are found by the primary key alone, whatever the
+    table's statistics (``tests/integration/test_plans.py`` checks each one's plan)."""
 
 
 QUERIES: dict[str, Named] = {}
 """Every named query, by name: what benchmarks, tests and tracing refer to."""
 
 
-def named(purpose: str) -> Callable[[F], F]:
-    """Register the decorated builder under its function name, with ``purpose`` (one line).
+def named(purpose: str, *, hot: bool = False) -> Callable[[F], F]:
+    """Register the decorated builder under its function name, with ``purpose`` (one line);
+    ``hot``: see :attr:`Named.hot`.
 
     The builder must return a :class:`Query` whose ``name`` is that function name. Raises
     ValueError for a name registered twice.
@@ -78,7 +83,7 @@ def named(purpose: str) -> Callable[[F], F]:
         name = build.__name__
         if name in QUERIES and QUERIES[name].build is not build:
             raise ValueError(f"query {name!r} is registered twice")
-        QUERIES[name] = Named(name, purpose, build)
+        QUERIES[name] = Named(name, purpose, build, hot)
         return build
 
     return register

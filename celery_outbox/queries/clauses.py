@@ -6,7 +6,7 @@ import re
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam
+from sqlalchemy import Table, and_, bindparam, literal, true
 from sqlalchemy.dialects import postgresql, sqlite
 
 from celery_outbox.outcomes import Fence
@@ -68,14 +68,35 @@ def active(t: Table) -> Any:
     return t.c.status.in_(sorted(s.value for s in ACTIVE))
 
 
+def filtered(*clauses: Any) -> Any:
+    """``clauses`` as one ``(...) IS true`` test: in a WHERE it keeps the same rows (NULL is
+    not true either), but no index can serve it, so PostgreSQL's planner finds the rows by
+    the statement's other conditions (the primary key) and only tests these on the rows it
+    fetched. A hot statement (``hot=True`` in :data:`~celery_outbox.queries.QUERIES`) keeps
+    everything but its ids behind it: its plan is the primary key's whatever the table's
+    statistics say. Without it, on a table whose statistics are stale (new, or after a
+    burst), the planner may AND the ids with an index of the job or of the status and read
+    every pending row of the job for each claim (bench/README.md, "Claim plans")."""
+    return and_(*clauses).is_(true())
+
+
+def active_literal(t: Table) -> Any:
+    """:func:`active` with the statuses written into the SQL, not bound: a prepared
+    statement's generic plan can then use the partial unique index of active keys, whose
+    predicate they must match (with bound statuses it reads the job's rows instead). Not for
+    a statement the direct path runs (it sends the SQL as compiled, without them)."""
+    return t.c.status.in_([literal(s.value, literal_execute=True)
+                           for s in sorted(ACTIVE, key=lambda s: s.value)])
+
+
 def fenced(t: Table, fence: Fence) -> Any:
     """The row of ``fence``, still running and held by that claim and attempt (literal
-    values; :func:`fenced_bound` for statements built once)."""
+    values; :func:`fenced_bound` for statements built once); found by its id alone
+    (:func:`filtered`)."""
     return and_(
         t.c.id == fence.id,
-        t.c.status == Status.RUNNING.value,
-        t.c.claimed_by == fence.claimed_by,
-        t.c.attempt == fence.attempt,
+        filtered(t.c.status == Status.RUNNING.value, t.c.claimed_by == fence.claimed_by,
+                 t.c.attempt == fence.attempt),
     )
 
 
@@ -85,9 +106,9 @@ def fenced_bound(t: Table, prefix: str = "fence") -> Any:
     ``<prefix>_attempt`` (:func:`fence_params`), so a statement using it is built once."""
     return and_(
         t.c.id == bindparam(f"{prefix}_id", type_=t.c.id.type),
-        t.c.status == Status.RUNNING.value,
-        t.c.claimed_by == bindparam(f"{prefix}_by", type_=t.c.claimed_by.type),
-        t.c.attempt == bindparam(f"{prefix}_attempt", type_=t.c.attempt.type),
+        filtered(t.c.status == Status.RUNNING.value,
+                 t.c.claimed_by == bindparam(f"{prefix}_by", type_=t.c.claimed_by.type),
+                 t.c.attempt == bindparam(f"{prefix}_attempt", type_=t.c.attempt.type)),
     )
 
 

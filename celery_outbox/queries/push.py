@@ -19,7 +19,7 @@ from uuid import UUID
 from sqlalchemy import Table, and_, bindparam, insert, or_, select, text
 
 from celery_outbox.queries.base import Query, Row, execute, first, named, rows
-from celery_outbox.queries.clauses import active, upsert
+from celery_outbox.queries.clauses import active_literal, upsert
 
 Values = Mapping[str, Any]
 """One new row: column name -> value."""
@@ -30,7 +30,7 @@ def _insert_statement(t: Table) -> Any:
     return insert(t)
 
 
-@named("push: none -> pending (or scheduled), unkeyed rows, one bulk insert")
+@named("push: none -> pending (or scheduled), unkeyed rows, one bulk insert", hot=True)
 def insert_rows(t: Table, values: Sequence[Values]) -> Query[None]:
     """The rows of ``values`` (same columns each), inserted whole: an executor may serve it by
     ``COPY`` or one INSERT straight on the driver."""
@@ -68,7 +68,8 @@ def key_rollback() -> Query[None]:
     return execute("key_rollback", _ROLLBACK_TO)
 
 
-@named("push: none -> pending (or scheduled), keyed rows; a key already held is skipped")
+@named("push: none -> pending (or scheduled), keyed rows; a key already held is skipped",
+       hot=True)
 def insert_keyed(
     t: Table, dialect: str, active_key_where: str, values: Sequence[Values]
 ) -> Query[list[UUID]]:
@@ -94,7 +95,8 @@ def _holder(row: Row) -> tuple[str, str, UUID]:
 def key_holders(t: Table, keys: Sequence[tuple[str, str]]) -> Query[list[tuple[str, str, UUID]]]:
     """Answers ``(job, key, id)`` of each active row holding one of ``keys``."""
     stmt = select(t.c.job_name, t.c.unique_key, t.c.id).where(
-        active(t), or_(*(and_(t.c.job_name == j, t.c.unique_key == k) for j, k in keys)),
+        active_literal(t),
+        or_(*(and_(t.c.job_name == j, t.c.unique_key == k) for j, k in keys)),
     )
     return rows("key_holders", stmt, _holder)
 
@@ -116,12 +118,13 @@ def retried_by(t: Table, retry_of: UUID) -> Query[UUID | None]:
 @named("the active row holding one job's key")
 def key_holder(t: Table, job_name: str, key: str) -> Query[UUID | None]:
     """Answers the id of the active row of ``job_name`` holding ``key``, or None."""
-    stmt = select(t.c.id).where(active(t), t.c.job_name == job_name, t.c.unique_key == key)
+    stmt = select(t.c.id).where(active_literal(t), t.c.job_name == job_name,
+                                t.c.unique_key == key)
     return first("key_holder", stmt, _id)
 
 
 @named("push: the ids of the given ones that have a row (a Django join's pushes, read after "
-       "its commit)")
+       "its commit)", hot=True)
 def existing_ids(t: Table, ids: Sequence[UUID]) -> Query[list[UUID]]:
     """Answers the ids among ``ids`` (at most a few thousand) that have a row."""
     return rows("existing_ids", _existing_ids_statement(t), _id, {"ids": list(ids)})

@@ -42,7 +42,14 @@ from celery_outbox.outcomes import (
     deletes,
 )
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
-from celery_outbox.queries.clauses import fence_params, fenced, fenced_bound, storable, who
+from celery_outbox.queries.clauses import (
+    fence_params,
+    fenced,
+    fenced_bound,
+    filtered,
+    storable,
+    who,
+)
 from celery_outbox.queries.clock import db_after, db_now, lease_param
 from celery_outbox.states import Status
 
@@ -50,9 +57,11 @@ from celery_outbox.states import Status
 @cache
 def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
     """The claim with bound parameters only: the ids as one array on PostgreSQL (``= ANY``,
-    one statement for any number of ids), an expanding ``IN`` elsewhere. ``db_clock``: its
-    now and lease end are the database's (:mod:`celery_outbox.queries.clock`), else the
-    bound ``c_now`` and ``c_lease``."""
+    one statement for any number of ids), an expanding ``IN`` elsewhere; the rows found by
+    their ids alone, the job and the statuses tested on them after
+    (:func:`~celery_outbox.queries.clauses.filtered`). ``db_clock``: its now and lease end
+    are the database's (:mod:`celery_outbox.queries.clock`), else the bound ``c_now`` and
+    ``c_lease``."""
     if db_clock:
         now, lease_until = db_now(dialect), db_after(dialect, "c_lease")
     else:
@@ -64,10 +73,12 @@ def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
         update(t)
         .where(
             ids,
-            t.c.job_name == bindparam("c_job", type_=t.c.job_name.type),
-            or_(
-                t.c.status == Status.PENDING.value,
-                and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= now),
+            filtered(
+                t.c.job_name == bindparam("c_job", type_=t.c.job_name.type),
+                or_(
+                    t.c.status == Status.PENDING.value,
+                    and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= now),
+                ),
             ),
         )
         .values(
@@ -86,7 +97,8 @@ def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
     )
 
 
-@named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set")
+@named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set",
+       hot=True)
 def claim_rows(
     t: Table, dialect: str, ids: Sequence[UUID], job_name: str, worker: str,
     now: datetime | None, lease: timedelta,
@@ -125,7 +137,7 @@ def _start_unflushed_statement(t: Table) -> Any:
 
 
 @named("start without waiting for the WAL flush (PostgreSQL): visible at once, lost only "
-       "if the database server crashes right after; fenced")
+       "if the database server crashes right after; fenced", hot=True)
 def start_unflushed(t: Table, fence: Fence, now: datetime) -> Query[int]:
     """:func:`start_fenced` committing without waiting for its WAL flush; answers the number
     of rows marked started (1, or 0 on a fence miss)."""
@@ -133,7 +145,8 @@ def start_unflushed(t: Table, fence: Fence, now: datetime) -> Query[int]:
                     _start_params(fence, now), prepared=True)
 
 
-@named("start: running -> running, started_at = now (a later row of a claim), fenced")
+@named("start: running -> running, started_at = now (a later row of a claim), fenced",
+       hot=True)
 def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
     """Answers the number of rows marked started (1, or 0 on a fence miss)."""
     return rowcount("start_fenced", _start_statement(t), _start_params(fence, now),
@@ -190,7 +203,7 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, 
 
 
 @named("an attempt's outcome: running -> succeeded, scheduled, failed or cancelled, or the "
-       "row deleted; fenced")
+       "row deleted; fenced", hot=True)
 def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime) -> Query[int]:
     """Answers the number of rows written (1, or 0 on a fence miss)."""
     return rowcount("finish_fenced", _outcome_statement(t, _kind(outcome)),
@@ -212,7 +225,7 @@ def _both(row: Row) -> tuple[int, int]:
 
 
 @named("an attempt's outcome and the start of its claim's next row, in one statement "
-       "(PostgreSQL); fenced")
+       "(PostgreSQL); fenced", hot=True)
 def finish_and_start(
     t: Table, outcome: Outcome, fence: Fence, now: datetime, start: Fence
 ) -> Query[tuple[int, int] | None]:
@@ -224,7 +237,7 @@ def finish_and_start(
 
 @named("heartbeat: running -> running, the lease renewed from now, per fence (and that of a "
        "row cancelled while its attempt runs, until the stop is confirmed); on PostgreSQL a "
-       "row locked by a writer is skipped and answered apart")
+       "row locked by a writer is skipped and answered apart", hot=True)
 def extend_leases(
     t: Table, dialect: str, worker: str | None, fences: Sequence[Fence], now: datetime | None,
     lease: timedelta, *, wait: bool = False,
@@ -242,12 +255,14 @@ def extend_leases(
     the two (a deadlock). A row it skipped but the statement's snapshot shows held is
     answered ``(id, False, False)``; renew it on its own with ``wait`` (one row: no deadlock).
     """
-    guard = [or_(t.c.status == Status.RUNNING.value,
-                 and_(t.c.status == Status.CANCELLED.value, t.c.lease_expires_at.is_not(None))),
-             or_(*(and_(t.c.id == f.id, t.c.claimed_by == f.claimed_by,
-                        t.c.attempt == f.attempt) for f in fences))]
+    held = [or_(t.c.status == Status.RUNNING.value,
+                and_(t.c.status == Status.CANCELLED.value, t.c.lease_expires_at.is_not(None))),
+            or_(*(and_(t.c.id == f.id, t.c.claimed_by == f.claimed_by,
+                       t.c.attempt == f.attempt) for f in fences))]
     if worker is not None:
-        guard.append(t.c.claimed_by == worker)
+        held.append(t.c.claimed_by == worker)
+    # The rows found by their ids alone, the rest tested on them (clauses.filtered).
+    guard = [t.c.id.in_([f.id for f in fences]), filtered(*held)]
     if now is None:
         values: dict[str, Any] = {"lease_expires_at": db_after(dialect, "h_lease"),
                                   "updated_at": db_now(dialect)}
@@ -275,15 +290,15 @@ def _confirm_stop_statement(t: Table) -> Any:
     now = bindparam("stop_now", type_=t.c.updated_at.type)
     return (update(t)
             .where(t.c.id == bindparam("stop_id", type_=t.c.id.type),
-                   t.c.status == Status.CANCELLED.value,
-                   t.c.claimed_by == bindparam("stop_by", type_=t.c.claimed_by.type),
-                   t.c.attempt == bindparam("stop_attempt", type_=t.c.attempt.type),
-                   t.c.lease_expires_at.is_not(None))
+                   filtered(t.c.status == Status.CANCELLED.value,
+                            t.c.claimed_by == bindparam("stop_by", type_=t.c.claimed_by.type),
+                            t.c.attempt == bindparam("stop_attempt", type_=t.c.attempt.type),
+                            t.c.lease_expires_at.is_not(None)))
             .values(lease_expires_at=None, updated_at=now))
 
 
 @named("confirm stop: cancelled -> cancelled, lease cleared: the cancelled attempt's handler "
-       "stopped; fenced")
+       "stopped; fenced", hot=True)
 def confirm_stop(t: Table, fence: Fence, now: datetime) -> Query[int]:
     """Answers the number of rows written (1, or 0 on a miss)."""
     return rowcount("confirm_stop", _confirm_stop_statement(t),
@@ -336,7 +351,8 @@ def release_claim_rows(
     """Answers the ids released: the rows among ``ids`` still running under ``token``."""
     stmt = (
         update(t)
-        .where(t.c.id.in_(ids), t.c.status == Status.RUNNING.value, t.c.claimed_by == token)
+        .where(t.c.id.in_(ids),
+               filtered(t.c.status == Status.RUNNING.value, t.c.claimed_by == token))
         .values(status=Status.PENDING.value, attempt=t.c.attempt - 1, claimed_by=None,
                 lease_expires_at=None, started_at=None, updated_at=now, dispatched_at=now)
         .returning(t.c.id)

@@ -155,6 +155,27 @@ def test_upgrade_head_on_an_empty_database_equals_create_schema(
         engine.dispose()
 
 
+@pytest.mark.parametrize("start", ["base", revisions_oldest_first()[0]])
+def test_upgrade_head_leaves_the_tables_analyzed(
+    start: str, new_database: Callable[[], str]
+) -> None:
+    """The planner has statistics of every outbox table after an upgrade (``reltuples`` -1:
+    never analyzed), from an empty database and from the first revision."""
+    url = new_database()
+    if start != "base":
+        upgrade(url, start)
+    upgrade(url, "head")
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            never = [t for t in sorted(OUTBOX_TABLES) if conn.execute(text(
+                "SELECT reltuples FROM pg_class WHERE oid = CAST(:t AS regclass)"),
+                {"t": t}).scalar_one() < 0]
+    finally:
+        engine.dispose()
+    assert never == []
+
+
 @pytest.mark.parametrize("start", revisions_oldest_first())
 def test_upgrade_from_each_shipped_revision(
     start: str, new_database: Callable[[], str], reference_schema: dict[str, Any]

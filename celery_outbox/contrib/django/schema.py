@@ -13,7 +13,13 @@ from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
 
 from celery_outbox.contrib.django.conf import outbox_settings
 from celery_outbox.contrib.django.executor import dialect_for
-from celery_outbox.models import DEFAULT_TABLE, Tables, build_tables, trim_triggers
+from celery_outbox.models import (
+    DEFAULT_TABLE,
+    Tables,
+    analyze_statements,
+    build_tables,
+    trim_triggers,
+)
 
 
 def configured_tables() -> Tables:
@@ -74,9 +80,39 @@ class CreateOutboxSchema(migrations.operations.base.Operation):  # type: ignore[
                 schema_editor.execute(sql, params=())
 
     def allowed_to_migrate(self, alias: str, app_label: str) -> bool:
-        from django.db import router
-
-        return bool(router.allow_migrate(alias, app_label))
+        return router_allows(alias, app_label)
 
     def describe(self) -> str:
         return "Create the celery_outbox tables, indexes and trim triggers"
+
+
+class AnalyzeOutboxTables(migrations.operations.base.Operation):  # type: ignore[misc]
+    """``ANALYZE`` the outbox's tables on PostgreSQL (nothing elsewhere), as
+    ``outbox.create_schema()`` ends; reversed, nothing. The app's last migration."""
+
+    reversible = True
+    reduces_to_sql = True
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                          to_state: Any) -> None:
+        if router_allows(schema_editor.connection.alias, app_label):
+            dialect = dialect_for(schema_editor.connection.vendor)
+            for sql in analyze_statements(configured_tables(), dialect):
+                schema_editor.execute(sql, params=())
+
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                           to_state: Any) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "Analyze the celery_outbox tables (PostgreSQL)"
+
+
+def router_allows(alias: str, app_label: str) -> bool:
+    """Whether Django's database routers let ``app_label`` migrate on ``alias``."""
+    from django.db import router
+
+    return bool(router.allow_migrate(alias, app_label))
