@@ -1,4 +1,9 @@
-"""``python -m bench runner [--n N] [--rounds R] [--profile]``: the runner's CPU per execution.
+"""``python -m bench runner [--n N] [--rounds R] [--store S] [--profile S]``: runner CPU per run.
+
+``--store sqlite`` or ``--store twin`` measures that store only; ``--profile S`` prints a
+cProfile of one more round on it; ``--against CHECKOUT`` measures this tree and another
+checkout (an older commit: ``git worktree add``, ``git archive``) side by side, a process each,
+their rounds in turn, so that both see the same load.
 
 No broker, no worker: the ``celery_outbox.run`` task body (``limits.split``, then
 ``Runner.run``) is called in this process on no-op executions, as a pool child does, and the
@@ -25,11 +30,13 @@ import os
 import platform
 import pstats
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 from celery import Celery
@@ -39,6 +46,7 @@ from celery_outbox import JobContext, JobRegistry, Outbox, OutboxConfig, outbox_
 from celery_outbox.dispatch import DispatchItem
 from celery_outbox.runner import Runner
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = "bench.noop"
 BATCHES = (1, 50)
 
@@ -77,7 +85,8 @@ def _sqlite(path: str) -> tuple[Callable[[int], list[UUID]], Callable[[list[UUID
 
 
 def _twin() -> tuple[Callable[[int], list[UUID]], Callable[[list[UUID]], None]]:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if "tests.twin" not in sys.modules:
+        sys.path.insert(0, ROOT)
     from tests.twin import MemoryStore
 
     registry = JobRegistry()
@@ -107,17 +116,83 @@ def _round(make: Callable[[int], list[UUID]], run: Callable[[list[UUID]], None],
     return spent / n * 1e6
 
 
+SIDE = ("import sys; sys.path.insert(0, {root!r}); import celery_outbox, tests.twin; "
+        "sys.path.insert(0, {here!r}); from bench.runner import serve; serve()")
+"""One side of ``--against``: the package and the twin of ``root``, this benchmark's code."""
+
+
+def serve() -> None:
+    """Answer each ``store batch n`` line of stdin with the figure of one round."""
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        stores: dict[str, Any] = {}
+        for line in sys.stdin:
+            name, batch, n = line.split()
+            if name not in stores:
+                stores[name] = _sqlite(os.path.join(tmp, "outbox.sqlite3")) \
+                    if name == "sqlite" else _twin()
+                for warm in BATCHES:
+                    _round(*stores[name], 100, warm)
+            print(_round(*stores[name], int(n), int(batch)), flush=True)
+
+
+def against(other: str, stores: list[str], n: int, rounds: int) -> None:
+    """This tree and the checkout ``other`` side by side, one process each, their rounds
+    taken in turn (so both see the same machine); each figure's medians and the median of
+    the per-round ratios."""
+    sides = {name: subprocess.Popen(
+        [sys.executable, "-c", SIDE.format(root=root, here=ROOT)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+        for name, root in (("this tree", ROOT), ("other", os.path.abspath(other)))}
+    print(f"runner CPU per execution, this tree ({ROOT}) vs {other}: python "
+          f"{platform.python_version()}, {n} no-op executions x {rounds} rounds in turn, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    try:
+        for name in stores:
+            for batch in BATCHES:
+                runs: dict[str, list[float]] = {side: [] for side in sides}
+                for r in range(rounds):
+                    for side in (list(sides) if r % 2 else list(sides)[::-1]):
+                        proc = sides[side]
+                        assert proc.stdin is not None and proc.stdout is not None
+                        proc.stdin.write(f"{name} {batch} {n}\n")
+                        proc.stdin.flush()
+                        runs[side].append(float(proc.stdout.readline()))
+                mine, theirs = runs["this tree"], runs["other"]
+                ratio = statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+                print(f"  {name:<7} {batch:>3} id(s) per message  this tree "
+                      f"{statistics.median(mine):7.1f}, other {statistics.median(theirs):7.1f}"
+                      f" us/execution; this / other {ratio:.2f}x (per-round median)")
+    finally:
+        for proc in sides.values():
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench runner",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2000, help="executions per round and figure")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--store", choices=("sqlite", "twin"), action="append",
+                        help="only this store (again for both; default both)")
     parser.add_argument("--profile", choices=("sqlite", "twin"),
                         help="print a cProfile of one more round of that store (batch 1)")
+    parser.add_argument("--against", metavar="CHECKOUT",
+                        help="another checkout of the repository (its celery_outbox and "
+                             "tests/twin.py), measured in turn with this one")
     args = parser.parse_args(argv)
+    if args.against:
+        against(args.against, args.store or ["sqlite", "twin"], args.n, args.rounds)
+        return 0
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        stores = {"sqlite": _sqlite(os.path.join(tmp, "outbox.sqlite3")), "twin": _twin()}
+        wanted = args.store or ["sqlite", "twin"]
+        if args.profile and args.profile not in wanted:
+            wanted.append(args.profile)
+        stores = {name: _sqlite(os.path.join(tmp, "outbox.sqlite3")) if name == "sqlite"
+                  else _twin() for name in dict.fromkeys(wanted)}
         for make, run in stores.values():  # warm up: imports, compiled statements, threads
             for batch in BATCHES:
                 _round(make, run, 100, batch)
