@@ -168,9 +168,10 @@ class _JobLogger(logging.Logger):
             if "_lazy_ready" in self.__dict__:
                 return
             app_logger = logging.getLogger(self.name)
-            super().__init__(self.name, min(logging.INFO, app_logger.getEffectiveLevel()))
-            self.parent = app_logger
-            self._lazy_ready = True
+            made = logging.Logger(self.name, min(logging.INFO, app_logger.getEffectiveLevel()))
+            # All at once (one dict update): another thread logging meanwhile finds either
+            # nothing (and waits here) or the whole logger, never one half made.
+            self.__dict__.update(made.__dict__, parent=app_logger, _lazy_ready=True)
 
     def handle(self, record: logging.LogRecord) -> None:
         if self.disabled or not self.filter(record):

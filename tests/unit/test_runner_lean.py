@@ -209,3 +209,41 @@ def test_the_rows_of_one_message_are_held_and_let_go_each_on_its_own(
     assert result.claimed == 3 and result.succeeded == 2
     assert stopped == [False, False]  # the cancelled row never began; the others ran on
     assert runner.heartbeat.held() == [] and runner.inflight.fences() == []
+
+
+def test_ctx_log_first_used_by_many_threads_at_once_keeps_and_passes_on_every_record() -> None:
+    """Set up at its first use, ``ctx.log`` is whole for every thread that logs through it
+    at once: each record kept, and each reaching the application's handler of the job's
+    logger (its parent set before any thread can use it)."""
+    app_logger = logging.getLogger("celery_outbox.job.lean.threads")
+    passed: list[str] = []
+
+    class Passed(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            passed.append(record.getMessage())
+
+    handler = Passed()
+    app_logger.addHandler(handler)
+    app_logger.setLevel(logging.INFO)
+    try:
+        for _ in range(20):
+            passed.clear()
+            capture = logs_module.LogCapture(app_logger.name, 100)
+            start = threading.Barrier(8)
+
+            def log(i: int, capture: logs_module.LogCapture = capture,
+                    start: threading.Barrier = start) -> None:
+                start.wait()
+                capture.logger.info("thread %d", i)
+
+            threads = [threading.Thread(target=log, args=(i,)) for i in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            expected = sorted(f"thread {i}" for i in range(8))
+            assert sorted(e["message"] for e in capture.entries()) == expected
+            assert sorted(passed) == expected
+    finally:
+        app_logger.removeHandler(handler)
+        app_logger.setLevel(logging.NOTSET)
