@@ -1,0 +1,234 @@
+"""Ways a caller's SQLAlchemy transaction ends that real code meets and the savepoint trees
+of the joins model do not build: a flush that fails inside ``begin_nested()`` (SQLAlchemy
+rolls the savepoint back itself, then the context manager only closes it), a transaction in
+AUTOCOMMIT (nothing to roll back), a user's own Session listeners that raise, and a
+Connection whose server went away before its commit.
+
+Each checks the promise: the ids dispatched are exactly the ids of the rows committed, and a
+failure reaches the caller as the error SQLAlchemy would raise without the outbox.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Column, Integer, create_engine, event, func, select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session, declarative_base
+
+from celery_outbox import ConfigurationError, Outbox, OutboxJob
+from tests.integration.conftest import Order
+from tests.integration.fakes import RecordingDispatcher
+
+Base = declarative_base()
+
+
+class Thing(Base):  # type: ignore[misc, valid-type]
+    """A user's table with a primary key a second insert of the same id violates."""
+
+    __tablename__ = f"thing_{uuid.uuid4().hex[:8]}"
+    id = Column(Integer, primary_key=True)
+
+
+@pytest.fixture
+def things(outbox: Outbox) -> Iterator[None]:
+    Base.metadata.create_all(outbox.engine)
+    with Session(outbox.engine) as session:
+        session.add(Thing(id=1))
+        session.commit()
+    yield
+    Base.metadata.drop_all(outbox.engine)
+
+
+def count(outbox: Outbox) -> int:
+    t = outbox.tables.executions
+    with outbox.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+
+
+def committed(outbox: Outbox, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    return [i for i in ids if outbox.store.get(i) is not None]
+
+
+# -- a flush that fails inside a savepoint -----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a flush failed in begin_nested(): SQLAlchemy rolls the"
+           " savepoint back, the hook keeps its push")
+def test_failed_flush_inside_begin_nested_block_drops_its_push(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, things: None,
+) -> None:
+    # The everyday "try the insert in a savepoint" pattern: the flush fails, SQLAlchemy rolls
+    # the savepoint back during the flush, the block only closes it on the way out.
+    with Session(outbox.engine) as session:
+        kept = receipt.push(Order(order_id=1), session=session)
+        with pytest.raises(IntegrityError), session.begin_nested():
+            receipt.push(Order(order_id=2), session=session)
+            session.add(Thing(id=1))  # the id is taken: the flush fails
+            session.flush()
+        session.commit()
+    assert count(outbox) == 1
+    assert recording.ids == [kept]
+    assert committed(outbox, recording.ids) == recording.ids
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a flush failed in begin_nested(): SQLAlchemy rolls the"
+           " savepoint back, the hook keeps its push")
+def test_failed_flush_in_inner_savepoint_keeps_the_outer_savepoints_push(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, things: None,
+) -> None:
+    with Session(outbox.engine) as session:
+        with session.begin_nested():
+            outer = receipt.push(Order(order_id=1), session=session)
+            with pytest.raises(IntegrityError), session.begin_nested():
+                receipt.push(Order(order_id=2), session=session)
+                session.add(Thing(id=1))
+                session.flush()
+        session.commit()
+    assert recording.ids == [outer]
+    assert committed(outbox, recording.ids) == [outer]
+
+
+# -- AUTOCOMMIT: nothing to roll back ----------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Session in AUTOCOMMIT is joined: its rollback leaves the"
+           " row, undispatched")
+def test_session_in_autocommit_is_refused_before_writing(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    # Each statement commits at once: a rollback cannot take the row back, its dispatch would
+    # be dropped with a row left behind (and run by the sweep after all).
+    autocommit = outbox.engine.execution_options(isolation_level="AUTOCOMMIT")
+    with Session(autocommit) as session:
+        with pytest.raises(ConfigurationError, match="AUTOCOMMIT"):
+            receipt.push(Order(order_id=1), session=session)
+        session.rollback()
+    assert count(outbox) == 0
+    assert recording.calls == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Connection in AUTOCOMMIT is joined: its rollback leaves"
+           " the row, undispatched")
+def test_connection_in_autocommit_is_refused_before_writing(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    with outbox.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        with conn.begin(), pytest.raises(ConfigurationError, match="AUTOCOMMIT"):
+            receipt.push_many([Order(order_id=1)], connection=conn)
+    assert count(outbox) == 0
+    assert recording.calls == []
+
+
+# -- a user's own Session listeners that raise -------------------------------------------------
+
+
+class _Raising:
+    """A user's listener on the Session class, registered before the first push, that raises
+    once when armed."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def __call__(self, *args: object) -> None:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("the user's listener failed")
+
+
+@pytest.fixture
+def user_listener(request: pytest.FixtureRequest) -> Iterator[_Raising]:
+    from celery_outbox.executors import hooks
+
+    name = request.param
+    raising = _Raising()
+    # As in an app that registers its own listeners at import time, before the first push.
+    hooked = list(hooks._SESSIONS_HOOKED)
+    if hooked:
+        event.remove(Session, "after_commit", hooks._session_committed)
+        event.remove(Session, "after_soft_rollback", hooks._session_soft_rollback)
+        event.remove(Session, "after_transaction_end", hooks._session_transaction_end)
+        hooks._SESSIONS_HOOKED.clear()
+    event.listen(Session, name, raising)
+    yield raising
+    event.remove(Session, name, raising)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a user's after_soft_rollback listener that raises first"
+           " stops the hook's")
+@pytest.mark.parametrize("user_listener", ["after_soft_rollback"], indirect=True)
+def test_user_after_soft_rollback_that_raises_still_drops_the_savepoints_push(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+    user_listener: _Raising,
+) -> None:
+    with Session(outbox.engine) as session:
+        kept = receipt.push(Order(order_id=1), session=session)
+        savepoint = session.begin_nested()
+        receipt.push(Order(order_id=2), session=session)
+        user_listener.armed = True
+        with pytest.raises(RuntimeError):
+            savepoint.rollback()  # rolled back in the database, then the listener raised
+        session.commit()
+    assert count(outbox) == 1
+    assert recording.ids == [kept]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a user's after_commit listener that raises first stops the"
+           " dispatch")
+@pytest.mark.parametrize("user_listener", ["after_commit"], indirect=True)
+def test_user_after_commit_that_raises_still_dispatches_the_committed_rows(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+    user_listener: _Raising,
+) -> None:
+    with Session(outbox.engine) as session:
+        execution_id = receipt.push(Order(order_id=1), session=session)
+        user_listener.armed = True
+        with pytest.raises(RuntimeError):
+            session.commit()  # committed in the database, then the listener raised
+    assert count(outbox) == 1
+    assert recording.ids == [execution_id]
+
+
+# -- a Connection whose server went away before its commit -------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the Connection hook's own DBAPI commit raises the driver's"
+           " raw error")
+def test_commit_of_a_killed_connection_raises_sqlalchemys_error(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, pg_url: str,
+) -> None:
+    # Without a push, SQLAlchemy raises its OperationalError (a DBAPIError) and invalidates
+    # the Connection; a push in it must not turn that into the driver's raw exception.
+    killer = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    try:
+        with pg_outbox.engine.connect() as conn:
+            tx = conn.begin()
+            receipt.push(Order(order_id=1), connection=conn)
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            with killer.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            with pytest.raises(DBAPIError) as raised:
+                tx.commit()
+            assert raised.value.connection_invalidated
+            assert conn.invalidated
+    finally:
+        killer.dispose()
+    assert count(pg_outbox) == 0
+    assert recording.calls == []
