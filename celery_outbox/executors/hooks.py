@@ -96,9 +96,17 @@ class SessionHook:
         call_all(durable)
 
     def on_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
+        # What the database rolled back: ``previous`` when it is a savepoint or the root, else
+        # (a subtransaction: the one a failed flush opens) its nearest savepoint or root
+        # ancestor, which SQLAlchemy rolls back with it. The savepoint's own block then only
+        # closes it, with no rollback event of its own.
+        boundary = previous
+        while boundary.parent is not None and not boundary.nested:
+            boundary = boundary.parent
+
         def inside(tx: SessionTransaction | None) -> bool:
             while tx is not None:
-                if tx is previous:
+                if tx is boundary:
                     return True
                 tx = tx.parent
             return False
@@ -151,9 +159,11 @@ def _listen_sessions() -> None:
     with _SESSIONS_LOCK:
         if _SESSIONS_HOOKED:
             return
-        event.listen(Session, "after_commit", _session_committed)
-        event.listen(Session, "after_soft_rollback", _session_soft_rollback)
-        event.listen(Session, "after_transaction_end", _session_transaction_end)
+        # First among the listeners (insert=True): a user's own that raises must not stop a
+        # committed row's dispatch, or leave a rolled-back one's queued.
+        event.listen(Session, "after_commit", _session_committed, insert=True)
+        event.listen(Session, "after_soft_rollback", _session_soft_rollback, insert=True)
+        event.listen(Session, "after_transaction_end", _session_transaction_end, insert=True)
         _SESSIONS_HOOKED.append(True)
 
 

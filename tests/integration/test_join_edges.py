@@ -55,10 +55,6 @@ def committed(outbox: Outbox, ids: list[uuid.UUID]) -> list[uuid.UUID]:
 # -- a flush that fails inside a savepoint -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a flush failed in begin_nested(): SQLAlchemy rolls the"
-           " savepoint back, the hook keeps its push")
 def test_failed_flush_inside_begin_nested_block_drops_its_push(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, things: None,
 ) -> None:
@@ -76,10 +72,6 @@ def test_failed_flush_inside_begin_nested_block_drops_its_push(
     assert committed(outbox, recording.ids) == recording.ids
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a flush failed in begin_nested(): SQLAlchemy rolls the"
-           " savepoint back, the hook keeps its push")
 def test_failed_flush_in_inner_savepoint_keeps_the_outer_savepoints_push(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, things: None,
 ) -> None:
@@ -165,10 +157,6 @@ def user_listener(request: pytest.FixtureRequest) -> Iterator[_Raising]:
     event.remove(Session, name, raising)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a user's after_soft_rollback listener that raises first"
-           " stops the hook's")
 @pytest.mark.parametrize("user_listener", ["after_soft_rollback"], indirect=True)
 def test_user_after_soft_rollback_that_raises_still_drops_the_savepoints_push(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
@@ -186,10 +174,6 @@ def test_user_after_soft_rollback_that_raises_still_drops_the_savepoints_push(
     assert recording.ids == [kept]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a user's after_commit listener that raises first stops the"
-           " dispatch")
 @pytest.mark.parametrize("user_listener", ["after_commit"], indirect=True)
 def test_user_after_commit_that_raises_still_dispatches_the_committed_rows(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
