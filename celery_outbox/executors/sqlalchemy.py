@@ -38,7 +38,7 @@ R = TypeVar("R")
 SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 
 __all__ = ["COPY_MIN_ROWS", "DATABASE_ERRORS", "SUPPORTED_DIALECTS", "SqlAlchemyExecutor",
-           "shaped", "storage_error", "where"]
+           "check_autocommit", "shaped", "storage_error", "where"]
 
 DATABASE_ERRORS = (SQLAlchemyError, *REFUSED)
 """What the database layer raises: SQLAlchemy's errors (the driver's, wrapped; the pool's
@@ -151,6 +151,7 @@ class SqlAlchemyExecutor:
             self.database.check(conn)
             begin_before_savepoint(conn.engine)  # this caller's next transactions
             _check_two_phase(conn, session)
+            check_autocommit(conn)
         except OutboxError:  # already what the caller gets
             raise
         except DATABASE_ERRORS as exc:
@@ -218,6 +219,30 @@ def _check_two_phase(conn: Connection, session: Session | None) -> None:
             "push in a two-phase transaction of a Connection (begin_twophase()) is not "
             "supported: its commit has no event the outbox can dispatch after; use "
             "Session(twophase=True), or push in a plain transaction"
+        )
+
+
+def check_autocommit(conn: Connection) -> None:
+    """A caller's Connection (or a Session's) in AUTOCOMMIT is refused: each statement commits
+    at once, so a rollback would leave the row in (to run after all) with its dispatch
+    dropped. Read from the driver connection, no round trip: psycopg's and asyncpg's
+    ``autocommit``; on pysqlite, no transaction open although SQLAlchemy began one
+    (``isolation_level=None`` without a BEGIN of the caller's own), or Python 3.12's
+    ``autocommit=True``."""
+    dbapi: Any = conn.connection.dbapi_connection
+    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        on = True
+    elif conn.dialect.name == "postgresql":
+        on = getattr(dbapi, "autocommit", False) is True
+    else:
+        on = getattr(dbapi, "autocommit", None) is True or (
+            conn.in_transaction() and getattr(dbapi, "isolation_level", "") is None
+            and getattr(dbapi, "in_transaction", True) is False)
+    if on:
+        raise ConfigurationError(
+            "push in a transaction in AUTOCOMMIT is not supported: each statement commits at "
+            "once, so a rollback would keep the row and drop its dispatch; push through a "
+            "Session or Connection without isolation_level='AUTOCOMMIT'"
         )
 
 

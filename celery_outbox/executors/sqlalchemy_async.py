@@ -39,6 +39,7 @@ from celery_outbox.executors.hooks import (
 from celery_outbox.executors.sqlalchemy import (
     DATABASE_ERRORS,
     SUPPORTED_DIALECTS,
+    check_autocommit,
     shaped,
     storage_error,
     where,
@@ -132,6 +133,8 @@ class AsyncSqlAlchemyExecutor:
             self._check_dialect(conn)
             if self.database is not None:
                 await self.database.acheck(conn)
+            if conn.sync_connection is not None:  # an AsyncConnection not started has none
+                check_autocommit(conn.sync_connection)
         except OutboxError:  # already what the caller gets
             raise
         except DATABASE_ERRORS as exc:
