@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, event
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from celery_outbox.errors import ConfigurationError
 
@@ -213,7 +214,10 @@ class ConnectionHook:
             return
         dbapi = conn.connection.dbapi_connection
         if dbapi is not None:
-            dbapi.commit()
+            try:
+                dbapi.commit()
+            except conn.dialect.loaded_dbapi.Error as exc:
+                raise _commit_failed(conn, dbapi, exc) from exc
         call_all(callbacks)
 
     def on_rollback(self, conn: Connection) -> None:
@@ -260,6 +264,19 @@ class ConnectionHook:
             if known == name:
                 return at
         return None
+
+
+def _commit_failed(conn: Connection, dbapi: Any, exc: Any) -> StatementError:
+    """The error SQLAlchemy's own commit would raise for the driver's ``exc``: wrapped in its
+    :class:`~sqlalchemy.exc.DBAPIError` subclass, the Connection invalidated when ``exc``
+    says the connection is gone (so it is not pooled again)."""
+    dialect = conn.dialect
+    gone = bool(dialect.is_disconnect(exc, dbapi, None))
+    if gone:
+        conn.invalidate(exc)
+    error: StatementError = DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error,
+                                                connection_invalidated=gone, dialect=dialect)
+    return error
 
 
 class _Frame:

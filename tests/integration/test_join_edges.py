@@ -184,10 +184,6 @@ def test_user_after_commit_that_raises_still_dispatches_the_committed_rows(
 # -- a Connection whose server went away before its commit -------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Connection hook's own DBAPI commit raises the driver's"
-           " raw error")
 def test_commit_of_a_killed_connection_raises_sqlalchemys_error(
     pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, pg_url: str,
 ) -> None:
