@@ -10,6 +10,7 @@ failure reaches the caller as the error SQLAlchemy would raise without the outbo
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Iterator
 
@@ -18,6 +19,7 @@ from sqlalchemy import Column, Integer, create_engine, event, func, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session, declarative_base
+from sqlalchemy.orm.session import JoinTransactionMode
 
 from celery_outbox import ConfigurationError, Outbox, OutboxJob
 from tests.integration.conftest import Order
@@ -252,4 +254,80 @@ async def test_async_failed_flush_inside_begin_nested_block_drops_its_push(
         await engine.dispose()
         Base.metadata.drop_all(pg_outbox.engine)
     assert count(pg_outbox) == 1
+    assert recording.ids == [kept]
+
+
+# -- a joined Session closed (or dropped) without its commit -----------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Session joined to a Connection's transaction, closed without"
+           " commit: its rows stay in the outer transaction, the dispatch is dropped")
+@pytest.mark.parametrize("mode", ["rollback_only", "conditional_savepoint"])
+def test_joined_session_closed_without_commit_dispatches_on_the_outer_commit(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+    mode: JoinTransactionMode,
+) -> None:
+    # Neither mode opens a savepoint here (the Connection is in no savepoint): close() leaves
+    # the Connection's transaction, and the row in it, as they are.
+    with outbox.engine.connect() as conn:
+        outer = conn.begin()
+        session = Session(bind=conn, join_transaction_mode=mode)
+        execution_id = receipt.push(Order(order_id=1), session=session)
+        session.close()
+        outer.commit()
+    assert committed(outbox, [execution_id]) == [execution_id]
+    assert recording.ids == [execution_id]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Session joined to a Connection's transaction, dropped without"
+           " commit or close: its rows commit with the outer one, undispatched")
+@pytest.mark.parametrize("mode", ["create_savepoint", "rollback_only"])
+def test_joined_session_dropped_without_commit_dispatches_on_the_outer_commit(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+    mode: JoinTransactionMode,
+) -> None:
+    with outbox.engine.connect() as conn:
+        outer = conn.begin()
+        execution_id = receipt.push(
+            Order(order_id=1), session=Session(bind=conn, join_transaction_mode=mode))
+        gc.collect()  # the Session is gone, its savepoint (if any) never released nor undone
+        outer.commit()
+    assert committed(outbox, [execution_id]) == [execution_id]
+    assert recording.ids == [execution_id]
+
+
+def test_joined_session_closed_in_its_savepoint_drops_the_push(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    with outbox.engine.connect() as conn:
+        outer = conn.begin()
+        session = Session(bind=conn, join_transaction_mode="create_savepoint")
+        execution_id = receipt.push(Order(order_id=1), session=session)
+        session.close()  # rolls its savepoint back
+        outer.commit()
+    assert outbox.store.get(execution_id) is None
+    assert recording.calls == []
+
+
+# -- a savepoint SQLAlchemy does not know of -----------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a savepoint of the caller's own SQL (SAVEPOINT / ROLLBACK TO) is invisible to"
+           " the hooks: the push it undid is dispatched")
+def test_push_undone_by_a_raw_sql_savepoint_is_not_dispatched(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    with Session(outbox.engine) as session:
+        kept = receipt.push(Order(order_id=1), session=session)
+        session.execute(text("SAVEPOINT mine"))
+        receipt.push(Order(order_id=2), session=session)
+        session.execute(text("ROLLBACK TO SAVEPOINT mine"))
+        session.commit()
+    assert count(outbox) == 1
     assert recording.ids == [kept]
