@@ -51,11 +51,12 @@ class SessionHook:
     no listener of its own (three per Session cost about 0.07 ms of CPU, about what the
     push's INSERT costs on the driver).
 
-    A Session bound to a Connection that was already in a transaction (the
-    ``join_transaction_mode`` recipes) commits no more than a savepoint, or nothing, on
-    ``commit()``: the rows are durable only when that outer transaction commits. Its
-    callbacks then move to the Connection's queue (:class:`ConnectionHook`), which runs
-    them on the outer commit and drops them on its rollback.
+    A Session bound to a Connection of the caller's (the ``join_transaction_mode`` recipes)
+    queues on that Connection's hook instead (:func:`queue_after_commit`): it may commit no
+    more than a savepoint, or nothing, and its ``close()`` may leave the rows in the outer
+    transaction. A callback whose Connection is still in a transaction after the Session's
+    commit (a Session joined through ``binds``) moves to that Connection's queue
+    (:class:`ConnectionHook`), which runs it on the outer commit and drops it on its rollback.
     """
 
     __slots__ = ("entries",)
@@ -325,7 +326,16 @@ def queue_after_commit(callback: Callback, conn: Connection,
     """Run ``callback`` after the outermost commit of the transaction ``conn`` (the Connection
     the rows went through) is in: that of ``session`` when given (a Session's, followed
     through its savepoints and any outer transaction it joined), else ``conn``'s own."""
-    if session is not None:
+    if session is not None and not _bound_to(session, conn):
         SessionHook.get(session).add(session, callback, conn)
     else:
         ConnectionHook.get(conn).add(callback, conn)
+
+
+def _bound_to(session: Session, conn: Connection) -> bool:
+    """Whether ``session`` writes through ``conn``, a Connection of the caller's own
+    (``Session(bind=conn)``, the ``join_transaction_mode`` recipes): then that Connection's
+    events say what becomes of the rows, whatever the Session does with it (a ``close()``
+    that leaves its transaction be, a Session dropped unclosed, a savepoint of the Session's
+    own). Not a two-phase Session: its commit fires no Connection ``commit`` event."""
+    return session.bind is conn and not session.twophase

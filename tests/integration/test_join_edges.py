@@ -260,10 +260,6 @@ async def test_async_failed_flush_inside_begin_nested_block_drops_its_push(
 # -- a joined Session closed (or dropped) without its commit -----------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Session joined to a Connection's transaction, closed without"
-           " commit: its rows stay in the outer transaction, the dispatch is dropped")
 @pytest.mark.parametrize("mode", ["rollback_only", "conditional_savepoint"])
 def test_joined_session_closed_without_commit_dispatches_on_the_outer_commit(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
@@ -281,10 +277,6 @@ def test_joined_session_closed_without_commit_dispatches_on_the_outer_commit(
     assert recording.ids == [execution_id]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Session joined to a Connection's transaction, dropped without"
-           " commit or close: its rows commit with the outer one, undispatched")
 @pytest.mark.parametrize("mode", ["create_savepoint", "rollback_only"])
 def test_joined_session_dropped_without_commit_dispatches_on_the_outer_commit(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
@@ -331,3 +323,23 @@ def test_push_undone_by_a_raw_sql_savepoint_is_not_dispatched(
         session.commit()
     assert count(outbox) == 1
     assert recording.ids == [kept]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+async def test_joined_async_session_closed_without_commit_dispatches_on_the_outer_commit(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, pg_url: str,
+    driver: str,
+) -> None:
+    engine = create_async_engine(f"postgresql+{driver}://" + pg_url.split("://", 1)[1])
+    try:
+        async with engine.connect() as conn:
+            outer = await conn.begin()
+            session = AsyncSession(bind=conn, join_transaction_mode="rollback_only")
+            execution_id = await receipt.apush(Order(order_id=1), session=session)
+            await session.close()
+            await outer.commit()
+    finally:
+        await engine.dispose()
+    assert committed(pg_outbox, [execution_id]) == [execution_id]
+    assert recording.ids == [execution_id]
