@@ -343,3 +343,26 @@ async def test_joined_async_session_closed_without_commit_dispatches_on_the_oute
         await engine.dispose()
     assert committed(pg_outbox, [execution_id]) == [execution_id]
     assert recording.ids == [execution_id]
+
+
+def test_commit_refused_by_a_deferred_constraint_raises_sqlalchemys_integrity_error(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    # What a retry loop catches (sqlalchemy.exc.IntegrityError / OperationalError) must be
+    # what the commit raises with a push in the transaction too.
+    table = f"deferred_{uuid.uuid4().hex[:8]}"
+    with pg_outbox.engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {table} (id int, CONSTRAINT {table}_u UNIQUE (id) "
+                          f"DEFERRABLE INITIALLY DEFERRED)"))
+    try:
+        with pg_outbox.engine.connect() as conn:
+            tx = conn.begin()
+            receipt.push(Order(order_id=1), connection=conn)
+            conn.execute(text(f"INSERT INTO {table} VALUES (1), (1)"))  # checked at COMMIT
+            with pytest.raises(IntegrityError):
+                tx.commit()
+    finally:
+        with pg_outbox.engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE {table}"))
+    assert count(pg_outbox) == 0
+    assert recording.calls == []
