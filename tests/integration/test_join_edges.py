@@ -366,3 +366,37 @@ def test_commit_refused_by_a_deferred_constraint_raises_sqlalchemys_integrity_er
             conn.execute(text(f"DROP TABLE {table}"))
     assert count(pg_outbox) == 0
     assert recording.calls == []
+
+
+# -- a Session that cannot begin -------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="autobegin=False outside begin() raises StorageError, "
+                                       "which says the database failed")
+def test_session_without_autobegin_outside_begin_is_refused_naming_begin(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    with Session(outbox.engine, autobegin=False) as session:
+        with pytest.raises(ConfigurationError, match=r"session\.begin\(\)"):
+            receipt.push(Order(order_id=1), session=session)
+        with session.begin():
+            execution_id = receipt.push(Order(order_id=2), session=session)
+    assert count(outbox) == 1
+    assert recording.ids == [execution_id]
+
+
+@pytest.mark.xfail(strict=True, reason="autobegin=False outside begin() raises StorageError, "
+                                       "which says the database failed")
+@pytest.mark.asyncio
+async def test_async_session_without_autobegin_outside_begin_is_refused_naming_begin(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, pg_url: str,
+) -> None:
+    engine = create_async_engine("postgresql+psycopg://" + pg_url.split("://", 1)[1])
+    try:
+        async with AsyncSession(engine, autobegin=False) as session:
+            with pytest.raises(ConfigurationError, match=r"session\.begin\(\)"):
+                await receipt.apush(Order(order_id=1), session=session)
+    finally:
+        await engine.dispose()
+    assert count(pg_outbox) == 0
+    assert recording.calls == []
