@@ -38,7 +38,7 @@ R = TypeVar("R")
 SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 
 __all__ = ["COPY_MIN_ROWS", "DATABASE_ERRORS", "SUPPORTED_DIALECTS", "SqlAlchemyExecutor",
-           "check_autocommit", "shaped", "storage_error", "where"]
+           "check_autocommit", "check_began", "shaped", "storage_error", "where"]
 
 DATABASE_ERRORS = (SQLAlchemyError, *REFUSED)
 """What the database layer raises: SQLAlchemy's errors (the driver's, wrapped; the pool's
@@ -146,6 +146,8 @@ class SqlAlchemyExecutor:
                 f"expected a SQLAlchemy Session, scoped_session or Connection, got "
                 f"{type(caller).__name__}"
             )
+        if session is not None:
+            check_began(session)
         try:
             conn = session.connection() if session is not None else caller
             self.database.check(conn)
@@ -219,6 +221,17 @@ def _check_two_phase(conn: Connection, session: Session | None) -> None:
             "push in a two-phase transaction of a Connection (begin_twophase()) is not "
             "supported: its commit has no event the outbox can dispatch after; use "
             "Session(twophase=True), or push in a plain transaction"
+        )
+
+
+def check_began(session: Session) -> None:
+    """A Session made with ``autobegin=False`` is in a transaction, or the push is refused
+    (ConfigurationError naming ``session.begin()``): SQLAlchemy's own refusal would reach
+    the caller as a StorageError, which says the database failed."""
+    if not session.autobegin and session.get_transaction() is None:
+        raise ConfigurationError(
+            "push(session=...): the Session was made with autobegin=False and is in no "
+            "transaction; call session.begin() first"
         )
 
 

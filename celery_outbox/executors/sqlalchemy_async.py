@@ -40,6 +40,7 @@ from celery_outbox.executors.sqlalchemy import (
     DATABASE_ERRORS,
     SUPPORTED_DIALECTS,
     check_autocommit,
+    check_began,
     shaped,
     storage_error,
     where,
@@ -128,6 +129,8 @@ class AsyncSqlAlchemyExecutor:
                 f"expected a SQLAlchemy AsyncSession, async_scoped_session or "
                 f"AsyncConnection, got {type(caller).__name__}"
             )
+        if session is not None:
+            check_began(session.sync_session)
         try:
             conn = await session.connection() if session is not None else caller
             self._check_dialect(conn)

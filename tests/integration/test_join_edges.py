@@ -371,8 +371,6 @@ def test_commit_refused_by_a_deferred_constraint_raises_sqlalchemys_integrity_er
 # -- a Session that cannot begin -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="autobegin=False outside begin() raises StorageError, "
-                                       "which says the database failed")
 def test_session_without_autobegin_outside_begin_is_refused_naming_begin(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
 ) -> None:
@@ -385,8 +383,6 @@ def test_session_without_autobegin_outside_begin_is_refused_naming_begin(
     assert recording.ids == [execution_id]
 
 
-@pytest.mark.xfail(strict=True, reason="autobegin=False outside begin() raises StorageError, "
-                                       "which says the database failed")
 @pytest.mark.asyncio
 async def test_async_session_without_autobegin_outside_begin_is_refused_naming_begin(
     pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher, pg_url: str,
