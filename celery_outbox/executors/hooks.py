@@ -59,18 +59,21 @@ class SessionHook:
     (:class:`ConnectionHook`), which runs it on the outer commit and drops it on its rollback.
     """
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, session: Session) -> None:
         self.entries: list[tuple[SessionTransaction, Connection, Callback]] = []
+        self.owner = weakref.ref(session)
+        """The Session it follows: a Session made with another's ``info``
+        (``Session(info=other.info)``) copies the entry, and must not share the queue."""
 
     @classmethod
     def get(cls, session: Session) -> SessionHook:
         hook: SessionHook | None = session.info.get(_SESSION_KEY)
-        if hook is None:
+        if hook is None or hook.owner() is not session:
             if not _SESSIONS_HOOKED:
                 _listen_sessions()
-            hook = session.info[_SESSION_KEY] = cls()
+            hook = session.info[_SESSION_KEY] = cls(session)
         return hook
 
     def add(self, session: Session, callback: Callback, conn: Connection | None = None) -> None:
@@ -126,7 +129,7 @@ class SessionHook:
 def _hook_of(session: Session) -> SessionHook | None:
     """The Session's hook when a push made one (a Session that never pushed: None)."""
     hook: SessionHook | None = session.info.get(_SESSION_KEY)
-    return hook if hook is not None and hook.entries else None
+    return hook if hook is not None and hook.entries and hook.owner() is session else None
 
 
 def _session_committed(session: Session) -> None:
