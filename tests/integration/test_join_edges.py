@@ -419,3 +419,17 @@ def test_session_made_with_another_sessions_info_keeps_its_own_dispatches(
         parent.commit()
     assert count(outbox) == 1
     assert recording.ids == [kept]
+
+
+@pytest.mark.xfail(strict=True, reason="a Session without a default bind gets StorageError "
+                                       "naming the outbox's database")
+def test_session_without_a_default_bind_is_refused_with_a_configuration_error(
+    outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    # binds= for the app's models only: a push has nothing to write through. Not a database
+    # failure: nothing to retry.
+    with Session(binds={Thing: outbox.engine}) as session, \
+            pytest.raises(ConfigurationError, match="bind"):
+        receipt.push(Order(order_id=1), session=session)
+    assert count(outbox) == 0
+    assert recording.calls == []
