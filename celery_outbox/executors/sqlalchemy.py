@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError, UnboundExecutionError
 
 from celery_outbox.engine import begin_before_savepoint
 from celery_outbox.errors import ConfigurationError, OutboxError, StorageError
@@ -38,7 +38,7 @@ R = TypeVar("R")
 SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 
 __all__ = ["COPY_MIN_ROWS", "DATABASE_ERRORS", "SUPPORTED_DIALECTS", "SqlAlchemyExecutor",
-           "check_autocommit", "check_began", "shaped", "storage_error", "where"]
+           "check_autocommit", "check_began", "shaped", "storage_error", "unbound", "where"]
 
 DATABASE_ERRORS = (SQLAlchemyError, *REFUSED)
 """What the database layer raises: SQLAlchemy's errors (the driver's, wrapped; the pool's
@@ -156,6 +156,8 @@ class SqlAlchemyExecutor:
             check_autocommit(conn)
         except OutboxError:  # already what the caller gets
             raise
+        except UnboundExecutionError as exc:  # no bind to write through: not the database's
+            raise unbound(exc) from exc
         except DATABASE_ERRORS as exc:
             raise storage_error(self.where(), exc) from exc
         return Joined(self, conn, session)
@@ -222,6 +224,15 @@ def _check_two_phase(conn: Connection, session: Session | None) -> None:
             "supported: its commit has no event the outbox can dispatch after; use "
             "Session(twophase=True), or push in a plain transaction"
         )
+
+
+def unbound(exc: UnboundExecutionError) -> ConfigurationError:
+    """A caller's Session with no bind to write a push through (only ``binds=`` for its
+    models, or none): a ConfigurationError, not the StorageError of a database that failed."""
+    return ConfigurationError(
+        f"push(session=...): the Session has no default bind to write through ({exc}); "
+        f"give it bind= an engine or Connection on the outbox's database"
+    )
 
 
 def check_began(session: Session) -> None:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -43,6 +44,7 @@ from celery_outbox.executors.sqlalchemy import (
     check_began,
     shaped,
     storage_error,
+    unbound,
     where,
 )
 from celery_outbox.queries import Query
@@ -140,6 +142,8 @@ class AsyncSqlAlchemyExecutor:
                 check_autocommit(conn.sync_connection)
         except OutboxError:  # already what the caller gets
             raise
+        except UnboundExecutionError as exc:  # no bind to write through: not the database's
+            raise unbound(exc) from exc
         except DATABASE_ERRORS as exc:
             raise storage_error("the caller's database", exc) from exc
         return AsyncJoined(self, conn, session)

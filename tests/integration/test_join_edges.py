@@ -421,8 +421,6 @@ def test_session_made_with_another_sessions_info_keeps_its_own_dispatches(
     assert recording.ids == [kept]
 
 
-@pytest.mark.xfail(strict=True, reason="a Session without a default bind gets StorageError "
-                                       "naming the outbox's database")
 def test_session_without_a_default_bind_is_refused_with_a_configuration_error(
     outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
 ) -> None:
@@ -432,4 +430,15 @@ def test_session_without_a_default_bind_is_refused_with_a_configuration_error(
             pytest.raises(ConfigurationError, match="bind"):
         receipt.push(Order(order_id=1), session=session)
     assert count(outbox) == 0
+    assert recording.calls == []
+
+
+@pytest.mark.asyncio
+async def test_async_session_without_a_bind_is_refused_with_a_configuration_error(
+    pg_outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+) -> None:
+    async with AsyncSession() as session:
+        with pytest.raises(ConfigurationError, match="bind"):
+            await receipt.apush(Order(order_id=1), session=session)
+    assert count(pg_outbox) == 0
     assert recording.calls == []
