@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import Column, Integer, create_engine, event, func, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session, declarative_base
+from sqlalchemy.orm import Session, declarative_base, scoped_session, sessionmaker
 from sqlalchemy.orm.session import JoinTransactionMode
 
-from celery_outbox import ConfigurationError, Outbox, OutboxJob
-from tests.integration.conftest import Order
+from celery_outbox import ConfigurationError, JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
+from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
 
 Base = declarative_base()
@@ -442,3 +442,34 @@ async def test_async_session_without_a_bind_is_refused_with_a_configuration_erro
             await receipt.apush(Order(order_id=1), session=session)
     assert count(pg_outbox) == 0
     assert recording.calls == []
+
+
+# -- task_always_eager: the job runs inside the caller's commit ----------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="eager: the inline run happens inside SQLAlchemy's "
+                                       "after_commit, where the caller's Session refuses SQL")
+def test_eager_job_using_the_callers_scoped_session_succeeds(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox,
+) -> None:
+    # Flask-SQLAlchemy's pattern: the handler uses the same thread-local db.session that
+    # pushed it; under task_always_eager (tests) it runs in this thread at the commit.
+    seen: list[int] = []
+    scoped: scoped_session[Session] | None = None
+
+    @outbox_job(schema=Order, name="shop.eager", registry=registry)
+    def eager(ctx: JobContext[Order]) -> None:
+        assert scoped is not None
+        seen.append(int(scoped.execute(text("SELECT 1")).scalar_one()))
+        scoped.commit()
+
+    outbox = make_outbox(db_url, registry, eager=True)
+    scoped = scoped_session(sessionmaker(outbox.engine))
+    try:
+        execution_id = eager.push(Order(order_id=1), session=scoped)
+        scoped.commit()
+    finally:
+        scoped.remove()
+    row = outbox.store.get(execution_id)
+    assert row is not None and row["status"] == "succeeded", row and row["last_error"]
+    assert seen == [1]
