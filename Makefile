@@ -35,12 +35,12 @@ bench-peers: $(BIN)/.installed
 	$(BIN)/python -m bench peers
 
 # Hung servers (tests/faults.py) with every push kind, more rounds of the push_many race, and
-# the fault matrix with more of its paths on PostgreSQL.
+# the fault matrix with more of its paths on PostgreSQL, eight CPU hogs for the gevent pool.
 faults: $(BIN)/.installed
 	OUTBOX_TEST_FAULTS=full OUTBOX_TEST_DEADLOCK_ROUNDS=30 $(BIN)/python -m pytest -q \
 		tests/integration/test_hung_database.py tests/integration/test_hung_broker.py \
 		tests/e2e/test_hung_database.py tests/integration/test_push_many_order.py \
-		tests/matrix
+		tests/matrix tests/e2e/test_many_ids_pools.py
 
 # The chaos run, longer than the default suite's bounded one: EXECUTIONS, SEED, MINUTES.
 EXECUTIONS ?= 2000

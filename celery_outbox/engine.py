@@ -9,13 +9,19 @@ from __future__ import annotations
 import inspect
 import os
 import select
+import weakref
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import DisconnectionError
+
+from celery_outbox.errors import ConfigurationError
+
+if TYPE_CHECKING:  # the asyncio extension needs greenlet, which a worker never imports
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 CONNECT_TIMEOUT = timedelta(seconds=5)
 """PostgreSQL: how long opening a connection may take (TCP, TLS, startup, authentication)."""
@@ -79,25 +85,69 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def begin_before_savepoint(engine: Engine) -> None:
-    """On a pysqlite ``engine`` (the outbox's own, or one of yours the outbox writes
-    through), send ``BEGIN IMMEDIATE`` before a SAVEPOINT that would otherwise open the
-    transaction: pysqlite begins one only before DML, so that SAVEPOINT would start a
-    transaction of its own, which its RELEASE commits and the outer ROLLBACK misses (a row
-    written and its dispatch dropped). IMMEDIATE: a transaction that reads before its first
-    write would otherwise fail that write at once ("database is locked") if another
-    connection wrote meanwhile. Idempotent; any other engine is left alone."""
-    if engine.dialect.name != "sqlite" or engine.dialect.driver != "pysqlite":
+def begin_before_savepoint(engine: Engine | AsyncEngine) -> None:
+    """On a pysqlite ``engine`` or an aiosqlite one (an AsyncEngine, or its
+    ``sync_engine``): the outbox's own, or one of yours the outbox writes through, send
+    ``BEGIN IMMEDIATE`` before a SAVEPOINT that would otherwise open the transaction: with
+    the driver's own transaction handling (``isolation_level`` not None, the default) it
+    begins one only before DML, so that SAVEPOINT would start a transaction of its own,
+    which its RELEASE commits and the outer ROLLBACK misses (a row written and its dispatch
+    dropped). IMMEDIATE: a transaction that reads before its first write would otherwise
+    fail that write at once ("database is locked") if another connection wrote meanwhile.
+    An engine with SQLAlchemy's BEGIN recipe is in a transaction at every SAVEPOINT already:
+    nothing is sent. Idempotent; any other engine is left alone."""
+    sync = engine if isinstance(engine, Engine) else engine.sync_engine
+    if sync.dialect.name != "sqlite" or sync.dialect.driver not in SAVEPOINT_DRIVERS:
         return
-    if event.contains(engine, "savepoint", _begin_first):
+    if event.contains(sync, "savepoint", _begin_first):
         return
-    event.listen(engine, "savepoint", _begin_first)
+    event.listen(sync, "savepoint", _begin_first)
+
+
+SAVEPOINT_DRIVERS = ("pysqlite", "aiosqlite")
+"""The SQLite drivers whose own transactions begin only before DML (the standard library's
+``sqlite3``, and aiosqlite on it): :func:`begin_before_savepoint` applies to them."""
+
+
+def check_savepoints(conn: Connection) -> None:
+    """Refuse a push in a savepoint that :func:`begin_before_savepoint` did not see open on
+    ``conn`` (pysqlite, aiosqlite): it may have opened the transaction (its release would
+    commit the push, the outer rollback miss it), which nothing can tell afterwards. Only
+    a transaction already inside a savepoint when the outbox first saw the engine (at a
+    joined caller's first push) can be refused; an engine with SQLAlchemy's BEGIN recipe, or
+    sqlite3's ``autocommit=False``, is always in a transaction at a SAVEPOINT and passes.
+    Raises :class:`ConfigurationError`, before anything is written."""
+    if conn.dialect.name != "sqlite" or conn.dialect.driver not in SAVEPOINT_DRIVERS \
+            or not conn.in_nested_transaction() or conn.get_transaction() in _SEEN:
+        return
+    driver: Any = conn.connection.driver_connection
+    if getattr(driver, "isolation_level", "") is None or getattr(driver, "autocommit", -1) \
+            is False:
+        return
+    raise ConfigurationError(
+        f"a push inside a savepoint this transaction opened before the outbox first saw "
+        f"its engine ({conn.dialect.driver}): the savepoint may have opened the transaction, "
+        f"so its release would commit the row and a rollback miss it; call "
+        f"celery_outbox.engine.begin_before_savepoint(engine) when you create the engine "
+        f"(or give it SQLAlchemy's BEGIN recipe)"
+    )
+
+
+_SEEN: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The root transactions whose outermost savepoint :func:`_begin_first` saw open (the
+savepoint event fires before SQLAlchemy counts the new one as nested): it came after a
+BEGIN."""
 
 
 def _begin_first(conn: Connection, name: str | None) -> None:
-    dbapi: Any = conn.connection.dbapi_connection
-    if dbapi is not None and not dbapi.in_transaction:
-        dbapi.execute("BEGIN IMMEDIATE")
+    root = conn.get_transaction()
+    if root is not None and not conn.in_nested_transaction():  # the outermost savepoint
+        _SEEN.add(root)
+    fairy = conn.connection
+    driver: Any = fairy.driver_connection  # sqlite3's or aiosqlite's Connection
+    if driver is not None and not driver.in_transaction:
+        # aiosqlite: SQLAlchemy's adapter, awaited inside its greenlet like any statement
+        fairy.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
 
 
 def _pg_connect_args(query: Mapping[str, Any]) -> dict[str, Any]:

@@ -180,7 +180,8 @@ class ConnectionHook:
     DBAPI commit. The hook commits the DBAPI connection itself there, then runs the
     callbacks; the commit SQLAlchemy issues next is a no-op on an idle DBAPI connection. If
     that commit fails, the error propagates from the caller's ``commit()`` and no callback
-    runs.
+    runs. A refusal (:func:`refuse_commit`) comes first: the hook rolls the DBAPI
+    connection back instead and the caller's ``commit()`` raises.
 
     A rollback to (or release of) a savepoint names it; the frames opened inside it go with
     it, whether or not they were closed first. SQLAlchemy names the savepoints it generates
@@ -193,6 +194,7 @@ class ConnectionHook:
 
     def __init__(self, conn: Connection) -> None:
         self.frames: list[_Frame] = [_Frame(None)]
+        self.refused: str | None = None
         event.listen(conn, "commit", self.on_commit)
         event.listen(conn, "rollback", self.on_rollback)
         event.listen(conn, "savepoint", self.on_savepoint)
@@ -211,12 +213,22 @@ class ConnectionHook:
             self._bind(conn)
         self.frames[-1].callbacks.append(callback)
 
+    def refuse(self, reason: str) -> None:
+        """Make the next commit roll back and raise :class:`ConfigurationError` with
+        ``reason``; a rollback lifts it (:func:`refuse_commit`)."""
+        self.refused = reason
+
     def on_commit(self, conn: Connection) -> None:
         frames, self.frames = self.frames, [_Frame(None)]
+        refused, self.refused = self.refused, None
+        dbapi = conn.connection.dbapi_connection
+        if refused is not None:
+            if dbapi is not None:
+                dbapi.rollback()  # the Connection may be used again: nothing of it may stay
+            raise ConfigurationError(refused)
         callbacks = [c for frame in frames for c in frame.callbacks]
         if not callbacks:
             return
-        dbapi = conn.connection.dbapi_connection
         if dbapi is not None:
             try:
                 dbapi.commit()
@@ -226,6 +238,7 @@ class ConnectionHook:
 
     def on_rollback(self, conn: Connection) -> None:
         self.frames = [_Frame(None)]
+        self.refused = None
 
     def on_savepoint(self, conn: Connection, name: str | None) -> None:
         # None for the names SQLAlchemy generates (the usual case): learnt at the next event.
@@ -302,26 +315,14 @@ class _Frame:
 
 def refuse_commit(conn: Connection, reason: str) -> None:
     """Make the next commit of ``conn``'s transaction roll back instead and raise
-    :class:`ConfigurationError` with ``reason`` (ahead of every other listener, the
-    after-commit hook's own DBAPI commit included); a rollback lifts it. The listeners stay
-    on ``conn`` (removing one while SQLAlchemy runs them would break its loop), disarmed."""
-    armed = [True]
+    :class:`ConfigurationError` with ``reason``; a rollback lifts it.
 
-    def refuse(conn: Connection) -> None:
-        if not armed[0]:
-            return
-        armed[0] = False
-        dbapi = conn.connection.dbapi_connection
-        if dbapi is not None:
-            dbapi.rollback()  # the Connection may be used again: nothing of it may stay
-        ConnectionHook.get(conn).on_rollback(conn)
-        raise ConfigurationError(reason)
-
-    def lift(conn: Connection) -> None:
-        armed[0] = False
-
-    event.listen(conn, "commit", refuse, insert=True)
-    event.listen(conn, "rollback", lift)
+    The refusal is the Connection's :class:`ConnectionHook`, the one listener the outbox
+    has on its ``commit``, which checks it before its own DBAPI commit of the callbacks
+    queued so far: SQLAlchemy ignores ``insert=True`` for Connection events, so a
+    listener of its own, added after the hook's, ran after that commit had made the
+    transaction durable (the refusal then rolled back nothing)."""
+    ConnectionHook.get(conn).refuse(reason)
 
 
 def queue_after_commit(callback: Callback, conn: Connection,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError, UnboundExecutionError
 
-from celery_outbox.engine import begin_before_savepoint
+from celery_outbox.engine import begin_before_savepoint, check_savepoints
 from celery_outbox.errors import ConfigurationError, OutboxError, StorageError
 from celery_outbox.executors.base import Observer
 from celery_outbox.executors.database import SameDatabase, where
@@ -152,6 +152,7 @@ class SqlAlchemyExecutor:
             conn = session.connection() if session is not None else caller
             self.database.check(conn)
             begin_before_savepoint(conn.engine)  # this caller's next transactions
+            check_savepoints(conn)  # and this one
             _check_two_phase(conn, session)
             check_autocommit(conn)
         except OutboxError:  # already what the caller gets

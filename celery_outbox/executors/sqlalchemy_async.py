@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import (
     async_scoped_session,
 )
 
+from celery_outbox.engine import begin_before_savepoint, check_savepoints
 from celery_outbox.errors import ConfigurationError, OutboxError
 from celery_outbox.executors.base import Observer
 from celery_outbox.executors.database import SameDatabase
@@ -76,6 +77,8 @@ class AsyncSqlAlchemyExecutor:
                 f"use one of {', '.join(SUPPORTED_DIALECTS)}"
             )
         self.engine = engine
+        if engine is not None:
+            begin_before_savepoint(engine)
         self.dialect: str = name
         self.observers: list[Observer] = observers if observers is not None else []
         self.database = database
@@ -138,7 +141,9 @@ class AsyncSqlAlchemyExecutor:
             self._check_dialect(conn)
             if self.database is not None:
                 await self.database.acheck(conn)
+            begin_before_savepoint(conn.engine)  # this caller's next transactions
             if conn.sync_connection is not None:  # an AsyncConnection not started has none
+                check_savepoints(conn.sync_connection)  # and this one
                 check_autocommit(conn.sync_connection)
         except OutboxError:  # already what the caller gets
             raise

@@ -5,6 +5,7 @@ end succeeded (the e2e lease is 3 s: the heartbeat and the lease watch are both 
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections import Counter
@@ -86,6 +87,10 @@ def test_many_id_messages_under_load_run_each_execution_once(many_stack: Stack) 
     assert "was not renewed in time" not in log, log[-4000:]
 
 
+HOGS = 8 if os.environ.get("OUTBOX_TEST_FAULTS") == "full" else 4
+"""Hogs in a row: four in the default suite, eight in ``make faults``."""
+
+
 @pytest.fixture
 def gevent_cpu_stack(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[Stack]:
     queue = f"r3c-{uuid.uuid4().hex[:8]}"
@@ -125,7 +130,7 @@ def test_gevent_a_cpu_bound_greenlet_shorter_than_the_lease_loses_no_execution(
     m, m_cpu = marker(), marker()
     ids: list[uuid.UUID] = []
     cpu_ids: list[uuid.UUID] = []
-    for n in range(8):  # one hog at a time, each while many-id messages are held
+    for n in range(HOGS):  # one hog at a time, each while many-id messages are held
         ids += record.push_many([Mark(marker=m, sleep_seconds=0.02) for _ in range(300)])
         procs.wait_for(partial(lambda k: len(s.runs(m)) >= 300 * k + 20, n), 30,
                        "the record messages to be running")

@@ -296,7 +296,9 @@ def test_django_testcase_capture_of_on_commit_callbacks_runs_the_dispatch(
     alias: str, outbox: tuple[Any, RecordingDispatcher],
 ) -> None:
     """``TestCase.captureOnCommitCallbacks(execute=True)`` (a test's transaction that never
-    commits): it runs the outbox's entry, which reads the rows in that transaction."""
+    commits): it runs the outbox's entries (one per push, as ``on_commit`` adds one per
+    call), which read the rows in that transaction: the push rolled back to a raw savepoint
+    is not dispatched."""
     from django.db import transaction
     from django.test import TestCase
 
@@ -308,7 +310,7 @@ def test_django_testcase_capture_of_on_commit_callbacks_runs_the_dispatch(
             sid = transaction.savepoint(using=alias)
             send_receipt.push({"order_id": 2})
             transaction.savepoint_rollback(sid, using=alias)
-        assert len(callbacks) == 1 and rec.ids == [pushed]
+        assert len(callbacks) == 2 and rec.ids == [pushed]
         later = send_receipt.push({"order_id": 3})  # after the capture: an entry of its own
         transaction.set_rollback(True, using=alias)
     assert rec.ids == [pushed] and later not in committed(ob)
@@ -468,12 +470,6 @@ def test_in_django_testcases_a_capture_dispatches_its_own_pushes_after_earlier_t
     assert seen["dispatched_3"] == [seen["later"]], seen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "outside a TestCase the outbox's entry is inserted first among the transaction's "
-    "callbacks, shifting the ones added before captureOnCommitCallbacks() began into the "
-    "window it takes by position: the capture runs the user's older callback (which runs "
-    "again at the commit) and not the push made in it; keeping the entry first without "
-    "moving the others needs a change to how it is put first"))
 def test_a_capture_in_a_plain_transaction_takes_its_push_not_an_older_callback(
     alias: str, outbox: tuple[Any, RecordingDispatcher],
 ) -> None:
@@ -493,6 +489,82 @@ def test_a_capture_in_a_plain_transaction_takes_its_push_not_an_older_callback(
             pushed = send_receipt.push({"order_id": 1})
         assert (ran, rec.ids, len(callbacks)) == ([], [pushed], 1)
     assert ran == ["user"] and rec.ids == [pushed]
+
+
+def test_a_capture_in_a_plain_transaction_takes_its_push_after_an_earlier_push(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """A push, then ``captureOnCommitCallbacks(execute=True)`` and a push in it, in one
+    ``atomic()`` block outside a TestCase: the capture runs the dispatch of the push made in
+    it, the commit dispatches the earlier one, each once (before: the second push joined the
+    transaction's entry, begun before the capture, and the capture ran nothing)."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias):
+        first = send_receipt.push({"order_id": 1})
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as callbacks:
+            second = send_receipt.push({"order_id": 2})
+        assert (rec.ids, len(callbacks)) == ([second], 1)
+    assert rec.ids == [second, first]
+    assert exact(ob, rec, before) == {first, second}
+
+
+@pytest.mark.parametrize("testcase", [False, True])
+def test_nested_captures_dispatch_a_push_once(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], testcase: bool,
+) -> None:
+    """``captureOnCommitCallbacks(execute=True)`` inside another: both run the callbacks
+    added in the inner one; the push is dispatched once, and not again at the commit
+    (before: once per capture that ran its entry)."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    outer = transaction.atomic(using=alias)
+    outer._from_testcase = testcase
+    with outer:
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as around:
+            with TestCase.captureOnCommitCallbacks(using=alias, execute=True) as inner:
+                pushed = send_receipt.push({"order_id": 1})
+            assert rec.ids == [pushed]
+        assert (len(inner), len(around), rec.ids) == (1, 1, [pushed])
+        if testcase:
+            transaction.set_rollback(True, using=alias)
+    assert rec.ids == [pushed]
+    if not testcase:
+        assert exact(ob, rec, before) == {pushed}
+
+
+def test_the_pushes_of_a_transaction_are_read_back_in_one_query_before_the_users_callbacks(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """Several pushes in one ``atomic()`` block, each with an entry of its own, callbacks of
+    the user's between them: at the commit the outbox's entries run first, together, with
+    one read back of their rows, then the user's in their order."""
+    from django.db import connections, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    order: list[str] = []
+    with CaptureQueriesContext(connections[alias]) as queries, transaction.atomic(using=alias):
+        transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias)
+        pushed = [send_receipt.push({"order_id": 1})]
+        transaction.on_commit(lambda: order.append(f"user {len(rec.ids)}"), using=alias,
+                              robust=True)
+        pushed += [send_receipt.push({"order_id": 2}), send_receipt.push({"order_id": 3})]
+        start = len(queries)
+    reads = [q["sql"] for q in queries.captured_queries[start:] if TABLE in q["sql"]]
+    assert len(reads) == 1 and reads[0].lstrip().upper().startswith("SELECT"), reads
+    assert order == ["user 3", "user 3"] and rec.ids == pushed
+    assert exact(ob, rec, before) == set(pushed)
 
 
 def test_the_workers_engine_follows_djangos_test_database(project: dict[str, str]) -> None:

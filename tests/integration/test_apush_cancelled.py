@@ -109,7 +109,7 @@ async def test_a_push_cancelled_at_once_leaves_exactly_what_it_answered(
     await asyncio.sleep(0)
     task.cancel()
     try:
-        answered = list(await task)
+        answered = [await task]
     except asyncio.CancelledError:
         answered = []
     await asyncio.to_thread(settled, aoutbox.engine)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from celery import Celery
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from celery_outbox import JobRegistry, Outbox, OutboxJob
+from celery_outbox import ConfigurationError, JobRegistry, Outbox, OutboxJob
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
 
@@ -69,5 +70,31 @@ def test_a_second_engine_on_the_outbox_file_is_kept_exact_from_its_first_push_on
         _savepoint_first_then_rollback(session, receipt)
     assert rows(outbox) == {first}
     assert recording.ids == [first]
+    theirs.dispose()
+    outbox.engine.dispose()
+
+
+def test_a_push_in_a_savepoint_opened_before_the_engine_was_seen_is_refused(
+    tmp_path: Path, registry: JobRegistry, receipt: OutboxJob[Order],
+) -> None:
+    """The outbox first sees the second engine at this push, inside a savepoint that may
+    have opened the transaction: refused before anything is written (``ConfigurationError``
+    naming ``begin_before_savepoint``); the engine's next transactions are kept exact."""
+    path = tmp_path / "shop.sqlite3"
+    recording = RecordingDispatcher()
+    outbox = Outbox(Celery(f"t-{uuid.uuid4().hex[:8]}", broker="memory://"),
+                    database_url=f"sqlite:///{path}", registry=registry, dispatcher=recording)
+    outbox.create_schema()
+    theirs = create_engine(f"sqlite:///{path}")
+    with Session(theirs) as session:
+        session.begin()
+        session.begin_nested()
+        with pytest.raises(ConfigurationError, match="begin_before_savepoint"):
+            receipt.push({"order_id": 0}, session=session)
+        session.rollback()
+    with Session(theirs) as session:
+        _savepoint_first_then_rollback(session, receipt)
+    assert rows(outbox) == set()
+    assert recording.ids == []
     theirs.dispose()
     outbox.engine.dispose()

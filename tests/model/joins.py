@@ -6,11 +6,13 @@ the ids of the rows committed, with no row in the second database.
 A kind (:data:`KINDS`) is one way a caller's transaction reaches the outbox: a Session, a
 ``scoped_session``, a Connection, a Session bound to a Connection in each
 ``join_transaction_mode``, a two-phase Session, an AsyncSession, an AsyncConnection, a sync
-push in ``AsyncSession.run_sync``. Rules: begin, savepoint (``begin_nested``), push /
-push_many (a COPY-sized batch on PostgreSQL) / apush inside, release, rollback to any open
-savepoint (inner ones open), a savepoint left by an exception or by a failed flush, commit,
-rollback, an apush cancelled at a random await, a push alone (``apush`` cancelled by
-``wait_for``), and a push in a session on the second database, which must be refused.
+push in ``AsyncSession.run_sync`` (the async kinds on SQLite through an aiosqlite engine with
+SQLAlchemy's BEGIN recipe, or without it, drawn first). Rules: begin, savepoint
+(``begin_nested``), push / push_many (a COPY-sized batch on PostgreSQL) / apush inside,
+release, rollback to any open savepoint (inner ones open), a savepoint left by an exception
+or by a failed flush, commit, rollback, an apush cancelled at a random await, a push alone
+(``apush`` cancelled by ``wait_for``), and a push in a session on the second database, which
+must be refused.
 
 The model does not predict which ids commit: the database says, and the invariant compares
 what was dispatched with it. It also keeps what each tree should commit and compares that
@@ -27,7 +29,13 @@ from uuid import UUID
 
 from celery import Celery
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.exc import IntegrityError
@@ -119,14 +127,8 @@ class JoinsMachine(RuleBasedStateMachine):
         self.outbox.tables.executions.metadata.create_all(
             self.other, tables=self.outbox.tables.all())
         self.loop = asyncio.new_event_loop() if self.async_kind else None
-        self.aengine: Any = None
-        if self.loop is not None:
-            from sqlalchemy.ext.asyncio import create_async_engine
-
-            self.aengine = create_async_engine(
-                self.driver + "://" + self.url.split("://", 1)[1])
-            if self.url.startswith("sqlite"):
-                _begin_recipe(self.aengine.sync_engine)
+        self.aengine: Any = None  # made by the first rule, :meth:`async_engine`
+        self.plain = False  # an aiosqlite engine without the BEGIN recipe
         self.frames: list[Frame] = []
         self.caller: Any = None  # the Session / Connection the pushes go to
         self.outer: Any = None  # a bound kind's Connection, in its own transaction
@@ -235,6 +237,23 @@ class JoinsMachine(RuleBasedStateMachine):
 
     # -- rules -------------------------------------------------------------------------------
 
+    @initialize(recipe=st.booleans())
+    def async_engine(self, recipe: bool) -> None:
+        """The caller's async engine (async kinds): on SQLite with SQLAlchemy's BEGIN recipe,
+        or as ``create_async_engine`` makes it, which the outbox keeps exact from its first
+        push on (a push in a savepoint opened before that is refused)."""
+        if self.loop is None:
+            return
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        self.aengine = create_async_engine(self.driver + "://" + self.url.split("://", 1)[1])
+        if self.url.startswith("sqlite"):
+            if recipe:
+                _begin_recipe(self.aengine.sync_engine)
+            else:
+                self.plain = True
+        self.trace.append(f"async_engine(recipe={recipe})")
+
     @precondition(lambda self: not self.frames)
     @rule()
     @traced
@@ -259,7 +278,12 @@ class JoinsMachine(RuleBasedStateMachine):
     def push(self, n: int) -> None:
         if n > 100 and (self.kind.startswith("async") or self.url.startswith("sqlite")):
             n = 4  # a COPY-sized batch matters on sync psycopg only; keep the rest quick
-        ids = self._push(n)
+        try:
+            ids = self._push(n)
+        except ConfigurationError as exc:
+            if not self._refused(exc):
+                raise
+            return
         self.frames[-1].ids |= set(ids)
         self.stats[f"push {'many' if n > 1 else 'one'}"] += 1
         self.trace.append(f"push({n}) -> {ids if n < 5 else len(ids)}")
@@ -342,6 +366,9 @@ class JoinsMachine(RuleBasedStateMachine):
             return (await asyncio.gather(task, return_exceptions=True))[0]
 
         result = self.wait(go())
+        if isinstance(result, ConfigurationError) and self._refused(result):
+            self._end(commit)  # as a cancelled one: its outcome is the loop's, not the draw's
+            return
         self.stats[f"cancel apush ({'done' if isinstance(result, UUID) else 'cancelled'})"] += 1
         self.trace.append(f"cancel_apush(steps={steps}, commit={commit}) -> {result!r}")
         if isinstance(result, UUID):
@@ -349,6 +376,15 @@ class JoinsMachine(RuleBasedStateMachine):
             return
         self.uncertain = True
         self._end(commit)
+
+    def _refused(self, exc: ConfigurationError) -> bool:
+        """A push on the plain engine in a savepoint opened before the outbox first saw it:
+        refused before anything is written (the transaction goes on)."""
+        if not (self.plain and "begin_before_savepoint" in str(exc) and len(self.frames) > 1):
+            return False
+        self.stats["refused: savepoint before the engine was seen"] += 1
+        self.trace.append("  refused: a savepoint opened before the engine was seen")
+        return True
 
     @precondition(lambda self: bool(self.frames))
     @rule(commit=st.booleans())

@@ -8,12 +8,12 @@ so the rows written and read are the ones the SQLAlchemy executor writes and rea
 SQLAlchemy engine or pool ever touches Django's connection (a pool rolls a connection back on
 first use and on check-in, which would end the caller's transaction).
 
-A push's dispatch (:class:`~celery_outbox.dispatch.Dispatch`) goes to the transaction's one
-entry of the outbox among Django's ``on_commit`` callbacks
-(:mod:`~celery_outbox.contrib.django.on_commit`): after the outermost commit it dispatches
-exactly the rows that committed, whatever savepoints (``atomic()`` or raw) were rolled back
-and whatever the user's own callbacks raise. Any other after-commit callback goes to
-``transaction.on_commit(..., using=alias)``.
+A push's dispatch (:class:`~celery_outbox.dispatch.Dispatch`) goes to an entry of the
+outbox of its own among Django's ``on_commit`` callbacks
+(:mod:`~celery_outbox.contrib.django.on_commit`): after the outermost commit the outbox's
+entries run first and dispatch exactly the rows that committed, whatever savepoints
+(``atomic()`` or raw) were rolled back and whatever the user's own callbacks raise. Any other
+after-commit callback goes to ``transaction.on_commit(..., using=alias)``.
 """
 
 from __future__ import annotations
@@ -99,9 +99,9 @@ class DjangoTransaction:
     def after_commit(self, callback: Callable[[], None]) -> None:
         """``callback()`` after the outermost commit; an error it raises is logged, never
         raised into the committing caller. A push's :class:`~celery_outbox.dispatch.Dispatch`
-        joins the transaction's :class:`~celery_outbox.contrib.django.on_commit.Dispatches`
-        (run first, for the rows committed only); any other callback goes to
-        ``transaction.on_commit``."""
+        goes to a :class:`~celery_outbox.contrib.django.on_commit.Dispatches` entry of its
+        own (run first at the commit, for the rows committed only); any other callback goes
+        to ``transaction.on_commit``."""
         if isinstance(callback, Dispatch):
             dispatches_of(connections[self.alias], callback.table, self.read_back).add(callback)
             return
