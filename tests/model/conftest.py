@@ -1,4 +1,4 @@
-"""The soak's slots (:mod:`tests.model.soak`): each selected test marked ``soak``, counted
+"""The soak's weights (:mod:`tests.model.soak`): each selected test marked ``soak``, counted
 once collection (and any ``-k``) is done, so the shares of ``make soak`` add up to its
 MINUTES."""
 
@@ -15,4 +15,4 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         marker = item.get_closest_marker("soak")
         if marker is not None:
-            BUDGET.add(int(marker.kwargs.get("slots", 1)))
+            BUDGET.add(float(marker.kwargs["weight"]))

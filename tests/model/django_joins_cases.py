@@ -39,7 +39,7 @@ from celery_outbox.errors import StorageError
 from tests.conftest import PG_ADDRESS, require
 from tests.integration.django_joins_cases import TABLE, outbox_on, project  # noqa: F401
 from tests.integration.fakes import RecordingDispatcher
-from tests.model.soak import BUDGET, soak
+from tests.model.soak import BUDGET, DJANGO, soak
 from tests.model.soak import MINUTES as SOAK_MINUTES
 
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -271,12 +271,12 @@ def machine_on(alias: str) -> type[DjangoJoins]:
                 {"alias": alias, "outbox": outbox, "recorder": recorder, "stats": Stats()})
 
 
-@pytest.mark.soak
+@pytest.mark.soak(weight=DJANGO)
 @pytest.mark.parametrize("alias", ["default", "pg"])
 def test_dispatched_is_committed_for_every_django_tree(
     alias: str, project: dict[str, str], capsys: Any,  # noqa: F811
 ) -> None:
-    until = BUDGET.take() if SOAK_MINUTES else 0.0  # first: a skip hands its share on
+    until = BUDGET.take(DJANGO) if SOAK_MINUTES else 0.0  # first: a skip hands its share on
     if alias == "pg":
         require("PostgreSQL", *PG_ADDRESS)
     machine = machine_on(alias)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from tests.model.joins import ASYNC_KINDS, KINDS, TWO_PHASE_KINDS, machine_for
-from tests.model.soak import BUDGET, soak
+from tests.model.soak import BUDGET, JOIN_KIND, soak
 from tests.model.soak import MINUTES as SOAK_MINUTES
 
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -35,13 +35,13 @@ CASES = [(kind, dialect) for kind in KINDS for dialect in ("sqlite", "postgresql
          if not (kind in TWO_PHASE_KINDS and dialect == "sqlite")]
 
 
-@pytest.mark.soak
+@pytest.mark.soak(weight=JOIN_KIND)
 @pytest.mark.timeout(int(SOAK_MINUTES * 60) + 600 if SOAK_MINUTES else 300)
 @pytest.mark.parametrize(("kind", "dialect"), CASES, ids=[f"{k}-{d}" for k, d in CASES])
 def test_joins(kind: str, dialect: str, request: pytest.FixtureRequest, tmp_path: object,
                capsys: pytest.CaptureFixture[str]) -> None:
     """Exact dispatch through every transaction tree Hypothesis builds in this kind."""
-    until = BUDGET.take() if SOAK_MINUTES else 0.0  # first: a skip hands its share on
+    until = BUDGET.take(JOIN_KIND) if SOAK_MINUTES else 0.0  # first: a skip hands its share on
     if kind in ASYNC_KINDS:
         pytest.importorskip("greenlet")
         pytest.importorskip("aiosqlite" if dialect == "sqlite" else "psycopg")

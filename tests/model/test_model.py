@@ -23,7 +23,7 @@ from tests.model.machine import (
     OutboxMachine,
     Stats,
 )
-from tests.model.soak import BUDGET, soak
+from tests.model.soak import BUDGET, MODEL, soak
 from tests.model.soak import MINUTES as SOAK_MINUTES
 
 DIALECTS = ["sqlite", "postgresql"]
@@ -56,12 +56,12 @@ def report(dialect: str, stats: Stats, seconds: float, runs: int) -> str:
             f"{sorted(DEFECTS) or 'none'}")
 
 
-@pytest.mark.soak
+@pytest.mark.soak(weight=MODEL)
 @pytest.mark.timeout(int(SOAK_MINUTES * 60) + 900 if SOAK_MINUTES else 600)
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_model(dialect: str, request: pytest.FixtureRequest, capsys: Any) -> None:
     """The outbox agrees with the model after every step of every example."""
-    until = BUDGET.take() if SOAK_MINUTES else 0.0  # first: a skip hands its share on
+    until = BUDGET.take(MODEL) if SOAK_MINUTES else 0.0  # first: a skip hands its share on
     url = str(request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_url"))
     machine = machine_for(url)
     if not SOAK_MINUTES:

@@ -1,6 +1,6 @@
 """The soak's budget (:mod:`tests.model.soak`) on a clock of the test's own: the shares add
-up to the whole, what one slot runs over comes out of those after it, and a slot's runs stop
-about one example after its share."""
+up to the whole, what one test runs over comes out of those after it, and a share's runs stop
+about one example after it ends."""
 
 from __future__ import annotations
 
@@ -29,20 +29,21 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return fake
 
 
-def test_the_shares_add_up_to_the_budget_whatever_a_slot_ran_over(clock: Clock) -> None:
+def test_the_shares_add_up_to_the_budget_whatever_a_test_ran_over(clock: Clock) -> None:
     budget = soak.Budget(clock.now + 60)
-    budget.add(4)
-    assert budget.take() == clock.now + 15
-    clock.now += 25  # ran 10 s over its share
-    assert budget.take(2) == clock.now + 2 * 35 / 3
-    clock.now += 2 * 35 / 3
-    assert budget.take() == budget.until
+    for weight in (2, 1, 1):
+        budget.add(weight)
+    assert budget.take(2) == clock.now + 30
+    clock.now += 40  # ran 10 s over its share
+    assert budget.take(1) == clock.now + 10
+    clock.now += 10
+    assert budget.take(1) == budget.until
     clock.now = budget.until + 5
-    assert budget.take() == clock.now  # nothing left: a share of nothing
-    assert budget.slots == 0
+    assert budget.take(1) == clock.now  # nothing left: a share of nothing
+    assert budget.weight == 0
 
 
-def test_a_slot_runs_until_its_share_ends_and_at_most_an_example_after(clock: Clock) -> None:
+def test_a_share_runs_until_it_ends_and_about_an_example_after(clock: Clock) -> None:
     started = clock.now
     asked: list[int] = []
 
@@ -55,4 +56,6 @@ def test_a_slot_runs_until_its_share_ends_and_at_most_an_example_after(clock: Cl
     assert asked[0] == soak.FIRST_RUN and max(asked) <= profile.max_examples
     assert runs == len(asked) > 1
     assert started + 43 <= clock.now <= started + 45 + 2.0
-    assert soak.soak(run, profile, clock.now) == 0
+    ended = clock.now
+    assert soak.soak(run, profile, ended) == 1  # a share of nothing still runs once
+    assert asked[-1] == soak.FIRST_RUN and clock.now == ended + 2.0 * soak.FIRST_RUN
