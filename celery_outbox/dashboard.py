@@ -15,8 +15,9 @@ what a screen shared by many people needs:
   Each action sends :data:`celery_outbox.signals.admin_action` naming who did it.
 
 Misses raise what the admin raises (:class:`ExecutionNotFound`, :class:`JobNotRegistered`,
-:class:`InvalidTransition`, :class:`JobLocked`, :class:`PayloadInvalid`); a bad argument
-(cursor, limit, time range) raises :class:`ConfigurationError` naming it.
+:class:`JobNameAmbiguous` (a trigger's short name), :class:`InvalidTransition`,
+:class:`JobLocked`, :class:`PayloadInvalid`); a bad argument (cursor, limit, time range)
+raises :class:`ConfigurationError` naming it.
 """
 
 from __future__ import annotations

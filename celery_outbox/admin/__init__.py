@@ -3,7 +3,9 @@
 ``outbox.admin`` lists jobs with their recent outcomes, sums up the table (:meth:`status`),
 lists and pages through executions (with the captured logs and the error traceback), triggers
 a job, retries a failed or cancelled execution, and cancels an active one. The
-``celery ... outbox`` CLI is a thin layer over it; :meth:`find_job` takes a short job name.
+``celery ... outbox`` CLI is a thin layer over it. :meth:`find_job` resolves a job's name,
+full or a short one naming one job only, for every caller that takes one a person typed
+(:meth:`trigger`, the CLI, the dashboard's trigger).
 
 Views (:mod:`celery_outbox.admin.views`) are frozen dataclasses; ``priority`` is the name
 (``"high"``), ``can_retry`` / ``can_cancel`` derive from :mod:`celery_outbox.states`, and

@@ -1,14 +1,15 @@
 """The wall time of ``make soak MINUTES=N``: N minutes in all, for every model test that soaks.
 
-``OUTBOX_SOAK_MINUTES=N`` gives the pytest process N minutes from when this module is first
-imported (collection). Each test that soaks is marked ``soak(weight=w)``; the weights of the
-selected ones are summed when collection ends (``tests/model/conftest.py``). Each such test,
-first thing, takes its share of what is left (:meth:`Budget.take`): the time left times its
-weight over the weights not yet begun, so what a test ran over, one that skipped, or one that
-does not soak (the clock scripts, the findings) comes out of the shares of those after it,
-whatever the order. The test of the Django joins takes the share of its process's tests and
-hands its end on in ``OUTBOX_SOAK_UNTIL`` (a ``time.time()``); that process splits it over
-its own.
+``OUTBOX_SOAK_MINUTES=N`` gives the soak N minutes from ``OUTBOX_SOAK_STARTED`` (a
+``time.time()``: ``make soak`` sets it as its command starts, so the interpreter's start and
+the collection count too), or else from when this module is first imported. Each test that
+soaks is marked ``soak(weight=w)``; the weights of the selected ones are summed when
+collection ends (``tests/model/conftest.py``). Each such test, first thing, takes its share
+of what is left (:meth:`Budget.take`): the time left times its weight over the weights not
+yet begun, so what a test ran over, one that skipped, or one that does not soak (the clock
+scripts, the findings) comes out of the shares of those after it, whatever the order. The
+test of the Django joins takes the share of its process's tests and hands its end on in
+``OUTBOX_SOAK_UNTIL`` (a ``time.time()``); that process splits it over its own.
 
 :func:`soak` runs a machine with fresh seeds until its share ends, each run's
 ``max_examples`` fitted to the time left from what the runs so far took per example, so a run
@@ -26,6 +27,7 @@ from hypothesis import settings
 
 MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
 """0: no soak (the bounded, derandomized runs)."""
+STARTED_ENV = "OUTBOX_SOAK_STARTED"
 UNTIL_ENV = "OUTBOX_SOAK_UNTIL"
 FIRST_RUN = 3
 """The examples of a share's first run, which measures what one takes."""
@@ -59,7 +61,9 @@ class Budget:
 
 def _until() -> float:
     handed = os.environ.get(UNTIL_ENV)
-    return float(handed) if handed else time.time() + MINUTES * 60
+    if handed:
+        return float(handed)
+    return float(os.environ.get(STARTED_ENV) or time.time()) + MINUTES * 60
 
 
 BUDGET = Budget(_until())
