@@ -194,9 +194,12 @@ def _job_name_errors(request: Request,
                      exc: JobNotRegistered | JobNameAmbiguous) -> list[FieldError]:
     """The field that named an unknown or ambiguous job: the path's ``job_name`` (a
     trigger) or a ``job`` of the query (a filter), as a validation error names it."""
-    if request.path_params.get("job_name") == exc.job_name:
+    def named(given: str) -> bool:  # as given, or stripped as the registry's find takes it
+        return exc.job_name in (given, given.strip())
+
+    if named(str(request.path_params.get("job_name", ""))):
         field = "path.job_name"
-    elif exc.job_name in request.query_params.getlist("job"):
+    elif any(named(each) for each in request.query_params.getlist("job")):
         field = "query.job"
     else:
         return []

@@ -240,6 +240,9 @@ def test_trigger_takes_a_short_job_name_and_names_the_field_when_it_names_no_one
     [error] = r.json()["errors"]
     assert (error["field"], error["type"]) == ("path.job_name", "job_not_registered")
     assert "'shop.reciept'" in error["message"] and "shop.receipt" in error["message"]
+    r = client.post("/api/v1/jobs/%20receipt%20/trigger", json={"payload": {"order_id": 4}},
+                    headers=h)
+    assert r.status_code == 400 and r.json()["errors"][0]["field"] == "path.job_name", r.text
     r = client.get("/api/v1/executions", params={"job": "nope"}, headers=h)
     assert r.status_code == 404 and r.json()["errors"][0]["field"] == "query.job"
     assert rows(web_outbox) == before
