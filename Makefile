@@ -53,10 +53,12 @@ chaos: $(BIN)/.installed
 bench-web: $(BIN)/.installed
 	$(BIN)/python -m bench web
 
-# The model test with fresh random seeds for MINUTES minutes (half per database), then what it
-# explored: make soak MINUTES=30 (MINUTES defaults to 5, as for chaos)
+# The model tests with fresh random seeds for MINUTES minutes of wall time in all (shared by
+# weight, tests/model/soak.py), then what they explored: make soak MINUTES=30 (MINUTES
+# defaults to 5, as for chaos)
 soak: $(BIN)/.installed
-	OUTBOX_SOAK_MINUTES=$(MINUTES) CI=true $(BIN)/python -m pytest tests/model -q -s -p no:logging
+	OUTBOX_SOAK_STARTED=$$(date +%s.%N) OUTBOX_SOAK_MINUTES=$(MINUTES) CI=true \
+		$(BIN)/python -m pytest tests/model -q -s -p no:logging
 
 # Every extra (core, redis, amqp, web, async, django) installed into a fresh venv of its own,
 # then a real worker from that venv runs a job (`make test` runs core and redis only).

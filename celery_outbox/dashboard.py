@@ -15,8 +15,9 @@ what a screen shared by many people needs:
   Each action sends :data:`celery_outbox.signals.admin_action` naming who did it.
 
 Misses raise what the admin raises (:class:`ExecutionNotFound`, :class:`JobNotRegistered`,
-:class:`InvalidTransition`, :class:`JobLocked`, :class:`PayloadInvalid`); a bad argument
-(cursor, limit, time range) raises :class:`ConfigurationError` naming it.
+:class:`JobNameAmbiguous` (a trigger's short name), :class:`InvalidTransition`,
+:class:`JobLocked`, :class:`PayloadInvalid`); a bad argument (cursor, limit, time range)
+raises :class:`ConfigurationError` naming it.
 """
 
 from __future__ import annotations
@@ -309,12 +310,13 @@ class Dashboard:
         self, job_name: str, payload: Any, *, by: str, by_name: str,
         organization_id: str | None = None,
     ) -> UUID:
-        """Create one execution of ``job_name`` now (admin ``trigger``); a tenant's trigger
-        makes an execution of that tenant. Sends ``admin_action``."""
-        spec = self.registry.get(job_name)
+        """Create one execution of the job ``job_name`` names (full, or a short name naming
+        one job only: :meth:`OutboxAdmin.find_job`) now (admin ``trigger``); a tenant's
+        trigger makes an execution of that tenant. Sends ``admin_action``."""
+        spec = self.admin.find_job(job_name)
         if organization_id is not None and spec.mode == "cron":
             raise ConfigurationError(
-                f"job {job_name!r} is a cron job: its executions belong to no tenant, so a "
+                f"job {spec.name!r} is a cron job: its executions belong to no tenant, so a "
                 f"tenant ({organization_id!r}) cannot trigger it")
         if organization_id is not None and payload is not None:
             new_id = self.admin.outbox.push_many(
@@ -322,9 +324,9 @@ class Dashboard:
                 organization_id=organization_id, index_items=False,
             )[0]
         else:
-            new_id = self.admin.trigger(job_name, payload, triggered_by=by,
+            new_id = self.admin.trigger(spec.name, payload, triggered_by=by,
                                         triggered_by_name=by_name)
-        _signal(job_name, "trigger", new_id, new_id, by_name, organization_id)
+        _signal(spec.name, "trigger", new_id, new_id, by_name, organization_id)
         return new_id
 
     def retry(

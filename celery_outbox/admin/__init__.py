@@ -3,7 +3,9 @@
 ``outbox.admin`` lists jobs with their recent outcomes, sums up the table (:meth:`status`),
 lists and pages through executions (with the captured logs and the error traceback), triggers
 a job, retries a failed or cancelled execution, and cancels an active one. The
-``celery ... outbox`` CLI is a thin layer over it; :meth:`find_job` takes a short job name.
+``celery ... outbox`` CLI is a thin layer over it. :meth:`find_job` resolves a job's name,
+full or a short one naming one job only, for every caller that takes one a person typed
+(:meth:`trigger`, the CLI, the dashboard's trigger).
 
 Views (:mod:`celery_outbox.admin.views`) are frozen dataclasses; ``priority`` is the name
 (``"high"``), ``can_retry`` / ``can_cancel`` derive from :mod:`celery_outbox.states`, and
@@ -296,15 +298,18 @@ class OutboxAdmin:
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
     ) -> UUID:
-        """Create one execution of ``job_name`` now; returns its id.
+        """Create one execution of the job ``job_name`` names now; returns its id.
 
-        A queue job needs its ``payload`` (a dict or a schema instance); a cron job takes none
-        and respects its lock. Raises :class:`JobNotRegistered`, :class:`PayloadInvalid`
-        (nothing written), :class:`ConfigurationError` (a payload given to a cron job),
+        ``job_name``: a full name, or a short one naming one job only, as :meth:`find_job`
+        takes it (the CLI's and the HTTP API's trigger go through here). A queue job needs
+        its ``payload`` (a dict or a schema instance); a cron job takes none and respects its
+        lock. Raises :class:`JobNotRegistered` (listing close names),
+        :class:`JobNameAmbiguous` (listing the candidates), :class:`PayloadInvalid` (nothing
+        written), :class:`ConfigurationError` (a payload given to a cron job),
         :class:`JobLocked` (a ``lock=True`` cron job whose earlier execution is still active;
         nothing written).
         """
-        spec = self.registry.get(job_name)
+        spec = self.find_job(job_name)
         return self.outbox.trigger(
             spec, payload, triggered_by=triggered_by, triggered_by_name=triggered_by_name
         )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, event
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from celery_outbox.errors import ConfigurationError
 
@@ -50,25 +51,29 @@ class SessionHook:
     no listener of its own (three per Session cost about 0.07 ms of CPU, about what the
     push's INSERT costs on the driver).
 
-    A Session bound to a Connection that was already in a transaction (the
-    ``join_transaction_mode`` recipes) commits no more than a savepoint, or nothing, on
-    ``commit()``: the rows are durable only when that outer transaction commits. Its
-    callbacks then move to the Connection's queue (:class:`ConnectionHook`), which runs
-    them on the outer commit and drops them on its rollback.
+    A Session bound to a Connection of the caller's (the ``join_transaction_mode`` recipes)
+    queues on that Connection's hook instead (:func:`queue_after_commit`): it may commit no
+    more than a savepoint, or nothing, and its ``close()`` may leave the rows in the outer
+    transaction. A callback whose Connection is still in a transaction after the Session's
+    commit (a Session joined through ``binds``) moves to that Connection's queue
+    (:class:`ConnectionHook`), which runs it on the outer commit and drops it on its rollback.
     """
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, session: Session) -> None:
         self.entries: list[tuple[SessionTransaction, Connection, Callback]] = []
+        self.owner = weakref.ref(session)
+        """The Session it follows: a Session made with another's ``info``
+        (``Session(info=other.info)``) copies the entry, and must not share the queue."""
 
     @classmethod
     def get(cls, session: Session) -> SessionHook:
         hook: SessionHook | None = session.info.get(_SESSION_KEY)
-        if hook is None:
+        if hook is None or hook.owner() is not session:
             if not _SESSIONS_HOOKED:
                 _listen_sessions()
-            hook = session.info[_SESSION_KEY] = cls()
+            hook = session.info[_SESSION_KEY] = cls(session)
         return hook
 
     def add(self, session: Session, callback: Callback, conn: Connection | None = None) -> None:
@@ -96,9 +101,17 @@ class SessionHook:
         call_all(durable)
 
     def on_soft_rollback(self, session: Session, previous: SessionTransaction) -> None:
+        # What the database rolled back: ``previous`` when it is a savepoint or the root, else
+        # (a subtransaction: the one a failed flush opens) its nearest savepoint or root
+        # ancestor, which SQLAlchemy rolls back with it. The savepoint's own block then only
+        # closes it, with no rollback event of its own.
+        boundary = previous
+        while boundary.parent is not None and not boundary.nested:
+            boundary = boundary.parent
+
         def inside(tx: SessionTransaction | None) -> bool:
             while tx is not None:
-                if tx is previous:
+                if tx is boundary:
                     return True
                 tx = tx.parent
             return False
@@ -116,7 +129,7 @@ class SessionHook:
 def _hook_of(session: Session) -> SessionHook | None:
     """The Session's hook when a push made one (a Session that never pushed: None)."""
     hook: SessionHook | None = session.info.get(_SESSION_KEY)
-    return hook if hook is not None and hook.entries else None
+    return hook if hook is not None and hook.entries and hook.owner() is session else None
 
 
 def _session_committed(session: Session) -> None:
@@ -151,9 +164,11 @@ def _listen_sessions() -> None:
     with _SESSIONS_LOCK:
         if _SESSIONS_HOOKED:
             return
-        event.listen(Session, "after_commit", _session_committed)
-        event.listen(Session, "after_soft_rollback", _session_soft_rollback)
-        event.listen(Session, "after_transaction_end", _session_transaction_end)
+        # First among the listeners (insert=True): a user's own that raises must not stop a
+        # committed row's dispatch, or leave a rolled-back one's queued.
+        event.listen(Session, "after_commit", _session_committed, insert=True)
+        event.listen(Session, "after_soft_rollback", _session_soft_rollback, insert=True)
+        event.listen(Session, "after_transaction_end", _session_transaction_end, insert=True)
         _SESSIONS_HOOKED.append(True)
 
 
@@ -215,7 +230,10 @@ class ConnectionHook:
         if not callbacks:
             return
         if dbapi is not None:
-            dbapi.commit()
+            try:
+                dbapi.commit()
+            except conn.dialect.loaded_dbapi.Error as exc:
+                raise _commit_failed(conn, dbapi, exc) from exc
         call_all(callbacks)
 
     def on_rollback(self, conn: Connection) -> None:
@@ -265,6 +283,19 @@ class ConnectionHook:
         return None
 
 
+def _commit_failed(conn: Connection, dbapi: Any, exc: Any) -> StatementError:
+    """The error SQLAlchemy's own commit would raise for the driver's ``exc``: wrapped in its
+    :class:`~sqlalchemy.exc.DBAPIError` subclass, the Connection invalidated when ``exc``
+    says the connection is gone (so it is not pooled again)."""
+    dialect = conn.dialect
+    gone = bool(dialect.is_disconnect(exc, dbapi, None))
+    if gone:
+        conn.invalidate(exc)
+    error: StatementError = DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error,
+                                                connection_invalidated=gone, dialect=dialect)
+    return error
+
+
 class _Frame:
     """The callbacks queued inside one savepoint (the first frame: outside any)."""
 
@@ -299,7 +330,16 @@ def queue_after_commit(callback: Callback, conn: Connection,
     """Run ``callback`` after the outermost commit of the transaction ``conn`` (the Connection
     the rows went through) is in: that of ``session`` when given (a Session's, followed
     through its savepoints and any outer transaction it joined), else ``conn``'s own."""
-    if session is not None:
+    if session is not None and not _bound_to(session, conn):
         SessionHook.get(session).add(session, callback, conn)
     else:
         ConnectionHook.get(conn).add(callback, conn)
+
+
+def _bound_to(session: Session, conn: Connection) -> bool:
+    """Whether ``session`` writes through ``conn``, a Connection of the caller's own
+    (``Session(bind=conn)``, the ``join_transaction_mode`` recipes): then that Connection's
+    events say what becomes of the rows, whatever the Session does with it (a ``close()``
+    that leaves its transaction be, a Session dropped unclosed, a savepoint of the Session's
+    own). Not a two-phase Session: its commit fires no Connection ``commit`` event."""
+    return session.bind is conn and not session.twophase

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError, UnboundExecutionError
 
 from celery_outbox.engine import begin_before_savepoint, check_savepoints
 from celery_outbox.errors import ConfigurationError, OutboxError, StorageError
@@ -38,7 +38,7 @@ R = TypeVar("R")
 SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 
 __all__ = ["COPY_MIN_ROWS", "DATABASE_ERRORS", "SUPPORTED_DIALECTS", "SqlAlchemyExecutor",
-           "shaped", "storage_error", "where"]
+           "check_autocommit", "check_began", "shaped", "storage_error", "unbound", "where"]
 
 DATABASE_ERRORS = (SQLAlchemyError, *REFUSED)
 """What the database layer raises: SQLAlchemy's errors (the driver's, wrapped; the pool's
@@ -146,14 +146,19 @@ class SqlAlchemyExecutor:
                 f"expected a SQLAlchemy Session, scoped_session or Connection, got "
                 f"{type(caller).__name__}"
             )
+        if session is not None:
+            check_began(session)
         try:
             conn = session.connection() if session is not None else caller
             self.database.check(conn)
             begin_before_savepoint(conn.engine)  # this caller's next transactions
             check_savepoints(conn)  # and this one
             _check_two_phase(conn, session)
+            check_autocommit(conn)
         except OutboxError:  # already what the caller gets
             raise
+        except UnboundExecutionError as exc:  # no bind to write through: not the database's
+            raise unbound(exc) from exc
         except DATABASE_ERRORS as exc:
             raise storage_error(self.where(), exc) from exc
         return Joined(self, conn, session)
@@ -219,6 +224,50 @@ def _check_two_phase(conn: Connection, session: Session | None) -> None:
             "push in a two-phase transaction of a Connection (begin_twophase()) is not "
             "supported: its commit has no event the outbox can dispatch after; use "
             "Session(twophase=True), or push in a plain transaction"
+        )
+
+
+def unbound(exc: UnboundExecutionError) -> ConfigurationError:
+    """A caller's Session with no bind to write a push through (only ``binds=`` for its
+    models, or none): a ConfigurationError, not the StorageError of a database that failed."""
+    return ConfigurationError(
+        f"push(session=...): the Session has no default bind to write through ({exc}); "
+        f"give it bind= an engine or Connection on the outbox's database"
+    )
+
+
+def check_began(session: Session) -> None:
+    """A Session made with ``autobegin=False`` is in a transaction, or the push is refused
+    (ConfigurationError naming ``session.begin()``): SQLAlchemy's own refusal would reach
+    the caller as a StorageError, which says the database failed."""
+    if not session.autobegin and session.get_transaction() is None:
+        raise ConfigurationError(
+            "push(session=...): the Session was made with autobegin=False and is in no "
+            "transaction; call session.begin() first"
+        )
+
+
+def check_autocommit(conn: Connection) -> None:
+    """A caller's Connection (or a Session's) in AUTOCOMMIT is refused: each statement commits
+    at once, so a rollback would leave the row in (to run after all) with its dispatch
+    dropped. Read from the driver connection, no round trip: psycopg's and asyncpg's
+    ``autocommit``; on pysqlite, no transaction open although SQLAlchemy began one
+    (``isolation_level=None`` without a BEGIN of the caller's own), or Python 3.12's
+    ``autocommit=True``."""
+    dbapi: Any = conn.connection.dbapi_connection
+    if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+        on = True
+    elif conn.dialect.name == "postgresql":
+        on = getattr(dbapi, "autocommit", False) is True
+    else:
+        on = getattr(dbapi, "autocommit", None) is True or (
+            conn.in_transaction() and getattr(dbapi, "isolation_level", "") is None
+            and getattr(dbapi, "in_transaction", True) is False)
+    if on:
+        raise ConfigurationError(
+            "push in a transaction in AUTOCOMMIT is not supported: each statement commits at "
+            "once, so a rollback would keep the row and drop its dispatch; push through a "
+            "Session or Connection without isolation_level='AUTOCOMMIT'"
         )
 
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
@@ -40,8 +41,11 @@ from celery_outbox.executors.hooks import (
 from celery_outbox.executors.sqlalchemy import (
     DATABASE_ERRORS,
     SUPPORTED_DIALECTS,
+    check_autocommit,
+    check_began,
     shaped,
     storage_error,
+    unbound,
     where,
 )
 from celery_outbox.queries import Query
@@ -130,16 +134,21 @@ class AsyncSqlAlchemyExecutor:
                 f"expected a SQLAlchemy AsyncSession, async_scoped_session or "
                 f"AsyncConnection, got {type(caller).__name__}"
             )
+        if session is not None:
+            check_began(session.sync_session)
         try:
             conn = await session.connection() if session is not None else caller
             self._check_dialect(conn)
             if self.database is not None:
                 await self.database.acheck(conn)
             begin_before_savepoint(conn.engine)  # this caller's next transactions
-            if conn.sync_connection is not None:
+            if conn.sync_connection is not None:  # an AsyncConnection not started has none
                 check_savepoints(conn.sync_connection)  # and this one
+                check_autocommit(conn.sync_connection)
         except OutboxError:  # already what the caller gets
             raise
+        except UnboundExecutionError as exc:  # no bind to write through: not the database's
+            raise unbound(exc) from exc
         except DATABASE_ERRORS as exc:
             raise storage_error("the caller's database", exc) from exc
         return AsyncJoined(self, conn, session)

@@ -128,12 +128,13 @@ def _start_params(fence: Fence, now: datetime) -> dict[str, Any]:
 @cache
 def _start_unflushed_statement(t: Table) -> Any:
     """:func:`_start_statement` whose transaction commits without waiting for its WAL flush:
-    ``set_config('synchronous_commit', 'off', true)`` in a one-row CTE the UPDATE joins, so
-    it is evaluated once, in the statement's own transaction."""
-    unflushed = select(
-        func.set_config("synchronous_commit", "off", True).label("setting")
-    ).cte("unflushed")
-    return _start_statement(t).where(unflushed.c.setting.is_not(None))
+    ``set_config('synchronous_commit', 'off', true)`` in an uncorrelated scalar subquery of
+    the WHERE clause, which PostgreSQL evaluates once (an InitPlan, a one-time filter above
+    the primary key's index scan), in the statement's own transaction. A subquery, not a CTE
+    in the UPDATE's FROM: that is a second FROM element joined to the table by nothing (a
+    cartesian product, which SQLAlchemy's linter warns of)."""
+    unflushed = select(func.set_config("synchronous_commit", "off", True)).scalar_subquery()
+    return _start_statement(t).where(unflushed.is_not(None))
 
 
 @named("start without waiting for the WAL flush (PostgreSQL): visible at once, lost only "

@@ -120,12 +120,16 @@ def jobs(who: Who, board: Board) -> JobsOut:
              responses=ACT, tags=["actions"])
 def trigger(job_name: str, who: Operator, board: Board,
             body: Annotated[TriggerIn | None, Body()] = None) -> ActionOut:
-    """Create one execution of the job now; the payload is validated by the job's schema
-    (422 naming each invalid field as ``payload.<field>``)."""
+    """Create one execution of the job now. ``job_name``: its full name, or a short one
+    naming one job only (``receipt`` for ``shop.receipt``); the answer names the full one. An
+    unknown name answers 404, an ambiguous one 400, each naming ``path.job_name`` and the
+    close names or the candidates. The payload is validated by the job's schema (422 naming
+    each invalid field as ``payload.<field>``)."""
     payload = body.payload if body is not None else None
-    new_id = board.trigger(job_name, payload, by=WHO, by_name=who.name,
+    name = board.admin.find_job(job_name).name
+    new_id = board.trigger(name, payload, by=WHO, by_name=who.name,
                            organization_id=who.organization_id)
-    return ActionOut(action="trigger", job_name=job_name, execution_id=new_id,
+    return ActionOut(action="trigger", job_name=name, execution_id=new_id,
                      new_execution_id=new_id, status=_status_of(board, new_id, who))
 
 

@@ -24,6 +24,7 @@ from celery_outbox.errors import (
     ExecutionNotFound,
     InvalidTransition,
     JobLocked,
+    JobNameAmbiguous,
     JobNotRegistered,
     OutboxError,
     PayloadInvalid,
@@ -183,9 +184,27 @@ def _error(request: Request, status: int, detail: str,
 
 
 STATUS_OF: tuple[tuple[type[OutboxError], int], ...] = (
-    (ExecutionNotFound, 404), (JobNotRegistered, 404), (InvalidTransition, 409),
-    (JobLocked, 409), (PayloadInvalid, 422), (ConfigurationError, 400), (StorageError, 503),
+    (ExecutionNotFound, 404), (JobNotRegistered, 404), (JobNameAmbiguous, 400),
+    (InvalidTransition, 409), (JobLocked, 409), (PayloadInvalid, 422),
+    (ConfigurationError, 400), (StorageError, 503),
 )
+
+
+def _job_name_errors(request: Request,
+                     exc: JobNotRegistered | JobNameAmbiguous) -> list[FieldError]:
+    """The field that named an unknown or ambiguous job: the path's ``job_name`` (a
+    trigger) or a ``job`` of the query (a filter), as a validation error names it."""
+    def named(given: str) -> bool:  # as given, or stripped as the registry's find takes it
+        return exc.job_name in (given, given.strip())
+
+    if named(str(request.path_params.get("job_name", ""))):
+        field = "path.job_name"
+    elif any(named(each) for each in request.query_params.getlist("job")):
+        field = "query.job"
+    else:
+        return []
+    kind = "job_name_ambiguous" if isinstance(exc, JobNameAmbiguous) else "job_not_registered"
+    return [FieldError(field=field, message=" ".join(str(exc).split()), type=kind)]
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -201,6 +220,8 @@ def _install_errors(app: FastAPI) -> None:
             errors = [FieldError(field=".".join(["payload", *(str(p) for p in e.get("loc", ()))]),
                                  message=str(e.get("msg", "")), type=str(e.get("type", "")))
                       for e in exc.errors]
+        elif isinstance(exc, (JobNotRegistered, JobNameAmbiguous)):
+            errors = _job_name_errors(request, exc)
         return _error(request, status, " ".join(str(exc).split()), errors)
 
     @app.exception_handler(RequestValidationError)

@@ -22,6 +22,7 @@ from celery_outbox import (
     ExecutionNotFound,
     InvalidTransition,
     JobContext,
+    JobNameAmbiguous,
     JobNotRegistered,
     JobRegistry,
     Outbox,
@@ -237,6 +238,31 @@ def test_trigger_misses(box: Outbox) -> None:
     with pytest.raises(ConfigurationError, match="takes no payload"):
         box.admin.trigger("shop.nightly", {"x": 1})
     assert box.admin.list_executions("shop.mail") == []
+
+
+def test_trigger_takes_a_short_name_naming_one_job_and_names_the_candidates_otherwise(
+    box: Outbox, registry: JobRegistry, recording: RecordingDispatcher,
+) -> None:
+    queued = box.admin.trigger("mail", {"order_id": 4})
+    cron = box.admin.trigger("nightly")
+    assert box.admin.get_execution(queued).job_name == "shop.mail"
+    assert box.admin.get_execution(cron).job_name == "shop.nightly"
+    assert set(recording.ids) == {queued, cron}
+
+    @outbox_job(schema=Order, name="billing.mail", registry=registry)
+    def billing_mail(ctx: JobContext[Order]) -> None:
+        pass
+
+    with pytest.raises(JobNameAmbiguous) as ambiguous:
+        box.admin.trigger("mail", {"order_id": 5})
+    assert ambiguous.value.candidates == ("billing.mail", "shop.mail")
+    assert str(ambiguous.value) == ("job name 'mail' is ambiguous: it could be billing.mail, "
+                                    "shop.mail; give more of the name")
+    with pytest.raises(JobNotRegistered, match=r"'shop\.mial'.*did you mean shop\.mail"):
+        box.admin.trigger("shop.mial", {"order_id": 5})
+    assert box.admin.trigger("shop.mail", {"order_id": 6}) not in (queued, cron)
+    assert [v.job_name for v in box.admin.list_executions("billing.mail")] == []
+    assert len(box.admin.list_executions("shop.mail")) == 2
 
 
 def test_trigger_errors_name_the_field_and_ask_for_a_missing_payload(

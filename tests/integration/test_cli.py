@@ -391,8 +391,11 @@ def test_an_ambiguous_or_unknown_job_name_lists_the_candidates_or_close_names(
     assert one_line_error(invoke(cli_app, "executions", "receipt")) == (
         "Error: job name 'receipt' is ambiguous: it could be cli.billing.receipt, "
         "cli.shop.receipt; give more of the name")
-    assert one_line_error(invoke(cli_app, "trigger", "receipt", "--payload", "{}")).startswith(
-        "Error: job name 'receipt' is ambiguous")
+    assert one_line_error(invoke(cli_app, "trigger", "receipt", "--payload", "{}")) == (
+        "Error: job name 'receipt' is ambiguous: it could be cli.billing.receipt, "
+        "cli.shop.receipt; give more of the name")
+    assert one_line_error(invoke(cli_app, "trigger", "gret", "--payload", "{}")) == (
+        "Error: no outbox job named 'gret' is registered; did you mean cli.greet?")
     assert one_line_error(invoke(cli_app, "executions", "gret")) == (
         "Error: no outbox job named 'gret' is registered; did you mean cli.greet?")
     assert json_error(invoke(cli_app, "executions", "receipt", "--json")) == {

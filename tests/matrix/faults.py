@@ -49,7 +49,6 @@ and its run to quiescence are neither counted nor faulted.
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -145,13 +144,9 @@ class FaultyExecutor(SqlAlchemyExecutor):
             queries = self.deferred.pop(0)
             self._replaying = True
             try:
-                with warnings.catch_warnings():
-                    # start_unflushed through SQLAlchemy (not the direct path) draws its
-                    # linter's "cartesian product" warning: its one-row CTE is meant so.
-                    warnings.simplefilter("ignore", sa_exc.SAWarning)
-                    with super().transaction() as tx:
-                        for query in queries:
-                            tx.run(query)
+                with super().transaction() as tx:
+                    for query in queries:
+                        tx.run(query)
                 self.replayed += 1
             except StorageError:
                 pass  # the late statement failed on the server: it changed nothing

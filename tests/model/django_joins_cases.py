@@ -15,13 +15,13 @@ rows committed is read on the worker's engine, not predicted, so the model needs
 Django's rules.
 
 Run by tests/model/test_django_joins.py in a process of its own (Django is configured once
-per process). Bounded and derandomized by default; ``OUTBOX_SOAK_MINUTES=N`` (``make soak``)
-runs fresh seeds for N/4 minutes per database and prints what was explored.
+per process). Bounded and derandomized by default; under ``make soak`` it runs fresh seeds
+for a share per database of what ``OUTBOX_SOAK_UNTIL`` leaves (:mod:`tests.model.soak`) and
+prints what was explored.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
@@ -39,8 +39,9 @@ from celery_outbox.errors import StorageError
 from tests.conftest import PG_ADDRESS, require
 from tests.integration.django_joins_cases import TABLE, outbox_on, project  # noqa: F401
 from tests.integration.fakes import RecordingDispatcher
+from tests.model.soak import BUDGET, DJANGO, soak
+from tests.model.soak import MINUTES as SOAK_MINUTES
 
-SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile(
     "django-joins", max_examples=25, stateful_step_count=8, derandomize=True, deadline=None,
@@ -270,10 +271,12 @@ def machine_on(alias: str) -> type[DjangoJoins]:
                 {"alias": alias, "outbox": outbox, "recorder": recorder, "stats": Stats()})
 
 
+@pytest.mark.soak(weight=DJANGO)
 @pytest.mark.parametrize("alias", ["default", "pg"])
 def test_dispatched_is_committed_for_every_django_tree(
     alias: str, project: dict[str, str], capsys: Any,  # noqa: F811
 ) -> None:
+    until = BUDGET.take(DJANGO) if SOAK_MINUTES else 0.0  # first: a skip hands its share on
     if alias == "pg":
         require("PostgreSQL", *PG_ADDRESS)
     machine = machine_on(alias)
@@ -286,10 +289,8 @@ def test_dispatched_is_committed_for_every_django_tree(
             assert machine.stats.committed < machine.stats.pushed  # some were rolled back
             return
         started = time.monotonic()
-        runs = 0
-        while time.monotonic() < started + SOAK_MINUTES * 15:  # a quarter per database
-            runs += 1
-            run_machine(machine, settings=settings.get_profile("django-joins-soak"))
+        runs = soak(lambda each: run_machine(machine, settings=each),
+                    settings.get_profile("django-joins-soak"), until)
         with capsys.disabled():
             print(machine.stats.line(alias, time.monotonic() - started, runs))
     finally:

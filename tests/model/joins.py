@@ -9,9 +9,10 @@ A kind (:data:`KINDS`) is one way a caller's transaction reaches the outbox: a S
 push in ``AsyncSession.run_sync`` (the async kinds on SQLite through an aiosqlite engine with
 SQLAlchemy's BEGIN recipe, or without it, drawn first). Rules: begin, savepoint
 (``begin_nested``), push / push_many (a COPY-sized batch on PostgreSQL) / apush inside,
-release, rollback to any open savepoint (inner ones open), a savepoint left by an exception,
-commit, rollback, an apush cancelled at a random await, a push alone (``apush`` cancelled by
-``wait_for``), and a push in a session on the second database, which must be refused.
+release, rollback to any open savepoint (inner ones open), a savepoint left by an exception
+or by a failed flush, commit, rollback, an apush cancelled at a random await, a push alone
+(``apush`` cancelled by ``wait_for``), and a push in a session on the second database, which
+must be refused.
 
 The model does not predict which ids commit: the database says, and the invariant compares
 what was dispatched with it. It also keeps what each tree should commit and compares that
@@ -37,7 +38,15 @@ from hypothesis.stateful import (
 )
 from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, func, select
-from sqlalchemy.orm import Session, scoped_session, sessionmaker
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    scoped_session,
+    sessionmaker,
+)
 
 from celery_outbox import ConfigurationError, JobContext, JobRegistry, Outbox, outbox_job
 from celery_outbox.errors import StorageError
@@ -48,6 +57,9 @@ SYNC_KINDS = ("session", "scoped_session", "connection", "bound-conditional_save
 ASYNC_KINDS = ("async-session", "async-connection", "run_sync")
 TWO_PHASE_KINDS = ("two-phase-session",)
 KINDS = SYNC_KINDS + ASYNC_KINDS + TWO_PHASE_KINDS
+ORM_SYNC_KINDS = ("session", "scoped_session", "bound-conditional_savepoint",
+                  "bound-create_savepoint", "bound-rollback_only", "bound-control_fully",
+                  "two-phase-session")
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
 
 
@@ -106,6 +118,11 @@ class JoinsMachine(RuleBasedStateMachine):
                              table_name=f"jm_{uuid.uuid4().hex[:10]}")
         self.outbox.create_schema()
         self.engine: Engine = self.outbox.engine
+        _Taken.__table__.create(self.engine, checkfirst=True)
+        with Session(self.engine) as session:
+            if session.get(_Taken, 1) is None:
+                session.add(_Taken(id=1))
+                session.commit()
         self.other = create_engine(self.other_url)
         self.outbox.tables.executions.metadata.create_all(
             self.other, tables=self.outbox.tables.all())
@@ -315,6 +332,22 @@ class JoinsMachine(RuleBasedStateMachine):
             pass
         self.stats["raise"] += 1
 
+    @precondition(lambda self: bool(self.frames) and self.kind in ORM_SYNC_KINDS)
+    @rule()
+    @traced
+    def flush_fails_in_savepoint(self) -> None:
+        """A push in ``with begin_nested():`` whose flush then fails (a key taken):
+        SQLAlchemy rolls the savepoint back during the flush, the block only closes it."""
+        try:
+            with self.caller.begin_nested():
+                self._push(1)
+                self.caller.add(_Taken(id=1))
+                self.caller.flush()
+        except IntegrityError:
+            pass
+        self.stats["flush failed"] += 1
+        self.trace.append("flush_fails_in_savepoint")
+
     @precondition(lambda self: bool(self.frames) and self.kind in ("async-session",
                                                                   "async-connection"))
     @rule(steps=st.integers(0, 6), commit=st.booleans())
@@ -499,6 +532,17 @@ def _begin_recipe(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN")
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _Taken(_Base):
+    """A caller's table whose row 1 exists: adding another row 1 fails the flush."""
+
+    __tablename__ = "jm_taken"
+    id: Mapped[int] = mapped_column(primary_key=True)
 
 
 class _Boom(Exception):

@@ -1,15 +1,14 @@
 """The joins model (:mod:`tests.model.joins`) for every join kind, on SQLite and PostgreSQL.
 
 The default run is bounded and derandomized (fixed seeds). ``OUTBOX_SOAK_MINUTES=N`` (``make
-soak``) runs fresh random seeds, longer examples, for a share of N minutes per kind.
+soak``) runs fresh random seeds, longer examples, for a share of N minutes per kind and
+database (:mod:`tests.model.soak`: N is the whole soak's).
 
 Two-phase runs on a PostgreSQL of the session's own (``pg_2pc_url``, tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
-import time
 import warnings
 
 import pytest
@@ -17,8 +16,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from tests.model.joins import ASYNC_KINDS, KINDS, TWO_PHASE_KINDS, machine_for
+from tests.model.soak import BUDGET, JOIN_KIND, soak
+from tests.model.soak import MINUTES as SOAK_MINUTES
 
-SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 settings.register_profile(
@@ -35,11 +35,13 @@ CASES = [(kind, dialect) for kind in KINDS for dialect in ("sqlite", "postgresql
          if not (kind in TWO_PHASE_KINDS and dialect == "sqlite")]
 
 
+@pytest.mark.soak(weight=JOIN_KIND)
 @pytest.mark.timeout(int(SOAK_MINUTES * 60) + 600 if SOAK_MINUTES else 300)
 @pytest.mark.parametrize(("kind", "dialect"), CASES, ids=[f"{k}-{d}" for k, d in CASES])
 def test_joins(kind: str, dialect: str, request: pytest.FixtureRequest, tmp_path: object,
                capsys: pytest.CaptureFixture[str]) -> None:
     """Exact dispatch through every transaction tree Hypothesis builds in this kind."""
+    until = BUDGET.take(JOIN_KIND) if SOAK_MINUTES else 0.0  # first: a skip hands its share on
     if kind in ASYNC_KINDS:
         pytest.importorskip("greenlet")
         pytest.importorskip("aiosqlite" if dialect == "sqlite" else "psycopg")
@@ -58,9 +60,8 @@ def test_joins(kind: str, dialect: str, request: pytest.FixtureRequest, tmp_path
         if not SOAK_MINUTES:
             run_state_machine_as_test(machine, settings=settings.get_profile("joins"))
         else:
-            deadline = time.monotonic() + SOAK_MINUTES * 60 / len(CASES)
-            while time.monotonic() < deadline:
-                run_state_machine_as_test(machine, settings=settings.get_profile("joins-soak"))
+            soak(lambda each: run_state_machine_as_test(machine, settings=each),
+                 settings.get_profile("joins-soak"), until)
     assert machine.stats["begin"] > 0
     if SOAK_MINUTES:
         with capsys.disabled():

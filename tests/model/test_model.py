@@ -1,14 +1,14 @@
 """The stateful model test on SQLite and PostgreSQL (see :mod:`tests.model.machine`).
 
 The default run is bounded and derandomized (fixed seeds): the same examples every run.
-``OUTBOX_SOAK_MINUTES=N`` (``make soak MINUTES=N``) instead runs fresh random seeds for N
-minutes in all (half per database) and prints what it explored.
+``OUTBOX_SOAK_MINUTES=N`` (``make soak MINUTES=N``) instead runs fresh random seeds for a
+share of N minutes per database (:mod:`tests.model.soak`: N is the whole soak's) and prints
+what it explored.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -23,8 +23,10 @@ from tests.model.machine import (
     OutboxMachine,
     Stats,
 )
+from tests.model.soak import BUDGET, MODEL, soak
+from tests.model.soak import MINUTES as SOAK_MINUTES
 
-SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
+DIALECTS = ["sqlite", "postgresql"]
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 settings.register_profile(
@@ -54,10 +56,12 @@ def report(dialect: str, stats: Stats, seconds: float, runs: int) -> str:
             f"{sorted(DEFECTS) or 'none'}")
 
 
+@pytest.mark.soak(weight=MODEL)
 @pytest.mark.timeout(int(SOAK_MINUTES * 60) + 900 if SOAK_MINUTES else 600)
-@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("dialect", DIALECTS)
 def test_model(dialect: str, request: pytest.FixtureRequest, capsys: Any) -> None:
     """The outbox agrees with the model after every step of every example."""
+    until = BUDGET.take(MODEL) if SOAK_MINUTES else 0.0  # first: a skip hands its share on
     url = str(request.getfixturevalue("sqlite_url" if dialect == "sqlite" else "pg_url"))
     machine = machine_for(url)
     if not SOAK_MINUTES:
@@ -69,10 +73,7 @@ def test_model(dialect: str, request: pytest.FixtureRequest, capsys: Any) -> Non
     quiet.setLevel(logging.ERROR)
     request.addfinalizer(lambda: quiet.setLevel(level))
     started = time.monotonic()
-    deadline = started + SOAK_MINUTES * 30  # half of the minutes per database
-    runs = 0
-    while time.monotonic() < deadline:
-        runs += 1  # each run draws a fresh random seed (derandomize=False)
-        run_state_machine_as_test(machine, settings=settings.get_profile("soak"))
+    runs = soak(lambda each: run_state_machine_as_test(machine, settings=each),
+                settings.get_profile("soak"), until)
     with capsys.disabled():
         print(report(dialect, machine.stats, time.monotonic() - started, runs))

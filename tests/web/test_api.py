@@ -12,9 +12,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from celery_outbox import Outbox, OutboxJob, signals
+from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job, signals
 from celery_outbox.store import ExecutionQuery
 from celery_outbox.web import Principal, create_app
+from tests.integration.conftest import Order
 from tests.web.conftest import PASSWORDS, READ_TOKEN, Switch, bearer
 
 Jobs = dict[str, OutboxJob[Any]]
@@ -209,6 +210,42 @@ def test_bad_input_answers_4xx_naming_the_thing(
         assert r.status_code == status, (method, path, kwargs, r.text)
         assert names in r.text, (method, path, r.text)
         assert isinstance(r.json()["detail"], str)
+
+
+@sqlite_only
+def test_trigger_takes_a_short_job_name_and_names_the_field_when_it_names_no_one_job(
+    client: TestClient, jobs: Jobs, web_outbox: Outbox, registry: JobRegistry,
+) -> None:
+    h = bearer()
+    r = client.post("/api/v1/jobs/receipt/trigger", json={"payload": {"order_id": 3}}, headers=h)
+    assert r.status_code == 201, r.text
+    assert r.json()["job_name"] == "shop.receipt"
+    assert web_outbox.admin.get_execution(r.json()["execution_id"]).job_name == "shop.receipt"
+
+    @outbox_job(schema=Order, name="billing.receipt", registry=registry)
+    def billing_receipt(ctx: JobContext[Order]) -> None:
+        pass
+
+    before = rows(web_outbox)
+    r = client.post("/api/v1/jobs/receipt/trigger", json={"payload": {"order_id": 4}}, headers=h)
+    assert r.status_code == 400, r.text
+    [error] = r.json()["errors"]
+    assert (error["field"], error["type"]) == ("path.job_name", "job_name_ambiguous")
+    assert error["message"] == r.json()["detail"] == (
+        "job name 'receipt' is ambiguous: it could be billing.receipt, shop.receipt; give "
+        "more of the name")
+    r = client.post("/api/v1/jobs/shop.reciept/trigger", json={"payload": {"order_id": 4}},
+                    headers=h)
+    assert r.status_code == 404, r.text
+    [error] = r.json()["errors"]
+    assert (error["field"], error["type"]) == ("path.job_name", "job_not_registered")
+    assert "'shop.reciept'" in error["message"] and "shop.receipt" in error["message"]
+    r = client.post("/api/v1/jobs/%20receipt%20/trigger", json={"payload": {"order_id": 4}},
+                    headers=h)
+    assert r.status_code == 400 and r.json()["errors"][0]["field"] == "path.job_name", r.text
+    r = client.get("/api/v1/executions", params={"job": "nope"}, headers=h)
+    assert r.status_code == 404 and r.json()["errors"][0]["field"] == "query.job"
+    assert rows(web_outbox) == before
 
 
 def test_keyset_pages_walk_every_execution_once_newest_first(
