@@ -5,6 +5,7 @@ database's vendor and run by the migration's schema editor, in its transaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import migrations
@@ -57,55 +58,58 @@ def _escaped(sql: str) -> str:
     return sql.replace("%", "%%")
 
 
-class CreateOutboxSchema(migrations.operations.base.Operation):  # type: ignore[misc]
-    """Create the outbox's tables (``CELERY_OUTBOX["table_name"]``) on the database being
-    migrated; reversed, drop them. No model state: the tables are the outbox's, not models."""
+class _OutboxOperation(migrations.operations.base.Operation):  # type: ignore[misc]
+    """A migration operation on the outbox's tables (``CELERY_OUTBOX["table_name"]``): no
+    model state (the tables are the outbox's, not models), run where the routers allow the
+    app; :meth:`forwards` and :meth:`backwards` give the SQL for the database's vendor."""
 
     reversible = True
     reduces_to_sql = True
+
+    def forwards(self, vendor: str) -> list[str]:
+        raise NotImplementedError
+
+    def backwards(self, vendor: str) -> list[str]:
+        return []
 
     def state_forwards(self, app_label: str, state: Any) -> None:
         pass
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
                           to_state: Any) -> None:
-        if self.allowed_to_migrate(schema_editor.connection.alias, app_label):
-            for sql in create_statements(configured_tables(), schema_editor.connection.vendor):
-                schema_editor.execute(sql, params=())
+        self._execute(app_label, schema_editor, self.forwards)
 
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
                            to_state: Any) -> None:
-        if self.allowed_to_migrate(schema_editor.connection.alias, app_label):
-            for sql in drop_statements(configured_tables(), schema_editor.connection.vendor):
+        self._execute(app_label, schema_editor, self.backwards)
+
+    def _execute(self, app_label: str, schema_editor: Any,
+                 statements: Callable[[str], list[str]]) -> None:
+        if router_allows(schema_editor.connection.alias, app_label):
+            for sql in statements(schema_editor.connection.vendor):
                 schema_editor.execute(sql, params=())
 
-    def allowed_to_migrate(self, alias: str, app_label: str) -> bool:
-        return router_allows(alias, app_label)
+
+class CreateOutboxSchema(_OutboxOperation):
+    """Create the outbox's tables, indexes and trim triggers on the database being migrated;
+    reversed, drop them."""
+
+    def forwards(self, vendor: str) -> list[str]:
+        return list(create_statements(configured_tables(), vendor))
+
+    def backwards(self, vendor: str) -> list[str]:
+        return list(drop_statements(configured_tables(), vendor))
 
     def describe(self) -> str:
         return "Create the celery_outbox tables, indexes and trim triggers"
 
 
-class AnalyzeOutboxTables(migrations.operations.base.Operation):  # type: ignore[misc]
+class AnalyzeOutboxTables(_OutboxOperation):
     """``ANALYZE`` the outbox's tables on PostgreSQL (nothing elsewhere), as
     ``outbox.create_schema()`` ends; reversed, nothing. The app's last migration."""
 
-    reversible = True
-    reduces_to_sql = True
-
-    def state_forwards(self, app_label: str, state: Any) -> None:
-        pass
-
-    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
-                          to_state: Any) -> None:
-        if router_allows(schema_editor.connection.alias, app_label):
-            dialect = dialect_for(schema_editor.connection.vendor)
-            for sql in analyze_statements(configured_tables(), dialect):
-                schema_editor.execute(sql, params=())
-
-    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
-                           to_state: Any) -> None:
-        pass
+    def forwards(self, vendor: str) -> list[str]:
+        return list(analyze_statements(configured_tables(), dialect_for(vendor)))
 
     def describe(self) -> str:
         return "Analyze the celery_outbox tables (PostgreSQL)"
