@@ -281,9 +281,8 @@ class Dashboard:
         job and error type, the largest group first."""
         if since <= timedelta(0):
             raise ConfigurationError(f"since must be a positive duration, got {since}")
-        job_names = tuple(dict.fromkeys(job_names)) if job_names else None
-        for name in job_names or ():
-            self.registry.get(name)
+        job_names = (tuple(dict.fromkeys(self.registry.find(name).name for name in job_names))
+                     if job_names else None)
         try:
             start = datetime.now(timezone.utc) - since
         except OverflowError:
@@ -399,12 +398,12 @@ class Dashboard:
         return BulkResult(action, False, len(ids), more, tuple(done), tuple(skipped))
 
     def _check(self, query: ExecutionQuery) -> ExecutionQuery:
-        """``query`` checked (registered jobs, aware times inside the UTC range, texts the
-        database can hold: no NUL, no lone surrogate) with its job names and statuses each
-        once; ConfigurationError naming a field."""
-        jobs = tuple(dict.fromkeys(query.job_names)) if query.job_names is not None else None
-        for name in jobs or ():
-            self.registry.get(name)
+        """``query`` checked (registered jobs, each by its full name or a short one, aware
+        times inside the UTC range, texts the database can hold: no NUL, no lone surrogate)
+        with its full job names and statuses each once; ConfigurationError naming a field."""
+        # A full name or a short one naming one job only, as the CLI and the trigger take it.
+        jobs = (tuple(dict.fromkeys(self.registry.find(name).name for name in query.job_names))
+                if query.job_names is not None else None)
         for label, text in (("key", query.unique_key), ("tenant", query.organization_id),
                             ("error", query.error_contains)):
             what = unstorable(text) if text is not None else None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 
 from celery_outbox.errors import ConfigurationError
 
@@ -66,6 +66,7 @@ def make_engine(url: str) -> Engine:
     cached for the connection until the table's statistics change, and a backlog that
     arrives meanwhile would be read whole by every claim (bench/README.md, "Claim plans").
     """
+    _check_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         _fork_safe(engine)
@@ -93,6 +94,43 @@ def make_engine(url: str) -> Engine:
             bound_waits(engine, IO_TIMEOUT)
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+ASYNC_DRIVERS = frozenset({"aiosqlite", "asyncpg", "psycopg_async", "aiomysql", "asyncmy"})
+"""Drivers of SQLAlchemy's asyncio engines: the outbox's own engine is a sync one."""
+
+
+def _check_url(url: str) -> None:
+    """Refuse, naming it (without its password), a URL the outbox's engine cannot be built
+    from: not a URL, a database other than PostgreSQL or SQLite (``postgres://`` included,
+    which SQLAlchemy does not know), or an asyncio driver (the ``apush`` side's URL)."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # any unparsable string
+        raise ConfigurationError(
+            f"database_url {url!r} is not a database URL: give e.g. "
+            "'postgresql+psycopg://user@host/db' or 'sqlite:////absolute/path.sqlite3'"
+        ) from None
+    shown = parsed.render_as_string(hide_password=True)
+    backend = parsed.get_backend_name()
+    if backend == "postgres":
+        raise ConfigurationError(
+            f"database_url {shown!r}: SQLAlchemy names PostgreSQL 'postgresql', not "
+            f"'postgres': write {parsed.set(drivername='postgresql+psycopg').render_as_string()!r}"
+        )
+    if backend not in ("postgresql", "sqlite"):
+        raise ConfigurationError(
+            f"database_url {shown!r}: the outbox runs on PostgreSQL (postgresql+psycopg://) "
+            f"or SQLite (sqlite:///), not {backend!r}"
+        )
+    if parsed.get_driver_name() in ASYNC_DRIVERS:
+        sync = "postgresql+psycopg" if backend == "postgresql" else "sqlite"
+        raise ConfigurationError(
+            f"database_url {shown!r} names an asyncio driver ({parsed.get_driver_name()}): "
+            f"the outbox's own engine is sync (workers, the sweep, the admin); give it "
+            f"{parsed.set(drivername=sync).render_as_string()!r} and push from your "
+            "AsyncSession with await job.apush(..., session=session)"
+        )
 
 
 def begin_before_savepoint(engine: Engine | AsyncEngine) -> None:

@@ -138,7 +138,32 @@ class JobLocked(OutboxError):
 
 
 class StorageError(OutboxError):
-    """The database failed or could not be reached; the driver error is ``__cause__``."""
+    """The database failed or could not be reached; the driver error is ``__cause__``.
+
+    When that error says a table does not exist, the message says how the outbox's tables
+    are made (the schema was never created: the first push of a new project)."""
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if _missing_table(self.__cause__):
+            text += ("; if it is an outbox table, create the schema: outbox.create_schema(), "
+                     "`celery -A proj outbox create-schema`, or the migrations")
+        return text
+
+
+def _missing_table(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or what caused it (the driver's error under SQLAlchemy's or Django's)
+    says a table does not exist: SQLSTATE 42P01 (PostgreSQL), "no such table" (SQLite)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for error in (exc, getattr(exc, "orig", None)):
+            if error is not None and (getattr(error, "sqlstate", None) == "42P01"
+                                      or getattr(error, "pgcode", None) == "42P01"
+                                      or "no such table" in str(error).lower()):
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class KeyBusy(StorageError):

@@ -122,6 +122,13 @@ class Outbox:
                 "Outbox needs a database: pass database_url=... or engine=..., "
                 "or set app.conf.outbox_database_url"
             )
+        if engine is not None and not isinstance(engine, Engine):
+            raise ConfigurationError(
+                f"Outbox(engine=...) takes a sync sqlalchemy Engine, got "
+                f"{type(engine).__name__}: for an AsyncEngine give the outbox the sync URL of the "
+                "same database (database_url='postgresql+psycopg://...' or 'sqlite:///...') "
+                "and push from your AsyncSession with await job.apush(..., session=session)"
+            )
         self.engine = engine if engine is not None else make_engine(str(url))
         begin_before_savepoint(self.engine)
         name = self.config.table_name

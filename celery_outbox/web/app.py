@@ -193,7 +193,8 @@ STATUS_OF: tuple[tuple[type[OutboxError], int], ...] = (
 def _job_name_errors(request: Request,
                      exc: JobNotRegistered | JobNameAmbiguous) -> list[FieldError]:
     """The field that named an unknown or ambiguous job: the path's ``job_name`` (a
-    trigger) or a ``job`` of the query (a filter), as a validation error names it."""
+    trigger), a ``job`` of the query (a filter) or of a bulk action's body, as a validation
+    error names it."""
     def named(given: str) -> bool:  # as given, or stripped as the registry's find takes it
         return exc.job_name in (given, given.strip())
 
@@ -201,6 +202,8 @@ def _job_name_errors(request: Request,
         field = "path.job_name"
     elif any(named(each) for each in request.query_params.getlist("job")):
         field = "query.job"
+    elif request.method == "POST" and request.url.path.rsplit("/", 2)[-2:-1] == ["bulk"]:
+        field = "body.job"  # a bulk retry or cancel: the only other place a job is named
     else:
         return []
     kind = "job_name_ambiguous" if isinstance(exc, JobNameAmbiguous) else "job_not_registered"

@@ -248,6 +248,44 @@ def test_trigger_takes_a_short_job_name_and_names_the_field_when_it_names_no_one
     assert rows(web_outbox) == before
 
 
+@sqlite_only
+@pytest.mark.parametrize("action", ["retry", "cancel"])
+def test_a_bulk_action_names_its_unknown_job_field(
+    client: TestClient, jobs: Jobs, web_outbox: Outbox, action: str,
+) -> None:
+    before = rows(web_outbox)
+    r = client.post(f"/api/v1/executions/bulk/{action}",
+                    json={"job": ["shop.reciept"], "dry_run": False}, headers=bearer())
+    assert r.status_code == 404, r.text
+    [error] = r.json()["errors"]
+    assert (error["field"], error["type"]) == ("body.job", "job_not_registered")
+    assert "'shop.reciept'" in error["message"] and "shop.receipt" in error["message"]
+    assert rows(web_outbox) == before
+
+
+@sqlite_only
+def test_a_filter_takes_a_short_job_name(
+    client: TestClient, jobs: Jobs, web_outbox: Outbox,
+) -> None:
+    """``job=receipt`` filters as ``job=shop.receipt``: before, a 404 saying no job of that
+    name is registered, while the trigger and the CLI take it."""
+    h = bearer()
+    r = client.post("/api/v1/jobs/receipt/trigger", json={"payload": {"order_id": 5}}, headers=h)
+    assert r.status_code == 201, r.text
+    new = r.json()["execution_id"]
+    for path in ("/api/v1/executions", "/api/v1/failures"):
+        r = client.get(path, params={"job": "receipt"}, headers=h)
+        assert r.status_code == 200, r.text
+    r = client.get("/api/v1/executions", params={"job": "receipt"}, headers=h)
+    assert new in [item["id"] for item in r.json()["items"]]
+    assert {item["job_name"] for item in r.json()["items"]} == {"shop.receipt"}
+    for action in ("retry", "cancel"):
+        short, full = (client.post(f"/api/v1/executions/bulk/{action}", json={"job": [name]},
+                                   headers=h) for name in ("receipt", "shop.receipt"))
+        assert short.status_code == full.status_code == 200, short.text
+        assert short.json() == full.json()
+
+
 def test_keyset_pages_walk_every_execution_once_newest_first(
     client: TestClient, jobs: Jobs, web_outbox: Outbox, switch: Switch
 ) -> None:
