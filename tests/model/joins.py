@@ -36,11 +36,12 @@ from hypothesis.stateful import (
     rule,
 )
 from pydantic import BaseModel
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine, event, func, select
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from celery_outbox import ConfigurationError, JobContext, JobRegistry, Outbox, outbox_job
 from celery_outbox.errors import StorageError
+from celery_outbox.executors.direct import COPY_MIN_ROWS
 from tests.integration.fakes import RecordingDispatcher
 
 SYNC_KINDS = ("session", "scoped_session", "connection", "bound-conditional_savepoint",
@@ -68,16 +69,24 @@ def traced(step: Any) -> Any:
     return run
 
 
+AT_INSERT = "insert"
+"""``cancel_apush(steps=AT_INSERT)``: the cancel lands while the apush's INSERT is sent."""
+
+
 class Item(BaseModel):
     n: int
 
 
 class Frame:
-    """One open transaction level: the handle to end it and the ids pushed in it."""
+    """One open transaction level: the handle to end it, the ids pushed in it (with those of
+    the savepoints released into it), those of them that came from a released savepoint, and
+    whether a COPY-sized batch went in."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self.ids: set[UUID] = set()
+        self.released: set[UUID] = set()
+        self.copied = False
 
 
 class JoinsMachine(RuleBasedStateMachine):
@@ -89,6 +98,7 @@ class JoinsMachine(RuleBasedStateMachine):
     kind: ClassVar[str]
     driver: ClassVar[str] = ""
     stats: ClassVar[Counter[str]]
+    tally: ClassVar[Counter[str]]  # what the trees covered (:data:`COVERED`), for the floors
 
     def __init__(self) -> None:
         super().__init__()
@@ -171,8 +181,9 @@ class JoinsMachine(RuleBasedStateMachine):
             return list(self.wait(job.apush_many(payloads, **{where: caller})))
         return list(job.push_many(payloads, **{where: caller}))
 
-    def _end(self, commit: bool) -> None:
-        """End the outermost transaction (and a bound kind's outer one the same way)."""
+    def _end(self, commit: bool, cancelled_mid_push: bool = False) -> None:
+        """End the outermost transaction (and a bound kind's outer one the same way); one an
+        apush was cancelled in mid-push cannot commit (its commit raises)."""
         root = self.frames[0].handle
         pushed = set().union(*(f.ids for f in self.frames))
         try:
@@ -191,13 +202,23 @@ class JoinsMachine(RuleBasedStateMachine):
         except (StorageError, Exception) as exc:
             self.stats[f"end failed: {type(exc).__name__}: {str(exc)[:60]}"] += 1
             self.trace.append(f"  the end raised {type(exc).__name__}: {str(exc)[:80]}")
-            self.uncertain = True
+            if cancelled_mid_push and commit:
+                self.tally[CANCELLED_COMMIT_REFUSED] += 1  # nothing of it committed
+            else:
+                self.uncertain = True
             self._abandon()
             return
+        assert not (cancelled_mid_push and commit), \
+            "a transaction committed after an apush in it was cancelled mid-push"
         if commit:
             if self.kind == "bound-rollback_only" or self.kind == "bound-control_fully":
                 pass  # the Session's commit in these modes: the outer commit decides
             self.expected |= pushed
+            self.tally[COMMITTED] += bool(pushed)
+            self.tally[COMMITTED_RELEASED] += any(f.released for f in self.frames)
+            self.tally[COMMITTED_COPY] += any(f.copied for f in self.frames)
+        else:
+            self.tally[ROLLED_BACK] += bool(pushed)
         self.frames, self.caller, self.outer = [], None, None
         self.check_exact()
 
@@ -268,6 +289,10 @@ class JoinsMachine(RuleBasedStateMachine):
                 raise
             return
         self.frames[-1].ids |= set(ids)
+        if ids:
+            self.tally[PUSH_IN_SAVEPOINT if len(self.frames) > 1 else PUSH_IN_OUTERMOST] += 1
+        if n >= COPY_MIN_ROWS:
+            self.frames[-1].copied = True
         self.stats[f"push {'many' if n > 1 else 'one'}"] += 1
         self.trace.append(f"push({n}) -> {ids if n < 5 else len(ids)}")
 
@@ -278,6 +303,8 @@ class JoinsMachine(RuleBasedStateMachine):
         frame = self.frames.pop()
         self.wait(frame.handle.commit()) if self.async_kind else frame.handle.commit()
         self.frames[-1].ids |= frame.ids
+        self.frames[-1].released |= frame.ids
+        self.frames[-1].copied |= frame.copied
         self.stats["release"] += 1
         self.trace.append("release")
 
@@ -287,17 +314,29 @@ class JoinsMachine(RuleBasedStateMachine):
     def rollback_to(self, data: st.DataObject) -> None:
         """Roll back to any open savepoint; those opened inside it go with it."""
         at = data.draw(st.integers(1, len(self.frames) - 1), label="savepoint")
-        handle = self.frames[at].handle
-        if len(self.frames) - 1 > at and "connection" in self.kind \
-                and data.draw(st.booleans(), label="inner ones first"):
-            # Each inner one rolled back first; else the outer one alone (SQLAlchemy warns
-            # but the database drops the inner savepoints with it).
+        inner_first = len(self.frames) - 1 > at and "connection" in self.kind \
+            and data.draw(st.booleans(), label="inner ones first")
+        self.rollback_to_level(at, inner_first)
+
+    def rollback_to_level(self, at: int, inner_first: bool = False) -> None:
+        """Roll back to the savepoint of frame ``at`` (1 the first savepoint); with
+        ``inner_first`` (the Connection kinds) each inner one first, else the outer one alone
+        (SQLAlchemy warns but the database drops the inner savepoints with it)."""
+        assert 1 <= at < len(self.frames), f"no savepoint at level {at}"
+        if inner_first:
             for frame in reversed(self.frames[at + 1:]):
                 self._rollback(frame.handle)
-        self._rollback(handle)
+        self._rollback(self.frames[at].handle)
+        gone = self.frames[at:]
+        if any(f.ids for f in gone):
+            self.tally[ROLLED_BACK_SAVEPOINT] += 1
+            if len(gone) > 1:
+                self.tally[ROLLED_BACK_INNER_OPEN] += 1
+            if any(f.copied for f in gone):
+                self.tally[ROLLED_BACK_COPY] += 1
         del self.frames[at:]
-        self.stats["rollback to savepoint" + (" (inner open)" if at else "")] += 1
-        self.trace.append(f"rollback_to({at})")
+        self.stats["rollback to savepoint" + (" (inner open)" if len(gone) > 1 else "")] += 1
+        self.trace.append(f"rollback_to({at}, inner_first={inner_first})")
 
     def _rollback(self, handle: Any) -> None:
         self.wait(handle.rollback()) if self.async_kind else handle.rollback()
@@ -313,21 +352,39 @@ class JoinsMachine(RuleBasedStateMachine):
                 raise _Boom
         except _Boom:
             pass
+        self.tally[RAISED_IN_SAVEPOINT] += 1
+        self.tally[RAISED_IN_NESTED] += len(self.frames) > 1
         self.stats["raise"] += 1
 
     @precondition(lambda self: bool(self.frames) and self.kind in ("async-session",
                                                                   "async-connection"))
-    @rule(steps=st.integers(0, 6), commit=st.booleans())
+    @rule(steps=st.sampled_from([AT_INSERT]) | st.integers(0, 6), commit=st.booleans())
     @traced
-    def cancel_apush(self, steps: int, commit: bool) -> None:
+    def cancel_apush(self, steps: int | str, commit: bool) -> None:
         """An apush in the caller's transaction, cancelled after ``steps`` turns of the
-        loop: it either finished (its ids are in the frame) or not; then the caller's
-        transaction ends either way (a commit after a half-done apush is refused)."""
+        loop, or (:data:`AT_INSERT`) while its INSERT is on its way to the database: it
+        either finished (its ids are in the frame) or not; then the caller's transaction
+        ends either way (a commit after a half-done apush is refused)."""
         where = "connection" if "connection" in self.kind else "session"
+        table = self.outbox.tables.executions.name
+        loop = self.loop
+        assert loop is not None
 
         async def go() -> Any:
             task = asyncio.ensure_future(self.job.apush({"n": 0}, **{where: self.caller}))
-            for _ in range(steps):
+
+            def at_insert(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+                if statement.lstrip().upper().startswith("INSERT") and table in statement:
+                    loop.call_soon(task.cancel)  # lands on the driver's await of it
+
+            if steps == AT_INSERT:
+                event.listen(self.aengine.sync_engine, "before_cursor_execute", at_insert)
+                try:
+                    return (await asyncio.gather(task, return_exceptions=True))[0]
+                finally:
+                    event.remove(self.aengine.sync_engine, "before_cursor_execute",
+                                 at_insert)
+            for _ in range(int(steps)):
                 await asyncio.sleep(0)
             task.cancel()
             return (await asyncio.gather(task, return_exceptions=True))[0]
@@ -340,6 +397,10 @@ class JoinsMachine(RuleBasedStateMachine):
         self.trace.append(f"cancel_apush(steps={steps}, commit={commit}) -> {result!r}")
         if isinstance(result, UUID):
             self.frames[-1].ids.add(result)
+            return
+        if steps == AT_INSERT:  # its transaction must not commit: certain all the same
+            self.tally[CANCELLED_MID_PUSH] += 1
+            self._end(commit, cancelled_mid_push=True)
             return
         self.uncertain = True
         self._end(commit)
@@ -501,11 +562,98 @@ def _begin_recipe(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN")
 
 
+PUSH_IN_OUTERMOST = "push in the outermost transaction"
+PUSH_IN_SAVEPOINT = "push in a savepoint"
+ROLLED_BACK_SAVEPOINT = "push rolled back with its savepoint"
+ROLLED_BACK_INNER_OPEN = "push rolled back with its savepoint, inner ones open"
+ROLLED_BACK_COPY = "COPY-sized push rolled back with its savepoint"
+RAISED_IN_SAVEPOINT = "push in a savepoint left by an exception"
+RAISED_IN_NESTED = "push in a nested savepoint left by an exception"
+COMMITTED = "commit with pushes"
+COMMITTED_RELEASED = "commit of a push from a released savepoint"
+COMMITTED_COPY = "commit of a COPY-sized push"
+ROLLED_BACK = "rollback with pushes"
+CANCELLED_MID_PUSH = "apush cancelled mid-push"
+CANCELLED_COMMIT_REFUSED = "commit refused after an apush cancelled mid-push"
+
+
 class _Boom(Exception):
     """The exception a caller's code raises inside a savepoint."""
+
+
+# -- the scripted trees ---------------------------------------------------------------------
+
+Step = tuple[str, dict[str, Any]]
+"""A method of the machine and its arguments: a rule (its preconditions must hold) or a
+helper a rule calls with what it drew (:meth:`JoinsMachine.rollback_to_level`)."""
+
+
+def scripted_trees(kind: str) -> list[Step]:
+    """The trees every default run replays through the machine of ``kind`` before Hypothesis
+    draws its own: what a handful of random examples may not reach, each once."""
+    connection = "connection" in kind
+
+    def s(name: str, **args: Any) -> Step:
+        return (name, args)
+
+    steps = [
+        s("async_engine", recipe=True),
+        # a push in a savepoint rolled back to with inner savepoints (and pushes) open
+        s("begin"), s("push", n=1), s("savepoint"), s("push", n=2), s("savepoint"),
+        s("push", n=1), s("savepoint"), s("push", n=1),
+        s("rollback_to_level", at=1, inner_first=False), s("push", n=1),
+        s("end", commit=True),
+        # a COPY-sized batch (psycopg) rolled back with its savepoint, another one released
+        # and committed
+        s("begin"), s("savepoint"), s("push", n=101), s("savepoint"), s("push", n=1),
+        s("rollback_to_level", at=1, inner_first=connection), s("savepoint"),
+        s("push", n=101), s("release"), s("end", commit=True),
+        # pushes released through two levels then committed, a later savepoint rolled back
+        s("begin"), s("savepoint"), s("push", n=2), s("savepoint"), s("push", n=1),
+        s("release"), s("release"), s("savepoint"), s("push", n=1),
+        s("rollback_to_level", at=1), s("end", commit=True),
+        # pushes in a savepoint, the whole transaction rolled back
+        s("begin"), s("push", n=1), s("savepoint"), s("push", n=3), s("end", commit=False),
+    ]
+    if kind not in ASYNC_KINDS:  # an exception out of a nested savepoint
+        steps += [s("begin"), s("savepoint"), s("push", n=1), s("raise_in_savepoint"),
+                  s("release"), s("end", commit=True)]
+    if kind in ("async-session", "async-connection"):  # a cancel while the INSERT is sent
+        steps += [s("begin"), s("push", n=1), s("cancel_apush", steps=AT_INSERT, commit=True),
+                  s("begin"), s("savepoint"), s("push", n=1),
+                  s("cancel_apush", steps=AT_INSERT, commit=False)]
+    if kind in ASYNC_KINDS:
+        steps += [s("apush_alone_timed_out", timeout=0.0)]
+    if kind in TWO_PHASE_KINDS:
+        steps += [s("push_in_a_two_phase_connection")]
+    return steps + [s("push_alone"), s("push_on_the_other_database")]
+
+
+def replay(machine: type[JoinsMachine], steps: list[Step]) -> JoinsMachine:
+    """Run ``steps`` on a new ``machine`` as Hypothesis would (a rule only when its
+    preconditions hold, the invariants after each step, the teardown at the end)."""
+    from hypothesis.stateful import INITIALIZE_RULE_MARKER, INVARIANT_MARKER, RULE_MARKER
+
+    invariants = [getattr(machine, name) for name in dir(machine)
+                  if getattr(getattr(machine, name), INVARIANT_MARKER, None) is not None]
+    state = machine()
+    try:
+        for name, args in steps:
+            method = getattr(machine, name)
+            declared = getattr(method, RULE_MARKER, None) \
+                or getattr(method, INITIALIZE_RULE_MARKER, None)
+            for holds in getattr(declared, "preconditions", ()):
+                assert holds(state), f"{name}: its precondition fails here ({state.trace})"
+            state.trace.append(f"[script] {name}({args})")
+            method(state, **args)
+            for check in invariants:
+                check(state)
+    finally:
+        state.teardown()
+    return state
 
 
 def machine_for(kind: str, url: str, other_url: str, dialect: str) -> type[JoinsMachine]:
     return type(f"Joins_{kind.replace('-', '_')}_{dialect}", (JoinsMachine,), {
         "kind": kind, "url": url, "other_url": other_url,
-        "driver": ASYNC_DRIVERS[dialect], "stats": Counter()})
+        "driver": ASYNC_DRIVERS[dialect], "stats": Counter(), "tally": Counter()})

@@ -16,7 +16,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.model.joins import ASYNC_KINDS, KINDS, TWO_PHASE_KINDS, machine_for
+from tests.model.joins import (
+    ASYNC_KINDS,
+    KINDS,
+    TWO_PHASE_KINDS,
+    machine_for,
+    replay,
+    scripted_trees,
+)
 
 SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -55,6 +62,10 @@ def test_joins(kind: str, dialect: str, request: pytest.FixtureRequest, tmp_path
     machine = machine_for(kind, url, other, dialect)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's on the savepoint trees it is given
+        replay(machine, scripted_trees(kind))
+        if os.environ.get("JC_TALLY"):
+            with open(os.environ["JC_TALLY"], "a") as out:
+                print(f"{kind}-{dialect} scripted: {dict(sorted(machine.tally.items()))}", file=out)
         if not SOAK_MINUTES:
             run_state_machine_as_test(machine, settings=settings.get_profile("joins"))
         else:
@@ -62,6 +73,10 @@ def test_joins(kind: str, dialect: str, request: pytest.FixtureRequest, tmp_path
             while time.monotonic() < deadline:
                 run_state_machine_as_test(machine, settings=settings.get_profile("joins-soak"))
     assert machine.stats["begin"] > 0
+    if os.environ.get("JC_TALLY"):
+        with open(os.environ["JC_TALLY"], "a") as out:
+            print(f"{kind}-{dialect}: {dict(sorted(machine.tally.items()))}", file=out)
+            print(f"   stats: {dict(machine.stats.most_common())}", file=out)
     if SOAK_MINUTES:
         with capsys.disabled():
             print(f"\njoins {kind} on {dialect}: {dict(machine.stats.most_common())}")
