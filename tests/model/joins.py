@@ -69,6 +69,10 @@ def traced(step: Any) -> Any:
     return run
 
 
+ALONE_PER_EXAMPLE = 2
+"""Pushes alone an example may make: steps outside the trees, cheap to repeat and checking
+the same thing each time (the first rule valid on PostgreSQL, which Hypothesis' simplest
+example would otherwise run at every step)."""
 AT_INSERT = "insert"
 """``cancel_apush(steps=AT_INSERT)``: the cancel lands while the apush's INSERT is sent."""
 
@@ -128,6 +132,7 @@ class JoinsMachine(RuleBasedStateMachine):
         self.expected: set[UUID] = set()  # what the model says is committed
         self.uncertain = False  # a cancelled await: the database decides
         self.trace: list[str] = []  # this example's steps, printed with a failure
+        self.alone = 0  # pushes alone in this example (:data:`ALONE_PER_EXAMPLE`)
 
     # -- the kind ----------------------------------------------------------------------------
 
@@ -242,6 +247,13 @@ class JoinsMachine(RuleBasedStateMachine):
     # -- rules -------------------------------------------------------------------------------
 
     @initialize(recipe=st.booleans())
+    @traced
+    def start(self, recipe: bool) -> None:
+        """The caller's async engine (async kinds), then the first tree's transaction: no
+        step of an example is spent before there is a tree to push in."""
+        self.async_engine(recipe)
+        self.begin()
+
     def async_engine(self, recipe: bool) -> None:
         """The caller's async engine (async kinds): on SQLite with SQLAlchemy's BEGIN recipe,
         or as ``create_async_engine`` makes it, which the outbox keeps exact from its first
@@ -275,6 +287,16 @@ class JoinsMachine(RuleBasedStateMachine):
         self.frames.append(Frame(handle))
         self.stats["savepoint"] += 1
         self.trace.append("savepoint")
+
+    @precondition(lambda self: bool(self.frames))
+    @rule()
+    @traced
+    def nest_and_push(self) -> None:
+        """A savepoint and a push in it, one step. Hypothesis' simplest example runs the
+        first rule allowed (in the order of its rules: fewest arguments, then name) at every
+        step: this is that rule in a tree, so that example pushes too (``DRAWN_FLOORS``)."""
+        self.savepoint()
+        self.push(1)
 
     @precondition(lambda self: bool(self.frames))
     @rule(n=st.sampled_from([1, 1, 2, 3, 101]))
@@ -423,8 +445,10 @@ class JoinsMachine(RuleBasedStateMachine):
         self.stats["commit" if commit else "rollback"] += 1
 
     def _free(self) -> bool:
-        """A push alone may run: on SQLite only when no caller holds the write lock."""
-        return not self.frames or not self.url.startswith("sqlite")
+        """A push alone may run: on SQLite only when no caller holds the write lock; twice an
+        example at most (a step spent outside the trees)."""
+        return (not self.frames or not self.url.startswith("sqlite")) \
+            and self.alone < ALONE_PER_EXAMPLE
 
     @precondition(lambda self: self._free())
     @rule()
@@ -436,6 +460,7 @@ class JoinsMachine(RuleBasedStateMachine):
         else:
             ids = self.job.push_many([{"n": 1}])
         self.expected |= set(ids)
+        self.alone += 1
         self.stats["push alone"] += 1
         self.trace.append(f"push_alone -> {ids}")
 
@@ -451,6 +476,7 @@ class JoinsMachine(RuleBasedStateMachine):
                 return None
 
         result = self.wait(go())
+        self.alone += 1
         if result is not None:
             self.expected.add(result)
         else:
@@ -468,6 +494,7 @@ class JoinsMachine(RuleBasedStateMachine):
             assert time.monotonic() < deadline, "a cancelled apush's thread never ended"
             time.sleep(0.005)
 
+    @precondition(lambda self: not self.frames)
     @rule()
     @traced
     def push_on_the_other_database(self) -> None:
@@ -597,9 +624,9 @@ def scripted_trees(kind: str) -> list[Step]:
         return (name, args)
 
     steps = [
-        s("async_engine", recipe=True),
+        s("start", recipe=True),
         # a push in a savepoint rolled back to with inner savepoints (and pushes) open
-        s("begin"), s("push", n=1), s("savepoint"), s("push", n=2), s("savepoint"),
+        s("push", n=1), s("savepoint"), s("push", n=2), s("savepoint"),
         s("push", n=1), s("savepoint"), s("push", n=1),
         s("rollback_to_level", at=1, inner_first=False), s("push", n=1),
         s("end", commit=True),
@@ -627,6 +654,31 @@ def scripted_trees(kind: str) -> list[Step]:
     if kind in TWO_PHASE_KINDS:
         steps += [s("push_in_a_two_phase_connection")]
     return steps + [s("push_alone"), s("push_on_the_other_database")]
+
+
+def floors(kind: str, dialect: str) -> dict[str, int]:
+    """What a run of ``kind`` on ``dialect`` must have covered (the machine's ``tally``):
+    the scripted trees reach each of them, so a count below its floor is coverage lost."""
+    need = dict.fromkeys([PUSH_IN_OUTERMOST, PUSH_IN_SAVEPOINT, ROLLED_BACK_SAVEPOINT,
+                          ROLLED_BACK_INNER_OPEN, COMMITTED, COMMITTED_RELEASED,
+                          ROLLED_BACK], 1)
+    if kind not in ASYNC_KINDS:
+        need[RAISED_IN_NESTED] = 1
+    if kind in ("async-session", "async-connection"):
+        need[CANCELLED_MID_PUSH] = need[CANCELLED_COMMIT_REFUSED] = 1
+    if dialect == "postgresql" and not kind.startswith("async"):  # COPY on sync psycopg
+        need[ROLLED_BACK_COPY] = need[COMMITTED_COPY] = 1
+    return need
+
+
+DRAWN_FLOORS = {PUSH_IN_SAVEPOINT: 1}
+"""What the examples Hypothesis draws must cover on their own in a default run, whatever
+the scripted trees did: they are derandomized, so this is the same every run."""
+
+
+def below(tally: Counter[str], need: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The tallies under their floor: name -> (count, floor)."""
+    return {name: (tally[name], n) for name, n in need.items() if tally[name] < n}
 
 
 def replay(machine: type[JoinsMachine], steps: list[Step]) -> JoinsMachine:
