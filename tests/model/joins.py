@@ -9,9 +9,15 @@ A kind (:data:`KINDS`) is one way a caller's transaction reaches the outbox: a S
 push in ``AsyncSession.run_sync`` (the async kinds on SQLite through an aiosqlite engine with
 SQLAlchemy's BEGIN recipe, or without it, drawn first). Rules: begin, savepoint
 (``begin_nested``), push / push_many (a COPY-sized batch on PostgreSQL) / apush inside,
-release, rollback to any open savepoint (inner ones open), a savepoint left by an exception,
-commit, rollback, an apush cancelled at a random await, a push alone (``apush`` cancelled by
-``wait_for``), and a push in a session on the second database, which must be refused.
+a savepoint and a push in it in one step, release, rollback to any open savepoint (inner ones
+open), a savepoint left by an exception, commit, rollback, an apush cancelled at a random
+await or while its INSERT is sent, a push alone (``apush`` cancelled by ``wait_for``), and a
+push in a session on the second database, which must be refused. Each example starts in an
+open transaction.
+
+:func:`scripted_trees` are trees every run replays through the same machine (:func:`replay`)
+before Hypothesis draws; the machine tallies what its trees covered (``tally``) and the test
+checks it against :func:`floors`.
 
 The model does not predict which ids commit: the database says, and the invariant compares
 what was dispatched with it. It also keeps what each tree should commit and compares that
@@ -653,7 +659,7 @@ def scripted_trees(kind: str) -> list[Step]:
         steps += [s("apush_alone_timed_out", timeout=0.0)]
     if kind in TWO_PHASE_KINDS:
         steps += [s("push_in_a_two_phase_connection")]
-    return steps + [s("push_alone"), s("push_on_the_other_database")]
+    return [*steps, s("push_alone"), s("push_on_the_other_database")]
 
 
 def floors(kind: str, dialect: str) -> dict[str, int]:
