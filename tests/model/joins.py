@@ -132,6 +132,8 @@ class JoinsMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop() if self.async_kind else None
         self.aengine: Any = None  # made by the first rule, :meth:`async_engine`
         self.plain = False  # an aiosqlite engine without the BEGIN recipe
+        self.seen = False  # the outbox has joined a transaction of the caller's engine
+        self.early = False  # this transaction opened a savepoint before that (plain engine)
         self.frames: list[Frame] = []
         self.caller: Any = None  # the Session / Connection the pushes go to
         self.outer: Any = None  # a bound kind's Connection, in its own transaction
@@ -179,6 +181,7 @@ class JoinsMachine(RuleBasedStateMachine):
             self.caller = self.wait(self.aengine.connect())
             root = self.wait(self.caller.begin())
         self.frames = [Frame(root)]
+        self.early = False
 
     def _push(self, n: int) -> list[UUID]:
         payloads = [{"n": i} for i in range(n)]
@@ -291,6 +294,7 @@ class JoinsMachine(RuleBasedStateMachine):
         caller = self.caller
         handle = self.wait(caller.begin_nested()) if self.async_kind else caller.begin_nested()
         self.frames.append(Frame(handle))
+        self.early = self.early or (self.plain and not self.seen)
         self.stats["savepoint"] += 1
         self.trace.append("savepoint")
 
@@ -316,6 +320,7 @@ class JoinsMachine(RuleBasedStateMachine):
             if not self._refused(exc):
                 raise
             return
+        self.seen = True
         self.frames[-1].ids |= set(ids)
         if ids:
             self.tally[PUSH_IN_SAVEPOINT if len(self.frames) > 1 else PUSH_IN_OUTERMOST] += 1
@@ -424,9 +429,11 @@ class JoinsMachine(RuleBasedStateMachine):
         self.stats[f"cancel apush ({'done' if isinstance(result, UUID) else 'cancelled'})"] += 1
         self.trace.append(f"cancel_apush(steps={steps}, commit={commit}) -> {result!r}")
         if isinstance(result, UUID):
+            self.seen = True
             self.frames[-1].ids.add(result)
             return
-        if steps == AT_INSERT:  # its transaction must not commit: certain all the same
+        if steps == AT_INSERT and isinstance(result, asyncio.CancelledError):
+            # its transaction must not commit: certain all the same
             self.tally[CANCELLED_MID_PUSH] += 1
             self._end(commit, cancelled_mid_push=True)
             return
@@ -435,9 +442,12 @@ class JoinsMachine(RuleBasedStateMachine):
 
     def _refused(self, exc: ConfigurationError) -> bool:
         """A push on the plain engine in a savepoint opened before the outbox first saw it:
-        refused before anything is written (the transaction goes on)."""
-        if not (self.plain and "begin_before_savepoint" in str(exc) and len(self.frames) > 1):
+        refused before anything is written (the transaction goes on). Rolled back to, that
+        savepoint still holds the transaction SQLite opened with it: refused there too."""
+        if not (self.plain and "begin_before_savepoint" in str(exc)
+                and (len(self.frames) > 1 or self.early)):
             return False
+        self.seen = True
         self.stats["refused: savepoint before the engine was seen"] += 1
         self.trace.append("  refused: a savepoint opened before the engine was seen")
         return True
