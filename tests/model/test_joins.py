@@ -39,7 +39,7 @@ SOAK_MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES") or 0)
 SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 settings.register_profile(
-    "joins", max_examples=4, stateful_step_count=12, derandomize=True, deadline=None,
+    "joins", max_examples=3, stateful_step_count=12, derandomize=True, deadline=None,
     database=None, suppress_health_check=SLOW, print_blob=True,
 )
 settings.register_profile(
