@@ -51,6 +51,10 @@ settings.register_profile(
     deadline=None, database=None, suppress_health_check=SLOW, print_blob=True)
 
 
+PUSH_IN_SAVEPOINT = "push in a savepoint"
+ROLLED_BACK_SAVEPOINT = "savepoint rolled back with rows pushed in it"
+
+
 class Boom(Exception):
     """What a block or a user's callback raises."""
 
@@ -117,6 +121,7 @@ class DjangoJoins(RuleBasedStateMachine):
         self.connection = connections[self.alias]
         self.prefix = uuid.uuid4().hex[:8]
         self.pushed: set[uuid.UUID] = set()
+        self.levels: list[int] = []  # rows pushed in each open savepoint level, innermost last
         self.failed = False  # a statement failed in this outermost block (PostgreSQL)
 
     @property
@@ -154,6 +159,17 @@ class DjangoJoins(RuleBasedStateMachine):
             assert self.doomed or self.failed, "a push failed in a healthy transaction"
             return
         self.pushed.update(got)
+        if self.levels:
+            self.levels[-1] += len(got)
+            self.stats.nodes[PUSH_IN_SAVEPOINT] += 1
+
+    def leave_level(self, rolled_back: bool) -> None:
+        """The innermost savepoint level ends: its rows go with it, or to the level around."""
+        rows = self.levels.pop()
+        if rolled_back and rows:
+            self.stats.nodes[ROLLED_BACK_SAVEPOINT] += 1
+        elif self.levels:
+            self.levels[-1] += rows
 
     def run(self, node: Any) -> None:
         from django.db import transaction
@@ -201,6 +217,10 @@ class DjangoJoins(RuleBasedStateMachine):
         from django.db import DatabaseError, transaction
         self.stats.nodes[f"atomic{'' if savepoint else '(savepoint=False)'} {ends}"] += 1
         outermost = not self.connection.in_atomic_block
+        level = savepoint and not outermost
+        if level:
+            self.levels.append(0)
+        rolled_back = False  # only when its own exception left it (else counted as kept)
         try:
             with transaction.atomic(using=self.alias, savepoint=savepoint):
                 for child in children:
@@ -208,10 +228,13 @@ class DjangoJoins(RuleBasedStateMachine):
                 if ends == "raise":
                     raise Boom
         except Boom:
-            pass  # the block's own, or (outermost only) a user's callback after the commit
+            # the block's own, or (outermost only) a user's callback after the commit
+            rolled_back = True
         except DatabaseError:
             # a savepoint's statement in an aborted transaction (PostgreSQL)
             assert self.failed, "a block's savepoint failed in a healthy transaction"
+        if level:
+            self.leave_level(rolled_back)
         if outermost:
             self.failed = False
 
@@ -220,6 +243,8 @@ class DjangoJoins(RuleBasedStateMachine):
         if self.doomed:  # Django refuses the statement: the caller's code stops here
             return
         self.stats.nodes[f"savepoint() {ends}"] += 1
+        self.levels.append(0)
+        rolled_back = False
         try:
             sid = transaction.savepoint(using=self.alias)
             for child in children:
@@ -230,8 +255,11 @@ class DjangoJoins(RuleBasedStateMachine):
                 transaction.savepoint_commit(sid, using=self.alias)
             else:
                 transaction.savepoint_rollback(sid, using=self.alias)
+                rolled_back = True
         except DatabaseError:
             assert self.failed, "a raw savepoint's statement failed in a healthy transaction"
+        finally:
+            self.leave_level(rolled_back)
 
     # -- rules --------------------------------------------------------------------------
 
@@ -287,6 +315,9 @@ def test_dispatched_is_committed_for_every_django_tree(
                 print(machine.stats.line(alias, 0, 1))
             assert machine.stats.trees > 0 and machine.stats.committed > 0
             assert machine.stats.committed < machine.stats.pushed  # some were rolled back
+            # the trees reach into savepoints: rows pushed in them, some rolled back with them
+            assert machine.stats.nodes[PUSH_IN_SAVEPOINT] > 0, machine.stats.nodes
+            assert machine.stats.nodes[ROLLED_BACK_SAVEPOINT] > 0, machine.stats.nodes
             return
         started = time.monotonic()
         runs = soak(lambda each: run_machine(machine, settings=each),
