@@ -419,6 +419,9 @@ class JoinsMachine(RuleBasedStateMachine):
                 self.caller.flush()
         except IntegrityError:
             pass
+        self.tally[PUSH_IN_TRANSACTION] += 1
+        self.tally[PUSH_IN_SAVEPOINT] += 1
+        self.tally[ROLLED_BACK_SAVEPOINT] += 1
         self.stats["flush failed"] += 1
         self.trace.append("flush_fails_in_savepoint")
 
