@@ -15,7 +15,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
   runs=$((runs + 1))
   out="$log/run-$runs.log"
   OUTBOX_SOAK_MINUTES=$soak .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/model/test_model.py >"$out" 2>&1
+    ${STRESS_TEST:-tests/model/test_model.py} >"$out" 2>&1
   rc=$?
   n=$(grep -c "FlakyStrategyDefinition" "$out")
   [ "$n" -gt 0 ] && flaky=$((flaky + 1))
