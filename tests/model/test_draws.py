@@ -38,7 +38,7 @@ PLANNED = 2
 """An example fails on purpose once the rules of ACTS have run this many times."""
 ROUNDS = 2
 """Searches in a row: each the same draws (derandomized), the state shaken otherwise."""
-SHRINK_SECONDS = 12
+SHRINK_SECONDS = 5
 """How long Hypothesis shrinks at most (five minutes as it comes): replays enough."""
 
 
