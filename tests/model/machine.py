@@ -25,15 +25,16 @@ import os
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 from unittest import mock
 from uuid import UUID
 
 from celery import Celery
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -94,6 +95,10 @@ MUTANTS = {"", "worker-clock-leases"}
 assert MUTANT in MUTANTS, f"OUTBOX_MODEL_MUTANT: {MUTANT!r} is none of {sorted(MUTANTS)}"
 
 START = datetime(2031, 1, 1, tzinfo=timezone.utc)
+PICK_RANGE = 2**16
+"""The range of every index a rule draws to pick among things whose number varies
+(:meth:`OutboxMachine.pick`)."""
+T = TypeVar("T")
 
 BACKOFFS = [timedelta(0), timedelta(seconds=1), timedelta(seconds=30), timedelta(hours=1)]
 BACKOFF_MAXES = [timedelta(0), timedelta(seconds=1), timedelta(minutes=10), timedelta(hours=1),
@@ -241,7 +246,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.retries_of: dict[UUID, set[UUID]] = {}
         self.seen_dispatches = 0
         self.patch: Any = None
-        self.ids: Any = None
+        self.ids: list[Any] = []
         self.id_count = 0
         self.before: dict[UUID, Status | None] = {}
 
@@ -319,8 +324,11 @@ class OutboxMachine(RuleBasedStateMachine):
         self.patch.start()
         # Execution ids in push order: the trim breaks ties of finished_at by id, so random
         # ids would make an example's outcome (and Hypothesis's replay) vary.
-        self.ids = mock.patch("celery_outbox.store.push.uuid4", self.next_id)
-        self.ids.start()
+        self.ids = [mock.patch("celery_outbox.store.push.uuid4", self.next_id),
+                    mock.patch("celery_outbox.outbox.new_ids",
+                               lambda n: [self.next_id() for _ in range(n)])]
+        for ids in self.ids:
+            ids.start()
         app = Celery(f"model-{uuid.uuid4().hex[:8]}", broker="memory://")
         self.outbox = Outbox(
             app, database_url=self.url, registry=registry, dispatcher=self.dispatcher,
@@ -332,15 +340,19 @@ class OutboxMachine(RuleBasedStateMachine):
         self.outbox.create_schema()
         self.outbox.store.db_clock = self.clock  # true time: the database's clock
         self.add_slot(self.outbox.runner, self.app)
-        self.new_slot(data)
+        self.new_slot(self.draw_offset(data))
         self.stats.examples += 1
 
-    def new_slot(self, data: st.DataObject) -> None:
-        """A new worker process on a host of its own, its clock off by a drawn offset."""
+    @staticmethod
+    def draw_offset(data: st.DataObject) -> float:
+        """A new worker's clock offset, in leases (drawn whether or not a worker is added)."""
+        return data.draw(st.sampled_from(OFFSETS), label="worker offset")
+
+    def new_slot(self, offset: float) -> None:
+        """A new worker process on a host of its own, its clock off by ``offset`` leases."""
         assert self.outbox is not None
         host = Host(f"worker-{len(self.slots) + 1}")
-        host.offset = self.model.cfg.lease * data.draw(st.sampled_from(OFFSETS),
-                                                       label=host.name)
+        host.offset = self.model.cfg.lease * offset
         self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
         self.add_slot(Runner(self.outbox.store, self.outbox.registry, self.outbox.config,
                              lambda: self.dispatcher, self.host_clock(host)), host)
@@ -361,7 +373,8 @@ class OutboxMachine(RuleBasedStateMachine):
             run.thread.join(30)
         if self.patch is not None:
             self.patch.stop()
-            self.ids.stop()
+            for ids in self.ids:
+                ids.stop()
         if self.outbox is not None:
             self.outbox.drop_schema()
             self.outbox.engine.dispose()
@@ -372,23 +385,51 @@ class OutboxMachine(RuleBasedStateMachine):
         self.stats.rules[rule_name] += 1
         self.stats.steps += 1
 
+    def idle(self, rule_name: str) -> None:
+        """A rule that found nothing to act on (no worker, no row, no hanging handler): a
+        no-op, counted apart (see :meth:`pick`)."""
+        self.stats.rules[f"{rule_name} (nothing to do)"] += 1
+
+    @staticmethod
+    def pick(data: st.DataObject, items: Sequence[T], label: str) -> T | None:
+        """One of ``items``; None when there are none.
+
+        What a rule picks from may hang on real timing, not only on the draws before it: the
+        model's rows take jittered run times read back from the table (``random``), the
+        dispatcher's messages come in the order the threads sent them, which background
+        handlers run and which workers are live follow from those. A draw whose range (or whose
+        very existence) followed such state would make Hypothesis, replaying an example's
+        draws, meet a draw other than the one it recorded (FlakyStrategyDefinition). So every
+        rule draws the same things whatever the state: an index of a fixed range, taken modulo
+        the number of ``items``, drawn even when there are none; and no precondition reads
+        such state (a rule with nothing to act on is a no-op: :meth:`idle`)."""
+        index = data.draw(st.integers(0, PICK_RANGE - 1), label=label)
+        return items[index % len(items)] if items else None
+
     def draw_job(self, data: st.DataObject) -> JobCfg:
         return data.draw(st.sampled_from(sorted(self.model.jobs.values(), key=lambda j: j.name)),
                          label="job")
 
     def draw_ids(self, data: st.DataObject, most: int, job: str | None = None) -> list[UUID]:
-        """1 to ``most`` known ids (of ``job``, when given), in creation order."""
+        """1 to ``most`` distinct known ids (of ``job``, when given), in the order drawn; none
+        when there are none. The same draws whatever rows there are (see :meth:`pick`)."""
         ids = [i for i, r in self.model.rows.items() if job is None or r.job == job]
         active = [i for i in ids if self.model.rows[i].status in ACTIVE]
         hanging = [r.first.id for r in self.background if r.first.id in ids]
-        if hanging and data.draw(st.booleans(), label="rows of hanging handlers"):
+        of_hanging = data.draw(st.booleans(), label="rows of hanging handlers")
+        active_only = data.draw(st.booleans(), label="active rows only")
+        if hanging and of_hanging:
             ids = hanging  # a run, cancel or retry while its handler may still run
-        elif active and data.draw(st.booleans(), label="active rows only"):
+        elif active and active_only:
             ids = active  # most rules do something only on active rows
-        if not ids:
-            return []
-        return data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=most,
-                                  unique=True), label="ids")
+        n = data.draw(st.integers(1, most), label="how many ids")
+        chosen: list[UUID] = []
+        for _ in range(n):
+            pool = [i for i in ids if i not in chosen]
+            i = self.pick(data, pool, "id")
+            if i is not None:
+                chosen.append(i)
+        return chosen
 
     def live_slots(self) -> list[Slot]:
         return [s for s in self.slots if not s.retired]
@@ -482,13 +523,13 @@ class OutboxMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def run(self, data: st.DataObject) -> None:
         """A worker process runs a message of 1 to 3 ids, now, in this thread."""
-        slots = self.live_slots()
         job = self.draw_job(data).name  # a message carries ids of one job
         ids = self.draw_ids(data, 3, job)
-        if not slots or not ids:
+        slot = self.pick(data, self.live_slots(), "runner")
+        if slot is None or not ids:
+            self.idle("run")
             return
         self.hit("run")
-        slot = data.draw(st.sampled_from(slots), label="runner")
         self.run_on(slot, job, ids)
 
     def run_on(self, slot: Slot, job: str, ids: list[UUID]) -> None:
@@ -501,30 +542,38 @@ class OutboxMachine(RuleBasedStateMachine):
     def deliver(self, data: st.DataObject) -> None:
         """A recorded message (any, again: redelivery and duplicates) reaches a worker."""
         items = self.dispatcher.items
-        slots = self.live_slots()
-        if not items or not slots:
+        index = self.pick(data, range(len(items)), "message")
+        slot = self.pick(data, self.live_slots(), "runner")
+        if index is None or slot is None:
+            self.idle("deliver")
             return
         self.hit("deliver")
-        index = data.draw(st.integers(0, len(items) - 1), label="message")
         item = items[index]
         batch = [i.execution_id for i in items[index:index + 3] if i.job_name == item.job_name]
-        self.run_on(data.draw(st.sampled_from(slots)), item.job_name, list(dict.fromkeys(batch)))
+        self.run_on(slot, item.job_name, list(dict.fromkeys(batch)))
 
-    @precondition(lambda self: len(self.background) < 2)
     @rule(data=st.data())
     def run_in_background(self, data: st.DataObject) -> None:
-        """A worker starts a message whose first handler hangs until ``open_gate``."""
-        slots = self.live_slots()
+        """A worker starts a message whose first handler hangs until ``open_gate`` (two at
+        most hang at once)."""
         most = 3 if "2" in DEFECTS else 1  # defect 2: see H1_STORE_MERGED
         job = self.draw_job(data).name
         ids = self.draw_ids(data, most, job)
-        if not slots or not ids:
+        slot = self.pick(data, self.live_slots(), "runner")
+        cooperative = data.draw(st.booleans(), label="cooperative")
+        # Deaf to ctx.cancelled, it is stopped by its worker all the same when the lease
+        # watch says so; or, rarely, nothing stops it (a zombie: its writes must be fenced
+        # out, and it is left out of the overlap check).
+        watched = cooperative or data.draw(st.sampled_from([True, True, True, False]),
+                                           label="watched")
+        if len(self.background) >= 2 or slot is None or not ids:
+            self.idle("run_in_background")
             return
-        slot = data.draw(st.sampled_from(slots), label="runner")
         worker = slot.runner.worker_id
         claimable = [i for i in ids if self.model.claimable(self.model.rows[i], job,
                                                              self.lease_base(slot))]
         if not claimable:
+            self.idle("run_in_background")
             return
         self.hit("run_in_background")
         go = threading.Event()
@@ -540,12 +589,6 @@ class OutboxMachine(RuleBasedStateMachine):
         thread = threading.Thread(target=body, daemon=True, name="model-background")
         thread.start()
         assert thread.ident is not None
-        cooperative = data.draw(st.booleans(), label="cooperative")
-        # Deaf to ctx.cancelled, it is stopped by its worker all the same when the lease
-        # watch says so; or, rarely, nothing stops it (a zombie: its writes must be fenced
-        # out, and it is left out of the overlap check).
-        watched = cooperative or data.draw(st.sampled_from([True, True, True, False]),
-                                           label="watched")
         gate = Gate(thread.ident, cooperative=cooperative, watched=watched)
         self.world.gates[claimable[0]] = gate
         fences = self.model.claim(worker, job, ids, self.lease_base(slot))
@@ -558,12 +601,14 @@ class OutboxMachine(RuleBasedStateMachine):
         go.set()
         wait_for(f"the handler of {run.first.id} to begin", gate.entered.is_set)
 
-    @precondition(lambda self: bool(self.background))
     @rule(data=st.data())
     def open_gate(self, data: st.DataObject) -> None:
         """The hanging handler goes on: its late write must be fenced out if the row moved."""
+        run = self.pick(data, self.background, "background")
+        if run is None:
+            self.idle("open_gate")
+            return
         self.hit("open_gate")
-        run = data.draw(st.sampled_from(self.background), label="background")
         run.gate.opened.set()
         self.finish(run)
 
@@ -601,18 +646,20 @@ class OutboxMachine(RuleBasedStateMachine):
             self.finish(run)
         self.clock_now = max(self.clock_now, to)
 
-    @precondition(lambda self: bool(self.background))
     @rule(data=st.data())
     def race_hanging(self, data: st.DataObject) -> None:
         """A sweep, then another worker runs a hanging handler's execution at once: whatever
         the clocks say, neither may take it from under a live lease."""
-        run = data.draw(st.sampled_from(self.background), label="background")
-        others = [s for s in self.live_slots() if s is not run.slot]
-        if not others:
+        run = self.pick(data, self.background, "background")
+        other = self.pick(data, [s for s in self.live_slots() if run is None or s is not run.slot],
+                          "runner")
+        sweeper, jump = self.draw_sweep(data)
+        if run is None or other is None:
+            self.idle("race_hanging")
             return
         self.hit("race_hanging")
-        self.sweep(data)  # type: ignore[call-arg]
-        self.run_on(data.draw(st.sampled_from(others), label="runner"), run.job, [run.first.id])
+        self.sweep_at(sweeper, jump)
+        self.run_on(other, run.job, [run.first.id])
 
     def settle_cancelled(self) -> None:
         """A cooperative hanging handler whose ctx was cancelled stops by itself: wait for it."""
@@ -631,7 +678,8 @@ class OutboxMachine(RuleBasedStateMachine):
     def heartbeat(self, data: st.DataObject) -> None:
         """One heartbeat of a worker: renews its held leases, or its write fails."""
         self.hit("heartbeat")
-        slot = data.draw(st.sampled_from(self.slots), label="runner")
+        slot = self.pick(data, self.slots, "runner")
+        assert slot is not None  # the app's runner at least
         beat = slot.runner.heartbeat
         self.host_jump(data, slot.host)  # a heartbeat's renewal must not care
         if data.draw(st.booleans(), label="write fails"):
@@ -678,15 +726,28 @@ class OutboxMachine(RuleBasedStateMachine):
     def host_clock_jump(self, data: st.DataObject) -> None:
         """One host's wall clock steps forward or back; true time and the others' stay."""
         self.hit("host_clock_jump")
-        self.host_jump(data, data.draw(st.sampled_from(self.hosts()), label="host"), always=True)
+        host = self.pick(data, self.hosts(), "host")
+        assert host is not None  # the app's at least
+        self.host_jump(data, host, always=True)
 
     def host_jump(self, data: st.DataObject, host: Host, *, always: bool = False) -> None:
         """Maybe (``always``: surely) step ``host``'s clock forward or back."""
+        self.apply_jump(host, self.draw_jump(data, host, always=always))
+
+    @staticmethod
+    def draw_jump(data: st.DataObject, host: Host, *, always: bool = False
+                  ) -> timedelta | None:
+        """How far ``host``'s clock steps, forward or back; None: it does not (only when not
+        ``always``)."""
         if not always and not data.draw(st.booleans(), label=f"{host.name} clock jumps"):
-            return
+            return None
         step = data.draw(st.sampled_from(HOST_JUMPS), label="step")
-        host.offset += step if data.draw(st.booleans(), label="forward") else -step
-        self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
+        return step if data.draw(st.booleans(), label="forward") else -step
+
+    def apply_jump(self, host: Host, jump: timedelta | None) -> None:
+        if jump is not None:
+            host.offset += jump
+            self.stats.widest_skew = max(self.stats.widest_skew, abs(host.offset))
 
     @rule(data=st.data())
     def drain(self, data: st.DataObject) -> None:
@@ -701,12 +762,13 @@ class OutboxMachine(RuleBasedStateMachine):
             # and tests/integration/test_drain_threads.py.
             return all(r.gate.cooperative for r in runs)
 
-        slots = [s for s in self.live_slots() if drainable(s)]
-        if not slots:
+        slot = self.pick(data, [s for s in self.live_slots() if drainable(s)], "runner")
+        offset = self.draw_offset(data)  # its replacement's
+        if slot is None:
+            self.idle("drain")
             return
         self.hit("drain")
         assert self.outbox is not None
-        slot = data.draw(st.sampled_from(slots), label="runner")
         Drain(slot.runner, timedelta(0), self.host_clock(slot.host)).run()
         slot.retired = True
         runs = [r for r in self.background if r.slot is slot]
@@ -724,13 +786,17 @@ class OutboxMachine(RuleBasedStateMachine):
                     self.model.release(fence, self.wall(slot.host))
                 # A handler that ignores ctx.cancelled (defect 8) keeps its row: handed back
                 # only once it stopped; the rescuer takes it when its lease expires.
-        self.new_slot(data)
+        self.new_slot(offset)
 
-    @precondition(lambda self: len(self.slots) < 5)
     @rule(data=st.data())
     def add_worker(self, data: st.DataObject) -> None:
+        """A worker process more (five runners at most, the drained ones counted)."""
+        offset = self.draw_offset(data)
+        if len(self.slots) >= 5:  # drains add runners: a precondition would read them
+            self.idle("add_worker")
+            return
         self.hit("add_worker")
-        self.new_slot(data)
+        self.new_slot(offset)
 
     # -- maintenance ---------------------------------------------------------------------
 
@@ -738,10 +804,17 @@ class OutboxMachine(RuleBasedStateMachine):
     def sweep(self, data: st.DataObject) -> None:
         """A sweep by one of the sweepers: every comparison in the database's time, whatever
         the sweeper's clock says."""
+        self.sweep_at(*self.draw_sweep(data))
+
+    def draw_sweep(self, data: st.DataObject) -> tuple[Host, timedelta | None]:
+        """Which sweeper sweeps, and how far its clock jumps first."""
+        host = data.draw(st.sampled_from(self.sweepers), label="sweeper")
+        return host, self.draw_jump(data, host)
+
+    def sweep_at(self, host: Host, jump: timedelta | None) -> None:
         self.hit("sweep")
         assert self.outbox is not None
-        host = data.draw(st.sampled_from(self.sweepers), label="sweeper")
-        self.host_jump(data, host)
+        self.apply_jump(host, jump)
         hanging = [r.first for r in self.background if self.model.matches(r.first)]
         self.model.sweep(self.clock_now)
         for fence in hanging:  # a hanging handler's row taken from it: a zombie's, or a bug
@@ -787,6 +860,7 @@ class OutboxMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         ids = self.draw_ids(data, 1)
         if not ids:
+            self.idle("cancel")
             return
         self.hit("cancel")
         assert self.outbox is not None
@@ -809,6 +883,7 @@ class OutboxMachine(RuleBasedStateMachine):
     def admin_retry(self, data: st.DataObject) -> None:
         ids = self.draw_ids(data, 1)
         if not ids:
+            self.idle("admin_retry")
             return
         self.hit("admin_retry")
         assert self.outbox is not None
@@ -847,12 +922,12 @@ class OutboxMachine(RuleBasedStateMachine):
     def settle(self, data: st.DataObject) -> None:
         """A worker runs one execution again and again, the clock following its retries,
         until it finishes (up to 70 attempts: a policy of 60 retries goes all the way)."""
-        slots = self.live_slots()
         ids = self.draw_ids(data, 1)
-        if not slots or not ids:
+        slot = self.pick(data, self.live_slots(), "runner")
+        if slot is None or not ids:
+            self.idle("settle")
             return
         self.hit("settle")
-        slot = data.draw(st.sampled_from(slots), label="runner")
         row = self.model.rows[ids[0]]
         for _ in range(70):
             if row.status is Status.SCHEDULED:

@@ -58,11 +58,13 @@ SETUP = dict(lease=timedelta(minutes=1), stale_after=timedelta(minutes=1),
 
 def machine(url: str, mutant: str, **offsets: float) -> OutboxMachine:
     """A machine on ``url`` set up with one job (two retries, no backoff), a lease of a
-    minute, and host clocks off by ``offsets`` (in leases; worker-2 is the second runner)."""
+    minute, and host clocks off by ``offsets`` (in leases; worker_2, the second runner's, is
+    drawn as the "worker offset")."""
     cls = type("Scripted", (OutboxMachine,), {"url": url, "stats": Stats(), "mutant": mutant})
     m: OutboxMachine = cls()
-    given = {**SETUP, "app": 0.0, "sweeper-1": 0.0, "sweeper-2": 0.0, "worker-2": 0.0,
-             **{k.replace("_", "-"): v for k, v in offsets.items()}}
+    given = {**SETUP, "app": 0.0, "sweeper-1": 0.0, "sweeper-2": 0.0, "worker offset": 0.0,
+             **{"worker offset" if k == "worker_2" else k.replace("_", "-"): v
+                for k, v in offsets.items()}}
     m.setup(data=Script(**given))
     m.check()
     return m
@@ -79,15 +81,17 @@ def steps(m: OutboxMachine, *rules: tuple[Callable[..., None], Script | None]) -
 
 def overlap_after_rescue(m: OutboxMachine) -> None:
     """A worker whose clock is 3 leases behind starts a handler that hangs; a sweep; another
-    worker runs the execution now."""
+    worker runs the execution now. (A rule picks a runner or a row by its index among the
+    live runners, the rows: :meth:`OutboxMachine.pick`.)"""
     job = sorted(m.model.jobs.values(), key=lambda j: j.name)[0]
     steps(m, (m.push, Script(job=job, plan=["ok"])))
-    (execution,) = m.model.rows
+    assert len(m.model.rows) == 1  # the row each rule below picks (index 0)
     steps(m,
-          (m.run_in_background, Script(job=job, ids=[execution], runner=m.slots[1],
-                                       cooperative=False, watched=True)),
+          (m.run_in_background, Script(job=job, id=0, runner=1, cooperative=False,
+                                       watched=True)),
           (m.sweep, Script(sweeper=m.sweepers[0])),
-          (m.run, Script(job=job, ids=[execution], runner=m.slots[0])))
+          (m.run, Script(job=job, id=0, runner=0)))
+    assert m.stats.rules["run_in_background"] == 1 and m.stats.rules["run"] == 1
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
