@@ -363,9 +363,11 @@ class JoinsMachine(RuleBasedStateMachine):
     @traced
     def rollback_to(self, data: st.DataObject) -> None:
         """Roll back to any open savepoint; those opened inside it go with it."""
-        at = data.draw(st.integers(1, len(self.frames) - 1), label="savepoint")
-        inner_first = len(self.frames) - 1 > at and "connection" in self.kind \
-            and data.draw(st.booleans(), label="inner ones first")
+        # both drawn whatever the tree, in a fixed range: the draws never follow the state
+        pick = data.draw(st.integers(0, 2**16 - 1), label="savepoint")
+        inner = data.draw(st.booleans(), label="inner ones first")
+        at = 1 + pick % (len(self.frames) - 1)
+        inner_first = len(self.frames) - 1 > at and "connection" in self.kind and inner
         self.rollback_to_level(at, inner_first)
 
     def rollback_to_level(self, at: int, inner_first: bool = False) -> None:
@@ -465,8 +467,12 @@ class JoinsMachine(RuleBasedStateMachine):
         self.stats[f"cancel apush ({'done' if isinstance(result, UUID) else 'cancelled'})"] += 1
         self.trace.append(f"cancel_apush(steps={steps}, commit={commit}) -> {result!r}")
         if isinstance(result, UUID):
+            # done before the cancel landed (a race): its row is the transaction's; the
+            # transaction ends all the same, so what the next draws see follows from the draws
+            # alone (a model's draws must never follow timing)
             self.seen = True
             self.frames[-1].ids.add(result)
+            self._end(commit)
             return
         if steps == AT_INSERT and isinstance(result, asyncio.CancelledError):
             # its transaction must not commit: certain all the same
