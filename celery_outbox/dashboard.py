@@ -408,7 +408,8 @@ class Dashboard:
                             ("error", query.error_contains)):
             what = unstorable(text) if text is not None else None
             if what is not None:
-                raise ConfigurationError(f"{label} cannot be matched: it holds {what}")
+                raise ConfigurationError(f"{label} cannot be matched: it holds {what}",
+                                         field=label)
         after, before = query.created_after, query.created_before
         for label, value in (("created_after", after), ("created_before", before)):
             _utc_time(label, value)
@@ -426,11 +427,12 @@ def _utc_time(label: str, value: datetime | None) -> None:
     if value is None:
         return
     if value.tzinfo is None:
-        raise ConfigurationError(f"{label} must be an aware datetime, got {value}")
+        raise ConfigurationError(f"{label} must be an aware datetime, got {value}", field=label)
     try:
         value.astimezone(timezone.utc)
     except OverflowError:
-        raise ConfigurationError(f"{label} {value.isoformat()} is out of range in UTC") from None
+        raise ConfigurationError(f"{label} {value.isoformat()} is out of range in UTC",
+                                 field=label) from None
 
 
 # -- error types -------------------------------------------------------------------------------

@@ -33,7 +33,14 @@ class OutboxError(Exception):
 
 
 class ConfigurationError(OutboxError, ValueError):
-    """An option, setting, cron expression or timezone is invalid; the message names it."""
+    """An option, setting, cron expression or timezone is invalid; the message names it.
+
+    ``field``: the name of the argument at fault when one is (``"payload"``, ``"tenant"``),
+    else None; the HTTP API answers it as the request's field of that name."""
+
+    def __init__(self, *args: object, field: str | None = None) -> None:
+        super().__init__(*args)
+        self.field = field
 
 
 class JobNotRegistered(OutboxError, LookupError):

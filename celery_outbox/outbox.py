@@ -545,7 +545,8 @@ class Outbox:
         """
         if spec.mode == "cron":
             if payload is not None:
-                raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}")
+                raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}",
+                                         field="payload")
             for option, value in (("triggered_by", triggered_by),
                                   ("triggered_by_name", triggered_by_name)):
                 _check_text(option, value)  # as a push checks them
@@ -726,7 +727,8 @@ def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:
     """The payload as JSON-ready data, validated against the job's schema."""
     if spec.schema is None:
         if payload is not None:
-            raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}")
+            raise ConfigurationError(f"job {spec.name!r} takes no payload, got {payload!r}",
+                                     field="payload")
         return None
     try:
         if isinstance(payload, spec.schema):

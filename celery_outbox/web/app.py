@@ -210,6 +210,16 @@ def _job_name_errors(request: Request,
     return [FieldError(field=field, message=" ".join(str(exc).split()), type=kind)]
 
 
+def _located(request: Request, name: str) -> str:
+    """``name`` (an argument of the admin's or the dashboard's) as the request gave it: a
+    query parameter, a path parameter, else a field of the body."""
+    if name in request.query_params:
+        return f"query.{name}"
+    if name in request.path_params:
+        return f"path.{name}"
+    return f"body.{name}"
+
+
 def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(OutboxError)
     async def outbox_error(request: Request, exc: OutboxError) -> Response:
@@ -225,6 +235,9 @@ def _install_errors(app: FastAPI) -> None:
                       for e in exc.errors]
         elif isinstance(exc, (JobNotRegistered, JobNameAmbiguous)):
             errors = _job_name_errors(request, exc)
+        elif isinstance(exc, ConfigurationError) and exc.field is not None:
+            errors = [FieldError(field=_located(request, exc.field),
+                                 message=" ".join(str(exc).split()), type="value_error")]
         return _error(request, status, " ".join(str(exc).split()), errors)
 
     @app.exception_handler(RequestValidationError)

@@ -264,6 +264,29 @@ def test_a_bulk_action_names_its_unknown_job_field(
 
 
 @sqlite_only
+def test_a_value_refused_by_the_admin_names_its_field_where_the_request_gave_it(
+    client: TestClient, jobs: Jobs, web_outbox: Outbox,
+) -> None:
+    """A payload given to a cron job, a NUL in a filter's text, in the query or a bulk
+    action's body: 400 naming ``body.payload``, ``query.tenant``, ``body.error``; nothing
+    written."""
+    h = bearer()
+    before = rows(web_outbox)
+    r = client.post("/api/v1/jobs/shop.nightly/trigger", json={"payload": {"x": 1}}, headers=h)
+    assert r.status_code == 400, r.text
+    [error] = r.json()["errors"]
+    assert error["field"] == "body.payload" and "takes no payload" in error["message"]
+    r = client.get("/api/v1/executions", params={"tenant": "a\x00b"}, headers=h)
+    assert r.status_code == 400, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["query.tenant"]
+    r = client.post("/api/v1/executions/bulk/retry", json={"error": "x\x00", "dry_run": False},
+                    headers=h)
+    assert r.status_code == 400, r.text
+    assert [e["field"] for e in r.json()["errors"]] == ["body.error"]
+    assert rows(web_outbox) == before
+
+
+@sqlite_only
 def test_a_filter_takes_a_short_job_name(
     client: TestClient, jobs: Jobs, web_outbox: Outbox,
 ) -> None:
