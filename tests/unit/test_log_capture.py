@@ -106,3 +106,34 @@ def test_the_root_handler_keeps_pythons_last_resort_output(
         for h in saved:
             root.addHandler(h)
     assert "still printed" in capsys.readouterr().err
+
+
+class _LogsWhenFormatted:
+    """An argument whose ``str()`` logs (a model whose ``__str__`` logs a lazy load, say)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def __str__(self) -> str:
+        self.logger.info("formatting")
+        return "formatted"
+
+
+@pytest.mark.xfail(strict=True, reason="LogCapture.add formats the record under its own lock: "
+                   "a record whose argument logs while formatted deadlocks the handler's thread")
+def test_a_record_whose_argument_logs_when_formatted_does_not_hang_the_handler(
+    other: logging.Logger,
+) -> None:
+    capture = LogCapture("celery_outbox.job.reentrant", 10)
+
+    def handler() -> None:
+        with capture:
+            other.info("outer %s", _LogsWhenFormatted(other))
+            capture.logger.info("ctx %s", _LogsWhenFormatted(capture.logger))
+
+    worker = threading.Thread(target=handler, daemon=True)
+    worker.start()
+    worker.join(10)  # stdlib logging allows it (its handlers' locks are reentrant)
+    assert not worker.is_alive(), "the handler's thread is stuck in the log capture"
+    assert sorted(messages(capture)) == ["ctx formatted", "formatting", "formatting",
+                                         "outer formatted"]
