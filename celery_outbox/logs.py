@@ -85,12 +85,20 @@ class LogCapture:
         self._outer = None
 
     def add(self, record: logging.LogRecord) -> None:
-        """Keep ``record`` as an entry, or count it as dropped once ``max_entries`` are kept."""
+        """Keep ``record`` as an entry, or count it as dropped once ``max_entries`` are kept.
+
+        The record is formatted outside the lock: formatting runs the arguments' ``str()``,
+        which may log on this thread (and come back here), as standard logging allows."""
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 self._dropped += 1
                 return
-            self._entries.append(to_entry(record))
+        entry = to_entry(record)
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._dropped += 1
+                return
+            self._entries.append(entry)
 
     @property
     def dropped(self) -> int:

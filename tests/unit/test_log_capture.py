@@ -119,8 +119,6 @@ class _LogsWhenFormatted:
         return "formatted"
 
 
-@pytest.mark.xfail(strict=True, reason="LogCapture.add formats the record under its own lock: "
-                   "a record whose argument logs while formatted deadlocks the handler's thread")
 def test_a_record_whose_argument_logs_when_formatted_does_not_hang_the_handler(
     other: logging.Logger,
 ) -> None:
@@ -135,5 +133,7 @@ def test_a_record_whose_argument_logs_when_formatted_does_not_hang_the_handler(
     worker.start()
     worker.join(10)  # stdlib logging allows it (its handlers' locks are reentrant)
     assert not worker.is_alive(), "the handler's thread is stuck in the log capture"
-    assert sorted(messages(capture)) == ["ctx formatted", "formatting", "formatting",
-                                         "outer formatted"]
+    kept = messages(capture)
+    # Each handler on the way (pytest's too) formats the record again, and so logs again.
+    assert {"outer formatted", "ctx formatted", "formatting"} == set(kept)
+    assert kept.count("outer formatted") == kept.count("ctx formatted") == 1
