@@ -743,8 +743,11 @@ class Runner:
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
         logs: list[dict[str, Any]], began: datetime,
     ) -> _Decided:
-        if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
-            # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
+        if isinstance(exc, ExecutionCancelled) and exc.reason != TIMED_OUT \
+                and ctx.cancelled.is_set() and ctx.cancel_reason != TIMED_OUT:
+            # Cancelled by an admin (the row is already cancelled) or handed back at shutdown:
+            # this attempt's own ctx stopped by the runner. One the runner never stopped (a
+            # cancel of another execution raised here) is an error of the handler's.
             signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    exception=exc, will_retry=False)
             return _Decided(fence, row, ctx, None)

@@ -29,8 +29,6 @@ def runner(store: MemoryStore, recording: Recording) -> Iterator[Runner]:
     runner.heartbeat.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="an ExecutionCancelled the runner never caused is taken "
-                   "for the runner's own stop: no outcome written, the row left running unheld")
 @pytest.mark.parametrize("reason", ["cancelled", "worker shutdown", "lease lost"])
 def test_another_executions_cancel_raised_by_a_handler_fails_this_attempt(
     store: MemoryStore, runner: Runner, reason: str,
