@@ -178,8 +178,12 @@ class _JobLogger(logging.Logger):
             app_logger = logging.getLogger(self.name)
             made = logging.Logger(self.name, min(logging.INFO, app_logger.getEffectiveLevel()))
             # All at once (one dict update): another thread logging meanwhile finds either
-            # nothing (and waits here) or the whole logger, never one half made.
-            self.__dict__.update(made.__dict__, parent=app_logger, _lazy_ready=True)
+            # nothing (and waits here) or the whole logger, never one half made. What the
+            # handler set on it before (setLevel, propagate, disabled) stays as it set it.
+            fresh = {**made.__dict__, "parent": app_logger}
+            mine = self.__dict__
+            self.__dict__.update({k: v for k, v in fresh.items() if k not in mine},
+                                 _lazy_ready=True)
 
     def handle(self, record: logging.LogRecord) -> None:
         if self.disabled or not self.filter(record):

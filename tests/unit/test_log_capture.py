@@ -139,8 +139,6 @@ def test_a_record_whose_argument_logs_when_formatted_does_not_hang_the_handler(
     assert kept.count("outer formatted") == kept.count("ctx formatted") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="ctx.log's lazy set-up overwrites what the handler set on "
-                   "it before its first log call (level, propagate, disabled)")
 def test_what_a_handler_sets_on_ctx_log_before_its_first_record_stays_set() -> None:
     capture = LogCapture("celery_outbox.job.configured", 10)
     logger = capture.logger
