@@ -7,16 +7,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
-
 from celery_outbox import JobContext, JobRegistry, RetryLater, RetryPolicy, outbox_job
 from tests.integration.conftest import MakeOutbox, Order
 
 ROUNDS = 40
 
 
-@pytest.mark.xfail(strict=True, reason="SQLite's clock in the claim reads to the millisecond: a "
-                   "retry due at once, claimed within that millisecond, is found not yet due")
 def test_a_retry_due_at_once_runs_at_once_under_eager(
     sqlite_url: str, registry: JobRegistry, make_outbox: MakeOutbox,
 ) -> None:
