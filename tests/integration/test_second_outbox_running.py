@@ -31,8 +31,6 @@ def made() -> Iterator[list[Outbox]]:
         outbox.engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, reason="a second Outbox on the app stops the first one's "
-                   "heartbeat and lease watch while its handler still runs")
 def test_a_handler_running_when_a_second_outbox_replaces_the_first_keeps_its_lease(
     pg_url: str, made: list[Outbox],
 ) -> None:
