@@ -51,8 +51,6 @@ def test_another_executions_cancel_raised_by_a_handler_fails_this_attempt(
     assert not runner.heartbeat.held()
 
 
-@pytest.mark.xfail(strict=True, reason="a handler's own cancel under the reason 'worker shutdown' "
-                   "writes nothing and hands nothing back: its row stays running, unheld")
 def test_a_handler_cancelling_itself_as_for_a_shutdown_is_handed_back(
     store: MemoryStore, runner: Runner, recording: Recording,
 ) -> None:
