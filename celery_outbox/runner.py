@@ -550,11 +550,10 @@ class Runner:
                         fence.attempt, fence.id, exc)
 
     def _release_stopped(self, job_name: str, fence: Fence) -> bool:
-        """release: running -> pending for ``fence``, whose handler stopped on a shutdown's
-        cancel (the drain's, or its own ``ctx.cancel("worker shutdown")``) with nothing
-        written, dispatched at once; fenced, so the drain's own release of it (or this one)
-        misses. Whether it was released; a failure is logged (the rescuer takes it when its
-        lease runs out)."""
+        """release: running -> pending for ``fence``, whose handler stopped on its own
+        ``ctx.cancel("worker shutdown")`` with nothing written, dispatched at once; fenced.
+        Whether it was released; a failure is logged (the rescuer takes it when its lease
+        runs out)."""
         try:
             released = self.store.release([fence], self.clock(), begun=None)
             self._dispatch_released(job_name, released)
@@ -866,9 +865,10 @@ HANDLER = "handler"
 
 
 def _handed_back(ctx: JobContext[Any]) -> bool:
-    """True when the attempt stopped for a shutdown (the drain's cancel, or the handler's own
-    under that reason): its row goes back to pending, not to the rescuer."""
-    return ctx.cancelled.is_set() and ctx.cancel_reason == SHUTDOWN
+    """True when the handler stopped on its own ``ctx.cancel("worker shutdown")``: no drain
+    hands its row back (a drain's rows are its own to hand back: it stops them first, by
+    the runner's cancel), so the runner does, to pending, not to the rescuer."""
+    return ctx.cancelled.is_set() and ctx.cancelled_by_handler and ctx.cancel_reason == SHUTDOWN
 
 
 def _cancelled_by_handler(ctx: JobContext[Any]) -> bool:
