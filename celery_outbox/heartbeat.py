@@ -88,6 +88,7 @@ class Heartbeat:
         self._watch_thread: threading.Thread | None = None
         self._next_watch = 0.0  # time.monotonic() the watch wakes next (0: not waiting)
         self._beat_now = False  # the watch asked the thread for a beat at once
+        self._retiring = False  # retire(): stop once nothing is held
 
     def track(self, fence: Fence, lease: timedelta, on_lost: Callable[[], None],
               on_expired: Callable[[], None] | None = None,
@@ -163,6 +164,16 @@ class Heartbeat:
         with self._lock:
             return [h.fence for h in self._held.values()]
 
+    def retire(self) -> None:
+        """Stop once nothing is held (its Outbox replaced by another on the app): a lease
+        held now stays renewed and watched until its run lets it go, since its handler may
+        still run."""
+        with self._lock:
+            self._retiring = True
+            idle = not self._held
+        if idle:
+            self.stop()
+
     def stop(self) -> None:
         """Stop the thread (held leases then expire unless released)."""
         self._stop.set()
@@ -195,6 +206,9 @@ class Heartbeat:
     def _loop(self) -> None:
         while not self._stop.is_set():
             with self._lock:  # one step: a track() sees this beat's time, or is counted in it
+                if self._retiring and not self._held:
+                    self.stop()  # retired, its last lease let go
+                    return
                 interval = self._interval()
                 self._next_beat = time.monotonic() + interval
             self._wake.wait(interval)

@@ -85,12 +85,20 @@ class LogCapture:
         self._outer = None
 
     def add(self, record: logging.LogRecord) -> None:
-        """Keep ``record`` as an entry, or count it as dropped once ``max_entries`` are kept."""
+        """Keep ``record`` as an entry, or count it as dropped once ``max_entries`` are kept.
+
+        The record is formatted outside the lock: formatting runs the arguments' ``str()``,
+        which may log on this thread (and come back here), as standard logging allows."""
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 self._dropped += 1
                 return
-            self._entries.append(to_entry(record))
+        entry = to_entry(record)
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._dropped += 1
+                return
+            self._entries.append(entry)
 
     @property
     def dropped(self) -> int:
@@ -170,8 +178,12 @@ class _JobLogger(logging.Logger):
             app_logger = logging.getLogger(self.name)
             made = logging.Logger(self.name, min(logging.INFO, app_logger.getEffectiveLevel()))
             # All at once (one dict update): another thread logging meanwhile finds either
-            # nothing (and waits here) or the whole logger, never one half made.
-            self.__dict__.update(made.__dict__, parent=app_logger, _lazy_ready=True)
+            # nothing (and waits here) or the whole logger, never one half made. What the
+            # handler set on it before (setLevel, propagate, disabled) stays as it set it.
+            fresh = {**made.__dict__, "parent": app_logger}
+            mine = self.__dict__
+            self.__dict__.update({k: v for k, v in fresh.items() if k not in mine},
+                                 _lazy_ready=True)
 
     def handle(self, record: logging.LogRecord) -> None:
         if self.disabled or not self.filter(record):

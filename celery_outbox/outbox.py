@@ -189,7 +189,7 @@ class Outbox:
                     self.app.main)
         celery_signals.worker_process_init.disconnect(self._after_fork)
         self.drain.disconnect()
-        self.runner.heartbeat.stop()
+        self.runner.heartbeat.retire()  # a handler of this one running now keeps its lease
         for job_name in self.ticker.schedules:
             self.app.conf.beat_schedule.pop(ENTRY_PREFIX + job_name, None)
         if self.registry.outbox is self and self.registry is not successor.registry:

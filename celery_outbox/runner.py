@@ -102,6 +102,9 @@ class _Decided:
     ended: datetime | None = None
     """When the outcome was decided (its ``finished_at``); set by :meth:`Runner._isolated`."""
     at: float = field(default_factory=time.monotonic)
+    release: bool = False
+    """Nothing to write, the handler stopped for a shutdown: the row goes back to pending
+    (:meth:`Runner._release_stopped`)."""
 
 
 @dataclass
@@ -323,8 +326,11 @@ class _Outcomes:
         """Count each of ``held``, follow up the writes that hit, tell the database of the
         misses that the handler stopped, send ``job_end`` and let the drain see each done."""
         for d in held:
-            if not hits.get(d.fence):
-                self.runner._confirm_stop(d.fence)
+            if hits.get(d.fence):
+                continue
+            if d.release and self.runner._release_stopped(spec.name, d.fence):
+                continue
+            self.runner._confirm_stop(d.fence)
         for d in held:
             hit = d.outcome if hits.get(d.fence) else None
             counts[OutcomeName.LOST if hit is None else hit.name] += 1
@@ -543,6 +549,20 @@ class Runner:
                         "stopped (%s); it can be retried once its lease runs out",
                         fence.attempt, fence.id, exc)
 
+    def _release_stopped(self, job_name: str, fence: Fence) -> bool:
+        """release: running -> pending for ``fence``, whose handler stopped on its own
+        ``ctx.cancel("worker shutdown")`` with nothing written, dispatched at once; fenced.
+        Whether it was released; a failure is logged (the rescuer takes it when its lease
+        runs out)."""
+        try:
+            released = self.store.release([fence], self.clock(), begun=None)
+            self._dispatch_released(job_name, released)
+        except Exception as exc:
+            log.warning("celery_outbox: could not hand back %s, stopped for a shutdown (%s); "
+                        "the rescuer takes it when its lease runs out", fence.id, exc)
+            return False
+        return bool(released)
+
     def _on_lost(self, fence: Fence) -> Callable[[], None]:
         """What the heartbeat calls when a renewal found the row no longer this attempt's:
         stop its handler (or keep it from beginning)."""
@@ -743,11 +763,14 @@ class Runner:
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
         logs: list[dict[str, Any]], began: datetime,
     ) -> _Decided:
-        if isinstance(exc, ExecutionCancelled) and exc.reason != "timed out":
-            # Cancelled by an admin (the row is already cancelled) or handed back at shutdown.
+        if isinstance(exc, ExecutionCancelled) and exc.reason != TIMED_OUT \
+                and ctx.cancelled.is_set() and ctx.cancel_reason != TIMED_OUT:
+            # Cancelled by an admin (the row is already cancelled) or handed back at shutdown:
+            # this attempt's own ctx stopped by the runner. One the runner never stopped (a
+            # cancel of another execution raised here) is an error of the handler's.
             signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    exception=exc, will_retry=False)
-            return _Decided(fence, row, ctx, None)
+            return _Decided(fence, row, ctx, None, release=_handed_back(ctx))
         now = self.clock()
         error = describe(exc, timed_out=ctx.cancel_reason == "timed out" and ctx.cancelled.is_set())
         delay, refused = self._retry_delay(spec, row, exc)
@@ -839,6 +862,13 @@ SHUTDOWN = Stop.SHUTDOWN
 
 HANDLER = "handler"
 """``cancelled_by`` of a row whose own handler cancelled it (``ctx.cancel(reason)``)."""
+
+
+def _handed_back(ctx: JobContext[Any]) -> bool:
+    """True when the handler stopped on its own ``ctx.cancel("worker shutdown")``: no drain
+    hands its row back (a drain's rows are its own to hand back: it stops them first, by
+    the runner's cancel), so the runner does, to pending, not to the rescuer."""
+    return ctx.cancelled.is_set() and ctx.cancelled_by_handler and ctx.cancel_reason == SHUTDOWN
 
 
 def _cancelled_by_handler(ctx: JobContext[Any]) -> bool:

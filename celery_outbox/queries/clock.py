@@ -36,6 +36,17 @@ def db_now(dialect: str) -> Any:
     return func.strftime(SQLITE_FORMAT, "now").concat(literal_column("'000'"))
 
 
+def db_due_by(dialect: str) -> Any:
+    """The latest stored time the database's clock may stand for now, as a SQL expression: a
+    row scheduled at or before it is due. PostgreSQL's :func:`db_now`; on SQLite the last
+    microsecond of its current millisecond, since its clock reads to the millisecond while
+    ``scheduled_at`` is stored to the microsecond (a retry due at once, claimed within the
+    millisecond it was written, is due)."""
+    if dialect == "postgresql":
+        return func.statement_timestamp()
+    return func.strftime(SQLITE_FORMAT, "now").concat(literal_column("'999'"))
+
+
 def db_after(dialect: str, name: str) -> Any:
     """The database's current time plus the duration in the bound parameter ``name``
     (:func:`lease_param` makes its value) as a SQL expression."""

@@ -50,7 +50,7 @@ from celery_outbox.queries.clauses import (
     storable,
     who,
 )
-from celery_outbox.queries.clock import db_after, db_now, lease_param
+from celery_outbox.queries.clock import db_after, db_due_by, db_now, lease_param
 from celery_outbox.states import Status
 
 
@@ -64,9 +64,11 @@ def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
     ``c_lease``."""
     if db_clock:
         now, lease_until = db_now(dialect), db_after(dialect, "c_lease")
+        due_by = db_due_by(dialect)
     else:
         now = bindparam("c_now", type_=t.c.updated_at.type)
         lease_until = bindparam("c_lease", type_=t.c.lease_expires_at.type)
+        due_by = now
     ids = (t.c.id == any_(bindparam("c_ids", type_=ARRAY(t.c.id.type)))
            if dialect == "postgresql" else t.c.id.in_(bindparam("c_ids", expanding=True)))
     return (
@@ -77,7 +79,7 @@ def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
                 t.c.job_name == bindparam("c_job", type_=t.c.job_name.type),
                 or_(
                     t.c.status == Status.PENDING.value,
-                    and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= now),
+                    and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= due_by),
                 ),
             ),
         )

@@ -106,3 +106,46 @@ def test_the_root_handler_keeps_pythons_last_resort_output(
         for h in saved:
             root.addHandler(h)
     assert "still printed" in capsys.readouterr().err
+
+
+class _LogsWhenFormatted:
+    """An argument whose ``str()`` logs (a model whose ``__str__`` logs a lazy load, say)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def __str__(self) -> str:
+        self.logger.info("formatting")
+        return "formatted"
+
+
+def test_a_record_whose_argument_logs_when_formatted_does_not_hang_the_handler(
+    other: logging.Logger,
+) -> None:
+    capture = LogCapture("celery_outbox.job.reentrant", 10)
+
+    def handler() -> None:
+        with capture:
+            other.info("outer %s", _LogsWhenFormatted(other))
+            capture.logger.info("ctx %s", _LogsWhenFormatted(capture.logger))
+
+    worker = threading.Thread(target=handler, daemon=True)
+    worker.start()
+    worker.join(10)  # stdlib logging allows it (its handlers' locks are reentrant)
+    assert not worker.is_alive(), "the handler's thread is stuck in the log capture"
+    kept = messages(capture)
+    # Each handler on the way (pytest's too) formats the record again, and so logs again.
+    assert {"outer formatted", "ctx formatted", "formatting"} == set(kept)
+    assert kept.count("outer formatted") == kept.count("ctx formatted") == 1
+
+
+def test_what_a_handler_sets_on_ctx_log_before_its_first_record_stays_set() -> None:
+    capture = LogCapture("celery_outbox.job.configured", 10)
+    logger = capture.logger
+    logger.setLevel(logging.DEBUG)  # the handler's own choice, before it logs anything
+    logger.propagate = False
+    with capture:
+        logger.debug("debug kept")
+    assert messages(capture) == ["debug kept"]
+    assert logger.level == logging.DEBUG
+    assert logger.propagate is False
