@@ -247,13 +247,14 @@ def check_began(session: Session) -> None:
         )
 
 
-def check_autocommit(conn: Connection) -> None:
+def check_autocommit(conn: Connection, driver_in_transaction: bool | None = None) -> None:
     """A caller's Connection (or a Session's) in AUTOCOMMIT is refused: each statement commits
     at once, so a rollback would leave the row in (to run after all) with its dispatch
     dropped. Read from the driver connection, no round trip: psycopg's and asyncpg's
     ``autocommit``; on pysqlite, no transaction open although SQLAlchemy began one
     (``isolation_level=None`` without a BEGIN of the caller's own), or Python 3.12's
-    ``autocommit=True``."""
+    ``autocommit=True``. aiosqlite's adapter has no ``in_transaction``: the async join reads
+    sqlite3's through aiosqlite's thread and gives it as ``driver_in_transaction``."""
     dbapi: Any = conn.connection.dbapi_connection
     if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
         on = True
@@ -262,7 +263,8 @@ def check_autocommit(conn: Connection) -> None:
     else:
         on = getattr(dbapi, "autocommit", None) is True or (
             conn.in_transaction() and getattr(dbapi, "isolation_level", "") is None
-            and getattr(dbapi, "in_transaction", True) is False)
+            and (getattr(dbapi, "in_transaction", True) if driver_in_transaction is None
+                 else driver_in_transaction) is False)
     if on:
         raise ConfigurationError(
             "push in a transaction in AUTOCOMMIT is not supported: each statement commits at "

@@ -144,7 +144,8 @@ class AsyncSqlAlchemyExecutor:
             begin_before_savepoint(conn.engine)  # this caller's next transactions
             if conn.sync_connection is not None:  # an AsyncConnection not started has none
                 check_savepoints(conn.sync_connection)  # and this one
-                check_autocommit(conn.sync_connection)
+                check_autocommit(conn.sync_connection,
+                                 await _sqlite3_in_transaction(conn.sync_connection))
         except OutboxError:  # already what the caller gets
             raise
         except UnboundExecutionError as exc:  # no bind to write through: not the database's
@@ -234,3 +235,17 @@ class AsyncJoined:
         sync_conn = self.conn.sync_connection
         assert sync_conn is not None
         refuse_commit(sync_conn, reason)
+
+
+async def _sqlite3_in_transaction(conn: Any) -> bool | None:
+    """On aiosqlite with the driver's own transactions off (``isolation_level=None``:
+    AUTOCOMMIT, or SQLAlchemy's BEGIN recipe), whether sqlite3 is in a transaction, read in
+    aiosqlite's thread (the sqlite3 connection is not touched from the loop's), as
+    SQLAlchemy's adapter sets ``isolation_level``; else None (nothing to ask)."""
+    if conn.dialect.driver != "aiosqlite" or not conn.in_transaction():
+        return None
+    driver: Any = conn.connection.driver_connection  # aiosqlite's Connection
+    if driver is None or driver.isolation_level is not None:
+        return None
+    sqlite3 = driver._conn
+    return bool(await driver._execute(lambda: sqlite3.in_transaction))

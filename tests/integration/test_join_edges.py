@@ -13,11 +13,12 @@ from __future__ import annotations
 import gc
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Column, Integer, create_engine, event, func, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session, declarative_base, scoped_session, sessionmaker
 from sqlalchemy.orm.session import JoinTransactionMode
 
@@ -229,6 +230,78 @@ async def test_async_session_in_autocommit_is_refused_before_writing(
         await engine.dispose()
     assert count(pg_outbox) == 0
     assert recording.calls == []
+
+
+def _aiosqlite(sqlite_url: str, how: str) -> AsyncEngine:
+    """The caller's ``sqlite+aiosqlite`` engine on the outbox's file: in AUTOCOMMIT
+    (``autocommit``), with SQLAlchemy's BEGIN recipe (the driver's own transactions off,
+    BEGIN on SQLAlchemy's begin: AUTOCOMMIT to the driver, a transaction to SQLAlchemy), or
+    as ``create_async_engine`` makes it."""
+    url = sqlite_url.replace("sqlite://", "sqlite+aiosqlite://", 1)
+    if how == "autocommit":
+        return create_async_engine(url, isolation_level="AUTOCOMMIT")
+    engine = create_async_engine(url)
+    if how == "recipe":
+        @event.listens_for(engine.sync_engine, "connect")
+        def _connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN")
+    return engine
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["session", "connection"])
+@pytest.mark.parametrize("how", ["engine", "execution_options"])
+async def test_aiosqlite_in_autocommit_is_refused_before_writing(
+    sqlite_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
+    recording: RecordingDispatcher, make_outbox: MakeOutbox, where: str, how: str,
+) -> None:
+    # aiosqlite's adapter says nothing of sqlite3's transaction: AUTOCOMMIT is read through
+    # aiosqlite's thread, as on pysqlite.
+    outbox = make_outbox(sqlite_url, registry, recording)
+    engine = _aiosqlite(sqlite_url, "autocommit" if how == "engine" else "plain")
+    try:
+        async with engine.connect() as conn:
+            if how == "execution_options":
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+            # a Session on the engine itself, or bound to a Connection of the caller's
+            caller: Any = conn if where == "connection" else AsyncSession(
+                engine if how == "engine" else conn)
+            await caller.begin()
+            with pytest.raises(ConfigurationError, match="AUTOCOMMIT"):
+                await receipt.apush(Order(order_id=1), **{where: caller})
+            await caller.rollback()
+    finally:
+        await engine.dispose()
+    assert count(outbox) == 0
+    assert recording.calls == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["session", "connection"])
+@pytest.mark.parametrize("how", ["recipe", "plain"])
+async def test_aiosqlite_in_a_transaction_is_not_refused(
+    sqlite_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
+    recording: RecordingDispatcher, make_outbox: MakeOutbox, where: str, how: str,
+) -> None:
+    # The BEGIN recipe looks like AUTOCOMMIT to the driver, SQLAlchemy's BEGIN opened the
+    # transaction all the same: its rollback takes the row back, its commit dispatches it.
+    outbox = make_outbox(sqlite_url, registry, recording)
+    engine = _aiosqlite(sqlite_url, how)
+    try:
+        for end in ("rollback", "commit"):
+            async with AsyncSession(engine) if where == "session" else engine.connect() as caller:
+                await caller.begin()
+                pushed = await receipt.apush(Order(order_id=1), **{where: caller})
+                await getattr(caller, end)()
+    finally:
+        await engine.dispose()
+    assert count(outbox) == 1
+    assert recording.ids == [pushed]
+    assert committed(outbox, recording.ids) == [pushed]
 
 
 @pytest.mark.asyncio
