@@ -36,7 +36,7 @@ ACTS = {"deliver", "run_in_background", "open_gate", "race_hanging", "settle", "
 which workers are live, which rows are due."""
 PLANNED = 2
 """An example fails on purpose once the rules of ACTS have run this many times."""
-ROUNDS = 2
+ROUNDS = 1
 """Searches in a row: each the same draws (derandomized), the state shaken otherwise."""
 SHRINK_SECONDS = 5
 """How long Hypothesis shrinks at most (five minutes as it comes): replays enough."""
