@@ -623,3 +623,59 @@ def test_an_atomic_block_under_manual_transaction_management_is_refused(
     with transaction.atomic(using=alias):  # autocommit again: joins as before
         pushed = send_receipt.push({"order_id": 3})
     assert exact(ob, rec, before) == {pushed}
+
+
+class AtomicInDispatch(RecordingDispatcher):
+    """A dispatcher whose send runs an ``atomic()`` block on the caller's connection, as a
+    Celery app with ``task_always_eager`` runs the task (whose body writes through Django's
+    ORM) inside ``dispatch()``."""
+
+    def __init__(self, alias: str) -> None:
+        super().__init__()
+        self.alias = alias
+
+    def dispatch(self, items: Any) -> None:
+        from django.db import transaction
+        super().dispatch(items)
+        with transaction.atomic(using=self.alias):
+            pass
+
+
+@pytest.mark.xfail(strict=True, reason="run_first runs the outbox's entries with the user's "
+                   "callbacks still in connection.run_on_commit: a commit inside a dispatch "
+                   "runs (and swallows the errors of) the user's callbacks")
+@pytest.mark.parametrize("robust", [False, True])
+def test_a_commit_inside_a_dispatch_does_not_run_the_users_callbacks_early(
+    alias: str, robust: bool,
+) -> None:
+    """A dispatch that commits on the same connection (an eager task writing through the
+    ORM) while the outbox's entries run at the commit: the user's callbacks of the committed
+    transaction still run after the outbox's dispatches, once, in the committing caller, as
+    plain Django runs them (a non-robust one that raises reaches the caller)."""
+    from django.db import transaction
+
+    from celery_outbox.contrib.django import install
+    from tests.djangoproj.shop.jobs import REGISTRY, send_receipt
+    from celery import Celery
+    rec = AtomicInDispatch(alias)
+    app = Celery(f"dj-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    ob = install(app, registry=REGISTRY, dispatcher=rec, database=alias)
+    try:
+        before = committed(ob)
+        ran: list[str] = []
+
+        def boom() -> None:
+            ran.append(f"boom {len(rec.ids)}")
+            raise Boom
+
+        ctx: Any = pytest.raises(Boom) if not robust else ExitStack()
+        with ctx, transaction.atomic(using=alias):
+            transaction.on_commit(boom, using=alias, robust=robust)
+            first = send_receipt.push({"order_id": 1})
+            transaction.on_commit(lambda: ran.append(f"after {len(rec.ids)}"), using=alias)
+            second = send_receipt.push({"order_id": 2})
+        assert ran == (["boom 2", "after 2"] if robust else ["boom 2"])
+        assert exact(ob, rec, before) == {first, second}
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
