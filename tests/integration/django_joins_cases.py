@@ -641,9 +641,6 @@ class AtomicInDispatch(RecordingDispatcher):
             pass
 
 
-@pytest.mark.xfail(strict=True, reason="run_first runs the outbox's entries with the user's "
-                   "callbacks still in connection.run_on_commit: a commit inside a dispatch "
-                   "runs (and swallows the errors of) the user's callbacks")
 @pytest.mark.parametrize("robust", [False, True])
 def test_a_commit_inside_a_dispatch_does_not_run_the_users_callbacks_early(
     alias: str, robust: bool,

@@ -153,9 +153,14 @@ def run_first(connection: Any) -> None:
         callbacks = connection.run_on_commit
         ours = [entry[1] for entry in callbacks if isinstance(entry[1], Dispatches)]
         if ours:
-            connection.run_on_commit = [entry for entry in callbacks
-                                        if not isinstance(entry[1], Dispatches)]
+            # Out of the list while they run, the user's callbacks with them, as Django's
+            # own takes the list out first: a commit made during a dispatch (an eager task
+            # writing through the ORM) runs its own callbacks only.
+            connection.run_on_commit = []
             run_together(ours)
+            connection.run_on_commit = [
+                entry for entry in callbacks if not isinstance(entry[1], Dispatches)
+            ] + connection.run_on_commit
         own()
 
     run_and_clear_commit_hooks.outbox_first = True  # type: ignore[attr-defined]
