@@ -676,3 +676,77 @@ def test_a_commit_inside_a_dispatch_does_not_run_the_users_callbacks_early(
     finally:
         ob.runner.heartbeat.stop()
         ob.engine.dispose()
+
+
+
+def test_a_users_callback_that_pushes_after_the_commit_dispatches_exactly_its_rows(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """The user's ``on_commit`` callbacks of a transaction with pushes push themselves: in
+    autocommit, in an ``atomic()`` block of their own, and in one whose raw savepoint rolls
+    back: each committed row is dispatched once, the rolled-back one never."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    pushed: dict[str, uuid.UUID] = {}
+
+    def alone() -> None:
+        pushed["alone"] = send_receipt.push({"order_id": 10})
+
+    def in_atomic() -> None:
+        with transaction.atomic(using=alias):
+            pushed["atomic"] = send_receipt.push({"order_id": 11})
+            sid = transaction.savepoint(using=alias)
+            pushed["dropped"] = send_receipt.push({"order_id": 12})
+            transaction.savepoint_rollback(sid, using=alias)
+
+    with transaction.atomic(using=alias):
+        transaction.on_commit(alone, using=alias)
+        outer = send_receipt.push({"order_id": 1})
+        transaction.on_commit(in_atomic, using=alias)
+    assert exact(ob, rec, before) == {outer, pushed["alone"], pushed["atomic"]}
+    assert rec.ids[0] == outer and pushed["dropped"] not in rec.ids
+
+
+@pytest.mark.parametrize("testcase", [False, True])
+def test_a_captured_callback_that_pushes_has_its_push_dispatched_once(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], testcase: bool,
+) -> None:
+    """``captureOnCommitCallbacks(execute=True)``, nested, runs a user's callback that
+    pushes (a callback added during the capture's execution, which the capture runs too;
+    the enclosing capture runs the user's callback again, as Django does): each push is
+    dispatched once, never again by the enclosing capture or at the commit; a push rolled
+    back to a raw savepoint in such a callback never."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    kept: list[uuid.UUID] = []
+    dropped: list[uuid.UUID] = []
+
+    def pushes() -> None:  # run by each capture, and again at the commit outside a TestCase
+        with transaction.atomic(using=alias):
+            kept.append(send_receipt.push({"order_id": 2}))
+            sid = transaction.savepoint(using=alias)
+            dropped.append(send_receipt.push({"order_id": 3}))
+            transaction.savepoint_rollback(sid, using=alias)
+
+    outer = transaction.atomic(using=alias)
+    outer._from_testcase = testcase
+    with outer:
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True):
+            with TestCase.captureOnCommitCallbacks(using=alias, execute=True):
+                first = send_receipt.push({"order_id": 1})
+                transaction.on_commit(pushes, using=alias)
+            assert rec.ids == [first, kept[0]], (rec.ids, kept)
+        assert rec.ids == [first, *kept] and len(kept) == 2, (rec.ids, kept)
+        if testcase:
+            transaction.set_rollback(True, using=alias)
+    assert rec.ids == [first, *kept] and not set(dropped) & set(rec.ids)
+    assert len(kept) == (2 if testcase else 3)
+    if not testcase:
+        assert exact(ob, rec, before) == {first, *kept}
