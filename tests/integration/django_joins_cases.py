@@ -750,3 +750,92 @@ def test_a_captured_callback_that_pushes_has_its_push_dispatched_once(
     assert len(kept) == (2 if testcase else 3)
     if not testcase:
         assert exact(ob, rec, before) == {first, *kept}
+
+
+def test_durable_blocks_savepoint_free_nesting_and_closed_connections(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``atomic(durable=True)``; a nested ``atomic(savepoint=False)`` whose error the
+    caller catches (the whole transaction rolls back); an error escaping the outer block;
+    ``connection.close()`` / ``connections.close_all()`` between transactions (the wrapped
+    commit hook survives, each push dispatched once): the ids dispatched are the rows
+    committed."""
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias, durable=True):
+        durable = send_receipt.push({"order_id": 1})
+    assert rec.ids == [durable]
+    with transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 2})
+        try:
+            with transaction.atomic(using=alias, savepoint=False):
+                send_receipt.push({"order_id": 3})
+                raise Boom
+        except Boom:
+            pass
+    with pytest.raises(Boom), transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 4})
+        raise Boom
+    connections[alias].close()
+    with transaction.atomic(using=alias):
+        reopened = send_receipt.push({"order_id": 5})
+    connections.close_all()
+    alone = send_receipt.push({"order_id": 6})
+    with transaction.atomic(using=alias):
+        last = send_receipt.push({"order_id": 7})
+    assert rec.ids == [durable, reopened, alone, last]
+    assert exact(ob, rec, before) == {durable, reopened, alone, last}
+
+
+def test_pushes_from_threads_and_async_code_inside_a_request_transaction(
+    project: dict[str, str],
+) -> None:
+    """A request's transaction (``ATOMIC_REQUESTS``' ``atomic()``) on PostgreSQL hands work
+    to a thread pool and to ``sync_to_async``: a push in a pool thread uses that thread's
+    connection (autocommit: committed and dispatched at once, or with its own block);
+    ``sync_to_async(thread_sensitive=True)`` from ``async_to_sync`` joins the request's
+    transaction, which rolls back: only what committed is dispatched, once."""
+    require("PostgreSQL", *PG_ADDRESS)  # on SQLite a second connection waits for the writer
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import async_to_sync, sync_to_async
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    alias = "pg"
+    ob, rec = outbox_on(alias)
+    before = committed(ob)
+
+    def in_block() -> uuid.UUID:
+        try:
+            with transaction.atomic(using=alias):
+                return send_receipt.push({"order_id": 3})
+        finally:
+            connections.close_all()
+
+    def alone() -> uuid.UUID:
+        try:
+            return send_receipt.push({"order_id": 2})
+        finally:
+            connections.close_all()
+
+    async def view() -> uuid.UUID:
+        return await sync_to_async(send_receipt.push, thread_sensitive=True)({"order_id": 4})
+
+    with pytest.raises(Boom), transaction.atomic(using=alias):
+        joined_push = send_receipt.push({"order_id": 1})
+        with ThreadPoolExecutor(2) as pool:
+            threaded = [pool.submit(alone).result(), pool.submit(in_block).result()]
+        assert rec.ids == threaded
+        from_async = async_to_sync(view)()
+        raise Boom
+    try:
+        assert rec.ids == threaded and joined_push not in rec.ids
+        assert from_async not in rec.ids
+        assert exact(ob, rec, before) == set(threaded)
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
