@@ -839,3 +839,34 @@ def test_pushes_from_threads_and_async_code_inside_a_request_transaction(
     finally:
         ob.runner.heartbeat.stop()
         ob.engine.dispose()
+
+
+@pytest.mark.xfail(strict=True, reason="the read back binds READ_BACK_CHUNK ids per query, over "
+                   "the 999 bound parameters Django assumes SQLite allows "
+                   "(features.max_query_params): it fails and nothing is dispatched")
+def test_the_read_back_keeps_to_the_bound_parameters_sqlite_allows(
+    project: dict[str, str],
+) -> None:
+    """SQLite built with its default limit of 999 bound parameters (before 3.32, the limit
+    Django assumes: ``features.max_query_params``): a transaction of 1000 pushes is read
+    back in queries within it, and dispatched at the commit."""
+    import sqlite3
+
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox_on("default")
+    try:
+        before = committed(ob)
+        connection = connections["default"]
+        connection.ensure_connection()
+        old = connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        try:
+            with transaction.atomic(using="default"):
+                ids = send_receipt.push_many([{"order_id": i} for i in range(1000)])
+        finally:
+            connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, old)
+        assert exact(ob, rec, before) == set(ids)
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
