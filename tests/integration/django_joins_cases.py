@@ -841,9 +841,6 @@ def test_pushes_from_threads_and_async_code_inside_a_request_transaction(
         ob.engine.dispose()
 
 
-@pytest.mark.xfail(strict=True, reason="the read back binds READ_BACK_CHUNK ids per query, over "
-                   "the 999 bound parameters Django assumes SQLite allows "
-                   "(features.max_query_params): it fails and nothing is dispatched")
 def test_the_read_back_keeps_to_the_bound_parameters_sqlite_allows(
     project: dict[str, str],
 ) -> None:
