@@ -649,11 +649,11 @@ def test_a_commit_inside_a_dispatch_does_not_run_the_users_callbacks_early(
     ORM) while the outbox's entries run at the commit: the user's callbacks of the committed
     transaction still run after the outbox's dispatches, once, in the committing caller, as
     plain Django runs them (a non-robust one that raises reaches the caller)."""
+    from celery import Celery
     from django.db import transaction
 
     from celery_outbox.contrib.django import install
     from tests.djangoproj.shop.jobs import REGISTRY, send_receipt
-    from celery import Celery
     rec = AtomicInDispatch(alias)
     app = Celery(f"dj-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
     ob = install(app, registry=REGISTRY, dispatcher=rec, database=alias)
