@@ -867,3 +867,48 @@ def test_the_read_back_keeps_to_the_bound_parameters_sqlite_allows(
     finally:
         ob.runner.heartbeat.stop()
         ob.engine.dispose()
+
+
+def test_an_eager_job_that_commits_through_the_orm_leaves_the_users_callbacks_to_the_caller(
+    alias: str,
+) -> None:
+    """``task_always_eager``: the outbox's dispatch runs the job at once, in the committing
+    thread, at the commit; the job writes in an ``atomic()`` block of its own on the same
+    connection. The user's callback of the committed transaction runs after the dispatch,
+    once, and a non-robust one that raises reaches the caller, as in plain Django (before:
+    the job's commit ran it inside the dispatch, which swallowed its error)."""
+    from celery import Celery
+    from django.db import transaction
+
+    from celery_outbox import JobContext, JobRegistry, outbox_job
+    from celery_outbox.contrib.django import install
+    from tests.djangoproj.shop.jobs import ReceiptFor
+    from tests.djangoproj.shop.models import Receipt
+
+    registry = JobRegistry()
+    ran: list[str] = []
+
+    @outbox_job(name="shop.eager_receipt", schema=ReceiptFor, registry=registry)
+    def eager_receipt(ctx: JobContext[ReceiptFor]) -> None:
+        with transaction.atomic(using=alias):
+            Receipt.objects.using(alias).create(order_id=ctx.payload.order_id,
+                                                execution_id=ctx.execution_id,
+                                                worker_pid=os.getpid())
+        ran.append("job")
+
+    app = Celery(f"dj-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    app.conf.task_always_eager = True
+    ob = install(app, registry=registry, database=alias)
+    try:
+        def boom() -> None:
+            ran.append("boom")
+            raise Boom
+
+        with pytest.raises(Boom), transaction.atomic(using=alias):
+            transaction.on_commit(boom, using=alias)
+            pushed = eager_receipt.push({"order_id": 1})
+        assert ran == ["job", "boom"]
+        assert Receipt.objects.using(alias).filter(execution_id=pushed).count() == 1
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
