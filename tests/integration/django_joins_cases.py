@@ -623,3 +623,292 @@ def test_an_atomic_block_under_manual_transaction_management_is_refused(
     with transaction.atomic(using=alias):  # autocommit again: joins as before
         pushed = send_receipt.push({"order_id": 3})
     assert exact(ob, rec, before) == {pushed}
+
+
+class AtomicInDispatch(RecordingDispatcher):
+    """A dispatcher whose send runs an ``atomic()`` block on the caller's connection, as a
+    Celery app with ``task_always_eager`` runs the task (whose body writes through Django's
+    ORM) inside ``dispatch()``."""
+
+    def __init__(self, alias: str) -> None:
+        super().__init__()
+        self.alias = alias
+
+    def dispatch(self, items: Any) -> None:
+        from django.db import transaction
+        super().dispatch(items)
+        with transaction.atomic(using=self.alias):
+            pass
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_a_commit_inside_a_dispatch_does_not_run_the_users_callbacks_early(
+    alias: str, robust: bool,
+) -> None:
+    """A dispatch that commits on the same connection (an eager task writing through the
+    ORM) while the outbox's entries run at the commit: the user's callbacks of the committed
+    transaction still run after the outbox's dispatches, once, in the committing caller, as
+    plain Django runs them (a non-robust one that raises reaches the caller)."""
+    from celery import Celery
+    from django.db import transaction
+
+    from celery_outbox.contrib.django import install
+    from tests.djangoproj.shop.jobs import REGISTRY, send_receipt
+    rec = AtomicInDispatch(alias)
+    app = Celery(f"dj-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    ob = install(app, registry=REGISTRY, dispatcher=rec, database=alias)
+    try:
+        before = committed(ob)
+        ran: list[str] = []
+
+        def boom() -> None:
+            ran.append(f"boom {len(rec.ids)}")
+            raise Boom
+
+        ctx: Any = pytest.raises(Boom) if not robust else ExitStack()
+        with ctx, transaction.atomic(using=alias):
+            transaction.on_commit(boom, using=alias, robust=robust)
+            first = send_receipt.push({"order_id": 1})
+            transaction.on_commit(lambda: ran.append(f"after {len(rec.ids)}"), using=alias)
+            second = send_receipt.push({"order_id": 2})
+        assert ran == (["boom 2", "after 2"] if robust else ["boom 2"])
+        assert exact(ob, rec, before) == {first, second}
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
+
+
+
+def test_a_users_callback_that_pushes_after_the_commit_dispatches_exactly_its_rows(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """The user's ``on_commit`` callbacks of a transaction with pushes push themselves: in
+    autocommit, in an ``atomic()`` block of their own, and in one whose raw savepoint rolls
+    back: each committed row is dispatched once, the rolled-back one never."""
+    from django.db import transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    pushed: dict[str, uuid.UUID] = {}
+
+    def alone() -> None:
+        pushed["alone"] = send_receipt.push({"order_id": 10})
+
+    def in_atomic() -> None:
+        with transaction.atomic(using=alias):
+            pushed["atomic"] = send_receipt.push({"order_id": 11})
+            sid = transaction.savepoint(using=alias)
+            pushed["dropped"] = send_receipt.push({"order_id": 12})
+            transaction.savepoint_rollback(sid, using=alias)
+
+    with transaction.atomic(using=alias):
+        transaction.on_commit(alone, using=alias)
+        outer = send_receipt.push({"order_id": 1})
+        transaction.on_commit(in_atomic, using=alias)
+    assert exact(ob, rec, before) == {outer, pushed["alone"], pushed["atomic"]}
+    assert rec.ids[0] == outer and pushed["dropped"] not in rec.ids
+
+
+@pytest.mark.parametrize("testcase", [False, True])
+def test_a_captured_callback_that_pushes_has_its_push_dispatched_once(
+    alias: str, outbox: tuple[Any, RecordingDispatcher], testcase: bool,
+) -> None:
+    """``captureOnCommitCallbacks(execute=True)``, nested, runs a user's callback that
+    pushes (a callback added during the capture's execution, which the capture runs too;
+    the enclosing capture runs the user's callback again, as Django does): each push is
+    dispatched once, never again by the enclosing capture or at the commit; a push rolled
+    back to a raw savepoint in such a callback never."""
+    from django.db import transaction
+    from django.test import TestCase
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    kept: list[uuid.UUID] = []
+    dropped: list[uuid.UUID] = []
+
+    def pushes() -> None:  # run by each capture, and again at the commit outside a TestCase
+        with transaction.atomic(using=alias):
+            kept.append(send_receipt.push({"order_id": 2}))
+            sid = transaction.savepoint(using=alias)
+            dropped.append(send_receipt.push({"order_id": 3}))
+            transaction.savepoint_rollback(sid, using=alias)
+
+    outer = transaction.atomic(using=alias)
+    outer._from_testcase = testcase
+    with outer:
+        with TestCase.captureOnCommitCallbacks(using=alias, execute=True):
+            with TestCase.captureOnCommitCallbacks(using=alias, execute=True):
+                first = send_receipt.push({"order_id": 1})
+                transaction.on_commit(pushes, using=alias)
+            assert rec.ids == [first, kept[0]], (rec.ids, kept)
+        assert rec.ids == [first, *kept] and len(kept) == 2, (rec.ids, kept)
+        if testcase:
+            transaction.set_rollback(True, using=alias)
+    assert rec.ids == [first, *kept] and not set(dropped) & set(rec.ids)
+    assert len(kept) == (2 if testcase else 3)
+    if not testcase:
+        assert exact(ob, rec, before) == {first, *kept}
+
+
+def test_durable_blocks_savepoint_free_nesting_and_closed_connections(
+    alias: str, outbox: tuple[Any, RecordingDispatcher],
+) -> None:
+    """``atomic(durable=True)``; a nested ``atomic(savepoint=False)`` whose error the
+    caller catches (the whole transaction rolls back); an error escaping the outer block;
+    ``connection.close()`` / ``connections.close_all()`` between transactions (the wrapped
+    commit hook survives, each push dispatched once): the ids dispatched are the rows
+    committed."""
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox
+    before = committed(ob)
+    with transaction.atomic(using=alias, durable=True):
+        durable = send_receipt.push({"order_id": 1})
+    assert rec.ids == [durable]
+    with transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 2})
+        try:
+            with transaction.atomic(using=alias, savepoint=False):
+                send_receipt.push({"order_id": 3})
+                raise Boom
+        except Boom:
+            pass
+    with pytest.raises(Boom), transaction.atomic(using=alias):
+        send_receipt.push({"order_id": 4})
+        raise Boom
+    connections[alias].close()
+    with transaction.atomic(using=alias):
+        reopened = send_receipt.push({"order_id": 5})
+    connections.close_all()
+    alone = send_receipt.push({"order_id": 6})
+    with transaction.atomic(using=alias):
+        last = send_receipt.push({"order_id": 7})
+    assert rec.ids == [durable, reopened, alone, last]
+    assert exact(ob, rec, before) == {durable, reopened, alone, last}
+
+
+def test_pushes_from_threads_and_async_code_inside_a_request_transaction(
+    project: dict[str, str],
+) -> None:
+    """A request's transaction (``ATOMIC_REQUESTS``' ``atomic()``) on PostgreSQL hands work
+    to a thread pool and to ``sync_to_async``: a push in a pool thread uses that thread's
+    connection (autocommit: committed and dispatched at once, or with its own block);
+    ``sync_to_async(thread_sensitive=True)`` from ``async_to_sync`` joins the request's
+    transaction, which rolls back: only what committed is dispatched, once."""
+    require("PostgreSQL", *PG_ADDRESS)  # on SQLite a second connection waits for the writer
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import async_to_sync, sync_to_async
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    alias = "pg"
+    ob, rec = outbox_on(alias)
+    before = committed(ob)
+
+    def in_block() -> uuid.UUID:
+        try:
+            with transaction.atomic(using=alias):
+                return send_receipt.push({"order_id": 3})
+        finally:
+            connections.close_all()
+
+    def alone() -> uuid.UUID:
+        try:
+            return send_receipt.push({"order_id": 2})
+        finally:
+            connections.close_all()
+
+    async def view() -> uuid.UUID:
+        return await sync_to_async(send_receipt.push, thread_sensitive=True)({"order_id": 4})
+
+    with pytest.raises(Boom), transaction.atomic(using=alias):
+        joined_push = send_receipt.push({"order_id": 1})
+        with ThreadPoolExecutor(2) as pool:
+            threaded = [pool.submit(alone).result(), pool.submit(in_block).result()]
+        assert rec.ids == threaded
+        from_async = async_to_sync(view)()
+        raise Boom
+    try:
+        assert rec.ids == threaded and joined_push not in rec.ids
+        assert from_async not in rec.ids
+        assert exact(ob, rec, before) == set(threaded)
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
+
+
+def test_the_read_back_keeps_to_the_bound_parameters_sqlite_allows(
+    project: dict[str, str],
+) -> None:
+    """SQLite built with its default limit of 999 bound parameters (before 3.32, the limit
+    Django assumes: ``features.max_query_params``): a transaction of 1000 pushes is read
+    back in queries within it, and dispatched at the commit."""
+    import sqlite3
+
+    from django.db import connections, transaction
+
+    from tests.djangoproj.shop.jobs import send_receipt
+    ob, rec = outbox_on("default")
+    try:
+        before = committed(ob)
+        connection = connections["default"]
+        connection.ensure_connection()
+        old = connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        try:
+            with transaction.atomic(using="default"):
+                ids = send_receipt.push_many([{"order_id": i} for i in range(1000)])
+        finally:
+            connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, old)
+        assert exact(ob, rec, before) == set(ids)
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()
+
+
+def test_an_eager_job_that_commits_through_the_orm_leaves_the_users_callbacks_to_the_caller(
+    alias: str,
+) -> None:
+    """``task_always_eager``: the outbox's dispatch runs the job at once, in the committing
+    thread, at the commit; the job writes in an ``atomic()`` block of its own on the same
+    connection. The user's callback of the committed transaction runs after the dispatch,
+    once, and a non-robust one that raises reaches the caller, as in plain Django (before:
+    the job's commit ran it inside the dispatch, which swallowed its error)."""
+    from celery import Celery
+    from django.db import transaction
+
+    from celery_outbox import JobContext, JobRegistry, outbox_job
+    from celery_outbox.contrib.django import install
+    from tests.djangoproj.shop.jobs import ReceiptFor
+    from tests.djangoproj.shop.models import Receipt
+
+    registry = JobRegistry()
+    ran: list[str] = []
+
+    @outbox_job(name="shop.eager_receipt", schema=ReceiptFor, registry=registry)
+    def eager_receipt(ctx: JobContext[ReceiptFor]) -> None:
+        with transaction.atomic(using=alias):
+            Receipt.objects.using(alias).create(order_id=ctx.payload.order_id,
+                                                execution_id=ctx.execution_id,
+                                                worker_pid=os.getpid())
+        ran.append("job")
+
+    app = Celery(f"dj-{uuid.uuid4().hex[:6]}", broker="memory://", set_as_current=False)
+    app.conf.task_always_eager = True
+    ob = install(app, registry=registry, database=alias)
+    try:
+        def boom() -> None:
+            ran.append("boom")
+            raise Boom
+
+        with pytest.raises(Boom), transaction.atomic(using=alias):
+            transaction.on_commit(boom, using=alias)
+            pushed = eager_receipt.push({"order_id": 1})
+        assert ran == ["job", "boom"]
+        assert Receipt.objects.using(alias).filter(execution_id=pushed).count() == 1
+    finally:
+        ob.runner.heartbeat.stop()
+        ob.engine.dispose()

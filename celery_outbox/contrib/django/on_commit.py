@@ -44,7 +44,9 @@ from celery_outbox.queries.push import existing_ids
 log = logging.getLogger("celery_outbox.executors")
 
 READ_BACK_CHUNK = 5_000
-"""Ids per read of the committed rows (one bound parameter each)."""
+"""Ids per read of the committed rows (one bound parameter each); fewer on a backend whose
+``features.max_query_params`` is lower (Django's SQLite: 999, the limit of a SQLite built
+with its old default)."""
 
 
 class Dispatches:
@@ -106,8 +108,12 @@ def _committed(group: list[Dispatches]) -> set[UUID]:
     if not ids:
         return found
     tx = DjangoTransaction(group[0].alias)
-    for start in range(0, len(ids), READ_BACK_CHUNK):
-        query = existing_ids(group[0].table, ids[start:start + READ_BACK_CHUNK])
+    from django.db import connections
+
+    limit = connections[group[0].alias].features.max_query_params
+    chunk = min(READ_BACK_CHUNK, limit) if limit else READ_BACK_CHUNK
+    for start in range(0, len(ids), chunk):
+        query = existing_ids(group[0].table, ids[start:start + chunk])
         rows: list[UUID] = tx.run(query)
         found.update(rows)
     return found
@@ -153,9 +159,14 @@ def run_first(connection: Any) -> None:
         callbacks = connection.run_on_commit
         ours = [entry[1] for entry in callbacks if isinstance(entry[1], Dispatches)]
         if ours:
-            connection.run_on_commit = [entry for entry in callbacks
-                                        if not isinstance(entry[1], Dispatches)]
+            # Out of the list while they run, the user's callbacks with them, as Django's
+            # own takes the list out first: a commit made during a dispatch (an eager task
+            # writing through the ORM) runs its own callbacks only.
+            connection.run_on_commit = []
             run_together(ours)
+            connection.run_on_commit = [
+                entry for entry in callbacks if not isinstance(entry[1], Dispatches)
+            ] + connection.run_on_commit
         own()
 
     run_and_clear_commit_hooks.outbox_first = True  # type: ignore[attr-defined]
