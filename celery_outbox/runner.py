@@ -255,12 +255,13 @@ class _Outcomes:
         writes = [d for d in held if d.outcome is not None]
         try:
             hits, started = self._send(writes, start)
-        except StorageError:
+        except StorageError as exc:
             if not writes:
                 raise  # a start alone failed: not ours to retry, the row is handed back
             log.warning("celery_outbox: writing %d outcome(s) of %r failed; writing them "
-                        "again%s", len(writes), claim.spec.name,
-                        " without the next row's start" if start is not None else "")
+                        "again%s (%s)", len(writes), claim.spec.name,
+                        " without the next row's start" if start is not None else "",
+                        " ".join(str(exc).split())[:300])
             hits = self._again(claim, writes)
             claim.held = []
             self.settle(claim.spec, held, hits, claim.counts)
