@@ -14,7 +14,7 @@ a no-op task:
 The figures are measured in rounds, one of each figure per round, so both sides see the same
 machine; each figure is the median over rounds, each ratio the median of its per-round ratios.
 
-``python -m bench sweep [--quick]``: the sweep / trim benchmark of issue 3 (bench/sweep.py).
+``python -m bench sweep [--quick]``: the sweep / trim benchmark (bench/sweep.py).
 ``python -m bench web [--rows N]``: the dashboard's reads at 1,000,000 rows (bench/web.py).
 ``python -m bench frameworks [--quick]``: ``apush`` in an AsyncSession and Django's ``push``
 in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return web.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
                                      epilog="python -m bench sweep --help: the sweep / trim "
-                                            "benchmark (issue 3); python -m bench frameworks "
+                                            "benchmark; python -m bench frameworks "
                                             "--help: apush and Django vs delay()")
     parser.add_argument("--quick", action="store_true", help="small counts, few rounds (smoke)")
     parser.add_argument("--rounds", type=int, help="rounds of the publish-only figures")
