@@ -51,6 +51,8 @@ BATCH = 500
 WARM_UP = 10
 """Latency samples taken, and dropped, before the timed ones (figure 2)."""
 FLUSH_TIMEOUT = timedelta(minutes=5)
+FIGURES = frozenset({"e2e", "latency", "session", "many", "startup", "single"})
+"""The figures a run measures by default (``--figures``)."""
 PROCESSES = 2
 """Worker processes of every system: prefork children for Celery and the outbox, worker
 processes for pgqueuer and procrastinate (one per core of the machine measured)."""
@@ -384,8 +386,10 @@ class Results(dict[str, Series]):
         print(f"    {title:<32} " + " | ".join(parts), flush=True)
 
 
-def measure_round(r: int, systems: list[System], c: Counts, results: Results) -> None:
-    """Every figure once, for every system, in the order of the systems rotated by ``r``."""
+def measure_round(r: int, systems: list[System], c: Counts, results: Results,
+                  figures: frozenset[str] = FIGURES) -> None:
+    """Every figure of ``figures`` once, for every system, in the order of the systems rotated
+    by ``r``."""
     order = systems[r % len(systems):] + systems[:r % len(systems)]
     print(f"  round {r + 1}/{c.rounds} (order: {', '.join(s.label for s in order)}), "
           f"load average {_load()}", flush=True)
@@ -397,19 +401,25 @@ def measure_round(r: int, systems: list[System], c: Counts, results: Results) ->
                 results.add(f"{key}.{s.key}", f"{title}: {s.label}", unit, measure(s))
         results.line(f"{title}, {unit}", [f"{key}.{s.key}" for s in among])
 
-    each("e2e", f"1. e2e drain of {c.n:,}", "jobs/s", lambda s: e2e_drain(s, c.n))
-    latencies = {}
-    for s in order:
-        with _about(s):
-            latencies[s.key] = latency(s, c.samples)
-    each("lat50", "2. latency p50", "ms", lambda s: latencies[s.key][0])
-    each("lat99", "2. latency p99", "ms", lambda s: latencies[s.key][1])
+    if "e2e" in figures:
+        each("e2e", f"1. e2e drain of {c.n:,}", "jobs/s", lambda s: e2e_drain(s, c.n))
+    if "latency" in figures:
+        latencies = {}
+        for s in order:
+            with _about(s):
+                latencies[s.key] = latency(s, c.samples)
+        each("lat50", "2. latency p50", "ms", lambda s: latencies[s.key][0])
+        each("lat99", "2. latency p99", "ms", lambda s: latencies[s.key][1])
     outbox, celery = systems[0], systems[1]
-    session(outbox, c.ops, r, results)
-    each("many", f"4. batch push of {c.many:,}", "jobs/s", lambda s: push_many(s, c.many),
-         [s for s in order if s.push_many is not None])
-    each("startup", "5. start-up to first job", "s", start_up)
-    single(outbox, celery, c.ops, r, results)
+    if "session" in figures:
+        session(outbox, c.ops, r, results)
+    if "many" in figures:
+        each("many", f"4. batch push of {c.many:,}", "jobs/s", lambda s: push_many(s, c.many),
+             [s for s in order if s.push_many is not None])
+    if "startup" in figures:
+        each("startup", "5. start-up to first job", "s", start_up)
+    if "single" in figures:
+        single(outbox, celery, c.ops, r, results)
 
 
 def session(outbox: System, ops: int, r: int, results: Results) -> None:
@@ -471,13 +481,15 @@ def _floor() -> Iterator[Callable[[int], object]]:
 
 def ratios(res: Results) -> list[Ratio]:
     """Per-round ratios: the targets, and the outbox against each peer."""
-    rounds = range(len(res["e2e.outbox"].runs))
+    rounds = range(min((len(s.runs) for s in res.values()), default=0))
 
-    def over(top: str, bottom: str) -> list[float]:
+    def over(top: str, bottom: str) -> list[float]:  # none for a figure not measured
+        if top not in res or bottom not in res:
+            return []
         return [res[top].runs[i] / res[bottom].runs[i] for i in rounds]
 
     def per_op(key: str) -> list[float]:
-        return [1 / res[key].runs[i] for i in rounds]
+        return [1 / res[key].runs[i] for i in rounds] if key in res else []
 
     peers = [("celery", "plain Celery"), ("floor", "the floor"), ("pgqueuer", "pgqueuer"),
              ("procrastinate", "procrastinate")]
@@ -512,7 +524,7 @@ def ratios(res: Results) -> list[Ratio]:
         Ratio("single99.insert/delay", "6. bare INSERT p99 / delay() p99 (the floor)",
               over("single99.insert", "single99.delay")),
     ]
-    return out
+    return [ratio for ratio in out if ratio.runs]
 
 
 def report(res: Results, checks: list[Ratio]) -> None:
@@ -565,9 +577,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, help=f"rounds (default {FULL.rounds})")
     parser.add_argument("--n", type=int, help=f"jobs drained end to end (default {FULL.n:,})")
     parser.add_argument("--json", metavar="PATH", help="write every per-round value as JSON")
+    parser.add_argument("--figures", default=",".join(sorted(FIGURES)),
+                        help="the figures to measure, comma-separated (default: all of "
+                             f"{', '.join(sorted(FIGURES))})")
     parser.add_argument("--redis-db", type=int, default=REDIS_DB,
                         help=f"Redis db number of the broker (default {REDIS_DB})")
     args = parser.parse_args(argv)
+    figures = frozenset(f.strip() for f in args.figures.split(",") if f.strip())
+    if not figures or figures - FIGURES:
+        parser.error(f"--figures: unknown {', '.join(sorted(figures - FIGURES)) or 'none'}; "
+                     f"choose among {', '.join(sorted(FIGURES))}")
     base = QUICK if args.quick else FULL
     c = Counts(n=args.n or base.n, samples=base.samples, ops=base.ops, many=base.many,
                rounds=args.rounds or base.rounds)
@@ -596,7 +615,7 @@ def main(argv: list[str]) -> int:
         systems = _systems(target.queue)
         _warm_up(systems)
         for r in range(c.rounds):
-            measure_round(r, systems, c, results)
+            measure_round(r, systems, c, results, figures)
     finally:
         for s in systems:
             s.reset()

@@ -4,11 +4,11 @@ What any transactional outbox on Celery must do, and nothing more, written strai
 psycopg (autocommit, fsync on as the server is configured) and Celery's ``delay()``:
 
 1. push: ``INSERT`` the row (id, payload, ``pending``) and commit; then publish its id
-   through Celery (one message per id, ``bench.floor_run``);
-2. the task: ``UPDATE ... SET status = 'running', attempt = attempt + 1`` fenced on
-   ``pending``, ``RETURNING`` the payload, commit; the handler (the peers' Redis side
-   effect, :mod:`bench.peers_signal`); ``UPDATE ... SET status = 'succeeded'`` fenced on
-   ``running``, commit.
+   through Celery (``bench.floor_run``; a batch's ids go up to :data:`CHUNK` per message);
+2. the task: ``UPDATE ... SET status = 'running', attempt = attempt + 1`` of the message's
+   rows fenced on ``pending``, ``RETURNING`` their payloads, commit; then per row the handler
+   (the peers' Redis side effect, :mod:`bench.peers_signal`) and ``UPDATE ... SET status =
+   'succeeded'`` fenced on ``running``, commit.
 
 No retries, no leases, no heartbeat, no shutdown hand-back, no sweep: none of the guarantees
 past "the row is written before the message exists, and a message runs its row once". It is
@@ -34,6 +34,8 @@ from bench.app import app
 from bench.peers_signal import record
 
 TABLE = "bench_floor_jobs"
+CHUNK = 50
+"""Ids per message of a batch (the outbox's ``dispatch_chunk_size``)."""
 _connections: dict[int, psycopg.Connection[Any]] = {}
 
 
@@ -66,20 +68,18 @@ def push(total: int) -> None:
     execution_id = uuid.uuid4()
     connection().execute(f"INSERT INTO {TABLE} (id, payload, status) VALUES (%s, %s, 'pending')",
                          (execution_id, Jsonb({"total": total})))
-    floor_run.delay(str(execution_id))
+    floor_run.delay([str(execution_id)])
 
 
 def push_many(n: int, total: int) -> None:
-    """``n`` jobs: their rows in one transaction (one multi-row statement), committed, then
-    one message per id."""
+    """``n`` jobs: their rows in one statement, committed, then their ids published in
+    messages of up to :data:`CHUNK` ids (as the outbox chunks a batch's ids)."""
     ids = [uuid.uuid4() for _ in range(n)]
-    payload = Jsonb({"total": total})
-    conn = connection()
-    with conn.transaction(), conn.cursor() as cursor:
-        cursor.executemany(f"INSERT INTO {TABLE} (id, payload, status) "
-                           "VALUES (%s, %s, 'pending')", [(i, payload) for i in ids])
-    for execution_id in ids:
-        floor_run.delay(str(execution_id))
+    connection().execute(
+        f"INSERT INTO {TABLE} (id, payload, status) "
+        "SELECT id, %s, 'pending' FROM unnest(%s::uuid[]) AS id", (Jsonb({"total": total}), ids))
+    for start in range(0, n, CHUNK):
+        floor_run.delay([str(i) for i in ids[start:start + CHUNK]])
 
 
 def left() -> int:
@@ -94,18 +94,18 @@ def clear() -> None:
 
 
 @app.task(name="bench.floor_run")
-def floor_run(execution_id: str) -> None:
-    """Claim the row (fenced on pending), run the handler, write the outcome (fenced on
-    running); each statement its own commit."""
+def floor_run(ids: list[str]) -> None:
+    """Claim the message's rows (one statement, fenced on pending), then for each: the
+    handler, its outcome (fenced on running); each statement its own commit."""
     conn = connection()
-    row = conn.execute(
+    claimed = conn.execute(
         f"UPDATE {TABLE} SET status = 'running', attempt = attempt + 1, started_at = now() "
-        "WHERE id = %s AND status = 'pending' RETURNING payload", (execution_id,)).fetchone()
-    if row is None:
-        return  # a duplicate message, or the row is gone
-    record(int(row[0]["total"]))
-    conn.execute(f"UPDATE {TABLE} SET status = 'succeeded', finished_at = now() "
-                 "WHERE id = %s AND status = 'running'", (execution_id,))
+        "WHERE id = ANY(%s::uuid[]) AND status = 'pending' RETURNING id, payload",
+        (ids,)).fetchall()  # a duplicate message claims nothing
+    for execution_id, payload in claimed:
+        record(int(payload["total"]))
+        conn.execute(f"UPDATE {TABLE} SET status = 'succeeded', finished_at = now() "
+                     "WHERE id = %s AND status = 'running'", (execution_id,))
 
 
 def pre_push(batch: int) -> Callable[[int, int], None]:
