@@ -36,7 +36,13 @@ from celery_outbox.dispatch import (
     InlineDispatcher,
 )
 from celery_outbox.engine import begin_before_savepoint, make_engine
-from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
+from celery_outbox.errors import (
+    ConfigurationError,
+    ExecutionsFailed,
+    JobLocked,
+    PayloadInvalid,
+    StorageError,
+)
 from celery_outbox.executors import AsyncTransaction, Transaction
 from celery_outbox.maintenance import (
     Sweeper,
@@ -169,15 +175,18 @@ class Outbox:
         app = self.app
 
         @self.app.task(  # type: ignore[untyped-decorator]
-            name=RUN_TASK, ignore_result=True, shared=False, acks_late=False, bind=True
+            name=RUN_TASK, ignore_result=True, shared=False, acks_late=False, bind=True,
+            throws=(ExecutionsFailed,),  # logged without a traceback: the rows hold theirs
         )
         def run(task: Any, job_name: str, ids: list[str]) -> None:
             # The latest Outbox of the app: Celery keeps the first task of a name, and a
             # second Outbox(app) (a fixture, a settings override) must serve it. Under a
             # Celery time limit, one execution per message (celery_outbox.limits).
             runner = Outbox.of(app).runner
-            runner.run(job_name, limits.split(task, runner.registry, runner.dispatcher(),
-                                              job_name, ids).run)
+            result = runner.run(job_name, limits.split(task, runner.registry,
+                                                       runner.dispatcher(), job_name, ids).run)
+            if result.failed:  # every outcome is written: Celery's view tells the truth
+                raise ExecutionsFailed(job_name, result.failed, result.claimed)
 
         self.run_task = run
 
