@@ -36,13 +36,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, Engine, Table
+from sqlalchemy import Connection, Dialect, Engine, Table, event
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import QueuePool
 
+from celery_outbox.engine import gone_idle
 from celery_outbox.errors import StorageError
 from celery_outbox.models import EncodedJson
 from celery_outbox.queries import Query, Shape
@@ -70,6 +75,10 @@ class DirectPath:
         self._compiled: dict[tuple[Dialect, Table, tuple[str, ...]],
                              tuple[str, list[Any]]] = {}
         self._statements: dict[Any, _Statement] = {}
+        self.held = Held.of(engine)
+        """The connections the direct path holds on ``engine`` (shared by every DirectPath
+        on it)."""
+        self._psycopg = sync_psycopg(engine.dialect)
 
     # -- when ------------------------------------------------------------------------------
 
@@ -78,9 +87,11 @@ class DirectPath:
         listens to its statements (the engine's listeners, those on the Connection class,
         echo)."""
         engine = self.engine
+        dispatch = engine.dispatch
         return (
-            sync_psycopg(engine.dialect)
-            and not any(getattr(engine.dispatch, name) for name in _STATEMENT_EVENTS)
+            self._psycopg
+            and not (dispatch.before_execute or dispatch.after_execute
+                     or dispatch.before_cursor_execute or dispatch.after_cursor_execute)
             and not _class_listeners()
             and not engine.logger.isEnabledFor(logging.INFO)
         )
@@ -106,41 +117,40 @@ class DirectPath:
     # -- running ---------------------------------------------------------------------------
 
     def run(self, queries: Sequence[Query[Any]], *, pipelined: bool) -> list[Any]:
-        """Run ``queries`` on a pooled psycopg connection itself: one alone in autocommit, or
-        several pipelined in one transaction (one round trip, one commit); their mapped
-        results. Every error (the pool's, the driver's, a value it refuses) is a
-        :class:`StorageError`; one after the connection was taken discards it (it is not
-        pooled again)."""
+        """Run ``queries`` on a psycopg connection the direct path holds (:class:`Held`):
+        one alone in autocommit, or several pipelined in one transaction (one round trip,
+        one commit); their mapped results. Every error (the pool's, the driver's, a value it
+        refuses) is a :class:`StorageError`; one after the connection was taken discards it
+        (closed, never held or pooled again), as does anything else raised meanwhile (an
+        interrupt mid-statement)."""
         bound = [self._bound(query) for query in queries]
+        held = self.held
         try:
-            raw = self.engine.raw_connection()  # the pool raises the driver's own errors
+            hold = held.take()  # the pool raises the driver's own errors
         except (SQLAlchemyError, self._driver_error(), *REFUSED) as exc:
             raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        driver = hold.driver
         try:
-            driver = raw.driver_connection
-            assert driver is not None
             # Planned at each execution (the module's docstring); a one-row INSERT has one
             # plan, psycopg may prepare it.
             prepare = [None if query.bulk else False for query in queries]
-            if pipelined:
+            if pipelined:  # in autocommit: the block sends BEGIN and COMMIT itself
                 with driver.pipeline(), driver.transaction():
                     cursors = [driver.execute(sql, params, prepare=p)
                                for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
             else:
-                driver.autocommit = True
-                try:
-                    cursors = [driver.execute(sql, params, prepare=p)
-                               for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
-                finally:
-                    driver.autocommit = False
+                cursors = [driver.execute(sql, params, prepare=p)
+                           for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
             raw_results = [_fetched(cursor, shape, columns)
                            for cursor, (_, _, shape, columns) in zip(cursors, bound,
                                                                       strict=True)]
         except (self._driver_error(), *REFUSED) as exc:
-            raw.invalidate()
+            held.discard(hold)
             raise StorageError(f"database error on {self.where()}: {exc}") from exc
-        finally:
-            raw.close()
+        except BaseException:
+            held.discard(hold)
+            raise
+        held.put(hold)
         return [query.mapper(result) for query, result in zip(queries, raw_results,
                                                                strict=True)]
 
@@ -219,6 +229,225 @@ class DirectPath:
         except Exception as exc:
             raise StorageError(f"{query.name} failed: a value its column refuses: {exc}") \
                 from exc
+
+
+HOLD_IDLE = 1.0
+"""Seconds a connection the direct path holds may stay unused and still be taken again with
+no checkout; one unused longer goes back to the pool (at the next take, or by a timer), so the
+pool's own checks (``pool_pre_ping``, ``pool_recycle``, the outbox engine's closed-connection
+check) apply to it again at its next checkout."""
+
+
+class _Hold:
+    """One pooled connection held checked out: the pool's proxy, its psycopg connection (in
+    autocommit), the pool it came from, when it was last put back (monotonic seconds)."""
+
+    __slots__ = ("driver", "fairy", "pid", "pool", "used")
+
+    def __init__(self, fairy: Any, driver: Any, pool: Any) -> None:
+        self.fairy = fairy
+        self.driver = driver
+        self.pool = pool
+        self.pid = os.getpid()
+        self.used = 0.0
+
+
+class Held:
+    """The psycopg connections the direct path holds on one engine, checked out of its pool
+    once and reused with no checkout: a LIFO free list, thread- and greenlet-safe (a caller
+    takes one, runs its statements, puts it back), one per engine (:meth:`of`).
+
+    - Autocommit is set once, at the checkout; a connection goes back to the pool with it
+      off.
+    - At most :func:`hold_bound` connections are held unused (the pool's ``size``; none on a
+      pool other than a QueuePool, such as NullPool, where every call checks out as before),
+      and one is held only while another checkout of the pool would not wait, so the
+      engine's other users never wait on connections held unused.
+    - One unused for longer than :data:`HOLD_IDLE` is not taken again: it goes back to the
+      pool (at the next take, at a put, or by a timer armed while any is held); a fresh one
+      is checked for what the outbox engine's checkout checks (closed, broken, closed by the
+      server: :func:`~celery_outbox.engine.gone_idle`), with no round trip.
+    - One that errored, or whose statement was interrupted, is discarded (closed).
+    - A forked child never uses or closes its parent's: they are dropped (detached from the
+      pool, not closed: libpq's close would end the parent's session) and the child checks
+      out its own.
+    - ``engine.dispose()`` closes those held unused (in a forked child: drops them); one in
+      use then is closed when it is put back.
+    """
+
+    _engines: weakref.WeakKeyDictionary[Engine, Held] = weakref.WeakKeyDictionary()
+    _engines_lock = threading.Lock()
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = weakref.ref(engine)
+        self._free: list[_Hold] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._timer: threading.Timer | None = None
+
+    @classmethod
+    def of(cls, engine: Engine) -> Held:
+        """The connections held on ``engine``, created (and told of its disposals) at the
+        first call."""
+        with cls._engines_lock:
+            found = cls._engines.get(engine)
+            if found is None:
+                found = cls._engines[engine] = cls(engine)
+                event.listen(engine, "engine_disposed", _disposed)
+        return found
+
+    # -- taking and putting back -----------------------------------------------------------
+
+    def take(self) -> _Hold:
+        """A held connection, or one checked out now (the pool's errors and the driver's
+        raised as they are)."""
+        if self._pid != os.getpid():
+            self._forked()
+        engine = self._engine()
+        assert engine is not None
+        now = time.monotonic()
+        stale: list[_Hold] = []
+        with self._lock:
+            free = self._free
+            hold = free.pop() if free else None
+            if hold is not None and now - hold.used > HOLD_IDLE:  # those below are older
+                stale, self._free, hold = [*free, hold], [], None
+        for old in stale:
+            self._give_back(old)
+        if hold is not None:
+            if hold.pool is engine.pool and gone_idle(hold.driver) is None:
+                return hold
+            self.discard(hold)
+        return self._checkout(engine)
+
+    def put(self, hold: _Hold) -> None:
+        """Give back ``hold`` after a use that raised nothing: held for the next caller, or
+        back to the pool (more than the bound held, the pool short of connections, the
+        engine disposed since, a fork since)."""
+        if hold.pid != os.getpid():  # checked out before a fork: never ours to close
+            hold.fairy.detach()
+            return
+        now = hold.used = time.monotonic()
+        engine = self._engine()
+        pool = hold.pool
+        stale: list[_Hold] = []
+        kept = False
+        if engine is not None and pool is engine.pool and self._pid == hold.pid:
+            with self._lock:
+                free = self._free
+                if len(free) < hold_bound(pool) and _spare(pool):
+                    free.append(hold)
+                    kept = True
+                    while free and now - free[0].used > HOLD_IDLE:
+                        stale.append(free.pop(0))
+                    if self._timer is None:
+                        self._arm(HOLD_IDLE)
+        if not kept:
+            stale.append(hold)
+        for old in stale:
+            self._give_back(old)
+
+    def discard(self, hold: _Hold) -> None:
+        """Close ``hold``'s connection (it errored, or its statement was cut short): never
+        held or pooled again."""
+        try:
+            hold.fairy.invalidate()
+        finally:
+            hold.fairy.close()
+
+    def dispose(self) -> None:
+        """Close the connections held unused (a forked child drops them instead); one in use
+        is closed when put back."""
+        if self._pid != os.getpid():
+            self._forked()
+            return
+        with self._lock:
+            held, self._free = self._free, []
+        for hold in held:
+            self.discard(hold)
+
+    def idle(self) -> list[Any]:
+        """The psycopg connections held unused now, most recently used last."""
+        with self._lock:
+            return [hold.driver for hold in self._free]
+
+    # -- the parts -------------------------------------------------------------------------
+
+    def _checkout(self, engine: Any) -> _Hold:
+        pool = engine.pool
+        fairy = engine.raw_connection()
+        try:
+            driver = fairy.driver_connection
+            assert driver is not None
+            driver.autocommit = True
+        except BaseException:
+            fairy.invalidate()
+            fairy.close()
+            raise
+        return _Hold(fairy, driver, pool)
+
+    def _give_back(self, hold: _Hold) -> None:
+        """Return ``hold`` to its pool as a checkout left it: autocommit off."""
+        engine = self._engine()
+        if engine is None or hold.pool is not engine.pool:
+            self.discard(hold)  # its pool was disposed: returned there, it would stay open
+            return
+        try:
+            hold.driver.autocommit = False
+        except BaseException:
+            self.discard(hold)
+            raise
+        hold.fairy.close()
+
+    def _arm(self, delay: float) -> None:
+        """Give back what is held unused too long after ``delay`` seconds (under the lock)."""
+        timer = self._timer = threading.Timer(delay, self._expire)
+        timer.daemon = True
+        timer.start()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        stale: list[_Hold] = []
+        with self._lock:
+            self._timer = None
+            free = self._free
+            while free and now - free[0].used > HOLD_IDLE:
+                stale.append(free.pop(0))
+            if free:
+                self._arm(max(HOLD_IDLE - (now - free[0].used), 0.0) + 0.01)
+        for hold in stale:
+            self._give_back(hold)
+
+    def _forked(self) -> None:
+        """In a forked child: forget the parent's connections without touching their
+        sockets (detached from the pool, so neither it nor the garbage collector closes
+        them; psycopg closes a connection only in the process that opened it)."""
+        parents, self._free = self._free, []
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+        self._timer = None
+        self._pid = os.getpid()
+        for hold in parents:
+            hold.fairy.detach()
+
+
+def hold_bound(pool: Any) -> int:
+    """How many connections the direct path holds unused at most on ``pool``: a QueuePool's
+    ``size``; none on another pool (NullPool opens a connection per checkout, StaticPool and
+    SingletonThreadPool have one)."""
+    return pool.size() if isinstance(pool, QueuePool) else 0
+
+
+def _spare(pool: QueuePool) -> bool:
+    """Whether a checkout of ``pool`` now would get a connection without waiting: one checked
+    in, or room to open one (SQLAlchemy's ``_max_overflow``; -1: no limit)."""
+    limit: int = getattr(pool, "_max_overflow", 0)
+    return limit < 0 or pool.checkedin() > 0 or pool.overflow() < limit
+
+
+def _disposed(engine: Engine) -> None:
+    held = Held._engines.get(engine)
+    if held is not None:
+        held.dispose()
 
 
 def copy_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
