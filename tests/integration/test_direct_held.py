@@ -315,3 +315,70 @@ def test_a_forked_child_never_uses_or_closes_the_held_connection(
     receipt.push(Order(order_id=3))  # on the parent's held connection, its session alive
     assert held_pids(outbox) == [parent]
     assert parent in backends(pg_url, app_name)
+
+
+# -- gevent ----------------------------------------------------------------------------------
+
+GEVENT_SCRIPT = """
+from gevent import monkey
+monkey.patch_all()
+
+import sys
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import gevent
+from sqlalchemy import MetaData, NullPool, create_engine, text
+
+from celery_outbox.engine import make_engine
+from celery_outbox.executors.direct import Held
+from celery_outbox.models import build_tables
+from celery_outbox.outcomes import Fence, Succeeded
+from celery_outbox.store import ExecutionStore, NewExecution
+
+url, app_name = sys.argv[1:3]
+engine = make_engine(f"{url}?application_name={app_name}")
+tables = build_tables(MetaData(), f"ob_{uuid.uuid4().hex[:12]}")
+tables.executions.metadata.create_all(engine)
+store = ExecutionStore(engine, tables)
+most = [0]
+
+def work() -> None:
+    worker = f"w-{uuid.uuid4().hex[:8]}"
+    for i in range(10):
+        now = datetime.now(timezone.utc)
+        row = NewExecution.create("held.job", {"i": i}, now, priority=1, max_attempts=3)
+        store.insert_alone([row])
+        gevent.sleep(0)
+        [claimed] = store.claim([row.id], "held.job", worker, None, timedelta(minutes=1))
+        most[0] = max(most[0], engine.pool.checkedout())
+        assert store.finish(Succeeded(True, None), Fence(row.id, worker, claimed.attempt),
+                            now).hit
+
+gevent.joinall([gevent.spawn(work) for _ in range(60)], raise_error=True)
+held = len(Held.of(engine).idle())
+admin = create_engine(url, poolclass=NullPool)
+with admin.connect() as conn:
+    open_now = conn.execute(text("SELECT count(*) FROM pg_stat_activity "
+                                 "WHERE application_name = :n"), {"n": app_name}).scalar()
+tables.executions.metadata.drop_all(engine)
+engine.dispose()
+admin.dispose()
+print(held, engine.pool.size(), engine.pool._max_overflow, most[0], open_now)
+"""
+
+
+def test_gevent_greenlets_share_the_held_connections_within_the_pool(
+    pg_url: str, app_name: str,
+) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", GEVENT_SCRIPT, pg_url, app_name],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    held, size, overflow, most, open_now = map(int, done.stdout.split())
+    assert 1 <= held <= size
+    assert most <= size + overflow
+    assert open_now <= size + overflow
+    wait_for(lambda: not backends(pg_url, app_name), 10, "no connection of ours left")
