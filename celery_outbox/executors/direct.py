@@ -5,8 +5,8 @@ costs about as much as the round trip (bench/README.md).
 Three shortcuts, each for a query the executor would otherwise run through SQLAlchemy:
 
 - :meth:`DirectPath.run`: prepared queries (the worker's claim, start and outcome writes) and
-  a one-row bulk insert on a pooled connection, one alone in autocommit or several pipelined
-  in one transaction;
+  a one-row bulk insert on a connection the direct path holds (:class:`Held`), one alone in
+  autocommit or several pipelined in one transaction;
 - :meth:`DirectPath.insert_on`: a one-row insert on a caller's Connection, in its open
   transaction;
 - :func:`copy_rows`: a large bulk insert as one ``COPY ... FROM STDIN``.
@@ -26,10 +26,37 @@ connection takes them (:func:`sync_psycopg`): SQLAlchemy's async psycopg dialect
 driver "psycopg" too, but its driver connection is psycopg's ``AsyncConnection``, whose
 methods are coroutines.
 
+The connections :meth:`DirectPath.run` uses are held, not checked out per call: taken from
+the engine's pool once, switched to autocommit once, and kept checked out in a small LIFO
+free list per engine (:class:`Held`) that a caller takes one from and puts it back to, so a
+statement pays no checkout, no pool events and no autocommit switch. The rule that keeps
+this as safe as a checkout per call:
+
+- a connection unused for :data:`HOLD_IDLE` (1 s) goes back to the pool (at the next take or
+  put, or by a timer while any is held), so the pool's checks (``pool_pre_ping``,
+  ``pool_recycle``, the outbox engine's closed-connection check) apply again after any idle
+  spell, and one the server closed meanwhile is caught before its reuse from its socket
+  (:func:`~celery_outbox.engine.gone_idle`, no round trip);
+- one whose statement errored or was interrupted is discarded (closed), never reused;
+- at most the pool's ``size`` are held unused, a connection is held only when the pool has
+  another free one (or room to open one) as it is put back, and none longer than
+  :data:`HOLD_IDLE`: the engine's other users (its own SQLAlchemy path, the admin, an
+  application sharing the engine) have the pool's overflow, and wait at most that long on
+  one held unused; a pool other than a QueuePool (NullPool) holds none;
+- a forked child never uses or closes its parent's (the pid is checked at every take: they
+  are detached, not closed, since libpq's close would end the parent's session);
+- ``engine.dispose()`` closes those held unused (``engine_disposed``); one in use then is
+  closed when it is put back.
+
+The ``usable`` checks (listeners, echo) stay per call: a few attribute reads, about 1 us
+against a statement's 100 us or more of the client's CPU (bench/README.md, "Held
+connections").
+
 This module reads SQLAlchemy's private internals (a compiled statement's
-``_bind_processors`` and ``_result_columns``, the Connection class's listener maps); it is the
-only one that does, so a SQLAlchemy upgrade that moves them breaks one module. An unknown
-shape of those internals answers "not direct": the safe way, through SQLAlchemy.
+``_bind_processors`` and ``_result_columns``, the Connection class's listener maps, a
+QueuePool's ``_max_overflow``); it is the only one that does, so a SQLAlchemy upgrade that
+moves them breaks one module. An unknown shape of those internals answers "not direct" (the
+safe way, through SQLAlchemy), or "no room to hold a connection".
 """
 
 from __future__ import annotations
@@ -261,8 +288,8 @@ class Held:
       off.
     - At most :func:`hold_bound` connections are held unused (the pool's ``size``; none on a
       pool other than a QueuePool, such as NullPool, where every call checks out as before),
-      and one is held only while another checkout of the pool would not wait, so the
-      engine's other users never wait on connections held unused.
+      and one is held only when, as it is put back, another checkout of the pool would not
+      wait: the engine's other users wait on one held unused at most :data:`HOLD_IDLE`.
     - One unused for longer than :data:`HOLD_IDLE` is not taken again: it goes back to the
       pool (at the next take, at a put, or by a timer armed while any is held); a fresh one
       is checked for what the outbox engine's checkout checks (closed, broken, closed by the
