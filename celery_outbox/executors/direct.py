@@ -362,13 +362,14 @@ class Held:
         if engine is not None and pool is engine.pool and self._pid == hold.pid:
             with self._lock:
                 free = self._free
-                if len(free) < hold_bound(pool) and _spare(pool):
+                # Held only with its timer running (none at the interpreter's exit: no
+                # thread can start then).
+                if len(free) < hold_bound(pool) and _spare(pool) \
+                        and (self._timer is not None or self._arm(HOLD_IDLE)):
                     free.append(hold)
                     kept = True
                     while free and now - free[0].used > HOLD_IDLE:
                         stale.append(free.pop(0))
-                    if self._timer is None:
-                        self._arm(HOLD_IDLE)
         if not kept:
             stale.append(hold)
         for old in stale:
@@ -426,11 +427,17 @@ class Held:
             raise
         hold.fairy.close()
 
-    def _arm(self, delay: float) -> None:
-        """Give back what is held unused too long after ``delay`` seconds (under the lock)."""
-        timer = self._timer = threading.Timer(delay, self._expire)
+    def _arm(self, delay: float) -> bool:
+        """Give back what is held unused too long after ``delay`` seconds (under the lock);
+        False when no thread can start (the interpreter is exiting)."""
+        timer = threading.Timer(delay, self._expire)
         timer.daemon = True
-        timer.start()
+        try:
+            timer.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            return False
+        self._timer = timer
+        return True
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -440,8 +447,9 @@ class Held:
             free = self._free
             while free and now - free[0].used > HOLD_IDLE:
                 stale.append(free.pop(0))
-            if free:
-                self._arm(max(HOLD_IDLE - (now - free[0].used), 0.0) + 0.01)
+            if free and not self._arm(max(HOLD_IDLE - (now - free[0].used), 0.0) + 0.01):
+                stale += free
+                free.clear()
         for hold in stale:
             self._give_back(hold)
 
@@ -455,6 +463,13 @@ class Held:
         self._pid = os.getpid()
         for hold in parents:
             hold.fairy.detach()
+
+
+def _after_fork_in_child() -> None:
+    Held._engines_lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def hold_bound(pool: Any) -> int:
