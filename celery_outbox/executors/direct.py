@@ -415,16 +415,18 @@ class Held:
         return _Hold(fairy, driver, pool)
 
     def _give_back(self, hold: _Hold) -> None:
-        """Return ``hold`` to its pool as a checkout left it: autocommit off."""
+        """Return ``hold`` to its pool as a checkout left it: autocommit off. Raises nothing
+        (it runs after a statement that succeeded, or before one): a connection that cannot
+        be switched back is closed instead."""
         engine = self._engine()
         if engine is None or hold.pool is not engine.pool:
             self.discard(hold)  # its pool was disposed: returned there, it would stay open
             return
         try:
             hold.driver.autocommit = False
-        except BaseException:
+        except Exception:  # closed or broken meanwhile
             self.discard(hold)
-            raise
+            return
         hold.fairy.close()
 
     def _arm(self, delay: float) -> bool:

@@ -150,10 +150,14 @@ def test_a_stale_connection_is_checked_out_anew(
     assert len(seen) == 9  # one per statement: the pool's checks apply to each
 
 
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale"])
 def test_a_held_connection_the_server_closed_is_replaced(
     outbox: Outbox, receipt: OutboxJob[Order], pg_url: str, app_name: str,
+    monkeypatch: pytest.MonkeyPatch, stale: bool,
 ) -> None:
     receipt.push(Order(order_id=1))
+    if stale:  # given back to the pool at the next take, then replaced at its checkout
+        monkeypatch.setattr(direct, "HOLD_IDLE", -1.0)
     [pid] = held_pids(outbox)
     admin = create_engine(pg_url, poolclass=NullPool)
     try:
