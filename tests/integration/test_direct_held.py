@@ -54,6 +54,17 @@ def backends(url: str, app_name: str) -> set[int]:
         admin.dispose()
 
 
+def last_statement_at(url: str, pid: int) -> Any:
+    """When the backend ``pid`` last began a statement (``pg_stat_activity.query_start``)."""
+    admin = create_engine(url, poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            return conn.execute(text("SELECT query_start FROM pg_stat_activity "
+                                     "WHERE pid = :pid"), {"pid": pid}).scalar_one()
+    finally:
+        admin.dispose()
+
+
 def checkouts(engine: Engine) -> list[int]:
     """Counts the pool's checkouts from now on (one entry each)."""
     seen: list[int] = []
@@ -304,6 +315,7 @@ def test_a_forked_child_never_uses_or_closes_the_held_connection(
 ) -> None:
     receipt.push(Order(order_id=1))
     [parent] = held_pids(outbox)
+    before = last_statement_at(pg_url, parent)
     ours, theirs = multiprocessing.Pipe()
     proc = multiprocessing.get_context("fork").Process(
         target=child, args=(outbox, receipt, dispose, theirs))
@@ -314,6 +326,7 @@ def test_a_forked_child_never_uses_or_closes_the_held_connection(
     proc.join(30)
     assert outcome == "ok", child_pids
     assert parent not in child_pids
+    assert last_statement_at(pg_url, parent) == before  # the child sent nothing on it
     assert outbox.store.status_of(UUID(execution_id)) == "pending"
 
     receipt.push(Order(order_id=3))  # on the parent's held connection, its session alive
