@@ -149,6 +149,22 @@ def test_a_connection_unused_for_the_idle_time_goes_back_to_the_pool(
         assert not conn.connection.driver_connection.autocommit  # type: ignore[union-attr]
 
 
+def test_nothing_is_held_when_no_timer_can_start(
+    outbox: Outbox, receipt: OutboxJob[Order], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the interpreter's exit no thread starts: a connection is given back at once."""
+
+    def refused(_: threading.Timer) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Timer, "start", refused)
+    execution_id = receipt.push(Order(order_id=1))
+
+    assert Held.of(outbox.engine).idle() == []
+    assert outbox.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert outbox.store.status_of(execution_id) == "pending"
+
+
 def test_a_stale_connection_is_checked_out_anew(
     outbox: Outbox, receipt: OutboxJob[Order], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
