@@ -110,9 +110,10 @@ class DirectPath:
     # -- when ------------------------------------------------------------------------------
 
     def usable(self) -> bool:
-        """A query may go on a pooled connection: the engine drives sync psycopg and nothing
-        listens to its statements (the engine's listeners, those on the Connection class,
-        echo)."""
+        """A query may go straight on a held connection (:meth:`run`): the engine drives
+        sync psycopg and nothing listens to its statements (the engine's listeners, those on
+        the Connection class, echo). Checked at each call (a few attribute reads): a
+        listener added or echo turned on at any time is honoured from the next query on."""
         engine = self.engine
         dispatch = engine.dispatch
         return (
