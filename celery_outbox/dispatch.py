@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
-from kombu import pools
+from kombu.messaging import Producer
 
 from celery_outbox.registry import JobRegistry
 
@@ -167,8 +167,7 @@ class CeleryDispatcher:
         self._thread: threading.Thread | None = None
         self._priority_map: dict[int, int] | None = None
         self._warm_pid: int | None = None  # the process whose caller ran _warm_up()
-        self._producers: Any = None  # the producer pool of the publisher's own connection
-        self._producers_pid: int | None = None
+        self._current_link: _Link | None = None  # the publisher's own broker connection
         atexit.register(self._at_exit, weakref.ref(self))
 
     # -- the caller's side ------------------------------------------------------------------
@@ -239,8 +238,9 @@ class CeleryDispatcher:
         try:
             self.app.tasks[RUN_TASK]  # finalizes the app
             self._broker_priority(0)  # resolves the transport: imports the client library
-            with self._producer():  # the connection and producer pools
-                pass
+            link = self._link()  # the connection and producer objects
+            if link.connection.transport.driver_type == "redis":
+                import celery_outbox.redis_publish  # noqa: F401 (the fast path's imports)
             self.app.amqp._event_dispatcher  # noqa: B018 (send_task_message uses it)
         except Exception:
             log.warning("celery_outbox: could not prepare publishing", exc_info=True)
@@ -294,85 +294,122 @@ class CeleryDispatcher:
         Ids of one (job, priority, eta) share messages of up to ``chunk_size`` ids. A failing
         group is logged with its count and first ids, and the others still go out.
 
-        Every message goes out on one producer (one broker connection). Several messages go
-        in one batch of kombu's (``Producer.batch``, kombu 5.7+) where the transport has
-        batches: on Redis, one pipeline, one round trip, instead of a round trip and a new
-        client each. A batch whose flush fails (kombu cannot tell which messages arrived) is
-        published again message by message: a message may then arrive twice, which the
-        claim's fence makes harmless. Celery's ``before_task_publish`` and
-        ``after_task_publish`` fire for each message as they do without a batch.
+        Every message goes out on the publisher's own connection (one per process). On Redis,
+        where the fast path is exact (``celery_outbox.redis_publish``), the messages are
+        built here and pushed with one LPUSH each, several in one pipeline; the others go
+        through ``apply_async``, several in one batch of kombu's (``Producer.batch``, kombu
+        5.7+) where the transport has batches: on Redis, one pipeline, one round trip. A
+        batch whose flush fails (kombu cannot tell which messages arrived) is published
+        again message by message: a message may then arrive twice, which the claim's fence
+        makes harmless. Celery's ``before_task_publish`` and ``after_task_publish`` fire
+        for each message as they do without a batch (a receiver of either turns the fast
+        path off).
         """
-        groups: dict[tuple[str, int, datetime | None, TimeLimits | None], list[str]] = (
-            defaultdict(list))
+        groups: dict[_Group, list[str]] = defaultdict(list)
         for item in items:
             key = (item.job_name, item.priority, item.eta, item.limits)
             groups[key].append(str(item.execution_id))
         task = self.app.tasks[RUN_TASK]
+        link = self._link()
+        published, groups = self._publish_fast(link, task, groups)
+        if not groups:
+            return published
         messages = sum(-(-len(ids) // (self.chunk_size if key[3] is None else 1))
                        for key, ids in groups.items())
-        with self._producer() as producer:
-            batch = getattr(producer, "batch", None)
-            if batch is None or messages < 2:
-                return self._send(task, producer, groups)
-            try:
-                with batch(max_size=_BATCH_OPS * messages):
-                    return self._send(task, producer, groups)
-            except Exception as exc:
-                log.warning("celery_outbox: a batch of %d message(s) failed (%s); publishing "
-                            "them one by one", messages, exc)
-        with self._producer() as producer:
-            return self._send(task, producer, groups)
+        producer = link.producer
+        batch = getattr(producer, "batch", None)
+        if batch is None or messages < 2:
+            return published + self._send(task, producer, groups)
+        try:
+            with batch(max_size=_BATCH_OPS * messages):
+                return published + self._send(task, producer, groups)
+        except Exception as exc:
+            log.warning("celery_outbox: a batch of %d message(s) failed (%s); publishing "
+                        "them one by one", messages, exc)
+        link = self._link(renew=True)
+        return published + self._send(task, link.producer, groups)
 
-    def _send(
-        self, task: Any, producer: Any,
-        groups: dict[tuple[str, int, datetime | None, TimeLimits | None], list[str]],
-    ) -> int:
-        """Publish the messages of ``groups`` on ``producer`` (see :meth:`publish`)."""
+    def _publish_fast(
+        self, link: _Link, task: Any, groups: dict[_Group, list[str]],
+    ) -> tuple[int, dict[_Group, list[str]]]:
+        """Publish on the fast path the groups it serves (see ``redis_publish``): the ids
+        published, and the groups left for ``apply_async``."""
+        fast = link.fast(self.app, task)
+        if fast is None or not fast.usable():
+            return 0, groups
+        messages: list[tuple[str, str]] = []
+        served: list[tuple[_Group, list[str]]] = []
+        rest: dict[_Group, list[str]] = {}
+        for key, ids in groups.items():
+            job_name, priority, eta, limits = key
+            route = link.route(fast, self._queue_name(job_name), self._retry_policy())
+            if route is None:
+                rest[key] = ids
+                continue
+            hard, soft = (limits.hard, limits.soft) if limits is not None else (None, None)
+            size = self.chunk_size if limits is None else 1
+            broker_priority = self._broker_priority(priority)
+            for start in range(0, len(ids), size):
+                if messages:
+                    time.sleep(0)  # let a caller thread waiting for the GIL run (see _send)
+                chunk = ids[start : start + size]
+                messages.append(fast.message(route, job_name, chunk, broker_priority, eta,
+                                             hard, soft, _argsrepr(job_name, chunk)))
+            served.append((key, ids))
+        if not messages:
+            return 0, rest
+        try:
+            fast.push(messages, self.publish_retries)
+        except Exception as exc:
+            link.forget_declared()  # its connections were dropped: declare on the next ones
+            for (job_name, *_), ids in served:
+                _log_failed(job_name, ids, exc)
+            return 0, rest
+        return sum(len(ids) for _, ids in served), rest
+
+    def _send(self, task: Any, producer: Any, groups: dict[_Group, list[str]]) -> int:
+        """Publish the messages of ``groups`` through ``apply_async`` on ``producer`` (see
+        :meth:`publish`)."""
         published = 0
-        declared: set[object] = set()  # queues declared by this call's first message to each
         for (job_name, priority, eta, limits), ids in groups.items():
             options = self._options(job_name, priority, eta, limits)
-            queue = options.get("queue")
             size = self.chunk_size if limits is None else 1
             for start in range(0, len(ids), size):
                 chunk = ids[start : start + size]
                 try:
                     task.apply_async(
                         args=(job_name, chunk), producer=producer,
-                        argsrepr=_argsrepr(job_name, chunk),
-                        # kombu's check that the queue is declared copies the queue each
-                        # time; once per call is what its cache makes of it anyway.
-                        **({"declare": []} if queue in declared else {}), **options,
+                        argsrepr=_argsrepr(job_name, chunk), **options,
                     )
-                    declared.add(queue)
                     published += len(chunk)
                     # Let a caller thread waiting for the GIL (its push's reply arrived) run
                     # now, not after the interpreter's switch interval (5 ms): building a
                     # batch of messages is pure Python.
                     time.sleep(0)
                 except Exception as exc:
-                    log.error(
-                        "celery_outbox: could not publish %d execution(s) of %r (%s); "
-                        "they stay pending and the sweep will dispatch them: %s",
-                        len(ids) - start, job_name, exc, ", ".join(ids[start : start + 3]),
-                    )
+                    _log_failed(job_name, ids[start:], exc)
                     break
         return published
 
-    def _producer(self) -> Any:
-        """A producer (context manager) on the publisher's own broker connection: the app's
-        (URL, SSL, transport options) plus :func:`publish_transport_options`, so a broker that
-        stops answering fails a publish within :data:`PUBLISH_TIMEOUT` instead of holding the
-        publishing thread for ever. No I/O: connections open on first use."""
-        if self._producers is None or self._producers_pid != os.getpid():
-            conn = self.app.connection_for_write(
-                transport_options=publish_transport_options(self.app)
-            )
-            self._producers = pools.producers[conn]
-            self._producers_pid = os.getpid()
-        return self._producers.acquire(
-            block=True, timeout=self.app.conf.broker_pool_acquire_timeout
-        )
+    def _link(self, *, renew: bool = False) -> _Link:
+        """The publisher's own broker connection in this process (see :class:`_Link`); a
+        new one after a fork, or with ``renew`` (the old one let go without I/O)."""
+        link = self._current_link
+        if link is None or link.pid != os.getpid() or renew:
+            if link is not None and link.pid == os.getpid():
+                link.drop()
+            link = self._current_link = _Link(self.app)
+        return link
+
+    def _queue_name(self, job_name: str) -> str:
+        spec = self.registry.jobs.get(job_name)
+        if spec is not None and spec.queue:
+            return spec.queue
+        return str(self.app.conf.task_default_queue)
+
+    def _retry_policy(self) -> dict[str, Any]:
+        return {"max_retries": self.publish_retries, "interval_start": 0,
+                "interval_step": 0.2, "interval_max": 0.2}
 
     def _options(
         self, job_name: str, priority: int, eta: datetime | None,
@@ -384,12 +421,7 @@ class CeleryDispatcher:
             "shadow": job_name,
             "priority": self._broker_priority(priority),
             "retry": self.publish_retries > 0,
-            "retry_policy": {
-                "max_retries": self.publish_retries,
-                "interval_start": 0,
-                "interval_step": 0.2,
-                "interval_max": 0.2,
-            },
+            "retry_policy": self._retry_policy(),
         }
         spec = self.registry.jobs.get(job_name)
         if spec is not None and spec.queue:
@@ -421,6 +453,100 @@ class CeleryDispatcher:
                     "celery_outbox: exiting with executions not yet published; "
                     "the sweep will dispatch them"
                 )
+
+
+_Group = tuple[str, int, datetime | None, TimeLimits | None]
+"""The ids of one (job, priority, eta, limits) share messages."""
+
+
+def _log_failed(job_name: str, ids: list[str], exc: BaseException) -> None:
+    log.error(
+        "celery_outbox: could not publish %d execution(s) of %r (%s); "
+        "they stay pending and the sweep will dispatch them: %s",
+        len(ids), job_name, exc, ", ".join(ids[:3]),
+    )
+
+
+class _Producer(Producer):
+    """kombu's producer that declares each queue (or exchange) once per connection: kombu's
+    own check (``maybe_declare``, at every publish Celery makes) copies the queue each time.
+    A reconnect (kombu's ``ensure`` revives the producer on the new channel) forgets what was
+    declared, so the next publish declares again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.declared: set[tuple[str, str]] = set()
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def maybe_declare(self, entity: Any, retry: bool = False, **retry_policy: Any) -> bool:
+        key = (type(entity).__name__, entity.name)
+        if key in self.declared:
+            return False
+        declared = bool(super().maybe_declare(  # type: ignore[no-untyped-call]
+            entity, retry, **retry_policy))
+        self.declared.add(key)
+        return declared
+
+    def revive(self, channel: Any) -> None:
+        self.declared = set()
+        super().revive(channel)  # type: ignore[no-untyped-call]
+
+
+class _Link:
+    """The publisher's own broker connection in one process (``pid``): the app's (URL,
+    SSL, transport options) plus :func:`publish_transport_options`, so a broker that stops
+    answering fails a publish within :data:`PUBLISH_TIMEOUT` instead of holding the
+    publishing thread for ever; one producer on it and, on Redis, the fast path on its
+    channel. No I/O until the first publish."""
+
+    def __init__(self, app: Celery) -> None:
+        self.pid = os.getpid()
+        self.connection = app.connection_for_write(
+            transport_options=publish_transport_options(app))
+        self.producer = _Producer(self.connection)
+        self._fast: Any = None  # redis_publish.RedisPath on _fast_channel, or None
+        self._fast_channel: Any = None
+
+    def fast(self, app: Celery, task: Any) -> Any:
+        """The fast path (``redis_publish.RedisPath``) on the producer's channel now, or None
+        where it would not be exact. Connects on first use: a broker that fails then leaves
+        the publish to kombu's path, which retries and logs."""
+        if self.connection.transport.driver_type != "redis":
+            return None
+        try:
+            channel = self.producer.channel
+        except Exception:
+            return None
+        if channel is not self._fast_channel:  # the first use, or kombu reconnected
+            from celery_outbox import redis_publish
+
+            self._fast_channel = channel
+            reason = redis_publish.refusal(app, task, channel)
+            self._fast = None if reason else redis_publish.RedisPath(app, task, channel)
+            if reason:
+                log.info("celery_outbox: publishing through Celery's apply_async: %s", reason)
+        return self._fast
+
+    def route(self, fast: Any, queue_name: str, retry_policy: dict[str, Any]) -> Any:
+        """The fast path's route to ``queue_name``, the queue declared first (once per
+        connection); None where kombu's path must serve it (see ``RedisPath.route``), or
+        when the declaration failed (kombu's path retries and logs)."""
+        try:
+            queue = fast.app.amqp.queues[queue_name]
+            self.producer.maybe_declare(queue, retry=True, **retry_policy)
+        except Exception:
+            return None
+        return fast.route(queue)
+
+    def forget_declared(self) -> None:
+        self.producer.declared = set()
+
+    def drop(self) -> None:
+        """Let the connection go without network I/O (a hung broker must not hold it)."""
+        try:
+            self.connection.collect()
+        except Exception:
+            log.debug("celery_outbox: dropping the publisher's connection failed",
+                      exc_info=True)
 
 
 def publish_transport_options(app: Celery) -> dict[str, Any]:

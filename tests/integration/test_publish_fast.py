@@ -1,0 +1,272 @@
+"""The fast publish path on Redis (``celery_outbox.redis_publish``) against Celery's own:
+the same message, read back raw from a real Redis, field by field (all but the ids and the
+delivery tag), for each priority, an eta, a job's queue and the default queue, time limits;
+where it is not exact (a receiver of Celery's publish signals, an expiring queue) kombu's
+path serves the message instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.signals import before_task_publish
+from kombu import Exchange, Queue
+from pydantic import BaseModel
+
+from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
+from celery_outbox.dispatch import RUN_TASK, CeleryDispatcher, DispatchItem, TimeLimits
+from celery_outbox.redis_publish import RedisPath
+
+pytestmark = pytest.mark.redis
+
+SEP = "\x06\x16"  # kombu's separator of a priority queue's name
+UNREACHABLE = "postgresql+psycopg://root@127.0.0.1:1/x"
+ID_FIELDS = {("headers", "id"), ("headers", "root_id"), ("properties", "correlation_id"),
+             ("properties", "delivery_tag")}
+"""What differs between any two messages: the task id (three times) and kombu's tag."""
+
+
+class Payload(BaseModel):
+    n: int
+
+
+@pytest.fixture
+def queues(queue_name: str) -> tuple[str, str]:
+    """(the routed job's queue, the app's default queue)."""
+    return f"{queue_name}-routed", f"{queue_name}-default"
+
+
+@pytest.fixture
+def dispatcher(redis_url: str, queues: tuple[str, str]) -> Iterator[CeleryDispatcher]:
+    registry = JobRegistry()
+
+    @outbox_job(schema=Payload, name="fast.routed", queue=queues[0], registry=registry)
+    def routed(ctx: JobContext[Payload]) -> None:
+        return None
+
+    @outbox_job(schema=Payload, name="fast.plain", registry=registry)
+    def plain(ctx: JobContext[Payload]) -> None:
+        return None
+
+    @outbox_job(schema=Payload, name="fast.expiring", queue=f"{queues[0]}-expiring",
+                registry=registry)
+    def expiring(ctx: JobContext[Payload]) -> None:
+        return None
+
+    app = Celery(f"fast-{uuid.uuid4().hex[:8]}", broker=redis_url)
+    app.conf.task_default_queue = queues[1]
+    app.conf.task_queues = [
+        Queue(queues[0], Exchange(queues[0]), routing_key=queues[0]),
+        Queue(queues[1], Exchange(queues[1]), routing_key=queues[1]),
+        Queue(f"{queues[0]}-expiring", Exchange(f"{queues[0]}-expiring"),
+              routing_key=f"{queues[0]}-expiring", expires=60),
+    ]
+    outbox = Outbox(app, database_url=UNREACHABLE, registry=registry, dispatch_chunk_size=5)
+    assert isinstance(outbox.dispatcher, CeleryDispatcher)
+    yield outbox.dispatcher
+    client = redis.Redis.from_url(redis_url)
+    names = [*queues, f"{queues[0]}-expiring"]
+    client.delete(*names, *(f"{q}{SEP}{p}" for q in names for p in (3, 6, 9)),
+                  *(f"_kombu.binding.{q}" for q in names))
+    client.close()
+
+
+@pytest.fixture
+def fast_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of messages of each push the fast path made."""
+    counts: list[int] = []
+    push = RedisPath.push
+
+    def counting(self: RedisPath, messages: Any, retries: int) -> None:
+        counts.append(len(messages))
+        push(self, messages, retries)
+
+    monkeypatch.setattr(RedisPath, "push", counting)
+    return counts
+
+
+def take(redis_url: str, key: str) -> dict[str, Any]:
+    """The one raw message waiting in the Redis list ``key``, decoded: its body too."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.llen(key) == 1, f"{key!r} holds {client.llen(key)} message(s)"
+        raw = client.rpop(key)
+    finally:
+        client.close()
+    message: dict[str, Any] = json.loads(raw)
+    message["body"] = json.loads(base64.b64decode(message["body"]))
+    return message
+
+
+def differences(fast: dict[str, Any], kombu: dict[str, Any]) -> list[str]:
+    """Every field (and the order of the fields) in which two messages differ, the ids and
+    the delivery tag aside."""
+    found = []
+    if list(fast) != list(kombu):
+        found.append(f"fields: {list(fast)} != {list(kombu)}")
+    for part in ("headers", "properties"):
+        if list(fast[part]) != list(kombu[part]):
+            found.append(f"{part} fields: {list(fast[part])} != {list(kombu[part])}")
+        for name in fast[part].keys() | kombu[part].keys():
+            if (part, name) not in ID_FIELDS and fast[part].get(name) != kombu[part].get(name):
+                found.append(f"{part}.{name}: {fast[part].get(name)!r} != "
+                             f"{kombu[part].get(name)!r}")
+    found.extend(f"{name}: {fast[name]!r} != {kombu[name]!r}" for name in fast.keys() - {
+        "headers", "properties"} if fast[name] != kombu.get(name))
+    return found
+
+
+def through_celery(dispatcher: CeleryDispatcher, item: DispatchItem, ids: list[str]) -> None:
+    """What the outbox publishes, through Celery's own ``apply_async`` on its default
+    producer (not the outbox's): the reference."""
+    options: dict[str, Any] = {"priority": dispatcher._broker_priority(item.priority)}
+    if item.eta is not None:
+        options["eta"] = item.eta
+    spec = dispatcher.registry.jobs[item.job_name]
+    if spec.queue:
+        options["queue"] = spec.queue
+    if item.limits is not None and item.limits.hard is not None:
+        options["time_limit"] = item.limits.hard
+    if item.limits is not None and item.limits.soft is not None:
+        options["soft_time_limit"] = item.limits.soft
+    argsrepr = repr((item.job_name, ids)) if len(ids) == 1 else (
+        f"({item.job_name!r}, [{ids[0]!r}, ... {len(ids)} ids])")
+    dispatcher.app.tasks[RUN_TASK].apply_async(
+        args=(item.job_name, ids), shadow=item.job_name, argsrepr=argsrepr, **options)
+
+
+CASES = [
+    pytest.param("fast.routed", p, None, None, 1, id=f"priority-{p}") for p in range(4)
+] + [
+    pytest.param("fast.plain", 2, None, None, 1, id="default-queue"),
+    pytest.param("fast.routed", 1, timedelta(seconds=30), None, 1, id="eta"),
+    pytest.param("fast.routed", 2, None, TimeLimits(hard=25.0, soft=15.0), 1, id="limits"),
+    pytest.param("fast.plain", 0, None, TimeLimits(soft=7.5), 1, id="soft-limit"),
+    pytest.param("fast.routed", 3, timedelta(minutes=2), None, 4, id="eta-several-ids"),
+]
+
+
+@pytest.mark.parametrize(("job", "priority", "delay", "limits", "n"), CASES)
+def test_the_fast_path_builds_the_message_celery_builds(
+    dispatcher: CeleryDispatcher, fast_pushes: list[int], redis_url: str,
+    queues: tuple[str, str], job: str, priority: int, delay: timedelta | None,
+    limits: TimeLimits | None, n: int,
+) -> None:
+    eta = None if delay is None else datetime.now(timezone.utc) + delay
+    items = [DispatchItem(uuid.uuid4(), job, priority, eta, limits) for _ in range(n)]
+    ids = [str(i.execution_id) for i in items]
+    queue = queues[0] if job == "fast.routed" else queues[1]
+    step = {0: 0, 1: 3, 2: 6, 3: 9}[priority]
+    key = queue if step == 0 else f"{queue}{SEP}{step}"
+
+    assert dispatcher.publish(items) == n
+    assert fast_pushes == [1]
+    fast = take(redis_url, key)
+    through_celery(dispatcher, items[0], ids)
+    kombu = take(redis_url, key)
+
+    assert differences(fast, kombu) == []
+    assert fast["body"][0] == [job, ids]
+    assert fast["headers"]["id"] != kombu["headers"]["id"]
+    assert fast["headers"]["id"] == fast["headers"]["root_id"] == (
+        fast["properties"]["correlation_id"])
+    assert fast["properties"]["delivery_info"] == {"exchange": "", "routing_key": queue}
+
+
+def test_several_messages_go_in_one_push(
+    dispatcher: CeleryDispatcher, fast_pushes: list[int], redis_url: str,
+    queues: tuple[str, str],
+) -> None:
+    items = [DispatchItem(uuid.uuid4(), "fast.routed", 0) for _ in range(12)]
+    items += [DispatchItem(uuid.uuid4(), "fast.plain", 3)]
+    assert dispatcher.publish(items) == 13
+    assert fast_pushes == [4]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.llen(queues[0]) == 3
+        assert client.llen(f"{queues[1]}{SEP}9") == 1
+    finally:
+        client.close()
+
+
+def test_a_receiver_of_celerys_publish_signal_gets_every_message_through_celery(
+    dispatcher: CeleryDispatcher, fast_pushes: list[int], redis_url: str,
+    queues: tuple[str, str],
+) -> None:
+    seen: list[list[str]] = []
+
+    def record(body: Any, **_: Any) -> None:
+        seen.append(body[0][1])
+
+    before_task_publish.connect(record, weak=False)
+    try:
+        item = DispatchItem(uuid.uuid4(), "fast.routed", 0)
+        assert dispatcher.publish([item]) == 1
+    finally:
+        before_task_publish.disconnect(record)
+    assert fast_pushes == []
+    assert seen == [[str(item.execution_id)]]
+    assert take(redis_url, queues[0])["body"][0] == ["fast.routed", [str(item.execution_id)]]
+    # Without a receiver, the next publish takes the fast path again.
+    assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.routed", 0)]) == 1
+    assert fast_pushes == [1]
+
+
+def test_an_expiring_queue_is_published_through_celery(
+    dispatcher: CeleryDispatcher, fast_pushes: list[int], redis_url: str,
+    queues: tuple[str, str],
+) -> None:
+    item = DispatchItem(uuid.uuid4(), "fast.expiring", 0)
+    assert dispatcher.publish([item]) == 1
+    assert fast_pushes == []
+    message = take(redis_url, f"{queues[0]}-expiring")
+    assert message["body"][0] == ["fast.expiring", [str(item.execution_id)]]
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.exists(f"{queues[0]}-expiring") == 0  # taken; the TTL came with it
+    finally:
+        client.close()
+
+
+def test_each_queue_is_declared_once_per_connection(
+    dispatcher: CeleryDispatcher, fast_pushes: list[int], redis_url: str,
+    queues: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    declared: list[str] = []
+    declare = Queue.declare
+
+    def counting(queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        declared.append(queue.name)
+        return declare(queue, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "declare", counting)
+    for _ in range(3):
+        dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.routed", 0)])
+        dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.routed", 0,
+                                         limits=TimeLimits())])
+    def listening(**_: Any) -> None:
+        return None
+
+    before_task_publish.connect(listening, weak=False)
+    try:
+        for _ in range(2):  # through Celery, on the same producer
+            dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.routed", 0)])
+    finally:
+        before_task_publish.disconnect(listening)
+    assert declared == [queues[0]]
+    assert fast_pushes == [1] * 6
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.llen(queues[0]) == 8
+        binding = client.smembers(f"_kombu.binding.{queues[0]}")
+        assert binding, "the queue's binding is declared as kombu declares it"
+    finally:
+        client.close()
