@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from kombu.messaging import Producer
+from kombu.utils.functional import ChannelPromise
 
 from celery_outbox.registry import JobRegistry
 
@@ -359,12 +360,16 @@ class CeleryDispatcher:
         if not messages:
             return 0, rest
         try:
-            fast.push(messages, self.publish_retries)
+            reconnected = fast.push(messages, self.publish_retries)
         except Exception as exc:
-            link.forget_declared()  # its connections were dropped: declare on the next ones
+            reconnected = True
             for (job_name, *_), ids in served:
                 _log_failed(job_name, ids, exc)
-            return 0, rest
+            served = []
+        if reconnected:
+            # As kombu does after a reconnect: a new connection, whose first publish (through
+            # kombu) declares again what a restarted server may have lost.
+            self._link(renew=True)
         return sum(len(ids) for _, ids in served), rest
 
     def _send(self, task: Any, producer: Any, groups: dict[_Group, list[str]]) -> int:
@@ -507,14 +512,13 @@ class _Link:
         self._fast_channel: Any = None
 
     def fast(self, app: Celery, task: Any) -> Any:
-        """The fast path (``redis_publish.RedisPath``) on the producer's channel now, or None
-        where it would not be exact. Connects on first use: a broker that fails then leaves
-        the publish to kombu's path, which retries and logs."""
-        if self.connection.transport.driver_type != "redis":
-            return None
-        try:
-            channel = self.producer.channel
-        except Exception:
+        """The fast path (``redis_publish.RedisPath``) on the producer's channel, or None
+        where it would not be exact, and until kombu's path has opened the channel (the
+        first publish of a connection goes through kombu, whose retry policy then covers
+        connecting: a down broker is never tried twice by one publish)."""
+        channel = self.producer._channel
+        if (self.connection.transport.driver_type != "redis"
+                or isinstance(channel, ChannelPromise)):
             return None
         if channel is not self._fast_channel:  # the first use, or kombu reconnected
             from celery_outbox import redis_publish
@@ -536,9 +540,6 @@ class _Link:
         except Exception:
             return None
         return fast.route(queue)
-
-    def forget_declared(self) -> None:
-        self.producer.declared = set()
 
     def drop(self) -> None:
         """Let the connection go without network I/O (a hung broker must not hold it)."""

@@ -159,25 +159,27 @@ class RedisPath:
                                  channel._get_message_priority(message, reverse=False))
         return key, json_dumps(message)  # type: ignore[no-untyped-call]
 
-    def push(self, messages: Sequence[tuple[str, str]], retries: int) -> None:
+    def push(self, messages: Sequence[tuple[str, str]], retries: int) -> bool:
         """LPUSH each of ``messages`` (one command, or one pipeline for several), tried again
         up to ``retries`` times on a connection error (at once, then every 0.2 s, on fresh
-        connections), as kombu's ``ensure`` retries a publish. Raises the last error; a
-        pipeline that failed may have pushed some of them (a duplicate is harmless: the
-        claim's fence)."""
+        connections), as kombu's ``ensure`` retries a publish. True when it took a retry
+        (the caller renews the connection, as kombu does after a reconnect). Raises the last
+        error; a pipeline that failed may have pushed some of them (a duplicate is harmless:
+        the claim's fence)."""
         for attempt in range(retries + 1):
             try:
                 if len(messages) == 1:
                     self.client.lpush(*messages[0])
-                    return
-                with self.client.pipeline(transaction=False) as pipe:
-                    for key, payload in messages:
-                        pipe.lpush(key, payload)
-                    pipe.execute()
-                return
+                else:
+                    with self.client.pipeline(transaction=False) as pipe:
+                        for key, payload in messages:
+                            pipe.lpush(key, payload)
+                        pipe.execute()
+                return attempt > 0
             except self.errors:
                 self.client.connection_pool.disconnect()
                 if attempt == retries:
                     raise
                 if attempt:
                     time.sleep(0.2)
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -22,8 +25,15 @@ from kombu import Exchange, Queue
 from pydantic import BaseModel
 
 from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
-from celery_outbox.dispatch import RUN_TASK, CeleryDispatcher, DispatchItem, TimeLimits
+from celery_outbox.dispatch import (
+    PUBLISH_TIMEOUT,
+    RUN_TASK,
+    CeleryDispatcher,
+    DispatchItem,
+    TimeLimits,
+)
 from celery_outbox.redis_publish import RedisPath
+from tests import procs
 
 pytestmark = pytest.mark.redis
 
@@ -71,12 +81,17 @@ def dispatcher(redis_url: str, queues: tuple[str, str]) -> Iterator[CeleryDispat
     ]
     outbox = Outbox(app, database_url=UNREACHABLE, registry=registry, dispatch_chunk_size=5)
     assert isinstance(outbox.dispatcher, CeleryDispatcher)
-    yield outbox.dispatcher
-    client = redis.Redis.from_url(redis_url)
     names = [*queues, f"{queues[0]}-expiring"]
-    client.delete(*names, *(f"{q}{SEP}{p}" for q in names for p in (3, 6, 9)),
-                  *(f"_kombu.binding.{q}" for q in names))
-    client.close()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        # The first publish of a connection goes through Celery (it connects).
+        assert outbox.dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.plain", 0)]) == 1
+        client.delete(queues[1])
+        yield outbox.dispatcher
+    finally:
+        client.delete(*names, *(f"{q}{SEP}{p}" for q in names for p in (3, 6, 9)),
+                      *(f"_kombu.binding.{q}" for q in names))
+        client.close()
 
 
 @pytest.fixture
@@ -85,9 +100,9 @@ def fast_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counts: list[int] = []
     push = RedisPath.push
 
-    def counting(self: RedisPath, messages: Any, retries: int) -> None:
+    def counting(self: RedisPath, messages: Any, retries: int) -> bool:
         counts.append(len(messages))
-        push(self, messages, retries)
+        return push(self, messages, retries)
 
     monkeypatch.setattr(RedisPath, "push", counting)
     return counts
@@ -270,3 +285,56 @@ def test_each_queue_is_declared_once_per_connection(
         assert binding, "the queue's binding is declared as kombu declares it"
     finally:
         client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_down_redis_fails_the_publish_within_the_timeout_then_it_declares_again(
+    fast_pushes: list[int], queue_name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A private ``redis-server``, stopped after the fast path took over, then started again
+    empty on the same port: the publish meanwhile fails at once (logged, nothing raised, the
+    ids left to the sweep); the next one reconnects, declares the queue again, goes out."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    registry = JobRegistry()
+
+    @outbox_job(schema=Payload, name="fast.down", registry=registry)
+    def down(ctx: JobContext[Payload]) -> None:
+        return None
+
+    app = Celery(f"fast-down-{uuid.uuid4().hex[:8]}", broker=url)
+    app.conf.task_default_queue = queue_name
+    dispatcher = Outbox(app, database_url=UNREACHABLE, registry=registry).dispatcher
+    assert isinstance(dispatcher, CeleryDispatcher)
+    with procs.redis_server(port) as server:
+        assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.down", 0)]) == 1
+        assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.down", 0)]) == 1
+        assert fast_pushes == [1]
+        procs.stop(server)
+    caplog.set_level(logging.ERROR, logger="celery_outbox")
+    lost = DispatchItem(uuid.uuid4(), "fast.down", 0)
+    started = time.monotonic()
+    assert dispatcher.publish([lost]) == 0
+    assert time.monotonic() - started < PUBLISH_TIMEOUT.total_seconds()
+    assert fast_pushes == [1, 1]
+    assert "could not publish 1 execution(s) of 'fast.down'" in caplog.text
+    assert str(lost.execution_id) in caplog.text
+    with procs.redis_server(port):
+        again = [DispatchItem(uuid.uuid4(), "fast.down", 0) for _ in range(2)]
+        # A new connection: its first publish goes through Celery and declares the queue,
+        # the next one is fast again.
+        assert [dispatcher.publish([item]) for item in again] == [1, 1]
+        assert fast_pushes == [1, 1, 1]
+        client = redis.Redis(port=port)
+        try:
+            assert client.smembers(f"_kombu.binding.{queue_name}"), "declared again"
+            assert [json.loads(m)["headers"]["argsrepr"] for m in client.lrange(
+                queue_name, 0, -1)] == [repr(("fast.down", [str(i.execution_id)]))
+                                        for i in reversed(again)]
+        finally:
+            client.close()
