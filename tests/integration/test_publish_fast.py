@@ -338,3 +338,39 @@ def test_a_down_redis_fails_the_publish_within_the_timeout_then_it_declares_agai
                                         for i in reversed(again)]
         finally:
             client.close()
+
+
+@pytest.mark.parametrize(("setting", "value", "reason"), [
+    ("task_compression", "zlib", "compression"),
+    ("task_serializer", "pickle", "serializer is not json"),
+    ("task_protocol", 1, "task protocol is not 2"),
+    ("task_send_sent_event", True, "task_send_sent_event"),
+    ("task_routes", {"nothing.*": {"queue": "elsewhere"}}, "task_routes"),
+    ("task_annotations", {RUN_TASK: {"expires": 60}}, "execution options on the task"),
+])
+def test_a_setting_the_fast_path_does_not_build_keeps_celerys_path(
+    redis_url: str, queue_name: str, fast_pushes: list[int], caplog: pytest.LogCaptureFixture,
+    setting: str, value: Any, reason: str,
+) -> None:
+    registry = JobRegistry()
+
+    @outbox_job(schema=Payload, name="fast.setting", registry=registry)
+    def job(ctx: JobContext[Payload]) -> None:
+        return None
+
+    app = Celery(f"fast-setting-{uuid.uuid4().hex[:8]}", broker=redis_url)
+    app.conf.task_default_queue = queue_name
+    app.conf.update({setting: value, "accept_content": ["json", "pickle"]})
+    dispatcher = Outbox(app, database_url=UNREACHABLE, registry=registry).dispatcher
+    assert isinstance(dispatcher, CeleryDispatcher)
+    caplog.set_level(logging.INFO, logger="celery_outbox")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _ in range(3):
+            assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.setting", 0)]) == 1
+        assert fast_pushes == []
+        assert f"publishing through Celery's apply_async: {reason}" in caplog.text
+        assert client.llen(queue_name) == 3
+    finally:
+        client.delete(queue_name, f"_kombu.binding.{queue_name}")
+        client.close()
