@@ -13,9 +13,9 @@
 Each message names its job as Celery's ``shadow``: the worker's log, the task events and
 Flower show ``shop.jobs.receipt[<task id>]`` rather than the internal ``celery_outbox.run``.
 
-The publishing thread keeps one broker connection per process (:class:`_Link`, made again
-after a fork) with one producer on it, which declares each queue once per connection (again
-after a reconnect). On Redis, where it is exactly equivalent (``celery_outbox.redis_publish``
+The publishing thread keeps one broker connection per process (``broker.BrokerLink``, made
+again after a fork) with one producer on it, which declares each queue once per connection
+(again after a reconnect). On Redis, where it is exactly equivalent (``celery_outbox.redis_publish``
 lists the conditions: kombu's Redis channel, json, no compression, no receiver of Celery's
 publish signals, no ``task_routes``, protocol 2, ...), the thread builds each message itself,
 as Celery and kombu would, and LPUSHes it on a Redis client it keeps: 0.18 ms per publish of
@@ -52,9 +52,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
-from kombu.messaging import Producer
-from kombu.utils.functional import ChannelPromise
-
+from celery_outbox.broker import PUBLISH_TIMEOUT as PUBLISH_TIMEOUT
+from celery_outbox.broker import BrokerLink
+from celery_outbox.broker import publish_transport_options as publish_transport_options
 from celery_outbox.registry import JobRegistry
 
 if TYPE_CHECKING:
@@ -75,15 +75,6 @@ _SMOOTHING = 0.3  # weight of the newest value in the publisher's moving average
 _BATCH_OPS = 4
 """Broker operations per message a batch makes room for (a Redis LPUSH, and a PEXPIRE per
 priority level for a queue with an expiry), so no batch flushes half-way."""
-PUBLISH_TIMEOUT = timedelta(seconds=5)
-"""The publisher's own broker connection: socket read and write timeouts (Redis
-``socket_timeout`` / ``socket_connect_timeout``, RabbitMQ ``read_timeout`` /
-``write_timeout``), unless ``broker_transport_options`` sets them; the connect timeout is
-Celery's ``broker_connection_timeout`` (4 s by default)."""
-_PUBLISH_TIMEOUTS = {
-    "redis": ("socket_timeout", "socket_connect_timeout"),
-    "amqp": ("read_timeout", "write_timeout"),
-}
 EXIT_FLUSH_TIMEOUT = timedelta(seconds=10)
 """How long a process's exit waits for the background publisher (what is left is logged and
 dispatched later by the sweep)."""
@@ -187,7 +178,7 @@ class CeleryDispatcher:
         self._thread: threading.Thread | None = None
         self._priority_map: dict[int, int] | None = None
         self._warm_pid: int | None = None  # the process whose caller ran _warm_up()
-        self._current_link: _Link | None = None  # the publisher's own broker connection
+        self._current_link: BrokerLink | None = None  # the publisher's own broker connection
         atexit.register(self._at_exit, weakref.ref(self))
 
     # -- the caller's side ------------------------------------------------------------------
@@ -350,7 +341,7 @@ class CeleryDispatcher:
         return published + self._send(task, link.producer, groups)
 
     def _publish_fast(
-        self, link: _Link, task: Any, groups: dict[_Group, list[str]],
+        self, link: BrokerLink, task: Any, groups: dict[_Group, list[str]],
     ) -> tuple[int, dict[_Group, list[str]]]:
         """Publish on the fast path the groups it serves (see ``redis_publish``): the ids
         published, and the groups left for ``apply_async``."""
@@ -415,14 +406,14 @@ class CeleryDispatcher:
                     break
         return published
 
-    def _link(self, *, renew: bool = False) -> _Link:
-        """The publisher's own broker connection in this process (see :class:`_Link`); a
-        new one after a fork, or with ``renew`` (the old one let go without I/O)."""
+    def _link(self, *, renew: bool = False) -> BrokerLink:
+        """The publisher's own broker connection in this process (``broker.BrokerLink``):
+        a new one after a fork, or with ``renew`` (the old one let go without I/O)."""
         link = self._current_link
         if link is None or link.pid != os.getpid() or renew:
             if link is not None and link.pid == os.getpid():
                 link.drop()
-            link = self._current_link = _Link(self.app)
+            link = self._current_link = BrokerLink(self.app)
         return link
 
     def _queue_name(self, job_name: str) -> str:
@@ -489,100 +480,6 @@ def _log_failed(job_name: str, ids: list[str], exc: BaseException) -> None:
         "they stay pending and the sweep will dispatch them: %s",
         len(ids), job_name, exc, ", ".join(ids[:3]),
     )
-
-
-class _Producer(Producer):
-    """kombu's producer that declares each queue (or exchange) once per connection: kombu's
-    own check (``maybe_declare``, at every publish Celery makes) copies the queue each time.
-    A reconnect (kombu's ``ensure`` revives the producer on the new channel) forgets what was
-    declared, so the next publish declares again."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.declared: set[tuple[str, str]] = set()
-        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-    def maybe_declare(self, entity: Any, retry: bool = False, **retry_policy: Any) -> bool:
-        key = (type(entity).__name__, entity.name)
-        if key in self.declared:
-            return False
-        declared = bool(super().maybe_declare(  # type: ignore[no-untyped-call]
-            entity, retry, **retry_policy))
-        self.declared.add(key)
-        return declared
-
-    def revive(self, channel: Any) -> None:
-        self.declared = set()
-        super().revive(channel)  # type: ignore[no-untyped-call]
-
-
-class _Link:
-    """The publisher's own broker connection in one process (``pid``): the app's (URL,
-    SSL, transport options) plus :func:`publish_transport_options`, so a broker that stops
-    answering fails a publish within :data:`PUBLISH_TIMEOUT` instead of holding the
-    publishing thread for ever; one producer on it and, on Redis, the fast path on its
-    channel. No I/O until the first publish."""
-
-    def __init__(self, app: Celery) -> None:
-        self.pid = os.getpid()
-        self.connection = app.connection_for_write(
-            transport_options=publish_transport_options(app))
-        self.producer = _Producer(self.connection)
-        self._fast: Any = None  # redis_publish.RedisPath on _fast_channel, or None
-        self._fast_channel: Any = None
-
-    def fast(self, app: Celery, task: Any) -> Any:
-        """The fast path (``redis_publish.RedisPath``) on the producer's channel, or None
-        where it would not be exact, and until kombu's path has opened the channel (the
-        first publish of a connection goes through kombu, whose retry policy then covers
-        connecting: a down broker is never tried twice by one publish)."""
-        channel = self.producer._channel
-        if (self.connection.transport.driver_type != "redis"
-                or isinstance(channel, ChannelPromise)):
-            return None
-        if channel is not self._fast_channel:  # the first use, or kombu reconnected
-            from celery_outbox import redis_publish
-
-            self._fast_channel = channel
-            reason = redis_publish.refusal(app, task, channel)
-            self._fast = None if reason else redis_publish.RedisPath(app, task, channel)
-            if reason:
-                log.info("celery_outbox: publishing through Celery's apply_async: %s", reason)
-        return self._fast
-
-    def route(self, fast: Any, queue_name: str, retry_policy: dict[str, Any]) -> Any:
-        """The fast path's route to ``queue_name``, the queue declared first (once per
-        connection); None where kombu's path must serve it (see ``RedisPath.route``), or
-        when the declaration failed (kombu's path retries and logs)."""
-        try:
-            queue = fast.app.amqp.queues[queue_name]
-            self.producer.maybe_declare(queue, retry=True, **retry_policy)
-        except Exception:
-            return None
-        return fast.route(queue)
-
-    def drop(self) -> None:
-        """Let the connection go without network I/O (a hung broker must not hold it)."""
-        try:
-            self.connection.collect()
-        except Exception:
-            log.debug("celery_outbox: dropping the publisher's connection failed",
-                      exc_info=True)
-
-
-def publish_transport_options(app: Celery) -> dict[str, Any]:
-    """The transport options the publisher adds to the app's own: socket timeouts of
-    :data:`PUBLISH_TIMEOUT` (Redis, RabbitMQ) and, on RabbitMQ, publisher confirms, so a
-    publish on a connection that silently died fails (and is retried on a new connection)
-    instead of vanishing into the socket's buffer. Options the app sets itself in
-    ``broker_transport_options`` are left as they are."""
-    with app.connection_for_write() as conn:
-        driver = conn.transport.driver_type
-    own = app.conf.broker_transport_options or {}
-    seconds = PUBLISH_TIMEOUT.total_seconds()
-    options: dict[str, Any] = dict.fromkeys(_PUBLISH_TIMEOUTS.get(driver, ()), seconds)
-    if driver == "amqp":
-        options["confirm_publish"] = True
-    return {k: v for k, v in options.items() if k not in own}
 
 
 def _argsrepr(job_name: str, ids: list[str]) -> str:
