@@ -34,6 +34,8 @@ from celery_outbox.dispatch import (
 )
 from celery_outbox.redis_publish import RedisPath
 from tests import procs
+from tests.conftest import REDIS_ADDRESS
+from tests.faults import proxy
 
 pytestmark = pytest.mark.redis
 
@@ -374,3 +376,45 @@ def test_a_setting_the_fast_path_does_not_build_keeps_celerys_path(
     finally:
         client.delete(queue_name, f"_kombu.binding.{queue_name}")
         client.close()
+
+
+def test_a_hung_redis_fails_the_fast_publish_within_the_timeout_and_logs_it(
+    redis_url: str, queue_name: str, fast_pushes: list[int], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis behind a proxy that stops answering (connections accepted, never served): the
+    fast path's push times out on its socket, tries once more on a fresh connection, gives
+    up within the publish timeout of each try, logs, and leaves the ids to the sweep; once
+    Redis answers again, publishing goes on."""
+    registry = JobRegistry()
+
+    @outbox_job(schema=Payload, name="fast.hung", registry=registry)
+    def hung_job(ctx: JobContext[Payload]) -> None:
+        return None
+
+    with proxy(REDIS_ADDRESS) as hung:
+        app = Celery(f"fast-hung-{uuid.uuid4().hex[:8]}", broker=hung.url(redis_url))
+        app.conf.task_default_queue = queue_name
+        dispatcher = Outbox(app, database_url=UNREACHABLE, registry=registry).dispatcher
+        assert isinstance(dispatcher, CeleryDispatcher)
+        client = redis.Redis.from_url(redis_url)
+        try:
+            for _ in range(2):  # the first through Celery (it connects), then fast
+                assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.hung", 0)]) == 1
+            assert fast_pushes == [1]
+            hung.hang()
+            caplog.set_level(logging.ERROR, logger="celery_outbox")
+            lost = DispatchItem(uuid.uuid4(), "fast.hung", 0)
+            started = time.monotonic()
+            assert dispatcher.publish([lost]) == 0
+            took = time.monotonic() - started
+            tries = dispatcher.publish_retries + 1
+            assert took < tries * PUBLISH_TIMEOUT.total_seconds() + 3.0, took
+            assert fast_pushes == [1, 1]
+            assert "could not publish 1 execution(s) of 'fast.hung'" in caplog.text
+            assert str(lost.execution_id) in caplog.text
+            hung.resume()
+            assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.hung", 0)]) == 1
+            assert client.llen(queue_name) >= 3  # what the hung proxy held may arrive late
+        finally:
+            client.delete(queue_name, f"_kombu.binding.{queue_name}")
+            client.close()
