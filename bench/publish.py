@@ -10,8 +10,9 @@ No database, no worker: ``CeleryDispatcher.publish([one id])`` N times in a row 
 - ``plain apply_async``: ``task.apply_async`` of the same message on the app's producer pool,
   as a caller of Celery does;
 
-and the hand-off of one id to the publishing thread: ``dispatch()`` to the start of that
-thread's ``publish()``, and to the end of it, one id at a time (a trickle: no linger).
+one publish of 10,000 ids (200 messages of 50, one pipeline); and the hand-off of one id to
+the publishing thread: ``dispatch()`` to the start of that thread's ``publish()``, and to
+the end of it, one id at a time (a trickle: no linger).
 
 Runs against whichever ``celery_outbox`` is imported first, so the same script measures an
 older checkout: ``PYTHONPATH=<checkout> python bench/publish.py``.
@@ -163,6 +164,13 @@ def main(argv: list[str]) -> int:
                 medians[label].append(statistics.median(figures[label][0][before:]))
                 client.delete(*(k for k in client.keys(f"{queue}*")))
         starts, totals = hand_off(dispatcher, min(args.n, 300))
+        many: list[float] = []
+        for _ in range(args.rounds):  # 10,000 ids: 200 messages of 50 in one publish
+            batch = [DispatchItem(uuid.uuid4(), "bench.publish", 2) for _ in range(10_000)]
+            began = time.perf_counter()
+            assert dispatcher.publish(batch) == len(batch)
+            many.append((time.perf_counter() - began) * 1000)
+            client.delete(*(k for k in client.keys(f"{queue}*")))
     finally:
         client.delete(*(k for k in client.keys(f"{queue}*")), f"_kombu.binding.{queue}")
         client.close()
@@ -176,6 +184,8 @@ def main(argv: list[str]) -> int:
         rounds = ", ".join(f"{m:.3f}" for m in medians[label])
         print(f"{label:<26} {statistics.median(wall):>11.3f} {p(wall, 0.99):>7.3f} "
               f"{statistics.median(cpu):>11.3f}  {rounds}")
+    print(f"{'publish of 10,000 ids (200 messages)':<38} median {statistics.median(many):.1f} ms"
+          f" (rounds {', '.join(f'{m:.1f}' for m in many)})")
     print(f"{'hand-off: dispatch -> publish begins':<38} p50 {statistics.median(starts):.3f} ms,"
           f" p99 {p(starts, 0.99):.3f} ms ({len(starts)} ids)")
     print(f"{'hand-off: dispatch -> published':<38} p50 {statistics.median(totals):.3f} ms,"

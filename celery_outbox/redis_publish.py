@@ -18,7 +18,9 @@ its results ignored, ``task_send_sent_event`` off, not eager; no receiver of
 ``before_task_publish``, ``after_task_publish`` or ``task_sent``; no current worker task in
 the publishing thread (its id would be the message's parent); and, per queue
 (:meth:`RedisPath.route`), a direct exchange and no queue expiry. Anything else goes through
-``apply_async``.
+``apply_async``. A receiver of the publish signals is not served by sending them from here:
+it may change the headers and properties it is handed (tracing puts its context there),
+and Celery's path sends what it left.
 """
 
 from __future__ import annotations
