@@ -12,7 +12,8 @@ publisher's socket timeouts, a global key prefix, SSL, Sentinel).
 It serves a message only where the result is exactly what kombu's path would send, checked by
 :func:`refusal` (once per channel) and :meth:`RedisPath.usable` (before each publish):
 kombu's own Redis channel (its ``basic_publish``, ``_put`` and ``prepare_message``), Celery's
-own ``apply_async``, ``send_task`` and message builder, task protocol 2, the json serializer,
+own ``apply_async``, ``send_task`` and message builder (whose headers, properties and body
+for a sample message must be exactly the ones built here), task protocol 2, the json serializer,
 no compression, no ``task_routes``, no execution options on the internal task (annotations),
 its results ignored, ``task_send_sent_event`` off, not eager; no receiver of
 ``before_task_publish``, ``after_task_publish`` or ``task_sent``; no current worker task in
@@ -28,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
@@ -87,7 +88,50 @@ def refusal(app: Celery, task: Any, channel: Any) -> str | None:
         "execution options on the task": all(v is None for v in options.values()),
         "the task stores results": task.ignore_result is True,  # else the backend hears it
     }
+    checks["Celery's message layout differs"] = _same_as_celerys(app, task)
     return next((reason for reason, ok in checks.items() if not ok), None)
+
+
+def _headers(
+    task: Any, task_id: str, job_name: str, eta: datetime | None, time_limit: float | None,
+    soft_time_limit: float | None, argsrepr: str, kwargsrepr: str,
+) -> dict[str, Any]:
+    """The headers of Celery's protocol 2 message (``AMQP.as_task_v2``), in its order, for a
+    message with no parent, group, chord, expiry or stamps."""
+    return {
+        "lang": "py", "task": task.name, "id": task_id, "shadow": job_name,
+        "eta": eta.isoformat() if eta is not None else None, "expires": None,
+        "group": None, "group_index": None, "retries": 0,
+        "timelimit": [time_limit, soft_time_limit], "root_id": task_id,
+        "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": kwargsrepr,
+        "origin": anon_nodename(), "ignore_result": task.ignore_result,
+        "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+    }
+
+
+def _same_as_celerys(app: Celery, task: Any) -> bool:
+    """Whether the installed Celery's message builder makes, for a sample message, exactly
+    the headers, properties and body this module builds (no I/O): a Celery whose layout
+    differs from the one written here keeps its own path."""
+    eta = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    kwargsrepr = saferepr({}, app.amqp.kwargsrepr_maxsize,
+                          maxlevels=app.conf.task_repr_maxlevels)
+    try:
+        # The arguments as Celery.send_task passes them (5.4+).
+        made = app.amqp.create_task_message(
+            "sample-id", task.name, ("sample.job", ["sample"]), None, None, eta, None, None,
+            None, 0, None, None, None, "sample-reply", 25.0, 15.0, False, None, None,
+            "sample.job", None, ignore_result=task.ignore_result, replaced_task_nesting=0,
+            argsrepr="sample-argsrepr",
+        )
+    except Exception:
+        return False
+    ours = _headers(task, "sample-id", "sample.job", eta, 25.0, 15.0, "sample-argsrepr",
+                    kwargsrepr)
+    return (list(made.headers.items()) == list(ours.items())
+            and made.properties == {"correlation_id": "sample-id", "reply_to": "sample-reply"}
+            and tuple(made.body) == (("sample.job", ["sample"]), {}, _EMBED)
+            and made.sent_event is None)
 
 
 class RedisPath:
@@ -142,15 +186,8 @@ class RedisPath:
         task_id = uuid()
         content_type, encoding, body = serialize(  # type: ignore[no-untyped-call]
             ((job_name, ids), {}, _EMBED), "json")
-        headers = {
-            "lang": "py", "task": self.task.name, "id": task_id, "shadow": job_name,
-            "eta": eta.isoformat() if eta is not None else None, "expires": None,
-            "group": None, "group_index": None, "retries": 0,
-            "timelimit": [time_limit, soft_time_limit], "root_id": task_id,
-            "parent_id": None, "argsrepr": argsrepr, "kwargsrepr": self._kwargsrepr,
-            "origin": anon_nodename(), "ignore_result": self.task.ignore_result,
-            "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
-        }
+        headers = _headers(self.task, task_id, job_name, eta, time_limit, soft_time_limit,
+                           argsrepr, self._kwargsrepr)
         properties = {
             "correlation_id": task_id, "reply_to": self.app.thread_oid, "argsrepr": argsrepr,
             "delivery_mode": route.delivery_mode, "delivery_info": {},

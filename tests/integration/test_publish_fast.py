@@ -418,3 +418,39 @@ def test_a_hung_redis_fails_the_fast_publish_within_the_timeout_and_logs_it(
         finally:
             client.delete(queue_name, f"_kombu.binding.{queue_name}")
             client.close()
+
+
+def test_a_celery_whose_message_layout_differs_keeps_its_own_path(
+    redis_url: str, queue_name: str, fast_pushes: list[int], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast path compares, once per connection, a sample of Celery's own message with
+    its own: a Celery that adds a header (a newer release) is not imitated."""
+    from celery_outbox import redis_publish
+
+    headers = redis_publish._headers
+    monkeypatch.setattr(redis_publish, "_headers",
+                        lambda *args: {**headers(*args), "added_later": None})
+    registry = JobRegistry()
+
+    @outbox_job(schema=Payload, name="fast.layout", registry=registry)
+    def job(ctx: JobContext[Payload]) -> None:
+        return None
+
+    app = Celery(f"fast-layout-{uuid.uuid4().hex[:8]}", broker=redis_url)
+    app.conf.task_default_queue = queue_name
+    dispatcher = Outbox(app, database_url=UNREACHABLE, registry=registry).dispatcher
+    assert isinstance(dispatcher, CeleryDispatcher)
+    caplog.set_level(logging.INFO, logger="celery_outbox")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _ in range(2):
+            assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.layout", 0)]) == 1
+        assert fast_pushes == []
+        assert "apply_async: Celery's message layout differs" in caplog.text
+        messages = [json.loads(m) for m in client.lrange(queue_name, 0, -1)]
+        assert len(messages) == 2
+        assert all("added_later" not in m["headers"] for m in messages)
+    finally:
+        client.delete(queue_name, f"_kombu.binding.{queue_name}")
+        client.close()
