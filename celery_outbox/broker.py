@@ -96,13 +96,14 @@ class BrokerLink:
 
     def route(self, fast: Any, queue_name: str, retry_policy: dict[str, Any]) -> Any:
         """The fast path's route to ``queue_name``, the queue declared first (once per
-        connection); None where kombu's path must serve it (see ``RedisPath.route``), or
-        when the declaration failed (kombu's path retries and logs)."""
+        connection, retried as a publish is); None where kombu's path must serve it (a queue
+        Celery does not know, see also ``RedisPath.route``). Raises what the declaration
+        raised."""
         try:
             queue = fast.app.amqp.queues[queue_name]
-            self.producer.maybe_declare(queue, retry=True, **retry_policy)
         except Exception:
-            return None
+            return None  # kombu's path raises Celery's own error, and logs it
+        self.producer.maybe_declare(queue, retry=True, **retry_policy)
         return fast.route(queue)
 
     def drop(self) -> None:

@@ -351,9 +351,18 @@ class CeleryDispatcher:
         messages: list[tuple[str, str]] = []
         served: list[tuple[_Group, list[str]]] = []
         rest: dict[_Group, list[str]] = {}
+        failed: Exception | None = None  # a declaration the broker failed
         for key, ids in groups.items():
             job_name, priority, eta, limits = key
-            route = link.route(fast, self._queue_name(job_name), self._retry_policy())
+            if failed is not None:  # the same broker would fail the next one the same way
+                _log_failed(job_name, ids, failed)
+                continue
+            try:
+                route = link.route(fast, self._queue_name(job_name), self._retry_policy())
+            except Exception as exc:
+                _log_failed(job_name, ids, exc)
+                failed = exc
+                continue
             if route is None:
                 rest[key] = ids
                 continue
@@ -367,10 +376,10 @@ class CeleryDispatcher:
                 messages.append(fast.message(route, job_name, chunk, broker_priority, eta,
                                              hard, soft, _argsrepr(job_name, chunk)))
             served.append((key, ids))
-        if not messages:
-            return 0, rest
+        reconnected = failed is not None
         try:
-            reconnected = fast.push(messages, self.publish_retries)
+            if messages:
+                reconnected = fast.push(messages, self.publish_retries) or reconnected
         except Exception as exc:
             reconnected = True
             for (job_name, *_), ids in served:

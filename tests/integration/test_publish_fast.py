@@ -454,3 +454,41 @@ def test_a_celery_whose_message_layout_differs_keeps_its_own_path(
     finally:
         client.delete(queue_name, f"_kombu.binding.{queue_name}")
         client.close()
+
+
+def test_a_declaration_the_broker_fails_fails_the_publish_at_once(
+    fast_pushes: list[int], queue_name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A queue not yet declared on the connection when Redis goes down: its declaration
+    fails (retried as a publish is), it and the rest of that publish are logged, nothing is
+    raised, and no other try is made in that publish."""
+    port = free_port()
+    registry = JobRegistry()
+
+    @outbox_job(schema=Payload, name="fast.known", registry=registry)
+    def known(ctx: JobContext[Payload]) -> None:
+        return None
+
+    @outbox_job(schema=Payload, name="fast.new", queue=f"{queue_name}-new", registry=registry)
+    def new(ctx: JobContext[Payload]) -> None:
+        return None
+
+    app = Celery(f"fast-declare-{uuid.uuid4().hex[:8]}", broker=f"redis://127.0.0.1:{port}/0")
+    app.conf.task_default_queue = queue_name
+    dispatcher = Outbox(app, database_url=UNREACHABLE, registry=registry).dispatcher
+    assert isinstance(dispatcher, CeleryDispatcher)
+    with procs.redis_server(port) as server:
+        for _ in range(2):
+            assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.known", 0)]) == 1
+        assert fast_pushes == [1]
+        procs.stop(server)
+    caplog.set_level(logging.ERROR, logger="celery_outbox")
+    items = [DispatchItem(uuid.uuid4(), "fast.new", 0),
+             DispatchItem(uuid.uuid4(), "fast.known", 0)]
+    started = time.monotonic()
+    assert dispatcher.publish(items) == 0
+    assert time.monotonic() - started < PUBLISH_TIMEOUT.total_seconds()
+    assert fast_pushes == [1]
+    for item in items:
+        assert str(item.execution_id) in caplog.text
+    assert caplog.text.count("could not publish 1 execution(s)") == 2
