@@ -109,13 +109,17 @@ def _headers(
     }
 
 
+def _kwargsrepr(app: Celery) -> str:
+    """What Celery shows of a message's (empty) keyword arguments."""
+    return str(saferepr({}, app.amqp.kwargsrepr_maxsize,
+                        maxlevels=app.conf.get("task_repr_maxlevels", 3)))
+
+
 def _same_as_celerys(app: Celery, task: Any) -> bool:
     """Whether the installed Celery's message builder makes, for a sample message, exactly
     the headers, properties and body this module builds (no I/O): a Celery whose layout
     differs from the one written here keeps its own path."""
     eta = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-    kwargsrepr = saferepr({}, app.amqp.kwargsrepr_maxsize,
-                          maxlevels=app.conf.task_repr_maxlevels)
     try:
         # The arguments as Celery.send_task passes them (5.4+).
         made = app.amqp.create_task_message(
@@ -127,7 +131,7 @@ def _same_as_celerys(app: Celery, task: Any) -> bool:
     except Exception:
         return False
     ours = _headers(task, "sample-id", "sample.job", eta, 25.0, 15.0, "sample-argsrepr",
-                    kwargsrepr)
+                    _kwargsrepr(app))
     return (list(made.headers.items()) == list(ours.items())
             and made.properties == {"correlation_id": "sample-id", "reply_to": "sample-reply"}
             and tuple(made.body) == (("sample.job", ["sample"]), {}, _EMBED)
@@ -150,9 +154,7 @@ class RedisPath:
         self.client = channel._create_client()
         self.errors: tuple[type[BaseException], ...] = tuple(
             channel.connection.connection_errors)
-        amqp = app.amqp
-        self._kwargsrepr = saferepr({}, amqp.kwargsrepr_maxsize,
-                                    maxlevels=app.conf.task_repr_maxlevels)
+        self._kwargsrepr = _kwargsrepr(app)
         self._routes: dict[str, Route | None] = {}
 
     def usable(self) -> bool:
