@@ -12,8 +12,9 @@ publisher's socket timeouts, a global key prefix, SSL, Sentinel).
 It serves a message only where the result is exactly what kombu's path would send, checked by
 :func:`refusal` (once per channel) and :meth:`RedisPath.usable` (before each publish):
 kombu's own Redis channel (its ``basic_publish``, ``_put`` and ``prepare_message``), Celery's
-own ``apply_async``, ``send_task`` and message builder (whose headers, properties and body
-for a sample message must be exactly the ones built here), task protocol 2, the json serializer,
+own ``apply_async``, ``send_task`` and message builder (each the code of kombu's or Celery's
+module: not overridden, replaced or wrapped; and the builder's headers, properties and body
+for a sample message exactly the ones built here), task protocol 2, the json serializer,
 no compression, no ``task_routes``, no execution options on the internal task (annotations),
 its results ignored, ``task_send_sent_event`` off, not eager; no receiver of
 ``before_task_publish``, ``after_task_publish`` or ``task_sent``; no current worker task in
@@ -30,18 +31,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
-from celery.app.amqp import AMQP
-from celery.app.base import Celery as CeleryBase
-from celery.app.task import Task
+from celery.app import amqp as celery_amqp
+from celery.app import base as celery_base
+from celery.app import task as celery_task
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from kombu.entity import maybe_delivery_mode
 from kombu.serialization import dumps as serialize
 from kombu.transport import redis as kombu_redis
-from kombu.transport import virtual
+from kombu.transport.virtual import base as virtual_base
 from kombu.utils.json import dumps as json_dumps
 from kombu.utils.uuid import uuid
 
@@ -66,19 +68,18 @@ def refusal(app: Celery, task: Any, channel: Any) -> str | None:
     """Why the fast path cannot stand in for ``task.apply_async`` on ``channel`` (a kombu
     channel); None when it can. No I/O."""
     conf = app.conf
-    cls = type(channel)
     options = dict(task._get_exec_options())
     serializer = options.pop("serializer", None) or conf.task_serializer
     checks = {
         "not kombu's Redis channel": isinstance(channel, kombu_redis.Channel)
-        and cls.basic_publish is virtual.Channel.basic_publish
-        and cls.prepare_message is virtual.Channel.prepare_message
-        and cls._put is kombu_redis.Channel._put,
-        "Celery's publishing is overridden": type(task).apply_async is Task.apply_async
-        and type(app).send_task is CeleryBase.send_task
-        and type(app.amqp).as_task_v2 is AMQP.as_task_v2
-        and type(app.amqp).send_task_message is AMQP.send_task_message
-        and type(app.amqp)._create_task_sender is AMQP._create_task_sender,
+        and _own(channel.basic_publish, virtual_base)
+        and _own(channel.prepare_message, virtual_base)
+        and _own(channel._inplace_augment_message, virtual_base)
+        and _own(channel._put, kombu_redis),
+        "Celery's publishing is overridden or wrapped": _own(task.apply_async, celery_task)
+        and _own(app.send_task, celery_base)
+        and _own(app.amqp.as_task_v2, celery_amqp)
+        and _own(app.amqp.send_task_message, celery_amqp),
         "task protocol is not 2": conf.task_protocol == 2,
         "eager mode": not conf.task_always_eager,
         "serializer is not json": serializer == "json",
@@ -90,6 +91,16 @@ def refusal(app: Celery, task: Any, channel: Any) -> str | None:
     }
     checks["Celery's message layout differs"] = _same_as_celerys(app, task)
     return next((reason for reason, ok in checks.items() if not ok), None)
+
+
+def _own(method: Any, module: ModuleType) -> bool:
+    """Whether ``method`` (as the instance resolves it) is the code of ``module`` itself: not
+    overridden in a subclass, not replaced on the instance, not wrapped (a tracing library
+    that patches ``apply_async`` adds what the fast path would leave out)."""
+    function = getattr(method, "__func__", method)
+    code = getattr(function, "__code__", None)
+    return (code is not None and not hasattr(function, "__wrapped__")
+            and code.co_filename == module.__file__)
 
 
 def _headers(

@@ -8,6 +8,7 @@ path serves the message instead.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import socket
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, Task
 from celery.signals import before_task_publish
 from kombu import Exchange, Queue
 from pydantic import BaseModel
@@ -492,3 +493,39 @@ def test_a_declaration_the_broker_fails_fails_the_publish_at_once(
     for item in items:
         assert str(item.execution_id) in caplog.text
     assert caplog.text.count("could not publish 1 execution(s)") == 2
+
+
+def test_a_wrapped_apply_async_is_called_for_every_message(
+    redis_url: str, queue_name: str, fast_pushes: list[int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A library that wraps ``Task.apply_async`` (error trackers add their trace headers so)
+    sees every message: the fast path stands aside for it."""
+    calls: list[str] = []
+    apply_async = Task.apply_async
+
+    @functools.wraps(apply_async)
+    def wrapped(self: Task, *args: Any, **kwargs: Any) -> Any:
+        calls.append(self.name)
+        return apply_async(self, *args, **kwargs)
+
+    monkeypatch.setattr(Task, "apply_async", wrapped)
+    registry = JobRegistry()
+
+    @outbox_job(schema=Payload, name="fast.wrapped", registry=registry)
+    def job(ctx: JobContext[Payload]) -> None:
+        return None
+
+    app = Celery(f"fast-wrapped-{uuid.uuid4().hex[:8]}", broker=redis_url)
+    app.conf.task_default_queue = queue_name
+    dispatcher = Outbox(app, database_url=UNREACHABLE, registry=registry).dispatcher
+    assert isinstance(dispatcher, CeleryDispatcher)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _ in range(3):
+            assert dispatcher.publish([DispatchItem(uuid.uuid4(), "fast.wrapped", 0)]) == 1
+        assert fast_pushes == []
+        assert calls == [RUN_TASK] * 3
+        assert client.llen(queue_name) == 3
+    finally:
+        client.delete(queue_name, f"_kombu.binding.{queue_name}")
+        client.close()
