@@ -15,21 +15,22 @@ Flower show ``shop.jobs.receipt[<task id>]`` rather than the internal ``celery_o
 
 The publishing thread keeps one broker connection per process (``broker.BrokerLink``, made
 again after a fork) with one producer on it, which declares each queue once per connection
-(again after a reconnect). On Redis, where it is exactly equivalent (``celery_outbox.redis_publish``
-lists the conditions: kombu's Redis channel, json, no compression, no receiver of Celery's
-publish signals, no ``task_routes``, protocol 2, ...), the thread builds each message itself,
-as Celery and kombu would, and LPUSHes it on a Redis client it keeps: 0.18 ms per publish of
-one id instead of 0.54 ms through ``apply_async`` (``python -m bench publish``). Everything
-else, and RabbitMQ always, goes through ``apply_async`` on that connection.
+(again after a reconnect). On Redis, where it is exactly equivalent
+(``celery_outbox.redis_publish`` lists the conditions: kombu's Redis channel, json, no
+compression, no receiver of Celery's publish signals, no ``task_routes``, protocol 2, ...),
+the thread builds each message itself, as Celery and kombu would, and LPUSHes it on a Redis
+client it keeps: 0.09 to 0.18 ms per publish of one id instead of 0.49 to 0.54 ms through
+``apply_async`` (``python -m bench publish``, two sittings). Everything else, and RabbitMQ
+always, goes through ``apply_async`` on that connection.
 
 Why the caller never publishes inline, even when the thread is idle and nothing waits: a
 push's caller never waits on the broker. An inline LPUSH waits for Redis's reply, and for a
 hung Redis up to the socket timeout (:data:`PUBLISH_TIMEOUT`, each retry again); a write
 that leaves the reply to the thread shares the thread's connection, so it would wait on the
-thread's lock while the thread waits on a hung broker, and a send blocks too once the
-broker stops reading. And it would buy little: handing an id to the idle thread costs
-0.03 ms (p50; 0.13 to 0.6 ms p99 on a loaded machine) from ``dispatch()`` to the start of
-its ``publish()``, while publishing inline would add the publish itself (0.18 ms) to the
+thread's lock while the thread waits on a hung broker, and a send blocks too once the broker
+stops reading. And it would buy little: handing an id to the idle thread costs 0.03 ms (p50;
+0.13 to 0.6 ms p99 on a loaded machine) from ``dispatch()`` to the start of its
+``publish()``, while publishing inline would add the publish itself (0.09 to 0.18 ms) to the
 caller's call.
 
 A push in the caller's transaction dispatches after its outermost commit (the store's
