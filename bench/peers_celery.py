@@ -1,6 +1,6 @@
 """Celery and the outbox in ``python -m bench peers``: ``bench.app``'s Celery app and Outbox
 with one more task and job whose handlers do the peers' Redis side effect
-(:mod:`bench.peers_signal`).
+(:mod:`bench.peers_signal`), and the floor's task (:mod:`bench.peers_floor`).
 
 The worker: ``celery -A bench.peers_celery worker -P prefork -c 2`` (:func:`bench.worker.
 celery_worker`), which runs both.
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from bench import peers_floor
 from bench.app import app, outbox, registry
 from bench.peers_signal import record
 from celery_outbox import JobContext, outbox_job
 
-__all__ = ["app", "outbox", "peer", "peer_job"]
+__all__ = ["app", "outbox", "peer", "peer_job", "peers_floor"]
 
 
 class Total(BaseModel):

@@ -265,7 +265,7 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
     """``python -m django migrate`` of the project on a fresh database (on PostgreSQL, its
     tables analyzed), then ``create_schema()``'s tables under another name beside them: the
     same columns, partial indexes, constraints and trim triggers. ``migrate celery_outbox
-    0002`` gives back the dashboard's indexes over every row (an install an older
+    0003`` gives back the dashboard's indexes over every row (an install an older
     ``0001_initial`` made), ``migrate`` again replaces them by the partial ones, and
     ``migrate celery_outbox zero`` drops them all."""
     with ExitStack() as stack:
@@ -304,9 +304,9 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
         flat = " ".join(v for r in migrated for v in r)
         for name in ("T_cron", "T_trim", "uq_T_active_key", "ix_T_running", "T_trim_gone"):
             assert name in flat
-        # Back to 0002: the dashboard's indexes over every row, as an older 0001 made them;
-        # forwards again (0003 on such a database): the partial ones, as create_schema().
-        manage("migrate", "celery_outbox", "0002")
+        # Back to 0003: the dashboard's indexes over every row, as an older 0001 made them;
+        # forwards again (0004 on such a database): the partial ones, as create_schema().
+        manage("migrate", "celery_outbox", "0003")
         partial = {"ix_T_active_job_created", "ix_T_active_created",
                    "ix_T_finished_job_created", "ix_T_finished_created"}
         whole = {"ix_T_job_created", "ix_T_job_status_created", "ix_T_created"}

@@ -29,7 +29,7 @@ from tests.conftest import PG_ADMIN_URL
 from tests.procs import ROOT
 
 OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron",
-                 "celery_outbox_executions_trim"}
+                 "celery_outbox_executions_trim", "celery_outbox_executions_loop"}
 VERSION_TABLE = "celery_outbox_alembic_version"
 
 
@@ -231,7 +231,7 @@ def test_a_custom_table_name_through_the_config_option(
     finally:
         box.engine.dispose()
 
-    tables = ["shop_outbox", "shop_outbox_cron", "shop_outbox_trim"]
+    tables = ["shop_outbox", "shop_outbox_cron", "shop_outbox_trim", "shop_outbox_loop"]
     assert schema(url, tables) == schema(reference, tables)
     assert {t for t, *_ in schema(url, tables)["columns"]} == set(tables)  # not two empties
 
@@ -277,10 +277,10 @@ def test_sqlite_upgrade_head_equals_create_schema_and_downgrades(tmp_path: Path)
         ("trigger", "celery_outbox_executions_trim_gone"),
         ("trigger", "celery_outbox_executions_trim_moved")}
     assert sqlite_schema(migrated) == expected
-    at_0006 = f"sqlite:///{tmp_path}/at_0006.db"
-    upgrade(at_0006, "celery_outbox_0006")
-    command.downgrade(standalone_config(migrated), "celery_outbox_0006")
-    assert sqlite_schema(migrated) == sqlite_schema(at_0006)
+    before = f"sqlite:///{tmp_path}/at_0007.db"
+    upgrade(before, "celery_outbox_0007")
+    command.downgrade(standalone_config(migrated), "celery_outbox_0007")
+    assert sqlite_schema(migrated) == sqlite_schema(before)
     upgrade(migrated)
     assert sqlite_schema(migrated) == expected
     command.downgrade(standalone_config(migrated), "celery_outbox_0002")

@@ -1,7 +1,7 @@
 """celery_outbox: the dashboard's indexes partial, active rows apart from finished ones.
 
-Revision ID: celery_outbox_0007
-Revises: celery_outbox_0006
+Revision ID: celery_outbox_0008
+Revises: celery_outbox_0007
 Create Date: 2026-12-04
 
 The three indexes over every row (``ix_<table>_job_created`` on ``(job_name, created_at)``,
@@ -34,8 +34,8 @@ from alembic import op
 
 from celery_outbox.migrations import table_name
 
-revision: str = "celery_outbox_0007"
-down_revision: str | Sequence[str] | None = "celery_outbox_0006"
+revision: str = "celery_outbox_0008"
+down_revision: str | Sequence[str] | None = "celery_outbox_0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,5 +1,5 @@
 """The dashboard's indexes partial, active rows apart from finished ones (as the Alembic
-revision ``celery_outbox_0007``): a push, a claim and a heartbeat write no entry into the
+revision ``celery_outbox_0008``): a push, a claim and a heartbeat write no entry into the
 finished rows' indexes, an outcome none into the active rows'. On a database whose tables an
 older ``0001_initial`` made, the three indexes over every row give way to the four partial
 ones (built first, in the migration's transaction: writes to the table wait for the builds);
@@ -14,7 +14,7 @@ FINISHED = "status IN ('cancelled', 'failed', 'succeeded')"
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
-    dependencies = [("celery_outbox", "0002_analyze")]
+    dependencies = [("celery_outbox", "0003_loop_runs")]
     operations = [
         ReplaceOutboxIndexes(
             add=[
