@@ -180,7 +180,8 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     # The dashboard's and the admin's reads, partial: active rows in two indexes, finished
     # rows in two more that only an outcome writes (a push or a claim never does). A list
     # reads one range per (job, status), or across jobs the active rows' range and the
-    # finished rows' range, merged (queries.dashboard).
+    # finished rows' range, merged (queries.dashboard). No index covers started_at or
+    # updated_at: the start, which writes only those, stays a HOT update on PostgreSQL.
     _index(  # dashboard and admin: active rows per (job, status) by creation (capped
         # counts, oldest pending, a job's pages)
         f"ix_{name}_active_job_created", executions, "job_name", "status", "created_at", "id",
