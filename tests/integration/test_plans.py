@@ -9,6 +9,11 @@ its SQL taken as SQLAlchemy sends it, prepared on the server and EXPLAINed under
 ``force_custom_plan``: no sequential scan of the outbox table, no index of it but its primary
 key. The rows make the backlog; the plans, not timings, are checked (bench/README.md,
 "Claim plans", has the timings).
+
+Then the other side of the indexes: the dashboard's and the admin's reads are planned on
+their indexes on a table of 33,000 rows, and each write of a row (push, claim, start,
+heartbeat, outcome) adds entries to exactly the indexes of its row's side, counted on the
+indexes' pages (pageinspect, in a schema of the test's own).
 """
 
 from __future__ import annotations
