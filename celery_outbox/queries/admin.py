@@ -130,14 +130,14 @@ def listed_columns(t: Table) -> list[Any]:
 
 
 @cache
-def _list(t: Table, status: Status | None, by_organization: bool) -> Any:
+def _list(t: Table, dialect: str, status: Status | None, by_organization: bool) -> Any:
     """A job's rows newest first: one ordered range per status (of the partial index of its
     side, active or finished), each at most ``limit`` rows, merged."""
     limit = bindparam("limit", type_=Integer())
     job = bindparam("job_name", type_=t.c.job_name.type)
     arms = []
     for one in (status,) if status is not None else sorted(Status, key=lambda s: s.value):
-        arm = select(*listed_columns(t)).where(*pair(t, job, one))
+        arm = select(*listed_columns(t)).where(*pair(t, dialect, job, one))
         if by_organization:
             arm = arm.where(t.c.organization_id == bindparam("organization_id"))
         arms.append(arm.order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
@@ -148,12 +148,12 @@ def _list(t: Table, status: Status | None, by_organization: bool) -> Any:
 
 
 @named("read a job's rows newest first, optionally of one status and tenant")
-def list_executions(t: Table, job_name: str, *, status: Status | None,
+def list_executions(t: Table, dialect: str, job_name: str, *, status: Status | None,
                     organization_id: str | None, limit: int) -> Query[list[dict[str, Any]]]:
     params: dict[str, Any] = {"job_name": job_name, "limit": limit}
     if organization_id is not None:
         params["organization_id"] = organization_id
-    return rows("list_executions", _list(t, status, organization_id is not None),
+    return rows("list_executions", _list(t, dialect, status, organization_id is not None),
                 _as_dict, params)
 
 

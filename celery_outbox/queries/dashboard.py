@@ -9,15 +9,15 @@ The indexes they read are partial (``models.build_tables``): active rows in
 ``ix_<table>_active_job_created`` and ``ix_<table>_active_created``, finished rows in
 ``ix_<table>_finished``, ``ix_<table>_finished_job_created`` and
 ``ix_<table>_finished_created``. So every part of a statement names its statuses in its SQL
-(``clauses.pair``, ``clauses.one_of``: literal values, the index's predicate spelled out as
-SQLite needs to see it), and a list newest first is a UNION ALL of one ordered index range
-per (job, status) or, across jobs, of the active rows' range and the finished rows' range,
-merged: a page reads what it shows (plus one row per part), not a backlog.
+(``clauses.pair``, ``clauses.side_of``: literal values, and on SQLite the index's predicate
+spelled out as it needs to see it), and a list newest first is a UNION ALL of one ordered
+index range per (job, status) or, across jobs, of the active rows' range and the finished
+rows' range, merged: a page reads what it shows (plus one row per part), not a backlog.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import cache, lru_cache
@@ -41,7 +41,7 @@ from sqlalchemy import (
 
 from celery_outbox.queries.admin import listed_columns
 from celery_outbox.queries.base import Query, Row, Shape, first, named, rows
-from celery_outbox.queries.clauses import one_of, pair
+from celery_outbox.queries.clauses import pair, side_of
 from celery_outbox.states import ACTIVE, TERMINAL, Status
 
 
@@ -130,9 +130,9 @@ def _per_pair(job_names: tuple[str, ...], statuses: Sequence[Status],
 
 
 @cache
-def _capped(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _capped(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     def part(name: str, status: Status) -> Any:
-        inner = _scoped(t, select(literal(1)).where(*pair(t, name, status)), scoped)
+        inner = _scoped(t, select(literal(1)).where(*pair(t, dialect, name, status)), scoped)
         n = select(func.count()).select_from(
             inner.limit(bindparam("cap", type_=Integer)).subquery())
         return select(literal(name), literal(status.value), n.scalar_subquery())
@@ -141,33 +141,35 @@ def _capped(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
 
 
 @named("dashboard: rows per job and status, each count capped (one UNION ALL)")
-def capped_counts(t: Table, job_names: Sequence[str], organization_id: str | None,
-                  cap: int) -> Query[list[tuple[str, str, int]]]:
-    stmt = _capped(t, tuple(job_names), organization_id is not None)
+def capped_counts(t: Table, dialect: str, job_names: Sequence[str],
+                  organization_id: str | None, cap: int) -> Query[list[tuple[str, str, int]]]:
+    stmt = _capped(t, dialect, tuple(job_names), organization_id is not None)
     return rows("capped_counts", stmt, _counted,
                 {"cap": cap, **_tenant(organization_id)})
 
 
 @cache
-def _oldest(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _oldest(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     def part(name: str, status: Status) -> Any:
-        inner = _scoped(t, select(t.c.created_at).where(*pair(t, name, status)), scoped)
+        inner = _scoped(t, select(t.c.created_at).where(*pair(t, dialect, name, status)),
+                        scoped)
         return select(literal(name), inner.order_by(t.c.created_at).limit(1).scalar_subquery())
 
     return _per_pair(job_names, (Status.PENDING,), part)
 
 
 @named("dashboard: each job's oldest pending creation time (one UNION ALL)")
-def oldest_pending(t: Table, job_names: Sequence[str],
+def oldest_pending(t: Table, dialect: str, job_names: Sequence[str],
                    organization_id: str | None) -> Query[list[tuple[str, datetime]]]:
-    stmt = _oldest(t, tuple(job_names), organization_id is not None)
+    stmt = _oldest(t, dialect, tuple(job_names), organization_id is not None)
     return Query("oldest_pending", stmt, Shape.ROWS, _oldest_times, _tenant(organization_id))
 
 
 @cache
-def _last(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _last(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     def part(name: str, status: Status) -> Any:
-        inner = _scoped(t, select(t.c.finished_at).where(*pair(t, name, status)), scoped)
+        inner = _scoped(t, select(t.c.finished_at).where(*pair(t, dialect, name, status)),
+                        scoped)
         newest = inner.order_by(t.c.finished_at.desc()).limit(1).scalar_subquery()
         return select(literal(name), literal(status.value), newest)
 
@@ -175,9 +177,9 @@ def _last(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
 
 
 @named("dashboard: each job's newest finished_at per outcome (one UNION ALL)")
-def last_finished(t: Table, job_names: Sequence[str],
+def last_finished(t: Table, dialect: str, job_names: Sequence[str],
                   organization_id: str | None) -> Query[list[tuple[str, str, datetime]]]:
-    stmt = _last(t, tuple(job_names), organization_id is not None)
+    stmt = _last(t, dialect, tuple(job_names), organization_id is not None)
     return Query("last_finished", stmt, Shape.ROWS, _last_times, _tenant(organization_id))
 
 
@@ -197,7 +199,7 @@ def _outcomes(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) 
     def part(name: str, status: Status) -> Any:
         return _scoped(t, (
             select(t.c.job_name, t.c.status, index.label("bucket"), func.count())
-            .where(*pair(t, name, status), t.c.finished_at >= start)
+            .where(*pair(t, dialect, name, status), t.c.finished_at >= start)
             .group_by(t.c.job_name, t.c.status, index)), scoped)
 
     return _per_pair(job_names, OUTCOMES, part)
@@ -279,21 +281,14 @@ def _filters(t: Table, dialect: str, shape: _Shape) -> list[Any]:
     return where
 
 
-def _side(t: Table, side: frozenset[Status], chosen: Iterable[Status]) -> list[Any]:
-    """The rows of ``chosen`` statuses of one side (active or finished): the side's index
-    predicate, narrowed to ``chosen`` when it is not the whole side."""
-    chosen = set(chosen)
-    return [one_of(t, side)] + ([one_of(t, chosen)] if chosen != side else [])
-
-
-def _ranges(t: Table, shape: _Shape) -> list[list[Any]]:
+def _ranges(t: Table, dialect: str, shape: _Shape) -> list[list[Any]]:
     """The parts of a newest-first list, each one ordered index range: one per (job, status)
     of the jobs asked for (``ix_<table>_active_job_created``,
     ``ix_<table>_finished_job_created``); for every job, the active rows
     (``ix_<table>_active_created``) and the finished rows (``ix_<table>_finished_created``)."""
     if shape.jobs is not None:
-        return [pair(t, job, s) for job in shape.jobs for s in shape.statuses]
-    return [_side(t, side, chosen) for side in (ACTIVE, TERMINAL)
+        return [pair(t, dialect, job, s) for job in shape.jobs for s in shape.statuses]
+    return [side_of(t, dialect, chosen) for side in (ACTIVE, TERMINAL)
             if (chosen := [s for s in shape.statuses if s in side])]
 
 
@@ -311,7 +306,7 @@ def _newest_first(t: Table, dialect: str, shape: _Shape, ids: bool, unretried: b
         where.append(~exists().where(retries.c.retry_of == t.c.id))
     arms = [select(*columns).where(*part, *where)
             .order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit).subquery().select()
-            for part in _ranges(t, shape)]
+            for part in _ranges(t, dialect, shape)]
     if not arms:
         return select(*columns).where(false())
     merged = (arms[0] if len(arms) == 1 else union_all(*arms)).subquery()
@@ -340,7 +335,7 @@ def _count_statement(t: Table, dialect: str, shape: _Shape) -> Any:
     where = _filters(t, dialect, shape)
     if shape.jobs is not None:
         where.append(t.c.job_name.in_(shape.jobs))
-    arms = [select(literal(1).label("one")).where(*_side(t, side, chosen), *where)
+    arms = [select(literal(1).label("one")).where(*side_of(t, dialect, chosen), *where)
             .limit(cap).subquery().select()
             for side in (ACTIVE, TERMINAL)
             if (chosen := [s for s in shape.statuses if s in side])]
@@ -367,14 +362,14 @@ def get_visible(t: Table, execution_id: UUID,
 
 
 @cache
-def _failures(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _failures(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     limit = bindparam("limit", type_=Integer)
 
     def part(name: str, status: Status) -> Any:
         walk = _scoped(t, (
             select(t.c.id, t.c.job_name, t.c.finished_at,
                    func.substr(t.c.last_error, 1, 300).label("error"))
-            .where(*pair(t, name, status),
+            .where(*pair(t, dialect, name, status),
                    t.c.finished_at >= bindparam("since", type_=t.c.finished_at.type))
             .order_by(t.c.finished_at.desc(), t.c.id.desc())
             .limit(limit)), scoped)
@@ -386,10 +381,11 @@ def _failures(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
 
 
 @named("dashboard: the newest failed rows of the jobs since a time (one UNION ALL)")
-def recent_failures(t: Table, since: datetime, organization_id: str | None,
+def recent_failures(t: Table, dialect: str, since: datetime, organization_id: str | None,
                     job_names: Sequence[str], limit: int) -> Query[list[dict[str, Any]]]:
-    return rows("recent_failures", _failures(t, tuple(job_names), organization_id is not None),
-                _as_dict, {"since": since, "limit": limit, **_tenant(organization_id)})
+    stmt = _failures(t, dialect, tuple(job_names), organization_id is not None)
+    return rows("recent_failures", stmt, _as_dict,
+                {"since": since, "limit": limit, **_tenant(organization_id)})
 
 
 @named("dashboard: the ids of matching rows, newest first (optionally never retried)")

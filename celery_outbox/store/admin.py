@@ -110,4 +110,5 @@ class AdminStore(StoreBase):
         bounds it). Each row is a dict of its columns without ``payload`` and ``logs``.
         """
         return self.executor.run(q.list_executions(
-            self.t, job_name, status=status, organization_id=organization_id, limit=limit))
+            self.t, self.dialect, job_name, status=status, organization_id=organization_id,
+            limit=limit))

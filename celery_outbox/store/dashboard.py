@@ -33,7 +33,8 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return {}
-        found = self.executor.run(reads.capped_counts(self.t, job_names, organization_id, cap))
+        found = self.executor.run(reads.capped_counts(self.t, self.dialect, job_names,
+                                                          organization_id, cap))
         return {(job, status): n for job, status, n in found}
 
     def oldest_pending(
@@ -47,7 +48,8 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return {}
-        found = self.executor.run(reads.oldest_pending(self.t, job_names, organization_id))
+        found = self.executor.run(reads.oldest_pending(self.t, self.dialect, job_names,
+                                                           organization_id))
         return dict(found)
 
     def last_finished(
@@ -60,7 +62,8 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return {}
-        found = self.executor.run(reads.last_finished(self.t, job_names, organization_id))
+        found = self.executor.run(reads.last_finished(self.t, self.dialect, job_names,
+                                                          organization_id))
         return {(job, status): when for job, status, when in found}
 
     def outcomes_since(
@@ -116,7 +119,7 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return []
-        return self.executor.run(reads.recent_failures(self.t, since, organization_id,
+        return self.executor.run(reads.recent_failures(self.t, self.dialect, since, organization_id,
                                                        job_names, limit))
 
     def matching_ids(self, q: ExecutionQuery, limit: int, *,

@@ -365,13 +365,13 @@ def _dashboard_cases(t: Any) -> dict[str, tuple[Query[Any], set[str]]]:
     every = ExecutionQuery()
     pg = "postgresql"
     return {
-        "capped_counts": (dashboard.capped_counts(t, jobs, None, 1000), set()),
-        "capped_counts, tenant": (dashboard.capped_counts(t, jobs, "tenant-1", 1000), set()),
-        "oldest_pending": (dashboard.oldest_pending(t, jobs, None), set()),
-        "last_finished": (dashboard.last_finished(t, jobs, None), set()),
+        "capped_counts": (dashboard.capped_counts(t, pg, jobs, None, 1000), set()),
+        "capped_counts, tenant": (dashboard.capped_counts(t, pg, jobs, "tenant-1", 1000), set()),
+        "oldest_pending": (dashboard.oldest_pending(t, pg, jobs, None), set()),
+        "last_finished": (dashboard.last_finished(t, pg, jobs, None), set()),
         "outcomes_since": (dashboard.outcomes_since(t, pg, jobs, hour, timedelta(minutes=5),
                                                     None), set()),
-        "recent_failures": (dashboard.recent_failures(t, hour, None, jobs, 1000), set()),
+        "recent_failures": (dashboard.recent_failures(t, pg, hour, None, jobs, 1000), set()),
         "page": (dashboard.page(t, pg, every, None, 51), newest),
         "page, cursor": (dashboard.page(t, pg, every, cursor, 51), newest),
         "page, tenant": (dashboard.page(t, pg, ExecutionQuery(organization_id="tenant-2"),
@@ -392,10 +392,10 @@ def _dashboard_cases(t: Any) -> dict[str, tuple[Query[Any], set[str]]]:
         "matching_ids, unretried": (dashboard.matching_ids(
             t, pg, ExecutionQuery(statuses=(Status.FAILED, Status.CANCELLED)), 1001,
             unretried=True), {"finished_created"}),
-        "list_executions": (admin.list_executions(t, "shop.c", status=None,
+        "list_executions": (admin.list_executions(t, pg, "shop.c", status=None,
                                                   organization_id=None, limit=20), set()),
         "list_executions, status": (admin.list_executions(
-            t, "shop.c", status=Status.SUCCEEDED, organization_id="tenant-1", limit=20),
+            t, pg, "shop.c", status=Status.SUCCEEDED, organization_id="tenant-1", limit=20),
             set()),
     }
 
