@@ -148,3 +148,57 @@ def test_the_status_summary_counts_every_pair(
         assert counted.expired_leases == (
             sum(r["lease_expires_at"] < NOW for r in mine) if status == "running" else 0)
         assert counted.overdue == 0
+
+
+def test_sqlite_reads_the_partial_indexes(sqlite_url: str, make_outbox: MakeOutbox) -> None:
+    """SQLite uses a partial index only when the WHERE holds its predicate as written: every
+    part of the dashboard's and the admin's reads spells it (``clauses.side_of``,
+    ``clauses.pair``), so none reads the whole table (``SCAN <table>`` without an index)."""
+    from sqlalchemy import event, text
+
+    from celery_outbox.queries import admin, dashboard
+
+    box = make_outbox(sqlite_url, JobRegistry())
+    t = box.tables.executions
+    with box.engine.begin() as conn:
+        conn.execute(t.insert(), _rows(2000))
+        conn.execute(text("ANALYZE"))
+    jobs = list(JOBS)
+    cursor = Cursor(NOW - timedelta(seconds=100), uuid.UUID(int=0))
+    reads = [
+        dashboard.capped_counts(t, "sqlite", jobs, None, 100),
+        dashboard.capped_counts(t, "sqlite", jobs, "t1", 100),
+        dashboard.oldest_pending(t, "sqlite", jobs, None),
+        dashboard.last_finished(t, "sqlite", jobs, None),
+        dashboard.outcomes_since(t, "sqlite", jobs, NOW - timedelta(hours=1),
+                                 timedelta(minutes=5), None),
+        dashboard.recent_failures(t, "sqlite", NOW - timedelta(hours=1), None, jobs, 100),
+        dashboard.page(t, "sqlite", ExecutionQuery(), None, 51),
+        dashboard.page(t, "sqlite", ExecutionQuery(organization_id="t1"), cursor, 51),
+        dashboard.page(t, "sqlite", ExecutionQuery(statuses=(Status.PENDING, Status.RUNNING)),
+                       None, 51),
+        dashboard.page(t, "sqlite", ExecutionQuery(job_names=("shop.a",),
+                                                   statuses=(Status.FAILED,)), None, 51),
+        dashboard.count_matching(t, "sqlite", ExecutionQuery(job_names=("shop.b",)), 100),
+        dashboard.matching_ids(t, "sqlite", ExecutionQuery(statuses=(Status.FAILED,)), 100,
+                               unretried=True),
+        admin.list_executions(t, "sqlite", "shop.c", status=None, organization_id=None,
+                              limit=20),
+    ]
+    sent: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+        sent.append((statement, params))
+
+    for query in reads:
+        sent.clear()
+        with box.engine.connect() as conn:
+            event.listen(conn, "before_cursor_execute", capture)
+            conn.execute(query.statement, query.params or {})
+            event.remove(conn, "before_cursor_execute", capture)
+            statement, params = sent[0]
+            plan = [r[-1] for r in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN " + statement, params)]
+        whole = [line for line in plan if line.startswith(("SCAN", "SEARCH"))
+                 and f" {t.name}" in f" {line.split(' USING')[0]}" and "USING" not in line]
+        assert not whole, (query.name, plan)
