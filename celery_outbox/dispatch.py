@@ -53,6 +53,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
+from celery_outbox import tracing
 from celery_outbox.broker import PUBLISH_TIMEOUT as PUBLISH_TIMEOUT
 from celery_outbox.broker import BrokerLink
 from celery_outbox.broker import publish_transport_options as publish_transport_options
@@ -123,14 +124,22 @@ class Dispatch:
     ``Transaction.after_commit``: calling it hands ``items`` to ``dispatcher``. ``table`` is
     the executions table their rows were written to: a join that cannot follow every
     savepoint of the caller's transaction (Django's raw ``savepoint()``) reads back there
-    which of ``items`` committed, and dispatches those only."""
+    which of ``items`` committed, and dispatches those only. ``traceparent``: the push's
+    span, the parent of the handover's (:func:`celery_outbox.tracing.send`); None: untraced."""
 
     dispatcher: Dispatcher
     items: Sequence[DispatchItem]
     table: Table
+    traceparent: str | None = None
 
     def __call__(self) -> None:
-        self.dispatcher.dispatch(self.items)
+        found = tracing.tracer() if self.traceparent is not None and self.items else None
+        if found is None:
+            self.dispatcher.dispatch(self.items)
+            return
+        with tracing.send(found, self.items[0].job_name,
+                          [i.execution_id for i in self.items], self.traceparent):
+            self.dispatcher.dispatch(self.items)
 
 
 class CeleryDispatcher:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
 
+from celery_outbox.logfields import execution_fields
 from celery_outbox.store import Fence, Renewed
 from celery_outbox.store.protocol import WorkerStore
 
@@ -261,7 +262,8 @@ class Heartbeat:
                     alone = self.store.heartbeat(None, [h.fence], now, lease)
                 except Exception as exc:
                     log.warning("celery_outbox: heartbeat write of %s failed (%s); retrying "
-                                "next interval", h.fence.id, exc)
+                                "next interval", h.fence.id, exc,
+                                extra=execution_fields(h.fence.id, attempt=h.fence.attempt))
                     continue
                 lost += self._settle([h], alone, written, lease)
         return lost
@@ -334,7 +336,8 @@ class Heartbeat:
                 log.warning("celery_outbox: the lease of %s (attempt %d) runs out unrenewed "
                             "(the heartbeat's writes failed or hang); its handler is told to "
                             "stop (ctx.cancelled): the rescuer may run it again",
-                            h.fence.id, h.fence.attempt)
+                            h.fence.id, h.fence.attempt,
+                            extra=execution_fields(h.fence.id, attempt=h.fence.attempt))
                 h.on_expired()
             self._watch_wake.wait(max(wait, 0.0))
             self._watch_wake.clear()

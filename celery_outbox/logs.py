@@ -33,6 +33,8 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
 
+from celery_outbox.logfields import of_row
+
 DROPPED_LOGGER = "celery_outbox"
 """The ``logger`` of the final entry that counts the dropped records."""
 
@@ -49,6 +51,10 @@ class LogCapture:
       application configures it (level, handlers) under that name.
     - ``max_entries``: how many records to keep (>= 0); the rest are counted and reported by
       one final entry.
+    - ``about``: the claimed row of the attempt (``id``, ``job_name``, ``attempt``,
+      ``organization_id``): each record of :attr:`logger` gets its attributes
+      ``execution_id``, ``job``, ``attempt`` and ``tenant`` (:mod:`celery_outbox.logfields`)
+      unless it has them already.
 
     Use as a context manager around the handler call, on the handler's thread; then
     :meth:`entries` gives the stored form.
@@ -58,10 +64,11 @@ class LogCapture:
     answers ``[]`` at once.
     """
 
-    def __init__(self, logger_name: str, max_entries: int) -> None:
+    def __init__(self, logger_name: str, max_entries: int, about: Any = None) -> None:
         if max_entries < 0:
             raise ValueError(f"max_entries must be >= 0, got {max_entries}")
         self.max_entries = max_entries
+        self.about = about
         self._lock = threading.Lock()
         self.logger: logging.Logger = _JobLogger(logger_name, self)
         self._entries: list[dict[str, Any]] = []
@@ -188,6 +195,11 @@ class _JobLogger(logging.Logger):
     def handle(self, record: logging.LogRecord) -> None:
         if self.disabled or not self.filter(record):
             return
+        about = self.capture.about
+        if about is not None:
+            fields = record.__dict__
+            for key, value in of_row(about).items():
+                fields.setdefault(key, value)
         self.capture.add(record)
         setattr(record, _CAPTURED, True)  # the root handler must not add it again
         parent = self.parent

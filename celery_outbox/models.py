@@ -46,6 +46,9 @@ MAX_LENGTHS = {
 }
 """Lengths of the string columns a caller fills: job names and push arguments are checked
 against them before anything is written."""
+TRACEPARENT_LENGTH = 55
+"""``traceparent``: the W3C trace context (version 00) of the code that pushed the row, as
+``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``; NULL when no tracing was on."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -141,6 +144,7 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("cancelled_by", String(200), nullable=True),
         Column("cancelled_by_name", String(200), nullable=True),
         Column("retry_of", Uuid(), nullable=True),
+        Column("traceparent", String(TRACEPARENT_LENGTH), nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection, Engine, MetaData
 from sqlalchemy.exc import DBAPIError
 
-from celery_outbox import limits, signals
+from celery_outbox import limits, signals, tracing
 from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.dispatch import (
     RUN_TASK,
@@ -370,6 +370,7 @@ class Outbox:
         triggered_by_name: str | None = None,
         index_items: bool = True,
         retry_of: UUID | None = None,
+        traceparent: str | None = None,
     ) -> list[UUID]:
         """Create one execution per payload; dispatch them after the transaction commits.
 
@@ -388,12 +389,38 @@ class Outbox:
 
         ``retry_of`` (one payload only; the admin's retry): the execution the new one
         retries; when one already retries it, its id is returned and nothing is written.
+        ``traceparent``: the W3C trace context stored on the rows instead of the push's own
+        span's (the admin's retry passes the retried execution's: its attempts stay in the
+        trace that pushed it); see :mod:`celery_outbox.tracing`.
         """
+        found = tracing.tracer()
+        if found is None:
+            return self._push_many(spec, payloads, session, connection, keys, delay,
+                                   scheduled_at, priority, organization_id, triggered_by,
+                                   triggered_by_name, index_items, retry_of, traceparent, None)
+        with tracing.Pushing(found, spec.name, len(payloads), traceparent) as pushing:
+            ids = self._push_many(spec, payloads, session, connection, keys, delay,
+                                  scheduled_at, priority, organization_id, triggered_by,
+                                  triggered_by_name, index_items, retry_of,
+                                  pushing.traceparent, pushing)
+            pushing.done(ids)
+            return ids
+
+    def _push_many(
+        self, spec: JobSpec, payloads: Sequence[Any],
+        session: Session | scoped_session[Any] | None, connection: Connection | None,
+        keys: Sequence[str | None] | None, delay: timedelta | None,
+        scheduled_at: datetime | None, priority: str | int | None,
+        organization_id: str | None, triggered_by: str | None,
+        triggered_by_name: str | None, index_items: bool, retry_of: UUID | None,
+        traceparent: str | None, pushing: tracing.Pushing | None,
+    ) -> list[UUID]:
+        """:meth:`push_many`, in the push's span ``pushing`` (None: not traced)."""
         session = _check_target(session, connection)
         now = utcnow()
         rows = self._new_rows(spec, payloads, now, keys, delay, scheduled_at, priority,
                               organization_id, triggered_by, triggered_by_name, index_items,
-                              retry_of)
+                              retry_of, traceparent)
         caller = session if session is not None else connection
         # The caller's transaction: its Session or Connection, else the framework's (joiner).
         if caller is not None:
@@ -402,11 +429,15 @@ class Outbox:
             joined = self.joiner()
         else:
             results = self.store.insert_alone(rows, key_wait=self.config.key_wait)
-            self.dispatcher.dispatch(self._to_dispatch(rows, results, now))
+            items = self._to_dispatch(rows, results, now)
+            if pushing is None:
+                self.dispatcher.dispatch(items)
+            else:
+                Dispatch(self.dispatcher, items, self.tables.executions, pushing.own)()
             return [execution_id for execution_id, _ in results]
         with joined as tx:
             results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now), pushing)
         return [execution_id for execution_id, _ in results]
 
     async def apush_many(
@@ -444,12 +475,29 @@ class Outbox:
 
         if caller is None and self.joiner is not None:
             return await asyncio.to_thread(self.push_many, spec, payloads, **options)
+        found = tracing.tracer()
+        if found is None:
+            return await self._apush_many(spec, payloads, caller, options, None)
+        with tracing.Pushing(found, spec.name, len(payloads)) as pushing:
+            ids = await self._apush_many(spec, payloads, caller, options, pushing)
+            pushing.done(ids)
+            return ids
+
+    async def _apush_many(self, spec: JobSpec, payloads: Sequence[Any], caller: Any,
+                          options: dict[str, Any], pushing: tracing.Pushing | None
+                          ) -> list[UUID]:
+        """:meth:`apush_many` into ``caller`` (None: alone), in the push's span ``pushing``
+        (None: not traced)."""
+        import asyncio
+
         now = utcnow()
-        rows = self._new_rows(spec, payloads, now, keys, delay, scheduled_at, priority,
-                              organization_id, triggered_by, triggered_by_name, index_items,
-                              None)
+        rows = self._new_rows(spec, payloads, now, options["keys"], options["delay"],
+                              options["scheduled_at"], options["priority"],
+                              options["organization_id"], options["triggered_by"],
+                              options["triggered_by_name"], options["index_items"], None,
+                              pushing.traceparent if pushing is not None else None)
         if caller is None:
-            return await self._apush_alone(rows, now)
+            return await self._apush_alone(rows, now, pushing)
         if not self._dispatch_ready:  # its first call prepares the broker client: not here
             await asyncio.to_thread(getattr(self.dispatcher, "prepare", lambda: None))
             self._dispatch_ready = True
@@ -465,10 +513,11 @@ class Outbox:
                              "finished (its row may be written, its dispatch is not "
                              "queued); roll the transaction back")
             raise
-        self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+        self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now), pushing)
         return [execution_id for execution_id, _ in results]
 
-    async def _apush_alone(self, rows: list[NewExecution], now: datetime) -> list[UUID]:
+    async def _apush_alone(self, rows: list[NewExecution], now: datetime,
+                           pushing: tracing.Pushing | None = None) -> list[UUID]:
         """``rows`` in a transaction of the outbox's own, in a worker thread, that a
         cancelled caller leaves with nothing behind.
 
@@ -484,7 +533,7 @@ class Outbox:
         import functools
 
         gate = _CommitGate()
-        run = functools.partial(self._push_gated, rows, now, gate)
+        run = functools.partial(self._push_gated, rows, now, gate, pushing)
         future = asyncio.get_running_loop().run_in_executor(
             None, contextvars.copy_context().run, run)
         # A rolled-back push's _Cancelled is nobody's error: retrieve it.
@@ -500,23 +549,26 @@ class Outbox:
                 # The commit is under way: its answer is the push's.
 
     def _push_gated(self, rows: list[NewExecution], now: datetime,
-                    gate: _CommitGate) -> list[UUID]:
+                    gate: _CommitGate, pushing: tracing.Pushing | None = None) -> list[UUID]:
         """``rows`` in a transaction of the store's own, committed only if ``gate`` is still
         open just before the commit (else rolled back: :class:`_Cancelled`)."""
         if gate.cancelled:
             raise _Cancelled
         with self.store.transaction() as tx:
             results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now))
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now), pushing)
             if not gate.enter_commit():
                 raise _Cancelled
         return [execution_id for execution_id, _ in results]
 
     def _dispatch_on_commit(self, tx: Transaction | AsyncTransaction,
-                            items: list[DispatchItem]) -> None:
-        """Dispatch ``items`` after the outermost commit of the caller's transaction ``tx``."""
+                            items: list[DispatchItem],
+                            pushing: tracing.Pushing | None = None) -> None:
+        """Dispatch ``items`` after the outermost commit of the caller's transaction ``tx``
+        (traced as a child of the push's span ``pushing``, when given)."""
         if items:
-            tx.after_commit(Dispatch(self.dispatcher, items, self.tables.executions))
+            tx.after_commit(Dispatch(self.dispatcher, items, self.tables.executions,
+                                     pushing.own if pushing is not None else None))
 
     def _new_rows(
         self, spec: JobSpec, payloads: Sequence[Any], now: datetime,
@@ -524,6 +576,7 @@ class Outbox:
         scheduled_at: datetime | None, priority: str | int | None,
         organization_id: str | None, triggered_by: str | None,
         triggered_by_name: str | None, index_items: bool, retry_of: UUID | None,
+        traceparent: str | None = None,
     ) -> list[NewExecution]:
         """The rows of one push at ``now``, every argument checked (push_many's errors)."""
         if retry_of is not None and len(payloads) != 1:
@@ -535,7 +588,7 @@ class Outbox:
             )
         run_at = _run_at(now, delay, scheduled_at)
         rows = self._rows(spec, payloads, keys, now, run_at, priority, organization_id,
-                          triggered_by, triggered_by_name, index_items)
+                          triggered_by, triggered_by_name, index_items, traceparent)
         if retry_of is not None:
             rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
         return rows
@@ -552,6 +605,7 @@ class Outbox:
         triggered_by: str | None,
         triggered_by_name: str | None,
         many: bool,
+        traceparent: str | None = None,
     ) -> list[NewExecution]:
         try:
             prio = spec.priority if priority is None else Priority.parse(priority)
@@ -574,6 +628,7 @@ class Outbox:
                 priority=int(prio), max_attempts=spec.retry.max_attempts, run_at=run_at,
                 max_eta=self.config.max_eta, unique_key=key, organization_id=organization_id,
                 triggered_by=triggered_by, triggered_by_name=triggered_by_name,
+                traceparent=traceparent,
             ))
         return rows
 

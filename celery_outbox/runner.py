@@ -38,7 +38,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
-from celery_outbox import signals
+from celery_outbox import signals, tracing
 from celery_outbox.config import OutboxConfig
 from celery_outbox.context import JobContext, Stop
 from celery_outbox.dispatch import Dispatcher, DispatchItem
@@ -52,6 +52,7 @@ from celery_outbox.errors import (
 from celery_outbox.heartbeat import Heartbeat
 from celery_outbox.inflight import InFlight
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
+from celery_outbox.logfields import execution_fields, of_row
 from celery_outbox.logs import LogCapture
 from celery_outbox.outcomes import (
     Cancelled,
@@ -105,6 +106,8 @@ class _Decided:
     release: bool = False
     """Nothing to write, the handler stopped for a shutdown: the row goes back to pending
     (:meth:`Runner._release_stopped`)."""
+    trace: Any = None
+    """The handler's span's context, when traced (:mod:`celery_outbox.tracing`)."""
 
 
 @dataclass
@@ -277,6 +280,16 @@ class _Outcomes:
         clock = self.runner.clock
         if not writes:
             return {}, None if start is None else self.store.start(start, clock())
+        found = tracing.tracer()
+        if found is not None:
+            with tracing.Settling(found, [(d.row, _outcome_name(d), d.trace) for d in writes]):
+                return self._write(writes, start)
+        return self._write(writes, start)
+
+    def _write(self, writes: Sequence[_Decided],
+               start: Fence | None) -> tuple[dict[Fence, bool], bool | None]:
+        """:meth:`_send` of at least one outcome."""
+        clock = self.runner.clock
         if len(writes) == 1:
             d = writes[0]
             assert d.outcome is not None
@@ -331,7 +344,7 @@ class _Outcomes:
                 continue
             if d.release and self.runner._release_stopped(spec.name, d.fence):
                 continue
-            self.runner._confirm_stop(d.fence)
+            self.runner._confirm_stop(d.fence, d.row)
         for d in held:
             hit = d.outcome if hits.get(d.fence) else None
             counts[OutcomeName.LOST if hit is None else hit.name] += 1
@@ -449,6 +462,9 @@ class Runner:
         except BaseException:
             self._release_lost_claim(spec, uuids, token, lease)
             raise
+        found = tracing.tracer()
+        if found is not None:
+            tracing.claimed(found, spec.name, len(uuids), claimed, now)
         if len(claimed) < len(uuids):
             log.debug("celery_outbox: %d of %d id(s) of %r not claimable (already claimed, "
                       "finished or not due)", len(uuids) - len(claimed), len(uuids), spec.name)
@@ -539,7 +555,7 @@ class Runner:
         self.heartbeat.untrack_many(done)
         self.inflight.remove(done)
 
-    def _confirm_stop(self, fence: Fence) -> None:
+    def _confirm_stop(self, fence: Fence, row: Claimed | None = None) -> None:
         """Tell the database this attempt's handler has stopped, should its row have been
         cancelled meanwhile (an outcome that found it no longer running): a retry waits for
         it (or for the lease to run out). A failure is logged: the lease runs out anyway."""
@@ -548,7 +564,9 @@ class Runner:
         except StorageError as exc:
             log.warning("celery_outbox: could not confirm that the cancelled attempt %d of %s "
                         "stopped (%s); it can be retried once its lease runs out",
-                        fence.attempt, fence.id, exc)
+                        fence.attempt, fence.id, exc,
+                        extra=of_row(row) if row is not None else execution_fields(
+                            fence.id, attempt=fence.attempt))
 
     def _release_stopped(self, job_name: str, fence: Fence) -> bool:
         """release: running -> pending for ``fence``, whose handler stopped on its own
@@ -560,7 +578,8 @@ class Runner:
             self._dispatch_released(job_name, released)
         except Exception as exc:
             log.warning("celery_outbox: could not hand back %s, stopped for a shutdown (%s); "
-                        "the rescuer takes it when its lease runs out", fence.id, exc)
+                        "the rescuer takes it when its lease runs out", fence.id, exc,
+                        extra=execution_fields(fence.id, job_name, fence.attempt))
             return False
         return bool(released)
 
@@ -684,15 +703,26 @@ class Runner:
         spec, row = claim.spec, claim.rows[index]
         ctx, fence = claim.contexts[index], claim.fences[index]
         began = self.clock()
+        found = tracing.tracer()
+        processing = tracing.Processing(found, spec.name, row) if found is not None else None
         try:
             decided = self._execute(spec, row, ctx, fence, began)
         except Exception as exc:
             log.exception("celery_outbox: %s %s: recording the outcome of attempt %d failed; "
-                          "failing the execution", spec.name, row.id, row.attempt)
+                          "failing the execution", spec.name, row.id, row.attempt,
+                          extra=of_row(row))
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
             decided = _Decided(fence, row, ctx, Failed(error, keep=self._plan(spec).keep_failed))
+        except BaseException as exc:
+            if processing is not None:
+                processing.close(exc)
+            raise
         decided.ended = self.clock()
         self.inflight.decided(fence)
+        if processing is not None:
+            failed: str | None = getattr(decided.outcome, "error", None)
+            decided.trace = processing.end(_outcome_name(decided),
+                                           failed.splitlines()[0] if failed else None)
         return decided
 
     def _execute(
@@ -703,7 +733,7 @@ class Runner:
         if not self.inflight.begin(fence):  # one step: a drain sees it running, or it never runs
             return _Decided(fence, row, ctx, None)
         # Next to free until the handler logs (logs.LogCapture): most never do.
-        capture = LogCapture(ctx.log.name, self.config.log_max_entries)
+        capture = LogCapture(ctx.log.name, self.config.log_max_entries, row)
         ctx.log = capture.logger
         if signals.job_begin.receivers:  # looked at each time: a receiver connected later
             signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
@@ -755,7 +785,7 @@ class Runner:
 
         def cancelled() -> None:
             log.info("celery_outbox: %s %s cancelled by its handler on attempt %d: %s",
-                     spec.name, row.id, row.attempt, reason)
+                     spec.name, row.id, row.attempt, reason, extra=of_row(row))
             signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
 
         return _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), cancelled)
@@ -783,14 +813,15 @@ class Runner:
             # The final failure: no attempt left, or not retried. ERROR, so alerting on the
             # worker's log sees it; a failed attempt that will retry stays at INFO.
             log.error("celery_outbox: %s %s failed on attempt %d/%d; no retry: %s",
-                      spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0])
+                      spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0],
+                      extra=of_row(row))
             return _Decided(fence, row, ctx, Failed(error, logs,
                                                     keep=self._plan(spec).keep_failed))
         run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
                  row.id, row.attempt, row.max_attempts, delay.total_seconds(),
-                 error.splitlines()[0])
+                 error.splitlines()[0], extra=of_row(row))
 
         def dispatch() -> None:
             self.dispatcher().dispatch(
@@ -813,7 +844,7 @@ class Runner:
                 exc, row.attempt, row.max_attempts)
         except Exception as raised:
             log.exception("celery_outbox: %s %s: RetryPolicy.when raised; failing the "
-                          "execution", spec.name, row.id)
+                          "execution", spec.name, row.id, extra=of_row(row))
             return None, f"RetryPolicy.when raised {type(raised).__name__}: {raised}"
         if not retry:
             return None, ""
@@ -822,7 +853,7 @@ class Runner:
             self.clock() + delay
         except OverflowError:
             log.error("celery_outbox: %s %s: retry delay %s is past the last date; failing "
-                      "the execution", spec.name, row.id, delay)
+                      "the execution", spec.name, row.id, delay, extra=of_row(row))
             return None, f"retry delay {delay} cannot be scheduled"
         return delay, ""
 
@@ -837,6 +868,11 @@ class Runner:
         """Set ``cancelled`` on a handler of this process at once (an admin cancel, a
         shutdown: never counted as the handler's own cancel). True if it was running here."""
         return self.inflight.cancel(execution_id, reason)
+
+
+def _outcome_name(decided: _Decided) -> str:
+    """The outcome's name (``succeeded``, ``retried``, ...), ``stopped`` when none."""
+    return "stopped" if decided.outcome is None else decided.outcome.name.value
 
 
 def _parse_ids(job_name: object, ids: object) -> list[UUID]:

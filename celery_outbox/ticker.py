@@ -53,6 +53,7 @@ from celery_outbox.config import OutboxConfig
 from celery_outbox.cron import CronSchedule, CronTickSchedule
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import ConfigurationError, StorageError
+from celery_outbox.logfields import execution_fields
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.store import ExecutionStore, NewExecution
 
@@ -242,10 +243,12 @@ class CronTicker:
         what = f"tick {tick.isoformat()}" if tick is not None else "trigger"
         if not inserted:
             log.info("celery_outbox: cron job %s: %s skipped: execution %s is still active "
-                     "(lock=True)", spec.name, what, execution_id)
+                     "(lock=True)", spec.name, what, execution_id,
+                     extra=execution_fields(execution_id, spec.name))
             return TickResult(spec.name, tick, TickOutcome.LOCKED, execution_id)
         self.dispatcher().dispatch([DispatchItem(row.id, spec.name, row.priority)])
-        log.info("celery_outbox: cron job %s: %s -> execution %s", spec.name, what, row.id)
+        log.info("celery_outbox: cron job %s: %s -> execution %s", spec.name, what, row.id,
+                 extra=execution_fields(row.id, spec.name, 0))
         return TickResult(spec.name, tick, TickOutcome.CREATED, row.id)
 
 

@@ -98,7 +98,7 @@ class Facade(Protocol):
         keys: Sequence[str | None] | None = None, priority: str | int | None = None,
         organization_id: str | None = None, triggered_by: str | None = None,
         triggered_by_name: str | None = None, index_items: bool = True,
-        retry_of: UUID | None = None,
+        retry_of: UUID | None = None, traceparent: str | None = None,
     ) -> list[UUID]:
         """Create executions; dispatch them after commit."""
         ...
@@ -353,11 +353,13 @@ class OutboxAdmin:
         """manual retry: failed or cancelled -> a new pending execution; returns its id.
 
         The new execution has the same job, payload, unique key, priority and organization as
-        the old one (which stays as it is), and records it in ``retry_of``. Idempotent: an
-        execution is retried at most once (a double click, two operators, concurrent calls):
-        when one already retries it, nothing is written and that one's id is returned; retry
-        that one to go again. When another active execution of the job holds the key, nothing
-        is written and that execution's id is returned (the normal push dedup).
+        the old one (which stays as it is), and records it in ``retry_of``; it inherits the
+        old one's ``traceparent`` (its attempts join the trace that pushed the old one).
+        Idempotent: an execution is retried at most once (a double click, two operators,
+        concurrent calls): when one already retries it, nothing is written and that one's id
+        is returned; retry that one to go again. When another active execution of the job
+        holds the key, nothing is written and that execution's id is returned (the normal
+        push dedup).
         An execution cancelled while its handler ran is retried only once that handler has
         stopped (its worker confirms it when the handler returns) or its lease has run out in
         the database's clock: before, a retry could run the payload twice at once.
@@ -381,6 +383,7 @@ class OutboxAdmin:
             spec, [row["payload"]], keys=[row["unique_key"]], priority=row["priority"],
             organization_id=row["organization_id"], triggered_by=triggered_by,
             triggered_by_name=triggered_by_name, retry_of=execution_id,
+            traceparent=row.get("traceparent"),
         )[0]
 
     def cancel(

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from celery_outbox.config import OutboxConfig
 from celery_outbox.dispatch import Dispatcher
 from celery_outbox.errors import LeaseExpired
+from celery_outbox.logfields import of_row
 from celery_outbox.maintenance.service import (
     check_batch_size,
     check_duration,
@@ -138,7 +139,7 @@ class Rescuer:
             retry = spec.retry.should_retry(error, row.attempt, row.max_attempts)
         except Exception as exc:
             log.exception("celery_outbox: %s: RetryPolicy.when raised; failing %s",
-                          row.job_name, row.id)
+                          row.job_name, row.id, extra=of_row(row))
             return RescueVerdict(f"{error}; not retried: RetryPolicy.when raised "
                                  f"{type(exc).__name__}: {exc}", keep=spec.keep_failed_row())
         if not retry:
@@ -148,7 +149,7 @@ class Rescuer:
             run_at = now + delay
         except OverflowError:
             log.error("celery_outbox: %s: retry delay %s of %s is past the last date; "
-                      "failing it", row.job_name, delay, row.id)
+                      "failing it", row.job_name, delay, row.id, extra=of_row(row))
             return RescueVerdict(f"{error}; not retried: retry delay {delay} cannot be "
                                  "scheduled", keep=spec.keep_failed_row())
         return RescueVerdict(str(error), run_at=run_at, dispatched=delay <= self.config.max_eta)

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from celery_outbox.logfields import execution_fields
 from celery_outbox.queries import admin as q
 from celery_outbox.states import Status
 from celery_outbox.store.base import StoreBase, log
@@ -62,7 +63,8 @@ class AdminStore(StoreBase):
         name = self.executor.run(q.cancel(self.t, execution_id, now, by=by, by_name=by_name,
                                           job_name=job_name))
         if name is None:
-            log.debug("cancel: %s is not active; nothing written", execution_id)
+            log.debug("cancel: %s is not active; nothing written", execution_id,
+                      extra=execution_fields(execution_id))
         return name
 
     def get(self, execution_id: UUID) -> dict[str, Any] | None:

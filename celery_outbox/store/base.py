@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from celery_outbox.errors import StorageError
 from celery_outbox.executors import AsyncTransaction, SqlAlchemyExecutor, Transaction
 from celery_outbox.executors.sqlalchemy import SUPPORTED_DIALECTS
+from celery_outbox.logfields import execution_fields
 from celery_outbox.models import Tables
 from celery_outbox.outcomes import Fence
 from celery_outbox.queries.clock import database_now
@@ -90,5 +91,5 @@ class StoreBase:
         if rowcount == 1:
             return True
         log.debug("%s: %s no longer held by this attempt; nothing written", transition,
-                  execution_id)
+                  execution_id, extra=execution_fields(execution_id))
         return False

@@ -98,6 +98,8 @@ class NewExecution:
     triggered_by_name: str | None = None
     retry_of: UUID | None = None
     """The failed or cancelled execution an admin retry of it makes this row retry."""
+    traceparent: str | None = None
+    """The W3C trace context of the push (:mod:`celery_outbox.tracing`); None: tracing off."""
 
     @classmethod
     def create(
@@ -115,12 +117,14 @@ class NewExecution:
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
         execution_id: UUID | None = None,
+        traceparent: str | None = None,
     ) -> NewExecution:
         """The row of one push (or cron tick) at ``now``, with the id ``execution_id``
         (None: a fresh :func:`~uuid.uuid4`; :func:`new_ids` makes many at once): scheduled when
         ``run_at`` is later than ``now``, else pending; dispatched now unless scheduled
         further than ``max_eta`` ahead (None: any wait goes out now, with an eta). The one
-        place push, push_many and the cron ticker build their rows."""
+        place push, push_many and the cron ticker build their rows. ``traceparent``: the
+        push's W3C trace context (:mod:`celery_outbox.tracing`), None when not traced."""
         due_later = run_at is not None and run_at > now
         eta_ok = not due_later or max_eta is None or (
             run_at is not None and run_at - now <= max_eta)
@@ -138,6 +142,7 @@ class NewExecution:
             organization_id=organization_id,
             triggered_by=triggered_by,
             triggered_by_name=triggered_by_name,
+            traceparent=traceparent,
         )
 
     def values(self) -> dict[str, Any]:
@@ -160,6 +165,8 @@ class NewExecution:
         }
         if self.retry_of is not None:  # only then: a push never needs the column
             values["retry_of"] = self.retry_of
+        if self.traceparent is not None:  # only when traced: the same for every row of a push
+            values["traceparent"] = self.traceparent
         return values
 
 

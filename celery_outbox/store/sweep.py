@@ -13,6 +13,7 @@ from uuid import UUID
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from celery_outbox.errors import StorageError
+from celery_outbox.logfields import of_row
 from celery_outbox.queries import Query
 from celery_outbox.queries import sweep as q
 from celery_outbox.queries.sweep import Due, Expired
@@ -120,7 +121,7 @@ class SweepStore(StoreBase):
                 if isinstance(exc.__cause__, (OperationalError, InterfaceError)):
                     raise  # the database, not this row
                 log.exception("rescue: writing the verdict of %s failed; skipped, a later "
-                              "sweep tries again", row.id)
+                              "sweep tries again", row.id, extra=of_row(row))
                 continue
             if hit:
                 rescued.append((row, verdict))
@@ -150,7 +151,8 @@ def _decided(decide: Callable[[Expired], RescueVerdict], row: Expired) -> Rescue
     try:
         return decide(row)
     except Exception as exc:
-        log.exception("rescue: deciding the fate of %s raised; failing it", row.id)
+        log.exception("rescue: deciding the fate of %s raised; failing it", row.id,
+                      extra=of_row(row))
         return RescueVerdict(f"lease expired: attempt {row.attempt} of execution {row.id}, "
                              f"held by {row.claimed_by}; not retried: deciding its retry "
                              f"raised {type(exc).__name__}: {exc}")

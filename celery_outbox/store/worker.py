@@ -39,6 +39,8 @@ class Claimed:
     unique_key: str | None
     organization_id: str | None
     lease_expires_at: datetime
+    traceparent: str | None = None
+    """The W3C trace context of the push that made the row (None: it was not traced)."""
 
 
 class Renewed(set[UUID]):

@@ -186,3 +186,33 @@ def router_allows(alias: str, app_label: str) -> bool:
     from django.db import router
 
     return bool(router.allow_migrate(alias, app_label))
+
+
+class AddTraceparentColumn(_OutboxOperation):
+    """Add ``<table>.traceparent`` (the pushing code's W3C trace context, VARCHAR(55),
+    nullable) unless the table has it already (a database whose ``0001_initial`` ran with a
+    release that creates it); reversed, drop it."""
+
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                          to_state: Any) -> None:
+        connection = schema_editor.connection
+        if not router_allows(connection.alias, app_label):
+            return
+        table = configured_tables().executions.name
+        with connection.cursor() as cursor:
+            columns = {c.name for c in connection.introspection.get_table_description(
+                cursor, table)}
+        if "traceparent" not in columns:
+            for sql in self.forwards(connection.vendor):
+                schema_editor.execute(sql, params=())
+
+    def forwards(self, vendor: str) -> list[str]:
+        table = dialect_for(vendor).identifier_preparer.quote(configured_tables().executions.name)
+        return [f"ALTER TABLE {table} ADD COLUMN traceparent VARCHAR(55) NULL"]
+
+    def backwards(self, vendor: str) -> list[str]:
+        table = dialect_for(vendor).identifier_preparer.quote(configured_tables().executions.name)
+        return [f"ALTER TABLE {table} DROP COLUMN traceparent"]
+
+    def describe(self) -> str:
+        return "Add the celery_outbox executions' traceparent column"

@@ -1,0 +1,31 @@
+"""The attributes of every log record the package writes about one execution.
+
+Each such record is given ``extra=execution_fields(...)``: ``execution_id`` (str),
+``job`` (str), ``attempt`` (int) and ``tenant`` (the ``organization_id``, str), each None
+where the writer does not know it (a lease the heartbeat holds knows no job). A JSON log
+formatter finds them as attributes of the ``LogRecord`` (README, "Structured logs"); the
+records of ``ctx.log`` carry them too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+FIELDS = ("execution_id", "job", "attempt", "tenant")
+"""The names of the attributes, in the order a formatter may print them."""
+
+
+def execution_fields(execution_id: UUID | str | None, job: str | None = None,
+                     attempt: int | None = None, tenant: str | None = None) -> dict[str, Any]:
+    """The ``extra=`` of a log record about one execution (see the module's docstring)."""
+    return {"execution_id": None if execution_id is None else str(execution_id), "job": job,
+            "attempt": attempt, "tenant": tenant}
+
+
+def of_row(row: Any) -> dict[str, Any]:
+    """:func:`execution_fields` of a row the worker or the sweep holds (``id``,
+    ``job_name``, ``attempt``, ``organization_id``; a missing one is None)."""
+    return execution_fields(row.id, getattr(row, "job_name", None),
+                            getattr(row, "attempt", None),
+                            getattr(row, "organization_id", None))

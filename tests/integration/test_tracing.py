@@ -1,0 +1,244 @@
+"""Tracing with OpenTelemetry's SDK (an in-memory exporter), in this process: the pushing
+code's trace goes on through the row's ``traceparent`` to every attempt (after the commit, a
+retry, a sweep's redispatch, a rescue, an admin retry), with the spans of the push, its
+handover, the claim, the handler and the outcome write; the records the package logs about
+an execution carry its fields. On SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from opentelemetry.util._once import Once
+from sqlalchemy.orm import Session
+
+from celery_outbox import (
+    JobContext,
+    JobRegistry,
+    Outbox,
+    OutboxJob,
+    RetryPolicy,
+    outbox_job,
+)
+from celery_outbox.logfields import FIELDS
+from celery_outbox.store import Fence
+from tests.integration.conftest import Order
+from tests.integration.fakes import RecordingDispatcher
+from tests.procs import wait_for
+
+
+def _reset_globals() -> None:
+    """Let the next test set its own global tracer provider (OpenTelemetry allows one per
+    process; its own tests reset it the same way)."""
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """A global tracer provider exporting to memory, for the test only."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    _reset_globals()
+    trace.set_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        provider.shutdown()
+        _reset_globals()
+
+
+CALLS: dict[str, int] = {}
+
+
+@pytest.fixture
+def flaky(registry: JobRegistry) -> OutboxJob[Order]:
+    """Fails its first attempt (retried at once), then succeeds; logs on each."""
+
+    @outbox_job(schema=Order, name="shop.flaky", registry=registry,
+                retry=RetryPolicy(retries=2, backoff=timedelta(0), jitter=False))
+    def flaky_job(ctx: JobContext[Order]) -> None:
+        ctx.log.info("attempt %d", ctx.attempt)
+        if ctx.attempt == 1:
+            raise ValueError("not yet")
+
+    return flaky_job
+
+
+@pytest.fixture
+def doomed(registry: JobRegistry) -> OutboxJob[Order]:
+    @outbox_job(schema=Order, name="shop.doomed", registry=registry)
+    def doomed_job(ctx: JobContext[Order]) -> None:
+        raise ValueError("no such order")
+
+    return doomed_job
+
+
+def named(exporter: InMemorySpanExporter, prefix: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name.startswith(prefix)]
+
+
+def trace_of(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.trace_id
+
+
+def parent_of(span: ReadableSpan) -> int | None:
+    return None if span.parent is None else span.parent.span_id
+
+
+def span_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
+def attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def test_push_to_outcome_is_one_trace(spans: InMemorySpanExporter, outbox: Outbox,
+                                      receipt: OutboxJob[Order]) -> None:
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("POST /orders") as request:
+        execution_id = receipt.push(Order(order_id=1), organization_id="acme")
+    row = outbox.store.get(execution_id)
+    assert row is not None
+    request_ctx = request.get_span_context()
+    [create] = named(spans, "create ")
+    assert create.name == "create shop.receipt"
+    assert create.kind is SpanKind.PRODUCER
+    assert trace_of(create) == request_ctx.trace_id
+    assert parent_of(create) == request_ctx.span_id
+    flags = int(create.context.trace_flags) if create.context is not None else -1
+    assert flags & 1  # sampled
+    assert row["traceparent"] == (
+        f"00-{request_ctx.trace_id:032x}-{span_id(create):016x}-{flags:02x}")
+    assert attrs(create) == {
+        "messaging.system": "celery_outbox", "messaging.operation.type": "create",
+        "messaging.operation.name": "push", "messaging.destination.name": "shop.receipt",
+        "messaging.message.id": str(execution_id)}
+    [send] = named(spans, "send ")
+    assert parent_of(send) == span_id(create)
+    assert attrs(send)["messaging.message.id"] == str(execution_id)
+
+    outbox.run_now("shop.receipt", [execution_id])
+    [receive] = named(spans, "receive ")
+    [process] = named(spans, "process ")
+    [settle] = named(spans, "settle ")
+    assert receive.kind is SpanKind.CLIENT
+    assert [link.context.span_id for link in receive.links] == [span_id(create)]
+    assert process.kind is SpanKind.CONSUMER
+    assert trace_of(process) == request_ctx.trace_id
+    assert parent_of(process) == span_id(create)
+    assert [link.context.span_id for link in process.links] == [span_id(create)]
+    assert attrs(process) == {
+        "messaging.system": "celery_outbox", "messaging.operation.type": "process",
+        "messaging.operation.name": "run", "messaging.destination.name": "shop.receipt",
+        "messaging.message.id": str(execution_id), "celery_outbox.attempt": 1,
+        "celery_outbox.max_attempts": 1, "celery_outbox.tenant": "acme",
+        "celery_outbox.outcome": "succeeded"}
+    assert parent_of(settle) == span_id(process)
+    assert attrs(settle)["celery_outbox.outcome"] == "succeeded"
+
+
+def test_a_push_in_the_callers_transaction_sends_after_its_commit(
+        spans: InMemorySpanExporter, outbox: Outbox, receipt: OutboxJob[Order],
+        recording: RecordingDispatcher) -> None:
+    with Session(outbox.engine) as session, session.begin():
+        ids = receipt.push_many([Order(order_id=1), Order(order_id=2)], session=session)
+        assert named(spans, "send ") == []
+    [create] = named(spans, "create ")
+    assert attrs(create)["messaging.batch.message_count"] == 2
+    [send] = named(spans, "send ")
+    assert parent_of(send) == span_id(create)
+    assert recording.ids == ids
+
+
+def test_a_retry_a_redispatch_and_an_admin_retry_stay_in_the_pushing_trace(
+        spans: InMemorySpanExporter, outbox: Outbox, flaky: OutboxJob[Order],
+        doomed: OutboxJob[Order], recording: RecordingDispatcher) -> None:
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("POST /orders") as request:
+        retried = flaky.push(Order(order_id=1))
+        lost = doomed.push(Order(order_id=2))
+    trace_id = request.get_span_context().trace_id
+    outbox.run_now("shop.flaky", [retried])  # attempt 1: retried
+    outbox.run_now("shop.flaky", [retried])  # attempt 2: succeeded
+
+    # The message of `lost` never reached a worker: the sweep sends it again.
+    recording.calls.clear()
+    later = datetime.now(timezone.utc) + outbox.config.stale_after + timedelta(seconds=5)
+    assert outbox.sweep(now=later).redispatched == 1
+    assert recording.ids == [lost]
+    outbox.run_now("shop.doomed", [lost])  # fails, no attempt left
+    failed = outbox.store.get(lost)
+    assert failed is not None and failed["status"] == "failed"
+
+    again = outbox.admin.retry(lost)  # outside the request: the new row inherits its trace
+    assert (outbox.store.get(again) or {})["traceparent"] == failed["traceparent"]
+    outbox.run_now("shop.doomed", [again])
+
+    processes = named(spans, "process ")
+    assert [(attrs(p)["messaging.message.id"], attrs(p)["celery_outbox.attempt"],
+             attrs(p)["celery_outbox.outcome"]) for p in processes] == [
+        (str(retried), 1, "retried"), (str(retried), 2, "succeeded"),
+        (str(lost), 1, "failed"), (str(again), 1, "failed")]
+    assert {trace_of(p) for p in processes} == {trace_id}
+    assert processes[0].status.description == "ValueError: not yet"
+    admin_create = named(spans, "create shop.doomed")[-1]
+    assert trace_of(admin_create) != trace_id  # the admin's own push, linked to the trace
+    assert [link.context.trace_id for link in admin_create.links] == [trace_id]
+
+
+def test_a_rescued_execution_stays_in_the_pushing_trace(
+        spans: InMemorySpanExporter, outbox: Outbox, flaky: OutboxJob[Order]) -> None:
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("POST /orders") as request:
+        execution_id = flaky.push(Order(order_id=1))
+    token = outbox.runner.claim_token()
+    # A worker claimed it, began and died: its lease runs out, the rescuer retries it.
+    [row] = outbox.store.claim([execution_id], "shop.flaky", token, None, timedelta(seconds=1))
+    assert outbox.store.start(Fence(row.id, token, row.attempt), datetime.now(timezone.utc))
+    wait_for(lambda: outbox.sweep().rescued, 10, "the lease to run out and the row rescued")
+    outbox.run_now("shop.flaky", [execution_id])
+    [process] = named(spans, "process ")
+    assert trace_of(process) == request.get_span_context().trace_id
+    assert attrs(process)["celery_outbox.attempt"] == 2
+
+
+def test_nothing_is_traced_without_a_tracer_provider(outbox: Outbox,
+                                                     receipt: OutboxJob[Order]) -> None:
+    _reset_globals()
+    execution_id = receipt.push(Order(order_id=1))
+    assert (outbox.store.get(execution_id) or {})["traceparent"] is None
+    assert outbox.run_now("shop.receipt", [execution_id]).succeeded == 1
+
+
+def test_the_records_of_a_run_carry_the_executions_fields(
+        outbox: Outbox, flaky: OutboxJob[Order], doomed: OutboxJob[Order],
+        caplog: pytest.LogCaptureFixture) -> None:
+    retried = flaky.push(Order(order_id=1), organization_id="acme")
+    failed = doomed.push(Order(order_id=2), organization_id="globex")
+    with caplog.at_level(logging.INFO):
+        outbox.run_now("shop.flaky", [retried])
+        outbox.run_now("shop.doomed", [failed])
+    about = [r for r in caplog.records
+             if str(retried) in r.getMessage() or str(failed) in r.getMessage()
+             or r.name.startswith("celery_outbox.job.")]
+    assert len(about) == 3, [r.getMessage() for r in caplog.records]
+    got = [(r.name, *(getattr(r, f) for f in FIELDS)) for r in about]
+    assert got == [
+        ("celery_outbox.job.shop.flaky", str(retried), "shop.flaky", 1, "acme"),
+        ("celery_outbox.runner", str(retried), "shop.flaky", 1, "acme"),
+        ("celery_outbox.runner", str(failed), "shop.doomed", 1, "globex"),
+    ]
