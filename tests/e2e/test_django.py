@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import MetaData, create_engine, select, text
+from sqlalchemy import MetaData, create_engine, inspect, select, text
 
 from celery_outbox.errors import StorageError
 from celery_outbox.models import build_tables
@@ -258,6 +258,16 @@ def _index_names(described: set[tuple[str, ...]]) -> set[str]:
     return {r[1] for r in described if len(r) > 1 and r[1].startswith("ix_T_")}
 
 
+def columns(url: str, table: str) -> set[tuple[str, str, bool]]:
+    """Each column of ``table``: name, type, nullable."""
+    engine = create_engine(url)
+    try:
+        return {(c["name"], str(c["type"]), bool(c["nullable"]))
+                for c in inspect(engine).get_columns(table)}
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_manage_py_migrate_creates_what_create_schema_creates(
     database: str, tmp_path: Path
@@ -266,8 +276,9 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
     tables analyzed), then ``create_schema()``'s tables under another name beside them: the
     same columns, partial indexes, constraints and trim triggers. ``migrate celery_outbox
     0003`` gives back the dashboard's indexes over every row (an install an older
-    ``0001_initial`` made), ``migrate`` again replaces them by the partial ones, and
-    ``migrate celery_outbox zero`` drops them all."""
+    ``0001_initial`` made) and drops the traceparent column, ``migrate`` again replaces the
+    indexes by the partial ones and adds the column (``0005_traceparent``), and ``migrate
+    celery_outbox zero`` drops them all."""
     with ExitStack() as stack:
         env = {"DJANGO_SETTINGS_MODULE": "tests.djangoproj.settings",
                "OUTBOX_DJANGO_SQLITE": str(tmp_path / "fresh.sqlite3"),
@@ -314,7 +325,13 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
         back = describe(url, "mig_outbox")
         assert _index_names(back) == _index_names(migrated) - partial | whole
         assert [r for r in back if r[1] in whole and "WHERE" in r[2]] == []
+        assert "traceparent" not in " ".join(v for r in back for v in r)
         manage("migrate")
-        assert describe(url, "mig_outbox") == created
+        again = describe(url, "mig_outbox")
+        if database == "sqlite":  # ALTER TABLE ADD COLUMN puts the column last in the DDL text
+            assert columns(url, "mig_outbox") == columns(url, "cmp_outbox")
+            again = {r for r in again if r[:2] != ("table", "T")}
+            created = {r for r in created if r[:2] != ("table", "T")}
+        assert again == created
         manage("migrate", "celery_outbox", "zero")
         assert describe(url, "mig_outbox") == set()

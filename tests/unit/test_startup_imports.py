@@ -4,7 +4,8 @@
   (``celery worker`` of any app): the ``outbox`` one imports click and nothing of the outbox.
 - An app with an Outbox and a job, and its first execution, import neither the admin, the
   command line, the dashboard, Django's or the async pieces, nor SQLAlchemy's ORM or asyncio
-  extension: a worker serves jobs with SQLAlchemy Core.
+  extension: a worker serves jobs with SQLAlchemy Core; nor OpenTelemetry, installed but not
+  set up by the application.
 
 Each check runs in a fresh interpreter (``sys.modules`` of this one holds everything).
 """
@@ -24,8 +25,10 @@ from tests.procs import ROOT
 NEVER_IN_A_WORKER = (
     "celery_outbox.admin", "celery_outbox.cli", "celery_outbox.web", "celery_outbox.dashboard",
     "celery_outbox.contrib", "celery_outbox.executors.sqlalchemy_async", "sqlalchemy.orm",
-    "sqlalchemy.ext.asyncio", "rich", "fastapi", "alembic", "jinja2",
+    "sqlalchemy.ext.asyncio", "rich", "fastapi", "alembic", "jinja2", "opentelemetry",
 )
+"""``opentelemetry`` is installed here (the test extra has its SDK): tracing costs no import
+unless the application imported it and set a tracer provider (celery_outbox.tracing)."""
 
 
 def _modules(code: str, tmp_path: Path) -> set[str]:
