@@ -137,16 +137,21 @@ def published() -> Iterator[Published]:
 
 
 @contextmanager
-def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker]) -> Iterator[Stack]:
-    """Build the test-side app, create the schema, run ``workers`` until the block ends."""
-    app, outbox = build(broker, database_url, queue)
+def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker], *,
+          app: str = "tests.e2e.app", env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """Build the test-side app, create the schema, run ``workers`` until the block ends.
+
+    ``app``: the module the workers run (:mod:`tests.e2e.app`, or one built on it);
+    ``env``: more of the workers' environment."""
+    celery_app, outbox = build(broker, database_url, queue)
     outbox.create_schema()
     RUNS.metadata.create_all(outbox.engine)
-    env = {"OUTBOX_E2E_BROKER": broker, "OUTBOX_E2E_DB": database_url, "OUTBOX_E2E_QUEUE": queue}
+    env = {"OUTBOX_E2E_BROKER": broker, "OUTBOX_E2E_DB": database_url, "OUTBOX_E2E_QUEUE": queue,
+           **(env or {})}
     with ExitStack() as running:
         started = [
             running.enter_context(procs.celery_worker(
-                "tests.e2e.app", env, queues=w.queues, concurrency=w.concurrency,
+                app, env, queues=w.queues, concurrency=w.concurrency,
                 # node names unique per run: RabbitMQ's pidbox queue is exclusive per name
                 log_path=w.log,
                 extra=("-n", f"{w.name}-{queue}@%h", *(("-E",) if w.events else ())),
@@ -155,7 +160,7 @@ def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker])
         ]
         for w, proc in zip(workers, started, strict=True):
             wait_ready(w, proc)
-        s = Stack(app, outbox, queue, list(workers))
+        s = Stack(celery_app, outbox, queue, list(workers))
         s.bind()
         try:
             yield s

@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from opentelemetry.util._once import Once
 from sqlalchemy.orm import Session
 
 from celery_outbox import (
@@ -33,32 +31,15 @@ from celery_outbox.logfields import FIELDS
 from celery_outbox.store import Fence
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
+from tests.otel import memory_provider, reset_globals
 from tests.procs import wait_for
-
-
-def _reset_globals() -> None:
-    """Let the next test set its own global tracer provider (OpenTelemetry allows one per
-    process; its own tests reset it the same way)."""
-    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
-    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     """A global tracer provider exporting to memory, for the test only."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    _reset_globals()
-    trace.set_tracer_provider(provider)
-    try:
+    with memory_provider() as exporter:
         yield exporter
-    finally:
-        provider.shutdown()
-        _reset_globals()
-
-
-CALLS: dict[str, int] = {}
 
 
 @pytest.fixture
@@ -218,7 +199,7 @@ def test_a_rescued_execution_stays_in_the_pushing_trace(
 
 def test_nothing_is_traced_without_a_tracer_provider(outbox: Outbox,
                                                      receipt: OutboxJob[Order]) -> None:
-    _reset_globals()
+    reset_globals()
     execution_id = receipt.push(Order(order_id=1))
     assert (outbox.store.get(execution_id) or {})["traceparent"] is None
     assert outbox.run_now("shop.receipt", [execution_id]).succeeded == 1
