@@ -139,5 +139,14 @@ def _django() -> None:
     django.setup()
 
 
+def _tracing() -> None:
+    from opentelemetry import trace
+
+    from celery_outbox import tracing
+
+    assert tracing.tracer() is None  # the API alone, no provider set: nothing traced
+    assert trace.get_tracer_provider() is not None
+
+
 CHECKS = {"core": _core, "redis": _redis, "amqp": _amqp, "web": _web, "async": _async,
-          "django": _django}
+          "django": _django, "tracing": _tracing}

@@ -7,6 +7,7 @@ an execution carry its fields. On SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -223,3 +224,71 @@ def test_the_records_of_a_run_carry_the_executions_fields(
         ("celery_outbox.runner", str(retried), "shop.flaky", 1, "acme"),
         ("celery_outbox.runner", str(failed), "shop.doomed", 1, "globex"),
     ]
+
+
+@pytest.mark.asyncio
+async def test_an_apush_alone_is_traced_as_a_push(spans: InMemorySpanExporter, outbox: Outbox,
+                                                  receipt: OutboxJob[Order],
+                                                  recording: RecordingDispatcher) -> None:
+    with trace.get_tracer("test").start_as_current_span("GET /async") as request:
+        execution_id = await receipt.apush(Order(order_id=1))
+    [create] = named(spans, "create ")
+    assert parent_of(create) == request.get_span_context().span_id
+    assert attrs(create)["messaging.message.id"] == str(execution_id)
+    [send] = named(spans, "send ")
+    assert parent_of(send) == span_id(create)
+    assert (outbox.store.get(execution_id) or {})["traceparent"].split("-")[2] == \
+        f"{span_id(create):016x}"
+    assert recording.ids == [execution_id]
+
+
+def test_a_span_the_handler_starts_is_a_child_of_its_handler_span(
+        spans: InMemorySpanExporter, outbox: Outbox, registry: JobRegistry) -> None:
+    @outbox_job(schema=Order, name="shop.inner", registry=registry)
+    def inner(ctx: JobContext[Order]) -> None:
+        with trace.get_tracer("app").start_as_current_span("charge card"):
+            pass
+
+    execution_id = inner.push(Order(order_id=1))
+    outbox.run_now("shop.inner", [execution_id])
+    [process] = named(spans, "process ")
+    [charge] = named(spans, "charge card")
+    assert parent_of(charge) == span_id(process)
+    assert trace_of(charge) == trace_of(process)
+
+
+class JsonFormatter(logging.Formatter):
+    """The README's recipe ("Structured logs"), as it is there."""
+
+    FIELDS = ("execution_id", "job", "attempt", "tenant")
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname,
+                 "logger": record.name, "message": record.getMessage()}
+        entry.update({f: getattr(record, f) for f in self.FIELDS if hasattr(record, f)})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def test_the_readmes_json_formatter_prints_the_fields(outbox: Outbox,
+                                                      doomed: OutboxJob[Order]) -> None:
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Collect()
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("celery_outbox")
+    logger.addHandler(handler)
+    try:
+        failed = doomed.push(Order(order_id=2), organization_id="globex")
+        outbox.run_now("shop.doomed", [failed])
+    finally:
+        logger.removeHandler(handler)
+    entries = [json.loads(line) for line in lines]
+    [entry] = [e for e in entries if e.get("execution_id") == str(failed)]
+    assert (entry["level"], entry["job"], entry["attempt"], entry["tenant"]) == (
+        "ERROR", "shop.doomed", 1, "globex")
