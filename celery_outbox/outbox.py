@@ -61,6 +61,7 @@ from celery_outbox.models import (
     DEFAULT_TABLE,
     MAX_LENGTHS,
     TABLES,
+    TRACEPARENT_LENGTH,
     EncodedJson,
     analyze_statements,
     build_tables,
@@ -581,6 +582,8 @@ class Outbox:
         """The rows of one push at ``now``, every argument checked (push_many's errors)."""
         if retry_of is not None and len(payloads) != 1:
             raise ConfigurationError("push_many: retry_of takes exactly one payload")
+        if traceparent is not None:
+            _check_text("traceparent", traceparent, TRACEPARENT_LENGTH)
         keys = list(keys) if keys is not None else [None] * len(payloads)
         if len(keys) != len(payloads):
             raise ConfigurationError(

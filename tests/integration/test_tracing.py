@@ -28,6 +28,7 @@ from celery_outbox import (
     RetryPolicy,
     outbox_job,
 )
+from celery_outbox.errors import ConfigurationError
 from celery_outbox.logfields import FIELDS
 from celery_outbox.store import Fence
 from tests.integration.conftest import Order
@@ -292,3 +293,10 @@ def test_the_readmes_json_formatter_prints_the_fields(outbox: Outbox,
     [entry] = [e for e in entries if e.get("execution_id") == str(failed)]
     assert (entry["level"], entry["job"], entry["attempt"], entry["tenant"]) == (
         "ERROR", "shop.doomed", 1, "globex")
+
+
+def test_a_traceparent_that_no_column_holds_is_refused_before_anything_is_written(
+        outbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher) -> None:
+    with pytest.raises(ConfigurationError, match="'traceparent'"):
+        outbox.push_many(receipt.spec, [Order(order_id=1)], traceparent="00-" + "a" * 60)
+    assert recording.ids == []
