@@ -300,3 +300,24 @@ def test_a_traceparent_that_no_column_holds_is_refused_before_anything_is_writte
     with pytest.raises(ConfigurationError, match="'traceparent'"):
         outbox.push_many(receipt.spec, [Order(order_id=1)], traceparent="00-" + "a" * 60)
     assert recording.ids == []
+
+
+def test_the_rescuers_records_carry_the_executions_fields(
+        outbox: Outbox, registry: JobRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    def refuse(exc: BaseException) -> bool:
+        raise RuntimeError("policy broken")
+
+    @outbox_job(schema=Order, name="shop.rescued", registry=registry,
+                retry=RetryPolicy(retries=2, when=refuse))
+    def rescued(ctx: JobContext[Order]) -> None:
+        return None
+
+    execution_id = rescued.push(Order(order_id=1), organization_id="acme")
+    token = outbox.runner.claim_token()
+    [row] = outbox.store.claim([execution_id], "shop.rescued", token, None, timedelta(seconds=1))
+    assert outbox.store.start(Fence(row.id, token, row.attempt), datetime.now(timezone.utc))
+    with caplog.at_level(logging.ERROR):
+        wait_for(lambda: outbox.sweep().failed, 10, "the lease to run out and the row failed")
+    [record] = [r for r in caplog.records if "RetryPolicy.when raised" in r.getMessage()]
+    assert tuple(getattr(record, f) for f in FIELDS) == (
+        str(execution_id), "shop.rescued", 1, "acme")
