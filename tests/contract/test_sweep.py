@@ -123,7 +123,7 @@ RUN_AT = RESCUE_AT + timedelta(seconds=30)
 
 
 def expired(row_id: uuid.UUID, attempt: int = 1, started: bool = True) -> Expired:
-    return Expired(row_id, JOB, "w1", attempt, 3, 1, T0 if started else None)
+    return Expired(row_id, JOB, "w1", attempt, 3, 1, T0 if started else None, "org-1")
 
 
 VERDICTS = {
