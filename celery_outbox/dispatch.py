@@ -35,6 +35,7 @@ from uuid import UUID
 
 from kombu import pools
 
+from celery_outbox import signals
 from celery_outbox.registry import JobRegistry
 
 if TYPE_CHECKING:
@@ -346,6 +347,9 @@ class CeleryDispatcher:
                     )
                     declared.add(queue)
                     published += len(chunk)
+                    if signals.jobs_dispatched.receivers:
+                        signals.jobs_dispatched.send(sender=job_name, count=len(chunk),
+                                                     queue=queue)
                     # Let a caller thread waiting for the GIL (its push's reply arrived) run
                     # now, not after the interpreter's switch interval (5 ms): building a
                     # batch of messages is pure Python.

@@ -39,6 +39,9 @@ class Claimed:
     unique_key: str | None
     organization_id: str | None
     lease_expires_at: datetime
+    created_at: datetime | None = None
+    scheduled_at: datetime | None = None
+    """When it was due: ``scheduled_at`` (a delayed push, a retry), else ``created_at``."""
 
 
 class Renewed(set[UUID]):
