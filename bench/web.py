@@ -107,10 +107,13 @@ def prepare(rows: int, rebuild: bool) -> Outbox:
         started = time.perf_counter()
         outbox.drop_schema()
         outbox.create_schema()
-        with outbox.engine.begin() as conn:
+        # The fixture's one INSERT outlasts the timeouts of the engine the outbox builds.
+        plain = create_engine(DATABASE_URL)
+        with plain.begin() as conn:
             conn.execute(text(FILL), {"rows": rows, "jobs": list(JOBS)})
-        with outbox.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        with plain.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
+        plain.dispose()
         print(f"  written in {time.perf_counter() - started:.0f} s", flush=True)
     return outbox
 
