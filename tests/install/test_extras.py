@@ -21,7 +21,7 @@ locally and fails it when ``CI`` is set.
 
 The default suite runs the bounded cases ``core`` and ``redis`` (the reported bug: kombu's
 Redis transport imports ``packaging``), 45 to 70 s on two busy cores with a warm pip cache; CI
-runs ``ON_CI``. All six:
+runs ``ON_CI``. All seven:
 ``OUTBOX_TEST_EXTRAS=all`` (``make extras``), or a list: ``OUTBOX_TEST_EXTRAS=web,async``.
 """
 
@@ -49,7 +49,7 @@ from tests.conftest import AMQP_ADDRESS, AMQP_URL, REDIS_ADDRESS, REDIS_URL, req
 
 pytestmark = pytest.mark.extras
 
-EXTRAS = ("core", "redis", "amqp", "web", "async", "django")
+EXTRAS = ("core", "redis", "amqp", "web", "async", "django", "metrics")
 DEFAULT = ("redis",)  # the core and the Redis extra in one venv: the default suite's bounded case
 ON_CI = ("core", "redis", "web", "django")
 """Under CI: the core alone and the extras whose worker needs more than the core's imports
