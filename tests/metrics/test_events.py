@@ -5,7 +5,7 @@ behind its own authentication."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,12 @@ def box(tmp_path: Path) -> Iterator[Outbox]:
         if ctx.attempt <= ctx.payload.n:
             raise ValueError("not yet")
 
-    JOBS.update({"ev.ok": ok, "ev.fails": fails, "ev.flaky": flaky})
+    @outbox_job(name="ev.stop", schema=Item, registry=registry)
+    def stop(ctx: JobContext[Item]) -> None:
+        if ctx.payload.n == 0:
+            raise KeyboardInterrupt
+
+    JOBS.update({"ev.ok": ok, "ev.fails": fails, "ev.flaky": flaky, "ev.stop": stop})
     outbox = Outbox(app, database_url=f"sqlite:///{tmp_path / 'o.db'}", registry=registry,
                     metrics=True)
     outbox.create_schema()
@@ -167,3 +172,46 @@ def test_the_table_gauges_on_sqlite(box: Outbox) -> None:
         '0.0' in text
 
 
+
+
+def test_hand_backs_and_rescues_are_counted(box: Outbox) -> None:
+    """A message of two rows whose first handler is interrupted (KeyboardInterrupt: no
+    outcome): the second, never begun, is handed back (and run again, inline); the first,
+    left running, is rescued by a sweep once its lease ran out, failed (no retry)."""
+    before = (_value("hand_backs_total", job="ev.stop"),
+              _value("rescues_total", job="ev.stop", verdict="failed"),
+              _value("successes_total", job="ev.stop"))
+    with pytest.raises(KeyboardInterrupt):
+        JOBS["ev.stop"].push_many([{"n": 0}, {"n": 1}])
+    assert _value("hand_backs_total", job="ev.stop") - before[0] == 1
+    assert _value("successes_total", job="ev.stop") - before[2] == 1  # the handed back one
+    box.sweep(datetime.now(timezone.utc) + timedelta(days=1))
+    assert _value("rescues_total", job="ev.stop", verdict="failed") - before[1] == 1
+
+
+def test_dispatches_are_counted_by_queue(tmp_path: Path) -> None:
+    app = Celery("metrics-dispatch", broker="memory://", set_as_current=False)
+    app.conf.task_default_queue = "outbox-default"
+    registry = JobRegistry()
+
+    @outbox_job(name="ev.routed", schema=Item, queue="reports", registry=registry)
+    def routed(ctx: JobContext[Item]) -> None: ...
+
+    @outbox_job(name="ev.plain", schema=Item, registry=registry)
+    def plain(ctx: JobContext[Item]) -> None: ...
+
+    outbox = Outbox(app, database_url=f"sqlite:///{tmp_path / 'o.db'}", registry=registry,
+                    metrics=True)
+    outbox.create_schema()
+    try:
+        before = (_value("dispatches_total", job="ev.routed", queue="reports"),
+                  _value("dispatches_total", job="ev.plain", queue="outbox-default"))
+        routed.push_many([{"n": n} for n in range(3)])
+        plain.push({"n": 0})
+        assert outbox.flush(timedelta(seconds=10))
+        assert _value("dispatches_total", job="ev.routed", queue="reports") - before[0] == 3
+        assert _value("dispatches_total", job="ev.plain", queue="outbox-default") \
+            - before[1] == 1
+    finally:
+        prometheus.disable()
+        outbox.engine.dispose()
