@@ -16,13 +16,17 @@ from celery_outbox import Outbox
 from tests.e2e.app import LEASE, REGISTRY
 
 TABLE = "e2e_metrics_outbox"
+TOKEN_ENV = "OUTBOX_METRICS_TOKEN"
 
 
 def build(broker: str, database_url: str, queue: str, *, metrics: bool) -> tuple[Celery, Outbox]:
     """A Celery app on ``broker`` routing to ``queue``, the outbox on ``database_url``."""
     app = Celery("e2e-metrics", broker=broker, set_as_current=False)
     app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True,
-                    broker_connection_timeout=2, worker_hijack_root_logger=True)
+                    broker_connection_timeout=2, worker_hijack_root_logger=True,
+                    # `outbox web`: Prometheus's bearer token, read from the environment
+                    outbox_web_tokens=[{"name": "prometheus", "token_env": TOKEN_ENV,
+                                        "access": "read"}])
     outbox = Outbox(app, database_url=database_url, registry=REGISTRY, table_name=TABLE,
                     lease=LEASE, metrics=metrics, metrics_interval=1)
     return app, outbox

@@ -2,9 +2,10 @@
 
 The worker's two children count in prometheus_client's multiprocess mode (one
 ``PROMETHEUS_MULTIPROC_DIR`` for the worker and the metrics server); ``celery -A app outbox
-metrics --port N``, a process of its own, serves the sum. After a known mix of outcomes
-(successes, retries, final failures) run by both children, the scrape answers exactly those
-counts, histogram counts and the table's rows.
+metrics --port N`` and ``celery -A app outbox web`` (``/metrics`` behind a bearer token),
+processes of their own, serve the sum. After a known mix of outcomes (successes, retries,
+final failures) run by both children, each scrape answers exactly those counts, histogram
+counts and the table's rows.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -32,7 +34,7 @@ from celery_outbox.states import Status
 from tests import procs
 from tests.e2e.app import RUNS, flaky, record
 from tests.e2e.harness import Worker, wait_ready
-from tests.e2e.metrics_app import build
+from tests.e2e.metrics_app import TOKEN_ENV, build
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -43,9 +45,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+TOKEN = "e2e-prometheus-token"
+
+
+def _scrape(port: int, token: str | None = None,
+            ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=(
+        {"Authorization": f"Bearer {token}"} if token else {}))
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        with urllib.request.urlopen(request, timeout=5) as reply:
             text = reply.read().decode()
     except OSError:
         return None
@@ -67,28 +75,35 @@ def stack(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[dict[str, Any
     outbox.create_schema()
     RUNS.metadata.create_all(outbox.engine)
     env = {"OUTBOX_METRICS_BROKER": redis_url, "OUTBOX_METRICS_DB": pg_url,
-           "OUTBOX_METRICS_QUEUE": queue, "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+           "OUTBOX_METRICS_QUEUE": queue, "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+           TOKEN_ENV: TOKEN}
     w = Worker("metrics", queue, tmp_path / "w.log", concurrency=2)
-    port = _free_port()
+    port, web_port = _free_port(), _free_port()
     server_log = open(tempfile.mktemp(suffix=".metrics.log"), "wb")  # noqa: SIM115
+    full_env = {**os.environ, "PYTHONPATH": str(procs.ROOT), **env}
     try:
         with procs.celery_worker("tests.e2e.metrics_app", env, queues=queue, pool="prefork",
                                  concurrency=2, log_path=w.log,
                                  extra=("-n", f"metrics-{queue}@%h")) as worker:
             wait_ready(w, worker)
-            server = subprocess.Popen(
+            servers = [subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "tests.e2e.metrics_app", "outbox",
-                 "metrics", "--port", str(port)],
-                cwd=procs.ROOT, env={**os.environ, "PYTHONPATH": str(procs.ROOT), **env},
-                stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
+                 *command, "--port", str(at)],
+                cwd=procs.ROOT, env=full_env, stdout=server_log, stderr=subprocess.STDOUT,
+                start_new_session=True) for command, at in ((["metrics"], port),
+                                                            (["web"], web_port))]
             try:
                 procs.wait_for(lambda: _scrape(port) is not None, 30, "the metrics server")
+                procs.wait_for(lambda: _scrape(web_port, TOKEN) is not None, 30,
+                               "the web app's /metrics")
                 from tests.e2e.app import REGISTRY
 
                 REGISTRY.outbox = outbox
-                yield {"outbox": outbox, "port": port, "worker": w, "dir": multiproc}
+                yield {"outbox": outbox, "port": port, "web_port": web_port, "worker": w,
+                       "dir": multiproc}
             finally:
-                procs.stop(server)
+                for server in servers:
+                    procs.stop(server)
     finally:
         server_log.close()
         client = redis.Redis.from_url(redis_url)
@@ -132,19 +147,24 @@ def test_a_prefork_pools_counts_are_scraped_exactly(stack: dict[str, Any]) -> No
         ("pushes_total", (("job", "e2e.record"),)): 0,  # pushed by this process, not counted
     }
 
-    def counted() -> dict[tuple[str, Any], float] | None:
-        samples = _scrape(port)
+    def counted(at: int, token: str | None) -> dict[tuple[str, Any], float] | None:
+        samples = _scrape(at, token)
         if samples is None:
             return None
         got = {key: _get(samples, key[0], **dict(key[1])) for key in expected}
         return got if got == expected else None
 
-    try:
-        procs.wait_for(counted, 30, "the scraped counts to reach the mix")
-    except AssertionError:
-        samples = _scrape(port) or {}
-        raise AssertionError({key: _get(samples, key[0], **dict(key[1])) for key in expected}
-                             ) from None
+    for at, token in ((port, None), (stack["web_port"], TOKEN)):
+        try:
+            procs.wait_for(lambda a=at, t=token: counted(a, t), 30,
+                           f"the counts scraped on {at} to reach the mix")
+        except AssertionError:
+            samples = _scrape(at, token) or {}
+            raise AssertionError({key: _get(samples, key[0], **dict(key[1]))
+                                  for key in expected}) from None
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the web app's: no token, 401
+        urllib.request.urlopen(f"http://127.0.0.1:{stack['web_port']}/metrics", timeout=5)
+    assert refused.value.code == 401
     samples = _scrape(port)
     assert samples is not None
     # The histograms: +Inf bucket = count; the slow ones in the >= 1 s buckets.
