@@ -38,8 +38,11 @@ dead child's counts stay in the totals. Chosen over a push gateway (one more ser
 lost between pushes) and over a per-child HTTP port (a port per child, unknown to
 Prometheus, gone with the child). The directory is per host: run ``celery outbox metrics``
 (or the web app) on each worker host with the same directory, empty it when the service
-starts (not when a child restarts). Without the variable, counts are the serving process's
-own (a ``-P threads`` worker serving ``celery outbox metrics`` itself, tests).
+starts (not when a child restarts: a dead child's files are its counts; each restarted child
+adds files, which a scrape reads, so a pool recycling its children often grows the directory
+until the next start). Without the variable a process serving the metrics reports its own
+counts only (a web app's pushes and cancels, tests): a worker's, always another process,
+reach no scrape.
 """
 
 from __future__ import annotations
