@@ -12,6 +12,8 @@
 - ``create_app(outbox, auth=...)`` returns a FastAPI (ASGI) application: pages at its root,
   JSON under ``/api/v1``, the OpenAPI document at ``/openapi.json``. Mount it under any path
   (``host_app.mount("/outbox", app)``) or serve it with ``celery -A proj outbox web``.
+  With metrics on (the Outbox's ``metrics`` setting, or ``metrics=True``), Prometheus's
+  ``GET /metrics`` too, behind the same ``auth`` (extra ``metrics``).
 - ``auth``: an :class:`Auth`; a resolver ``(request) -> Principal | None``; ``None`` for no
   authentication at all (every request is an ``operate`` principal named ``anonymous``; a
   request whose ``Host`` is not ``127.0.0.1``, ``localhost`` or ``[::1]`` answers 403);
