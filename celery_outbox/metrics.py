@@ -183,37 +183,50 @@ _attempts = _Attempts()
 _default_queue = ["celery"]
 
 
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Counter | Histogram, *labels: str) -> Any:
+    """``metric.labels(*labels)``, looked up once per label values (a receiver runs per
+    execution; ``labels()`` takes a lock and checks its arguments each time)."""
+    key = (id(metric), labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
 def _queue(queue: str | None) -> str:
     return queue or _default_queue[0]
 
 
 def _on_pushed(sender: str, count: int, **_: Any) -> None:
-    PUSHES.labels(sender).inc(count)
+    _child(PUSHES, sender).inc(count)
 
 
 def _on_dispatched(sender: str, count: int, queue: str | None = None, **_: Any) -> None:
-    DISPATCHES.labels(sender, _queue(queue)).inc(count)
+    _child(DISPATCHES, sender, _queue(queue)).inc(count)
 
 
 def _on_claimed(sender: str, count: int, **_: Any) -> None:
-    CLAIMS.labels(sender).inc(count)
+    _child(CLAIMS, sender).inc(count)
 
 
 def _on_handed_back(sender: str, count: int, **_: Any) -> None:
-    HAND_BACKS.labels(sender).inc(count)
+    _child(HAND_BACKS, sender).inc(count)
 
 
 def _on_rescued(sender: str, count: int, verdict: str, **_: Any) -> None:
-    RESCUES.labels(sender, verdict).inc(count)
+    _child(RESCUES, sender, verdict).inc(count)
 
 
 def _on_begin(sender: str, execution_id: UUID, attempt: int,
               due_at: datetime | None = None, **_: Any) -> None:
-    STARTS.labels(sender).inc()
+    _child(STARTS, sender).inc()
     _attempts.began((execution_id, attempt))
     if due_at is not None:
         waited = (datetime.now(timezone.utc) - due_at).total_seconds()
-        WAIT.labels(sender).observe(max(waited, 0.0))
+        _child(WAIT, sender).observe(max(waited, 0.0))
 
 
 def _on_success(sender: str, execution_id: UUID, attempt: int,
@@ -222,7 +235,7 @@ def _on_success(sender: str, execution_id: UUID, attempt: int,
     if ran is None and duration is not None:
         ran = duration.total_seconds()
     if ran is not None:
-        HANDLER_DURATION.labels(sender).observe(ran)
+        _child(HANDLER_DURATION, sender).observe(ran)
 
 
 def _on_error(sender: str, execution_id: UUID, attempt: int, exception: BaseException,
@@ -230,24 +243,24 @@ def _on_error(sender: str, execution_id: UUID, attempt: int, exception: BaseExce
     key = (execution_id, attempt)
     ran = _attempts.ran(key)
     if ran is not None:
-        HANDLER_DURATION.labels(sender).observe(ran)
+        _child(HANDLER_DURATION, sender).observe(ran)
     _attempts.failed(key, type(exception).__name__)
 
 
 def _on_end(sender: str, execution_id: UUID, attempt: int, status: str, **_: Any) -> None:
     key = (execution_id, attempt)
     if status == Status.SUCCEEDED.value:
-        SUCCESSES.labels(sender).inc()
+        _child(SUCCESSES, sender).inc()
     elif status == Status.FAILED.value:
-        FAILURES.labels(sender, _attempts.error(key)).inc()
+        _child(FAILURES, sender, _attempts.error(key)).inc()
     elif status == Status.SCHEDULED.value:
-        RETRIES.labels(sender, _attempts.error(key)).inc()
+        _child(RETRIES, sender, _attempts.error(key)).inc()
     else:
         _attempts.error(key)  # forgotten: not written (cancelled or rescued meanwhile)
 
 
 def _on_cancel(sender: str, **_: Any) -> None:
-    CANCELS.labels(sender).inc()
+    _child(CANCELS, sender).inc()
 
 
 RECEIVERS: tuple[tuple[Any, Callable[..., None]], ...] = (
