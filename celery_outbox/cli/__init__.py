@@ -394,19 +394,16 @@ def metrics_command(box: Outbox, host: str, port: int) -> None:
     this command alike), else from this process alone.
     """
     try:
-        from prometheus_client import start_http_server
-
         from celery_outbox import metrics
     except ImportError as exc:
         raise CommandError(
             f"{exc}; the metrics need the metrics extra: pip install 'celery-outbox[metrics]'"
         ) from exc
-    registry = metrics.registry_for(box)
     if metrics.multiprocess_dir() is None:
         click.echo("celery_outbox metrics: PROMETHEUS_MULTIPROC_DIR is not set: the event "
                    "counts are this process's only (none); set it for the workers and this "
                    "command", err=True)
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    server, thread = metrics.serve(metrics.registry_for(box), host, port)
     click.echo(f"celery_outbox metrics: serving http://{_hostport(host, port)}/metrics",
                err=True)
     try:

@@ -52,11 +52,17 @@ Modules: :mod:`~celery_outbox.metrics.names` (every name exported),
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -106,6 +112,14 @@ def registry_for(outbox: _OutboxLike, *, clock: Callable[[], float] = time.monot
     return registry
 
 
+def serve(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, threading.Thread]:
+    """Serve ``registry`` on ``host:port`` (every path answers the metrics) with
+    prometheus_client's own HTTP server, in a daemon thread; ``(server, thread)``:
+    ``server.shutdown()`` stops it. Raises OSError when the address cannot be bound."""
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return server, thread
+
+
 def render(registry: CollectorRegistry) -> bytes:
     """The text exposition of ``registry`` (what ``/metrics`` answers)."""
     return generate_latest(registry)
@@ -114,5 +128,5 @@ def render(registry: CollectorRegistry) -> bytes:
 __all__ = [
     "CONTENT_TYPE", "DEFAULT_INTERVAL", "EVENTS", "MULTIPROC_ENV", "PREFIX", "RECEIVERS",
     "TableCollector", "disable", "enable", "exported_names", "multiprocess_dir",
-    "registry_for", "render",
+    "registry_for", "render", "serve",
 ]

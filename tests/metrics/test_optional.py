@@ -8,6 +8,7 @@ finder refuses it), as in an environment without the extra.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,12 @@ result = {{
 """
     result = _run(code, tmp_path)
     assert result == {"metrics": 404, "jobs": 200, "loaded": []}
+
+
+def test_prometheus_client_is_imported_in_the_metrics_package_alone() -> None:
+    package = Path(ROOT) / "celery_outbox"
+    statement = re.compile(r"^\s*(from|import)\s+prometheus_client\b", re.MULTILINE)
+    importing = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                       if statement.search(path.read_text())
+                       and path.relative_to(package).parts[0] != "metrics")
+    assert importing == []
