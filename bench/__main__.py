@@ -16,6 +16,8 @@ machine; each figure is the median over rounds, each ratio the median of its per
 
 ``python -m bench sweep [--quick]``: the sweep / trim benchmark (bench/sweep.py).
 ``python -m bench web [--rows N]``: the dashboard's reads at 1,000,000 rows (bench/web.py).
+``python -m bench metrics [--rows N]``: the Prometheus gauges' query at 1,000,000 rows
+(bench/metrics.py).
 ``python -m bench frameworks [--quick]``: ``apush`` in an AsyncSession and Django's ``push``
 in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
 ``python -m bench peers [--quick]``: the outbox, plain Celery, pgqueuer and procrastinate side
@@ -144,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import claim_plan
 
         return claim_plan.main(argv[1:])
+    if argv[:1] == ["metrics"]:  # python -m bench metrics ...: the gauges at 1,000,000 rows
+        from bench import metrics
+
+        return metrics.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 

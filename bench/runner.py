@@ -1,4 +1,5 @@
-"""``python -m bench runner [--n N] [--rounds R] [--store S] [--profile S]``: runner CPU per run.
+"""``python -m bench runner [--n N] [--rounds R] [--store S] [--profile S] [--metrics]``: runner
+CPU per run (``--metrics``: with the Prometheus event counters connected).
 
 ``--store sqlite`` or ``--store twin`` measures that store only; ``--profile S`` prints a
 cProfile of one more round on it; ``--against CHECKOUT`` measures this tree and another
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only this store (again for both; default both)")
     parser.add_argument("--profile", choices=("sqlite", "twin"),
                         help="print a cProfile of one more round of that store (batch 1)")
+    parser.add_argument("--metrics", action="store_true",
+                        help="count the events for Prometheus (celery_outbox.metrics)")
     parser.add_argument("--against", metavar="CHECKOUT",
                         help="another checkout of the repository (its celery_outbox and "
                              "tests/twin.py), measured in turn with this one")
@@ -187,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         against(args.against, args.store or ["sqlite", "twin"], args.n, args.rounds)
         return 0
     logging.basicConfig(level=logging.WARNING)
+    if args.metrics:  # what Outbox(app, metrics=True) connects, for both stores
+        from celery_outbox import metrics
+
+        metrics.enable()
     with tempfile.TemporaryDirectory() as tmp:
         wanted = args.store or ["sqlite", "twin"]
         if args.profile and args.profile not in wanted:

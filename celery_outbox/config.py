@@ -72,6 +72,11 @@ class OutboxConfig(BaseModel):
       :class:`~celery_outbox.errors.KeyBusy`, nothing written and the caller's transaction
       still usable. 0: one round.
     - ``table_name`` ["celery_outbox_executions"]: the outbox table.
+    - ``metrics`` [False]: count this process's events for Prometheus
+      (:mod:`celery_outbox.metrics`, extra ``metrics``; imported only when True).
+    - ``metrics_interval`` [15 s]: how long the table's gauges (one aggregate statement) are
+      reused by every scrape before the statement runs again; > 0.
+    - ``metrics_tenants`` [False]: add rows per tenant (a series per ``organization_id``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -92,6 +97,9 @@ class OutboxConfig(BaseModel):
     cron_catchup: timedelta = timedelta(minutes=5)
     key_wait: timedelta = KEY_WAIT
     table_name: str = "celery_outbox_executions"
+    metrics: bool = False
+    metrics_interval: timedelta = timedelta(seconds=15)
+    metrics_tenants: bool = False
 
     @field_validator("stale_after", "lease", "max_eta", "drain_timeout", "cron_catchup",
                      "key_wait")
@@ -108,6 +116,13 @@ class OutboxConfig(BaseModel):
     def _window(cls, value: timedelta) -> timedelta:
         if not timedelta(0) <= value <= MAX_WINDOW:
             raise ValueError(f"must be a duration in 0..{MAX_WINDOW}")
+        return value
+
+    @field_validator("metrics_interval")
+    @classmethod
+    def _interval(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) < value <= MAX_DURATION:
+            raise ValueError(f"must be a duration in (0, {MAX_DURATION}]")
         return value
 
     @field_validator("lease")

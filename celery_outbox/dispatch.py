@@ -53,7 +53,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
-from celery_outbox import tracing
+from celery_outbox import signals, tracing
 from celery_outbox.broker import PUBLISH_TIMEOUT as PUBLISH_TIMEOUT
 from celery_outbox.broker import BrokerLink
 from celery_outbox.broker import publish_transport_options as publish_transport_options
@@ -399,6 +399,11 @@ class CeleryDispatcher:
             # As kombu does after a reconnect: a new connection, whose first publish (through
             # kombu) declares again what a restarted server may have lost.
             self._link(renew=True)
+        if served and signals.jobs_dispatched.receivers:
+            for (job_name, *_), ids in served:
+                spec = self.registry.jobs.get(job_name)
+                signals.jobs_dispatched.send(sender=job_name, count=len(ids),
+                                             queue=spec.queue if spec is not None else None)
         return sum(len(ids) for _, ids in served), rest
 
     def _send(self, task: Any, producer: Any, groups: dict[_Group, list[str]]) -> int:
@@ -416,6 +421,9 @@ class CeleryDispatcher:
                         argsrepr=_argsrepr(job_name, chunk), **options,
                     )
                     published += len(chunk)
+                    if signals.jobs_dispatched.receivers:
+                        signals.jobs_dispatched.send(sender=job_name, count=len(chunk),
+                                                     queue=options.get("queue"))
                     # Let a caller thread waiting for the GIL (its push's reply arrived) run
                     # now, not after the interpreter's switch interval (5 ms): building a
                     # batch of messages is pure Python.

@@ -128,6 +128,8 @@ class Outbox:
         previous = _outboxes.get(app)
         conf = {k: v for k, v in app.conf.items() if k != "outbox_database_url"}
         self.config = OutboxConfig.load(settings, conf)
+        if self.config.metrics:  # the extra imported only when asked for
+            _enable_metrics(app.conf.task_default_queue)
         url = database_url or app.conf.get("outbox_database_url")
         if engine is None and not url:
             raise ConfigurationError(
@@ -639,6 +641,8 @@ class Outbox:
     def _to_dispatch(
         rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime
     ) -> list[DispatchItem]:
+        if signals.jobs_pushed.receivers:  # looked at each time: a receiver connected later
+            _signal_pushed(rows, results)
         return [
             DispatchItem(row.id, row.job_name, row.priority, row.scheduled_at)
             for row, (_, inserted) in zip(rows, results, strict=True)
@@ -720,6 +724,27 @@ class Outbox:
     def run_now(self, job_name: str, ids: Sequence[UUID]) -> Any:
         """Claim and run ``ids`` in this process now (what a worker does on a message)."""
         return self.runner.run(job_name, ids)
+
+
+def _enable_metrics(default_queue: str | None) -> None:
+    """Count this process's events (``metrics=True``). Raises ConfigurationError naming the
+    extra when prometheus_client is missing."""
+    try:
+        from celery_outbox import metrics
+    except ImportError as exc:
+        raise ConfigurationError(f"metrics=True needs prometheus_client ({exc}): "
+                                 "pip install 'celery-outbox[metrics]'") from exc
+    metrics.enable(default_queue)
+
+
+def _signal_pushed(rows: list[NewExecution], results: list[tuple[UUID, bool]]) -> None:
+    """``jobs_pushed`` once per job of the rows written (a held key wrote nothing)."""
+    counts: dict[str, int] = {}
+    for row, (_, inserted) in zip(rows, results, strict=True):
+        if inserted:
+            counts[row.job_name] = counts.get(row.job_name, 0) + 1
+    for job_name, count in counts.items():
+        signals.jobs_pushed.send(sender=job_name, count=count)
 
 
 def _cancelling() -> bool:

@@ -465,6 +465,8 @@ class Runner:
         found = tracing.tracer()
         if found is not None:
             tracing.claimed(found, spec.name, len(uuids), claimed, now)
+        if claimed and signals.jobs_claimed.receivers:
+            signals.jobs_claimed.send(sender=spec.name, count=len(claimed))
         if len(claimed) < len(uuids):
             log.debug("celery_outbox: %d of %d id(s) of %r not claimable (already claimed, "
                       "finished or not due)", len(uuids) - len(claimed), len(uuids), spec.name)
@@ -668,6 +670,8 @@ class Runner:
         dispatch sends them all the same, at the job's priority."""
         if not released:
             return
+        if signals.jobs_handed_back.receivers:
+            signals.jobs_handed_back.send(sender=job_name, count=len(released))
         try:
             items = [DispatchItem(r.id, r.job_name, r.priority)
                      for r in self.store.dispatchable(released)]
@@ -737,7 +741,8 @@ class Runner:
         ctx.log = capture.logger
         if signals.job_begin.receivers:  # looked at each time: a receiver connected later
             signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
-                                   max_attempts=row.max_attempts)
+                                   max_attempts=row.max_attempts,
+                                   due_at=row.scheduled_at or row.created_at)
         try:
             if spec.schema is not None:
                 ctx.payload = self._payload(spec, row)

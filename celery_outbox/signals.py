@@ -3,8 +3,10 @@
 Every signal is sent with ``sender`` = the job name (a ``str``; ``connect(fn, sender="name")``
 filters on it) and these keyword arguments:
 
-- ``job_begin(execution_id, attempt, max_attempts)``: the handler is about to run;
-  ``execution_id`` is a UUID, ``attempt`` 1-based.
+- ``job_begin(execution_id, attempt, max_attempts, due_at)``: the handler is about to run;
+  ``execution_id`` is a UUID, ``attempt`` 1-based; ``due_at`` (aware datetime, or None when
+  the store did not say) is when the execution became due: its ``scheduled_at`` (a delayed
+  push, a retry), else its ``created_at``.
 - ``job_success(execution_id, attempt, duration)``: the handler returned; ``duration`` is a
   timedelta.
 - ``job_error(execution_id, attempt, exception, will_retry)``: the handler raised
@@ -22,6 +24,19 @@ filters on it) and these keyword arguments:
   new one), ``new_execution_id`` the execution a trigger or retry created (None for a
   cancel); ``principal`` the name of who did it; ``organization_id`` their tenant or None.
   Sent in the process serving the request, after the write committed.
+
+Counts, each sent with ``sender`` = the job name and ``count`` (an int >= 1), only when the
+signal has receivers (looked at each time), in the process that did it:
+
+- ``jobs_pushed(count)``: rows a push wrote (in the caller's transaction when it joined one:
+  sent at the push, before that transaction commits; a key already held writes nothing).
+- ``jobs_dispatched(count, queue)``: ids published to the broker (``queue``: the job's
+  queue, or None for Celery's default); sent in the publishing thread.
+- ``jobs_claimed(count)``: rows a worker claimed (pending -> running) for one message.
+- ``jobs_handed_back(count)``: running rows a worker gave back to pending, the attempt not
+  spent (a shutdown, rows never begun after a failure, the release of a lost claim).
+- ``jobs_rescued(count, verdict)``: running rows whose lease expired, decided by the sweep;
+  ``verdict`` is ``"retried"``, ``"failed"`` or ``"handed_back"`` (never begun).
 
 Order, for every execution a worker claims: ``job_begin``, then ``job_success`` or
 ``job_error``, then ``job_end``. Those four are sent in the worker process, on the thread
@@ -42,5 +57,13 @@ job_error = Signal(name="job_error")
 job_end = Signal(name="job_end")
 job_cancel = Signal(name="job_cancel")
 admin_action = Signal(name="admin_action")
+jobs_pushed = Signal(name="jobs_pushed")
+jobs_dispatched = Signal(name="jobs_dispatched")
+jobs_claimed = Signal(name="jobs_claimed")
+jobs_handed_back = Signal(name="jobs_handed_back")
+jobs_rescued = Signal(name="jobs_rescued")
 
-__all__ = ["admin_action", "job_begin", "job_cancel", "job_end", "job_error", "job_success"]
+__all__ = [
+    "admin_action", "job_begin", "job_cancel", "job_end", "job_error", "job_success",
+    "jobs_claimed", "jobs_dispatched", "jobs_handed_back", "jobs_pushed", "jobs_rescued",
+]

@@ -10,10 +10,11 @@ Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB]
 [--limit N] [--after CURSOR] [--organization-id ORG]``, ``show ID``, ``trigger JOB
 [--payload JSON]``, ``retry ID``, ``cancel ID``, ``sweep``, ``trim``, ``create-schema``,
 ``web [--host H] [--port N] [--no-auth]`` (the dashboard and HTTP API, extra ``web``),
-``hash-secret [--token]``. A JOB is a job's full name or a short one naming one job only
-(``receipt`` for ``shop.jobs.receipt``). ``status``, ``jobs``, ``executions`` and ``show``
-print tables for people; the others print one line; every one but ``web`` and
-``hash-secret`` prints JSON with ``--json``: ``{"ok": true, "data": ...}``, and on failure
+``metrics [--host H] [--port N]`` (Prometheus, extra ``metrics``), ``hash-secret
+[--token]``. A JOB is a job's full name or a short one naming one job only (``receipt`` for
+``shop.jobs.receipt``). ``status``, ``jobs``, ``executions`` and ``show`` print tables for
+people; the others print one line; every one but ``web``, ``metrics`` and ``hash-secret``
+prints JSON with ``--json``: ``{"ok": true, "data": ...}``, and on failure
 ``{"ok": false, "error": {"type": ..., "message": ...}}``.
 
 Exit status, each failure with one line ``Error: ...`` on stderr (without ``--json``):
@@ -376,6 +377,39 @@ def web_command(box: Outbox, host: str, port: int, no_auth: bool, log_level: str
     click.echo(f"celery_outbox web: serving http://{_hostport(host, port)}/ "
                f"(API: /api/v1, OpenAPI: /openapi.json)", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+@outbox.command("metrics")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind (no authentication: another one is for a network that "
+                   "only Prometheus reaches).")
+@click.option("--port", default=9808, show_default=True, type=click.IntRange(1, 65535),
+              help="Port to bind.")
+@admin_command
+def metrics_command(box: Outbox, host: str, port: int) -> None:
+    """Serve the Prometheus metrics (/metrics) with prometheus_client's HTTP server.
+
+    The table's gauges come from one query per metrics_interval; the event counts from
+    the files of every process sharing PROMETHEUS_MULTIPROC_DIR (set it for the workers and
+    this command alike), else from this process alone.
+    """
+    try:
+        from celery_outbox import metrics
+    except ImportError as exc:
+        raise CommandError(
+            f"{exc}; the metrics need the metrics extra: pip install 'celery-outbox[metrics]'"
+        ) from exc
+    if metrics.multiprocess_dir() is None:
+        click.echo("celery_outbox metrics: PROMETHEUS_MULTIPROC_DIR is not set: the event "
+                   "counts are this process's only (none); set it for the workers and this "
+                   "command", err=True)
+    server, thread = metrics.serve(metrics.registry_for(box), host, port)
+    click.echo(f"celery_outbox metrics: serving http://{_hostport(host, port)}/metrics",
+               err=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        server.shutdown()
 
 
 def _hostport(host: str, port: int) -> str:

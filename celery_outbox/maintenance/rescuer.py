@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from celery_outbox import signals
 from celery_outbox.config import OutboxConfig
 from celery_outbox.dispatch import Dispatcher
 from celery_outbox.errors import LeaseExpired
@@ -109,6 +110,8 @@ class Rescuer:
             ]
             if due:
                 dispatch(self.dispatcher(), due)
+            if batch and signals.jobs_rescued.receivers:
+                _signal_rescued(batch)
             released += sum(1 for _, verdict in batch if verdict.release)
             retried += sum(1 for _, verdict in batch
                            if not verdict.release and verdict.run_at is not None)
@@ -153,3 +156,14 @@ class Rescuer:
             return RescueVerdict(f"{error}; not retried: retry delay {delay} cannot be "
                                  "scheduled", keep=spec.keep_failed_row())
         return RescueVerdict(str(error), run_at=run_at, dispatched=delay <= self.config.max_eta)
+
+
+def _signal_rescued(batch: list[tuple[Expired, RescueVerdict]]) -> None:
+    """``jobs_rescued`` once per job and verdict of ``batch``."""
+    counts: dict[tuple[str, str], int] = {}
+    for row, verdict in batch:
+        kind = ("handed_back" if verdict.release
+                else "retried" if verdict.run_at is not None else "failed")
+        counts[row.job_name, kind] = counts.get((row.job_name, kind), 0) + 1
+    for (job_name, kind), count in counts.items():
+        signals.jobs_rescued.send(sender=job_name, count=count, verdict=kind)

@@ -41,6 +41,9 @@ class Claimed:
     lease_expires_at: datetime
     traceparent: str | None = None
     """The W3C trace context of the push that made the row (None: it was not traced)."""
+    created_at: datetime | None = None
+    scheduled_at: datetime | None = None
+    """When it was due: ``scheduled_at`` (a delayed push, a retry), else ``created_at``."""
 
 
 class Renewed(set[UUID]):

@@ -12,6 +12,8 @@
 - ``create_app(outbox, auth=...)`` returns a FastAPI (ASGI) application: pages at its root,
   JSON under ``/api/v1``, the OpenAPI document at ``/openapi.json``. Mount it under any path
   (``host_app.mount("/outbox", app)``) or serve it with ``celery -A proj outbox web``.
+  With metrics on (the Outbox's ``metrics`` setting, or ``metrics=True``), Prometheus's
+  ``GET /metrics`` too, behind the same ``auth`` (extra ``metrics``).
 - ``auth``: an :class:`Auth`; a resolver ``(request) -> Principal | None``; ``None`` for no
   authentication at all (every request is an ``operate`` principal named ``anonymous``; a
   request whose ``Host`` is not ``127.0.0.1``, ``localhost`` or ``[::1]`` answers 403);
@@ -53,12 +55,16 @@ def create_app(
     count_cap: int = 1_000,
     cache_for: timedelta = timedelta(seconds=3),
     title: str = "celery_outbox",
+    metrics: bool | None = None,
 ) -> Any:
     """The dashboard and JSON API of ``outbox`` as a FastAPI application.
 
     - ``auth``: see the module docstring; left out, from the app's settings.
     - ``count_cap``: counts per job and status stop at this (shown as "1000+").
     - ``cache_for``: how long the overview's counts are shared by every viewer.
+    - ``metrics``: serve ``GET /metrics`` (Prometheus, extra ``metrics``) behind the same
+      authentication as the rest (a bearer token for the scraper; a tenant's principal
+      answers 403); None: when the Outbox's ``metrics`` setting is on.
 
     Raises ImportError naming the ``web`` extra when FastAPI or Jinja2 is not installed,
     ConfigurationError for a bad ``auth``.
@@ -67,7 +73,7 @@ def create_app(
     from celery_outbox.web.app import FROM_SETTINGS, build
 
     return build(outbox, FROM_SETTINGS if auth is ... else auth, count_cap=count_cap,
-                 cache_for=cache_for, title=title)
+                 cache_for=cache_for, title=title, metrics=metrics)
 
 
 __all__ = ["Auth", "Principal", "Resolver", "Token", "User", "create_app", "hash_secret"]

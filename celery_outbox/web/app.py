@@ -61,6 +61,7 @@ def build(
     count_cap: int = 1_000,
     cache_for: timedelta = timedelta(seconds=3),
     title: str = "celery_outbox",
+    metrics: bool | None = None,
 ) -> FastAPI:
     """What :func:`celery_outbox.web.create_app` returns (see there)."""
     if auth is FROM_SETTINGS:
@@ -77,11 +78,31 @@ def build(
     app.state.dashboard = Dashboard(outbox.admin, count_cap=count_cap, cache_for=cache_for)
     app.state.title = title
     app.include_router(api.router)
+    if outbox.config.metrics if metrics is None else metrics:
+        _install_metrics(app, outbox)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_guard(app)
     _install_errors(app)
     return app
+
+
+def _install_metrics(app: FastAPI, outbox: Outbox) -> None:
+    """``GET /metrics``: the Prometheus text of :mod:`celery_outbox.metrics` (the extra
+    imported here, only when metrics are on), behind the same guard as every page: a
+    principal of any access, never a tenant's (the metrics count every tenant's rows)."""
+    from celery_outbox import metrics as prometheus
+
+    registry = prometheus.registry_for(outbox)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def scrape(request: Request) -> Response:
+        who: Principal = request.state.principal
+        if who.organization_id is not None:
+            return _error(request, 403, "the metrics count every tenant's executions: a "
+                          "tenant's principal may not read them")
+        body = await run_in_threadpool(prometheus.render, registry)
+        return Response(body, media_type=prometheus.CONTENT_TYPE)
 
 
 def relative_path(request: Request) -> str:
@@ -93,7 +114,7 @@ def relative_path(request: Request) -> str:
 
 def is_api(request: Request) -> bool:
     rel = relative_path(request)
-    return rel.startswith("/api/") or rel in ("/openapi.json", "/docs", "/redoc")
+    return rel.startswith("/api/") or rel in ("/openapi.json", "/docs", "/redoc", "/metrics")
 
 
 FRAMING = {"X-Frame-Options": "SAMEORIGIN", "Content-Security-Policy": "frame-ancestors 'self'",

@@ -148,5 +148,13 @@ def _tracing() -> None:
     assert trace.get_tracer_provider() is not None
 
 
+def _metrics() -> None:
+    from celery_outbox import metrics
+
+    outbox.create_schema()
+    text = metrics.render(metrics.registry_for(outbox)).decode()
+    assert "celery_outbox_table_scrape_ok 1.0" in text, text
+
+
 CHECKS = {"core": _core, "redis": _redis, "amqp": _amqp, "web": _web, "async": _async,
-          "django": _django, "tracing": _tracing}
+          "django": _django, "tracing": _tracing, "metrics": _metrics}

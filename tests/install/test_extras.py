@@ -49,7 +49,7 @@ from tests.conftest import AMQP_ADDRESS, AMQP_URL, REDIS_ADDRESS, REDIS_URL, req
 
 pytestmark = pytest.mark.extras
 
-EXTRAS = ("core", "redis", "amqp", "web", "async", "django", "tracing")
+EXTRAS = ("core", "redis", "amqp", "web", "async", "django", "tracing", "metrics")
 DEFAULT = ("redis",)  # the core and the Redis extra in one venv: the default suite's bounded case
 ON_CI = ("core", "redis", "web", "django")
 """Under CI: the core alone and the extras whose worker needs more than the core's imports

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
@@ -87,8 +87,11 @@ def test_begin_success_end_then_begin_error_end_for_every_execution(
     assert {sender for _, sender, _ in recorder.calls} == {"sig.flaky"}
 
     ok, ko = ids[0], ids[1]
-    assert recorder.kwargs("job_begin", ok) == {
-        "execution_id": ok, "attempt": 1, "max_attempts": 2}
+    begin = recorder.kwargs("job_begin", ok)
+    due_at = begin.pop("due_at")  # when it became due: pushed without a delay, its creation
+    assert begin == {"execution_id": ok, "attempt": 1, "max_attempts": 2}
+    assert isinstance(due_at, datetime) and due_at.tzinfo is not None
+    assert timedelta(0) <= datetime.now(timezone.utc) - due_at < timedelta(minutes=1)
     success = recorder.kwargs("job_success", ok)
     assert success["attempt"] == 1 and isinstance(success["duration"], timedelta)
     assert recorder.kwargs("job_end", ok)["status"] == "succeeded"

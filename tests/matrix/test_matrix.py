@@ -31,6 +31,8 @@ NOT_REACHED: dict[str, str] = {
     "recent_failures": "the dashboard's reads (no path)",
     "matching_ids": "the dashboard's reads (no path)",
     "status_of": "a read no path's step runs",
+    "table_gauges": "the metrics' read (no path); one that fails answers table_scrape_ok 0 "
+                    "(tests/metrics/test_table.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path
 reaches fails :func:`test_every_query_is_reached` until a path runs it or it is listed."""

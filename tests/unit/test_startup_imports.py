@@ -3,9 +3,9 @@
 - Celery's command line loads every ``celery.commands`` entry point whatever the command
   (``celery worker`` of any app): the ``outbox`` one imports click and nothing of the outbox.
 - An app with an Outbox and a job, and its first execution, import neither the admin, the
-  command line, the dashboard, Django's or the async pieces, nor SQLAlchemy's ORM or asyncio
-  extension: a worker serves jobs with SQLAlchemy Core; nor OpenTelemetry, installed but not
-  set up by the application.
+  command line, the dashboard, Django's or the async pieces, the metrics (unless asked for),
+  nor SQLAlchemy's ORM or asyncio extension: a worker serves jobs with SQLAlchemy Core; nor
+  OpenTelemetry, installed but not set up by the application.
 
 Each check runs in a fresh interpreter (``sys.modules`` of this one holds everything).
 """
@@ -26,6 +26,7 @@ NEVER_IN_A_WORKER = (
     "celery_outbox.admin", "celery_outbox.cli", "celery_outbox.web", "celery_outbox.dashboard",
     "celery_outbox.contrib", "celery_outbox.executors.sqlalchemy_async", "sqlalchemy.orm",
     "sqlalchemy.ext.asyncio", "rich", "fastapi", "alembic", "jinja2", "opentelemetry",
+    "celery_outbox.metrics", "prometheus_client",  # without metrics=True
 )
 """``opentelemetry`` is installed here (the test extra has its SDK): tracing costs no import
 unless the application imported it and set a tracer provider (celery_outbox.tracing)."""
