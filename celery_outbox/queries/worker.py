@@ -156,6 +156,46 @@ def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
                     prepared=True)
 
 
+@cache
+def _start_many_statement(t: Table, n: int, unflushed: bool) -> Any:
+    """The start of ``n`` rows of one claim in one UPDATE ... RETURNING, built once per
+    count: bound ``sm_by`` (the claim's token, shared by every fence of a claim) and
+    ``sm<i>_id`` / ``sm<i>_attempt`` per row; found by the ids alone, the rest behind
+    :func:`~celery_outbox.queries.clauses.filtered`. ``unflushed``: the commit does not wait
+    for its WAL flush (as :func:`_start_unflushed_statement`)."""
+    now = bindparam("sm_now", type_=t.c.started_at.type)
+    ids = [bindparam(f"sm{i}_id", type_=t.c.id.type) for i in range(n)]
+    attempts = [bindparam(f"sm{i}_attempt", type_=t.c.attempt.type) for i in range(n)]
+    stmt = (update(t)
+            .where(t.c.id.in_(ids),
+                   filtered(t.c.status == Status.RUNNING.value,
+                            t.c.claimed_by == bindparam("sm_by", type_=t.c.claimed_by.type),
+                            or_(*(and_(t.c.id == i, t.c.attempt == a)
+                                  for i, a in zip(ids, attempts, strict=True)))))
+            .values(started_at=now, updated_at=now)
+            .returning(t.c.id))
+    if unflushed:
+        off = select(func.set_config("synchronous_commit", "off", True)).scalar_subquery()
+        stmt = stmt.where(off.is_not(None))
+    return stmt
+
+
+@named("start many: running -> running, started_at = now, for the rows of one claim a "
+       "parallel job begins together; fenced", hot=True)
+def start_many(t: Table, fences: Sequence[Fence], now: datetime, *,
+               unflushed: bool = False) -> Query[list[UUID]]:
+    """Answers the ids marked started (a fence's miss leaves its id out). ``fences`` (at
+    least one) share one ``claimed_by``; ``unflushed`` on PostgreSQL only."""
+    by = fences[0].claimed_by
+    assert all(f.claimed_by == by for f in fences), "the fences of one claim"
+    params: dict[str, Any] = {"sm_by": by, "sm_now": now}
+    for i, f in enumerate(fences):
+        params[f"sm{i}_id"] = f.id
+        params[f"sm{i}_attempt"] = f.attempt
+    return rows("start_many", _start_many_statement(t, len(fences), unflushed), _id, params,
+                prepared=True)
+
+
 def _kind(outcome: Outcome) -> OutcomeName | None:
     """Which statement writes ``outcome``: its name's, or None for the delete."""
     return None if deletes(outcome) else outcome.name

@@ -21,6 +21,7 @@ from celery_outbox.queries.worker import (
     release_claim_rows,
     release_fenced,
     start_fenced,
+    start_many,
     start_unflushed,
 )
 from celery_outbox.store.base import Fence, StoreBase
@@ -110,6 +111,20 @@ class WorkerStore(StoreBase):
         query = (start_unflushed if unflushed else start_fenced)(self.t, fence, now)
         return self._hit(self.executor.run(query), "start", fence.id)
 
+    def start_many(self, fences: Sequence[Fence], now: datetime, *,
+                   flushed: bool = True) -> list[bool]:
+        """:meth:`start` for several rows of one claim (a parallel job's next rows), in one
+        statement; per fence, in order, whether it was still the claim's. ``fences`` share
+        one ``claimed_by`` (the claim's token); ``flushed`` and ``now`` as for :meth:`start`.
+        """
+        if not fences:
+            return []
+        unflushed = not flushed and self.dialect == "postgresql"
+        found: list[UUID] = self.executor.run(start_many(self.t, fences, now,
+                                                          unflushed=unflushed))
+        marked = set(found)
+        return [f.id in marked for f in fences]
+
     def finish(
         self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None
     ) -> Finished:
@@ -140,18 +155,28 @@ class WorkerStore(StoreBase):
         return Finished(self._hit(hits, outcome.name.value, fence.id), started)
 
     def finish_many(
-        self, writes: Sequence[Write], now: datetime, *, start: Fence | None = None
+        self, writes: Sequence[Write], now: datetime, *, start: Fence | None = None,
+        starts: Sequence[Fence] = (),
     ) -> FinishedMany:
         """:meth:`finish` for each of ``writes``, in one transaction (all or none: one round
         trip and one commit on PostgreSQL), each fenced on its own; ``start`` as for
-        :meth:`finish`, at ``now`` (aware)."""
+        :meth:`finish`, at ``now`` (aware). ``starts``: the next rows of the same claim (a
+        parallel job's), marked started in the same transaction by one statement
+        (:meth:`start_many`), answered per fence in ``FinishedMany.starts``; not with
+        ``start``."""
+        assert start is None or not starts, "start or starts, not both"
         t = self.t
         queries: list[Any] = [finish_fenced(t, w.outcome, w.fence, w.now) for w in writes]
         if start is not None:
             queries.append(start_fenced(t, start, now))
+        elif starts:
+            queries.append(start_many(t, starts, now))
         results = self.executor.run_all(queries)
         hits = [self._hit(n, w.outcome.name.value, w.fence.id)
                 for n, w in zip(results, writes, strict=False)]
+        if starts:
+            marked = set(results[-1])
+            return FinishedMany(hits, None, [f.id in marked for f in starts])
         return FinishedMany(hits, None if start is None else results[-1] == 1)
 
     def heartbeat(

@@ -41,6 +41,7 @@ from celery_outbox.queries.worker import (
     finish_and_start,
     finish_fenced,
     start_fenced,
+    start_many,
     start_unflushed,
 )
 from tests.integration.conftest import MakeOutbox
@@ -74,6 +75,9 @@ CASES: dict[str, Case] = {
         for n in (1, 50)],
     "start_fenced": lambda ts, ids, fs: [start_fenced(ts.executions, fs[0], NOW)],
     "start_unflushed": lambda ts, ids, fs: [start_unflushed(ts.executions, fs[0], NOW)],
+    "start_many": lambda ts, ids, fs: [
+        start_many(ts.executions, fs[:n], NOW, unflushed=unflushed)
+        for n in (1, 8) for unflushed in (False, True)],
     "finish_fenced": lambda ts, ids, fs: [finish_fenced(ts.executions, o, fs[0], NOW)
                                           for o in OUTCOMES],
     "finish_and_start": lambda ts, ids, fs: [
