@@ -1,4 +1,5 @@
-"""``python -m bench peers [--quick] [--rounds N] [--n N] [--json PATH]``: the outbox and its peers.
+"""``python -m bench peers [--quick] [--drain-only] [--rounds N] [--n N] [--json PATH]``:
+the outbox and its peers.
 
 celery_outbox, plain Celery, pgqueuer and procrastinate side by side in one run (issue 12).
 Celery and the outbox on Redis (``bench.app``: db 11, a queue of the run's own) and PostgreSQL
@@ -10,7 +11,9 @@ its defaults; every process started in a process group of its own and stopped by
 the end of each figure.
 
 1. e2e drain: ``n`` jobs pushed with no worker running, then the workers started; jobs/s
-   from the first handler's start to the ``n``-th's; exactly ``n`` runs, nothing left.
+   from the first handler's start to the ``n``-th's; exactly ``n`` runs, nothing left. The
+   outbox twice: its job as declared by default, and "drain parallel K=10", the same job
+   with ``parallel=10`` (this figure only). ``--drain-only`` measures this figure alone.
 2. latency push -> handler start, p50 / p99 ms, workers warmed up; each push right after
    the previous handler signalled.
 3. a push in the caller's Session against what users do today (commit, then ``delay()``),
@@ -66,6 +69,8 @@ class Counts:
     many: int
     """Jobs in one batch push (figure 4)."""
     rounds: int
+    drain_only: bool = False
+    """Figure 1 alone (``--drain-only``)."""
 
 
 FULL = Counts(n=5000, samples=200, ops=1000, many=10_000, rounds=5)
@@ -90,6 +95,8 @@ class System:
     """Forget every job: empty tables and queues (no worker runs)."""
     push_many: Callable[[int], None] | None = None
     """``n`` jobs in one call, committed and dispatched (figure 4)."""
+    drain_only: bool = False
+    """Measured in figure 1 only (a variant of another system's job)."""
 
 
 @dataclass
@@ -139,6 +146,7 @@ def _systems(queue: str) -> list[System]:
     from bench import peers_celery, peers_pgq, peers_proc, scenarios
 
     job, task, outbox = peers_celery.peer_job, peers_celery.peer, peers_celery.outbox
+    par_job = peers_celery.peer_job_parallel
 
     def flush() -> None:
         if not outbox.flush(FLUSH_TIMEOUT):
@@ -152,6 +160,11 @@ def _systems(queue: str) -> list[System]:
     def outbox_pre_push(n: int, total: int) -> None:
         for start in range(0, n, BATCH):
             job.push_many([{"total": total}] * min(BATCH, n - start))
+        flush()
+
+    def parallel_pre_push(n: int, total: int) -> None:
+        for start in range(0, n, BATCH):
+            par_job.push_many([{"total": total}] * min(BATCH, n - start))
         flush()
 
     def outbox_push_many(n: int) -> None:
@@ -197,6 +210,9 @@ def _systems(queue: str) -> list[System]:
         System("procrastinate", "procrastinate", lambda total: proc_task.defer(total=total),
                proc_pre_push, [proc_worker] * PROCESSES, peers_proc.left, peers_proc.clear,
                lambda n: proc_task.batch_defer(*[{"total": 0}] * n)),
+        System("outbox_parallel", f"celery_outbox parallel K={peers_celery.PARALLEL}",
+               lambda total: par_job.push({"total": total}), parallel_pre_push,
+               [celery_workers], scenarios.rows_left, reset_celery, drain_only=True),
     ]
 
 
@@ -388,6 +404,9 @@ def measure_round(r: int, systems: list[System], c: Counts, results: Results) ->
         results.line(f"{title}, {unit}", [f"{key}.{s.key}" for s in among])
 
     each("e2e", f"1. e2e drain of {c.n:,}", "jobs/s", lambda s: e2e_drain(s, c.n))
+    if c.drain_only:
+        return
+    order = [s for s in order if not s.drain_only]
     latencies = {}
     for s in order:
         with _about(s):
@@ -471,11 +490,16 @@ def ratios(res: Results) -> list[Ratio]:
 
     peers = [("celery", "plain Celery"), ("pgqueuer", "pgqueuer"),
              ("procrastinate", "procrastinate")]
-    # The targets of issue 12: drain at least pgqueuer's, latency within 1.2x plain Celery's.
+    # The targets: drain at least pgqueuer's, latency within 1.2x plain Celery's.
     out = [Ratio(f"e2e.outbox/{key}", f"1. e2e drain, outbox / {label}",
                  over("e2e.outbox", f"e2e.{key}"),
                  *((">=", 1.0) if key == "pgqueuer" else ()))
            for key, label in peers]
+    out += [Ratio(f"e2e.outbox_parallel/{key}", f"1. e2e drain, outbox parallel / {label}",
+                  over("e2e.outbox_parallel", f"e2e.{key}"))
+            for key, label in [("outbox", "outbox"), ("pgqueuer", "pgqueuer")]]
+    if "lat50.outbox" not in res:  # --drain-only
+        return out
     out += [Ratio(f"lat{q}.outbox/{key}", f"2. latency p{q}, outbox / {label}",
                   over(f"lat{q}.outbox", f"lat{q}.{key}"),
                   *(("<=", 1.2) if key == "celery" else ()))
@@ -551,13 +575,15 @@ def main(argv: list[str]) -> int:
                         help=f"{QUICK.n} jobs, {QUICK.samples} samples, {QUICK.rounds} round")
     parser.add_argument("--rounds", type=int, help=f"rounds (default {FULL.rounds})")
     parser.add_argument("--n", type=int, help=f"jobs drained end to end (default {FULL.n:,})")
+    parser.add_argument("--drain-only", action="store_true",
+                        help="figure 1 alone (the e2e drains, the parallel one included)")
     parser.add_argument("--json", metavar="PATH", help="write every per-round value as JSON")
     parser.add_argument("--redis-db", type=int, default=REDIS_DB,
                         help=f"Redis db number of the broker (default {REDIS_DB})")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
     c = Counts(n=args.n or base.n, samples=base.samples, ops=base.ops, many=base.many,
-               rounds=args.rounds or base.rounds)
+               rounds=args.rounds or base.rounds, drain_only=args.drain_only)
 
     # SIGTERM (a `timeout`, a CI limit) unwinds like an error: the workers get stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -220,6 +220,10 @@ class _Retries:
                     self._pending.discard(retry)
 
 
+HELPER_NAME = "celery-outbox-parallel"
+"""The name of every helper thread of :class:`_Helpers`."""
+
+
 class _Job:
     """One call handed to :class:`_Helpers`: ``done`` is set once it returned (``result``)
     or raised (``raised``)."""
@@ -230,6 +234,8 @@ class _Job:
         self.done = threading.Event()
         self.result: Any = None
         self.raised: BaseException | None = None
+        self.inline = False
+        """No thread could be started for it: the waiting thread runs it itself."""
 
     def run(self) -> None:
         try:
@@ -262,8 +268,14 @@ class _Helpers:
                 self._idle -= 1
             jobs = self._jobs
         if spawn:
-            threading.Thread(target=self._work, args=(jobs,), name="celery-outbox-parallel",
-                             daemon=True).start()
+            try:
+                threading.Thread(target=self._work, args=(jobs,), name=HELPER_NAME,
+                                 daemon=True).start()
+            except RuntimeError:  # no thread to be had (a process at its limit)
+                log.warning("celery_outbox: no helper thread could be started; a parallel "
+                            "job's handler runs on the task's thread instead", exc_info=True)
+                job.inline = True
+                return job
         jobs.put(job)
         return job
 
@@ -639,6 +651,11 @@ class Runner:
         except BaseException as exc:
             stop_the_others(exc)
         for job in jobs:
+            if job.inline:
+                if raised is None:
+                    job.run()
+                else:
+                    continue  # stopped before it began: taken back (claim.never)
             while not job.done.is_set():
                 try:
                     job.done.wait()
