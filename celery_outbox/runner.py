@@ -256,13 +256,13 @@ class _Helpers:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._idle = 0
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.Queue[_Job] = queue.Queue()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> _Job:
         job = _Job(fn, args)
         with self._lock:
             if self._pid != os.getpid():  # forked: the parent's threads are not here
-                self._pid, self._idle, self._jobs = os.getpid(), 0, queue.SimpleQueue()
+                self._pid, self._idle, self._jobs = os.getpid(), 0, queue.Queue()
             spawn = self._idle == 0
             if not spawn:
                 self._idle -= 1
@@ -279,7 +279,7 @@ class _Helpers:
         jobs.put(job)
         return job
 
-    def _work(self, jobs: queue.SimpleQueue[_Job]) -> None:
+    def _work(self, jobs: queue.Queue[_Job]) -> None:
         while True:
             job = jobs.get()
             job.run()
