@@ -306,3 +306,47 @@ def test_a_base_exception_of_one_handler_ends_the_message_after_the_others(
     assert rows[2]["status"] == "running"  # interrupted: the rescuer's, as without parallel
     for row in rows[3:]:  # the next wave never began: handed back, the attempt not spent
         assert (row["status"], row["attempt"], row["started_at"]) == ("pending", 0, None)
+
+
+def test_a_timeout_stops_a_handler_on_a_helper_thread_by_its_ctx(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, reader: Engine,
+) -> None:
+    @outbox_job(schema=Order, name="shop.deadline", registry=registry, record="all",
+                parallel=2, timeout=timedelta(seconds=1))
+    def deadline(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 1:  # the second of the wave: on a helper thread
+            assert ctx.cancelled.wait(WAIT)
+            ctx.raise_if_cancelled()
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    ids = deadline.push_many([Order(order_id=n) for n in range(2)])
+
+    result = outbox.run_now(deadline.name, ids)
+
+    assert (result.succeeded, result.failed) == (1, 1)
+    rows = [seen(reader, outbox, i) for i in ids]
+    assert [r["status"] for r in rows] == ["succeeded", "failed"]
+    assert rows[1]["last_error"].startswith("timed out: ExecutionCancelled")
+
+
+def test_outcomes_held_in_the_window_are_written_before_the_message_returns(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, reader: Engine,
+) -> None:
+    overlap = Overlap()
+
+    @outbox_job(schema=Order, name="shop.windowed", registry=registry, record="all",
+                parallel=2)
+    def windowed(ctx: JobContext[Order]) -> None:
+        overlap.enter(ctx.execution_id)
+        assert seen(reader, outbox, ctx.execution_id)["started_at"] is not None
+        overlap.leave(ctx.execution_id)
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher(),
+                         outcome_window=timedelta(minutes=1))
+    ids = windowed.push_many([Order(order_id=n) for n in range(5)])
+
+    result = outbox.run_now(windowed.name, ids)
+
+    assert result.succeeded == 5
+    assert sorted(overlap.calls) == sorted(ids) and overlap.twice == []
+    assert {seen(reader, outbox, i)["status"] for i in ids} == {"succeeded"}
