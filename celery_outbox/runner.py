@@ -222,6 +222,8 @@ class _Retries:
 
 HELPER_NAME = "celery-outbox-parallel"
 """The name of every helper thread of :class:`_Helpers`."""
+HELPER_IDLE = 60.0
+"""Seconds a helper thread waits for its next handler before it ends."""
 
 
 class _Job:
@@ -249,8 +251,8 @@ class _Job:
 class _Helpers:
     """The threads that run a parallel job's handlers beside the calling thread (green
     threads under gevent and eventlet, whose monkeypatching covers ``threading``): started
-    as needed, kept idle for the next wave, daemons (a process exit never waits on them);
-    none after a fork until needed again."""
+    as needed, kept for the next wave until idle for :data:`HELPER_IDLE`, daemons (a process
+    exit never waits on them); none after a fork until needed again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -281,7 +283,16 @@ class _Helpers:
 
     def _work(self, jobs: queue.Queue[_Job]) -> None:
         while True:
-            job = jobs.get()
+            try:
+                job = jobs.get(timeout=HELPER_IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if jobs is not self._jobs:
+                        return
+                    if self._idle:  # still counted idle, so no job is meant for this one
+                        self._idle -= 1
+                        return
+                continue  # a submit counted on this one: its job is on its way
             job.run()
             del job
             with self._lock:
