@@ -245,7 +245,8 @@ def outbox_job(
     ``parallel=K`` (K > 1): the executions one message carries (up to
     ``dispatch_chunk_size``) run up to K at once instead of one after the other, so a
     message's handlers overlap: K are marked started in one statement just before they
-    begin, and their K outcomes are written in one round trip (with the next K's start).
+    begin, and their K outcomes are written in one round trip (one transaction, with the
+    next K's start; one DELETE for all when none keeps a row).
     The first of each K runs on the task's own thread, the others on helper threads of the
     worker process (green threads under gevent / eventlet); the message is acknowledged only
     once all K outcomes are committed. Use it for I/O-bound handlers (HTTP calls, mail)

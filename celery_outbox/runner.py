@@ -360,7 +360,8 @@ class _Outcomes:
                 raise  # a start alone failed: not ours to retry, the row is handed back
             log.warning("celery_outbox: writing %d outcome(s) of %r failed; writing them "
                         "again%s (%s)", len(writes), claim.spec.name,
-                        " without the next rows' start" if start or starts else "",
+                        " without the next row's start" if start is not None
+                        else " without the next rows' start" if starts else "",
                         " ".join(str(exc).split())[:300])
             hits = self._again(claim, writes)
             claim.held = []

@@ -156,24 +156,40 @@ def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
                     prepared=True)
 
 
+def _fenced_many(t: Table, n: int, prefix: str) -> Any:
+    """The rows of ``n`` fences of one claim, with bound parameters: ``<prefix>_by`` (the
+    claim's token, shared by every fence of a claim) and ``<prefix><i>_id`` /
+    ``<prefix><i>_attempt`` per row (:func:`_fences_params`); found by the ids alone, the
+    rest behind :func:`~celery_outbox.queries.clauses.filtered`."""
+    ids = [bindparam(f"{prefix}{i}_id", type_=t.c.id.type) for i in range(n)]
+    attempts = [bindparam(f"{prefix}{i}_attempt", type_=t.c.attempt.type) for i in range(n)]
+    return and_(t.c.id.in_(ids),
+                filtered(t.c.status == Status.RUNNING.value,
+                         t.c.claimed_by == bindparam(f"{prefix}_by", type_=t.c.claimed_by.type),
+                         or_(*(and_(t.c.id == i, t.c.attempt == a)
+                               for i, a in zip(ids, attempts, strict=True)))))
+
+
+def _fences_params(fences: Sequence[Fence], prefix: str) -> dict[str, Any]:
+    """The bound parameters of :func:`_fenced_many` for ``fences`` (at least one, one
+    ``claimed_by``)."""
+    by = fences[0].claimed_by
+    assert all(f.claimed_by == by for f in fences), "the fences of one claim"
+    params: dict[str, Any] = {f"{prefix}_by": by}
+    for i, f in enumerate(fences):
+        params[f"{prefix}{i}_id"] = f.id
+        params[f"{prefix}{i}_attempt"] = f.attempt
+    return params
+
+
 @cache
 def _start_many_statement(t: Table, n: int, unflushed: bool) -> Any:
     """The start of ``n`` rows of one claim in one UPDATE ... RETURNING, built once per
-    count: bound ``sm_by`` (the claim's token, shared by every fence of a claim) and
-    ``sm<i>_id`` / ``sm<i>_attempt`` per row; found by the ids alone, the rest behind
-    :func:`~celery_outbox.queries.clauses.filtered`. ``unflushed``: the commit does not wait
-    for its WAL flush (as :func:`_start_unflushed_statement`)."""
+    count (:func:`_fenced_many`, prefix ``sm``). ``unflushed``: the commit does not wait for
+    its WAL flush (as :func:`_start_unflushed_statement`)."""
     now = bindparam("sm_now", type_=t.c.started_at.type)
-    ids = [bindparam(f"sm{i}_id", type_=t.c.id.type) for i in range(n)]
-    attempts = [bindparam(f"sm{i}_attempt", type_=t.c.attempt.type) for i in range(n)]
-    stmt = (update(t)
-            .where(t.c.id.in_(ids),
-                   filtered(t.c.status == Status.RUNNING.value,
-                            t.c.claimed_by == bindparam("sm_by", type_=t.c.claimed_by.type),
-                            or_(*(and_(t.c.id == i, t.c.attempt == a)
-                                  for i, a in zip(ids, attempts, strict=True)))))
-            .values(started_at=now, updated_at=now)
-            .returning(t.c.id))
+    stmt = (update(t).where(_fenced_many(t, n, "sm"))
+            .values(started_at=now, updated_at=now).returning(t.c.id))
     if unflushed:
         off = select(func.set_config("synchronous_commit", "off", True)).scalar_subquery()
         stmt = stmt.where(off.is_not(None))
@@ -186,14 +202,23 @@ def start_many(t: Table, fences: Sequence[Fence], now: datetime, *,
                unflushed: bool = False) -> Query[list[UUID]]:
     """Answers the ids marked started (a fence's miss leaves its id out). ``fences`` (at
     least one) share one ``claimed_by``; ``unflushed`` on PostgreSQL only."""
-    by = fences[0].claimed_by
-    assert all(f.claimed_by == by for f in fences), "the fences of one claim"
-    params: dict[str, Any] = {"sm_by": by, "sm_now": now}
-    for i, f in enumerate(fences):
-        params[f"sm{i}_id"] = f.id
-        params[f"sm{i}_attempt"] = f.attempt
+    params = {**_fences_params(fences, "sm"), "sm_now": now}
     return rows("start_many", _start_many_statement(t, len(fences), unflushed), _id, params,
                 prepared=True)
+
+
+@cache
+def _delete_many_statement(t: Table, n: int) -> Any:
+    return delete(t).where(_fenced_many(t, n, "dm")).returning(t.c.id)
+
+
+@named("outcomes that keep no row, of several rows of one claim: running -> deleted, in "
+       "one statement; fenced", hot=True)
+def delete_many_fenced(t: Table, fences: Sequence[Fence]) -> Query[list[UUID]]:
+    """Answers the ids deleted (a fence's miss leaves its id out). ``fences`` (at least
+    one) share one ``claimed_by``."""
+    return rows("delete_many_fenced", _delete_many_statement(t, len(fences)), _id,
+                _fences_params(fences, "dm"), prepared=True)
 
 
 def _kind(outcome: Outcome) -> OutcomeName | None:

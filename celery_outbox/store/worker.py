@@ -11,10 +11,11 @@ from typing import Any
 from uuid import UUID
 
 from celery_outbox.errors import StorageError
-from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write
+from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write, deletes
 from celery_outbox.queries.worker import (
     claim_rows,
     confirm_stop,
+    delete_many_fenced,
     extend_leases,
     finish_and_start,
     finish_fenced,
@@ -166,14 +167,25 @@ class WorkerStore(StoreBase):
         ``start``."""
         assert start is None or not starts, "start or starts, not both"
         t = self.t
-        queries: list[Any] = [finish_fenced(t, w.outcome, w.fence, w.now) for w in writes]
+        # Outcomes that all keep no row (a parallel job's successes under record="errors"),
+        # of one claim: one DELETE for all.
+        deleting = len(writes) > 1 and all(deletes(w.outcome) for w in writes) \
+            and len({w.fence.claimed_by for w in writes}) == 1
+        queries: list[Any] = (
+            [delete_many_fenced(t, [w.fence for w in writes])] if deleting
+            else [finish_fenced(t, w.outcome, w.fence, w.now) for w in writes])
         if start is not None:
             queries.append(start_fenced(t, start, now))
         elif starts:
             queries.append(start_many(t, starts, now))
         results = self.executor.run_all(queries)
+        if deleting:
+            gone = set(results[0])
+            counts = [int(w.fence.id in gone) for w in writes]
+        else:
+            counts = results[:len(writes)]
         hits = [self._hit(n, w.outcome.name.value, w.fence.id)
-                for n, w in zip(results, writes, strict=False)]
+                for n, w in zip(counts, writes, strict=True)]
         if starts:
             marked = set(results[-1])
             return FinishedMany(hits, None, [f.id in marked for f in starts])

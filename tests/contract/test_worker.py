@@ -355,6 +355,27 @@ def test_finish_many_with_the_start_of_the_next_rows(store: ExecutionStore) -> N
         assert_row(store, r.id, whole=True, **claimed(r, started_at=LATER, updated_at=LATER))
 
 
+def test_finish_many_of_outcomes_that_keep_no_row_deletes_each_fenced_in_one_call(
+    store: ExecutionStore,
+) -> None:
+    """A parallel job's wave under record="errors" / "none": one DELETE for all."""
+    done, failed, lost, following = (add(store) for _ in range(4))
+    store.claim([r.id for r in (done, failed, lost, following)], JOB, "w1", T0, LEASE)
+    assert store.cancel(lost.id, T0, by=None, by_name=None) == JOB
+    before = store.get(lost.id)
+    assert before is not None
+    writes = [Write(Succeeded(keep=False), Fence(done.id, "w1", 1), LATER),
+              Write(Failed("boom", keep=False), Fence(failed.id, "w1", 1), LATER),
+              Write(Succeeded(keep=False), Fence(lost.id, "w1", 1), LATER)]
+    assert store.finish_many(writes, LATER, starts=[Fence(following.id, "w1", 1)]) == \
+        FinishedMany([True, True, False], started=None, starts=[True])
+    assert_gone(store, done.id)
+    assert_gone(store, failed.id)
+    assert_unchanged(store, before)
+    assert_row(store, following.id, whole=True,
+               **claimed(following, started_at=LATER, updated_at=LATER))
+
+
 def test_a_retried_row_is_claimed_again_when_due(store: ExecutionStore) -> None:
     row = add(store)
     fence = claim(store, row.id)

@@ -350,3 +350,30 @@ def test_outcomes_held_in_the_window_are_written_before_the_message_returns(
     assert result.succeeded == 5
     assert sorted(overlap.calls) == sorted(ids) and overlap.twice == []
     assert {seen(reader, outbox, i)["status"] for i in ids} == {"succeeded"}
+
+
+def test_a_wave_of_rows_kept_by_no_outcome_is_deleted_in_one_statement(
+    db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, reader: Engine,
+) -> None:
+    @outbox_job(schema=Order, name="shop.light", registry=registry, parallel=3)  # "errors"
+    def light(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 4:
+            raise DoNotRetry("kept: a failure")
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    names: list[str] = []
+    outbox.store.executor.observers.append(lambda query, elapsed: names.append(query.name))
+    ids = light.push_many([Order(order_id=n) for n in range(6)])
+    names.clear()
+
+    result = outbox.run_now(light.name, ids)
+
+    assert (result.succeeded, result.failed) == (5, 1)
+    t = outbox.store.t
+    with reader.connect() as conn:
+        left = conn.execute(select(t.c.id, t.c.status)).all()
+    assert [(i, s) for i, s in left] == [(ids[4], "failed")]
+    # The first wave's three successes: one DELETE (with the second wave's start); the
+    # second wave's mixed outcomes: a statement each.
+    assert names.count("delete_many_fenced") == 1
+    assert names.count("start_many") == 2
