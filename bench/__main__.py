@@ -14,12 +14,14 @@ a no-op task:
 The figures are measured in rounds, one of each figure per round, so both sides see the same
 machine; each figure is the median over rounds, each ratio the median of its per-round ratios.
 
-``python -m bench sweep [--quick]``: the sweep / trim benchmark of issue 3 (bench/sweep.py).
+``python -m bench sweep [--quick]``: the sweep / trim benchmark (bench/sweep.py).
 ``python -m bench web [--rows N]``: the dashboard's reads at 1,000,000 rows (bench/web.py).
 ``python -m bench frameworks [--quick]``: ``apush`` in an AsyncSession and Django's ``push``
 in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
 ``python -m bench peers [--quick]``: the outbox, plain Celery, pgqueuer and procrastinate side
 by side (bench/peers.py; their packages: bench/requirements.txt, ``make bench-peers``).
+``python -m bench stages [--samples N] [--rounds N]``: each stage from push to outcome, the
+package against the floor (bench/stages.py).
 ``python -m bench claim-plan [--rounds N]``: a claim's cost at 100 vs 100,000 pending rows,
 statistics stale and fresh, and its generic plan (bench/claim_plan.py).
 ``python -m bench startup [--rounds N]``: worker start-up to the first job's handler, plain
@@ -128,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import runner
 
         return runner.main(argv[1:])
+    if argv[:1] == ["stages"]:  # push -> outcome per stage, package vs floor (bench/stages.py)
+        from bench import stages
+
+        return stages.main(argv[1:])
     if argv[:1] == ["claim-plan"]:  # a claim at 100 vs 100,000 pending (bench/claim_plan.py)
         from bench import claim_plan
 
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return web.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
                                      epilog="python -m bench sweep --help: the sweep / trim "
-                                            "benchmark (issue 3); python -m bench frameworks "
+                                            "benchmark; python -m bench frameworks "
                                             "--help: apush and Django vs delay()")
     parser.add_argument("--quick", action="store_true", help="small counts, few rounds (smoke)")
     parser.add_argument("--rounds", type=int, help="rounds of the publish-only figures")

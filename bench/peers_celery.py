@@ -1,6 +1,6 @@
 """Celery and the outbox in ``python -m bench peers``: ``bench.app``'s Celery app and Outbox
 with one more task and job whose handlers do the peers' Redis side effect
-(:mod:`bench.peers_signal`).
+(:mod:`bench.peers_signal`), and the floor's task (:mod:`bench.peers_floor`).
 
 ``peer_job_parallel`` is the same job with ``parallel=PARALLEL``: a message's executions
 run up to that many at once (the "drain parallel" figure).
@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from bench import peers_floor
 from bench.app import app, outbox, registry
 from bench.peers_signal import record
 from celery_outbox import JobContext, outbox_job
 
-__all__ = ["PARALLEL", "app", "outbox", "peer", "peer_job", "peer_job_parallel"]
+__all__ = ["PARALLEL", "app", "outbox", "peer", "peer_job", "peer_job_parallel", "peers_floor"]
 
 
 class Total(BaseModel):

@@ -1,6 +1,6 @@
 """``python -m bench sweep``: sweep and trim cost on a 1,000,000-row table vs a 1,000-row one.
 
-Issue 3: sweep and trim cost must grow with the work due, not with the table. One sweep and
+The sweep and trim cost must grow with the work due, not with the table. One sweep and
 one trim are timed on a table holding 1,000,000 finished rows plus 1,000 due rows (``big``),
 and on a table holding only the same 1,000 due rows (``small``), side by side in rounds (the
 two tables alternate which goes first); the ratio big / small must stay below 2x. The

@@ -35,6 +35,7 @@ from celery_outbox import signals
 from celery_outbox.admin import (
     ExecutionDetail,
     ExecutionView,
+    LoopHealth,
     OutboxAdmin,
     _uuid,
     decode_cursor,
@@ -121,6 +122,8 @@ class Overview:
     generated_at: datetime
     count_cap: int
     jobs: tuple[JobOverview, ...]
+    loop: tuple[LoopHealth, ...] = ()
+    """The sweep's and the trim's last runs (the same for every tenant)."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,8 @@ class Dashboard:
                           self.admin.outbox.app)
             for spec in specs
         )
-        return Overview(generated_at=now, count_cap=self.count_cap, jobs=jobs)
+        return Overview(generated_at=now, count_cap=self.count_cap, jobs=jobs,
+                        loop=self.admin.loop_health(now))
 
     def executions(
         self, query: ExecutionQuery, cursor: str | None = None, limit: int = 50

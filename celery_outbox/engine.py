@@ -293,10 +293,20 @@ def _replace_closed_connections(engine: Engine) -> None:
 
     @event.listens_for(engine, "checkout")
     def _check(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
-        if dbapi_conn.closed or getattr(dbapi_conn, "broken", False):
-            raise DisconnectionError("connection closed")
-        if _readable(dbapi_conn.fileno()):
-            raise DisconnectionError("the server closed the connection")
+        gone = gone_idle(dbapi_conn)
+        if gone is not None:
+            raise DisconnectionError(gone)
+
+
+def gone_idle(dbapi_conn: Any) -> str | None:
+    """Why the idle psycopg connection ``dbapi_conn`` cannot be used, or None when it can:
+    psycopg marked it closed or broken, or its socket is readable (the server only speaks
+    first on an idle connection when it ends it). No round trip."""
+    if dbapi_conn.closed or getattr(dbapi_conn, "broken", False):
+        return "connection closed"
+    if _readable(dbapi_conn.fileno()):
+        return "the server closed the connection"
+    return None
 
 
 def _readable(fd: int) -> bool:

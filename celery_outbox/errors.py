@@ -13,7 +13,8 @@
     ├── JobLocked               a cron job's earlier execution is still active (admin trigger)
     ├── StorageError            the database failed or could not be reached
     │   └── KeyBusy             a keyed push waited too long on another transaction's key
-    └── LeaseExpired            an attempt's worker stopped renewing its lease (the rescuer)
+    ├── LeaseExpired            an attempt's worker stopped renewing its lease (the rescuer)
+    └── ExecutionsFailed        a message's executions failed for good (Celery's task state)
 
     RetryLater(delay)           raised by a handler: retry after ``delay`` (counts an attempt)
     DoNotRetry(reason)          raised by a handler: fail now, whatever the retry policy says
@@ -246,3 +247,28 @@ class ExecutionCancelled(OutboxError):
         self.execution_id = execution_id
         self.reason = reason
         super().__init__(f"execution {execution_id} {reason}")
+
+
+class ExecutionsFailed(OutboxError):
+    """What the ``celery_outbox.run`` task raises, after every outcome of its message is
+    written, when some of its executions failed for good (no retry left, or
+    :class:`DoNotRetry`), so Celery's own view of the message is true: the worker logs
+    ``Task <job>[<task id>] raised expected: ExecutionsFailed(...)`` instead of
+    ``succeeded``, a ``task-failed`` event goes out (Flower shows FAILURE) and a result
+    backend, when results are kept, stores the failure. Nothing is retried or redelivered
+    because of it: the message was acknowledged when it arrived, and each execution's
+    failure is already recorded on its row (with its error and traceback).
+
+    Attributes: ``job_name``, ``failed`` (executions failed for good), ``of`` (executions the
+    message ran).
+    """
+
+    def __init__(self, job_name: str, failed: int, of: int) -> None:
+        self.job_name = job_name
+        self.failed = failed
+        self.of = of
+        super().__init__(f"{failed} of {of} execution(s) of job {job_name!r} in this message "
+                         "failed for good; their rows hold the errors")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a result backend pickles or serialises it
+        return (type(self), (self.job_name, self.failed, self.of))

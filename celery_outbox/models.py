@@ -93,7 +93,8 @@ class EncodedJson(dict[str, Any]):
 
 @dataclass(frozen=True)
 class Tables:
-    """The tables of one outbox: ``executions``, ``cron_ticks`` and ``trim_marks``."""
+    """The tables of one outbox: ``executions``, ``cron_ticks``, ``trim_marks`` and
+    ``loop_runs``."""
 
     executions: Table
     cron_ticks: Table
@@ -101,10 +102,12 @@ class Tables:
     """The partial unique index's predicate, verbatim (SQLite's ON CONFLICT must repeat it)."""
     trim_marks: Table
     """The trim's watermark per (job, finished status): ``<table>_trim``."""
+    loop_runs: Table
+    """When the sweep and the trim last ran, on any host: ``<table>_loop``."""
 
     def all(self) -> list[Table]:
         """Every table, in creation order (``create_all`` / ``drop_all`` sort them again)."""
-        return [self.executions, self.cron_ticks, self.trim_marks]
+        return [self.executions, self.cron_ticks, self.trim_marks, self.loop_runs]
 
 
 def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
@@ -192,7 +195,35 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     )
     trim_marks = _trim_marks(metadata, executions)
     return Tables(executions=executions, cron_ticks=cron_ticks,
-                  active_key_where=active_key_where, trim_marks=trim_marks)
+                  active_key_where=active_key_where, trim_marks=trim_marks,
+                  loop_runs=loop_runs_table(metadata, name))
+
+
+LOOP_TASKS = ("sweep", "trim")
+"""The maintenance loop's tasks whose runs ``<table>_loop`` records."""
+
+
+def loop_runs_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
+    """``<table>_loop``: one row per maintenance task (``sweep``, ``trim``), so every host
+    (``outbox status``, the dashboard, the metrics, a worker starting) sees when it last ran.
+
+    ``last_run_at``: the database's time at the end of its last run that completed
+    (``took_ms`` long, by ``ran_by``: ``host:pid``). ``last_failed_at`` / ``last_error``: the
+    last run that raised, when the database could still record it. One upsert per run.
+    """
+    loop = f"{name}_loop"
+    return Table(
+        loop,
+        metadata,
+        Column("task", String(40), primary_key=True),
+        Column("last_run_at", UTCDateTime(), nullable=True),
+        Column("took_ms", Integer(), nullable=True),
+        Column("ran_by", String(200), nullable=True),
+        Column("last_failed_at", UTCDateTime(), nullable=True),
+        Column("last_error", Text(), nullable=True),
+        CheckConstraint(f"task IN ({', '.join(repr(t) for t in LOOP_TASKS)})",
+                        name=f"ck_{loop}_task"),
+    )
 
 
 def _trim_marks(metadata: MetaData, executions: Table) -> Table:

@@ -10,13 +10,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import socket
 import sys
+import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from uuid import UUID
 
 from celery import Celery
@@ -36,7 +40,13 @@ from celery_outbox.dispatch import (
     InlineDispatcher,
 )
 from celery_outbox.engine import begin_before_savepoint, make_engine
-from celery_outbox.errors import ConfigurationError, JobLocked, PayloadInvalid, StorageError
+from celery_outbox.errors import (
+    ConfigurationError,
+    ExecutionsFailed,
+    JobLocked,
+    PayloadInvalid,
+    StorageError,
+)
 from celery_outbox.executors import AsyncTransaction, Transaction
 from celery_outbox.maintenance import (
     Sweeper,
@@ -71,6 +81,7 @@ if TYPE_CHECKING:
     from celery_outbox.admin import OutboxAdmin
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 Joiner = Callable[[], AbstractContextManager[Transaction]]
 """Opens the transaction a push without ``session`` / ``connection`` writes in (the caller's
@@ -169,15 +180,18 @@ class Outbox:
         app = self.app
 
         @self.app.task(  # type: ignore[untyped-decorator]
-            name=RUN_TASK, ignore_result=True, shared=False, acks_late=False, bind=True
+            name=RUN_TASK, ignore_result=True, shared=False, acks_late=False, bind=True,
+            throws=(ExecutionsFailed,),  # logged without a traceback: the rows hold theirs
         )
         def run(task: Any, job_name: str, ids: list[str]) -> None:
             # The latest Outbox of the app: Celery keeps the first task of a name, and a
             # second Outbox(app) (a fixture, a settings override) must serve it. Under a
             # Celery time limit, one execution per message (celery_outbox.limits).
             runner = Outbox.of(app).runner
-            runner.run(job_name, limits.split(task, runner.registry, runner.dispatcher(),
-                                              job_name, ids).run)
+            result = runner.run(job_name, limits.split(task, runner.registry,
+                                                       runner.dispatcher(), job_name, ids).run)
+            if result.failed:  # every outcome is written: Celery's view tells the truth
+                raise ExecutionsFailed(job_name, result.failed, result.claimed)
 
         self.run_task = run
 
@@ -188,6 +202,7 @@ class Outbox:
         log.warning("celery_outbox: a new Outbox replaces the one installed on Celery app %r",
                     self.app.main)
         celery_signals.worker_process_init.disconnect(self._after_fork)
+        celery_signals.worker_ready.disconnect(self._check_loop_soon)
         self.drain.disconnect()
         self.runner.heartbeat.retire()  # a handler of this one running now keeps its lease
         for job_name in self.ticker.schedules:
@@ -205,9 +220,52 @@ class Outbox:
         celery_signals.worker_process_init.connect(after_fork, weak=False)
         celery_signals.worker_init.connect(limits.on_worker_init, weak=False)
         self._after_fork = after_fork
+        celery_signals.worker_ready.connect(self._check_loop_soon, weak=False)
         # A gevent worker whose broker is down must not stand still between reconnect tries
         # (its heartbeat with it): see shutdown.cooperative_broker_waits.
         cooperative_broker_waits()
+
+    def _check_loop_soon(self, **_: Any) -> None:
+        """A worker is ready: check, in a thread of its own, that the sweep runs
+        (:meth:`check_loop`)."""
+        threading.Thread(target=self.check_loop, name="celery-outbox-loop-check",
+                         daemon=True).start()
+
+    def check_loop(self, wait: threading.Event | None = None) -> bool:
+        """Log a WARNING that names beat when no sweep completed within the last
+        ``LATE_AFTER_INTERVALS`` sweep intervals, on any host; True when one did.
+
+        Run by every worker once it is ready. Without ``celery beat`` (or a worker consuming
+        its queue) no sweep, trim or cron tick ever runs: a pending execution whose message
+        was lost waits for ever and expired leases are never rescued. A database on which no
+        sweep ever ran (a new deployment: beat may be starting beside this worker) is given
+        that many intervals first (``wait``: an event that ends the wait early, for tests).
+        A database error is logged at DEBUG and answers True (the worker's own statements
+        report it).
+        """
+        from celery_outbox.admin.views import LATE_AFTER_INTERVALS
+
+        try:
+            sweep = self.admin.loop_health()[0]
+            if sweep.last_run_at is None:
+                grace = LATE_AFTER_INTERVALS * sweep.interval
+                if (wait or threading.Event()).wait(grace.total_seconds()):
+                    return True
+                sweep = self.admin.loop_health()[0]
+        except Exception:
+            log.debug("celery_outbox: could not check the sweep's last run", exc_info=True)
+            return True
+        if not sweep.late:
+            return True
+        since = (f"for {timedelta(seconds=int(sweep.age.total_seconds()))}"
+                 if sweep.age is not None else "ever")
+        log.warning(
+            "celery_outbox: no sweep has run on this database %s (more than %d sweep "
+            "intervals of %s): is `celery -A %s beat` running, and a worker consuming its "
+            "queue? Without beat no sweep, trim or cron tick runs: a pending execution whose "
+            "message was lost waits for ever, and expired leases are never rescued",
+            since, LATE_AFTER_INTERVALS, sweep.interval, self.app.main or "proj")
+        return False
 
     def _install_maintenance(self) -> None:
         self.sweeper = Sweeper.create(self.store, self.registry, self.config,
@@ -243,13 +301,36 @@ class Outbox:
         into a retry or redispatches is dispatched by it. Returns the counts; raises
         :class:`StorageError` when the database fails.
         """
-        return self.sweeper.run_once(check_now(now) if now is not None else None)
+        moment = check_now(now) if now is not None else None
+        return self._recorded("sweep", lambda: self.sweeper.run_once(moment))
 
     def trim(self, now: datetime | None = None) -> TrimResult:
         """One trim: per job, delete finished rows beyond the newest keep_succeeded /
         keep_failed / keep_cancelled (a job's ``keep`` overrides). Returns the counts
         (``deleted``, ``jobs``)."""
-        return self.trimmer.run_once(check_now(now) if now is not None else utcnow())
+        moment = check_now(now) if now is not None else utcnow()
+        return self._recorded("trim", lambda: self.trimmer.run_once(moment))
+
+    def _recorded(self, task: str, run: Callable[[], R]) -> R:
+        """``run()``, then its run recorded in ``<table>_loop`` (when it ended, how long it
+        took, which host), so every host sees when the loop last ran (``outbox status``, the
+        dashboard, a worker starting). A run that raises records its error, then raises. A
+        record that fails is logged and never hides the run's own result."""
+        began = time.monotonic()
+        try:
+            result = run()
+        except Exception as exc:
+            try:
+                self.store.record_failure(task, f"{type(exc).__name__}: {exc}")
+            except Exception:
+                log.debug("celery_outbox: could not record the failed %s", task, exc_info=True)
+            raise
+        try:
+            self.store.record_run(task, timedelta(seconds=time.monotonic() - began),
+                                  f"{socket.gethostname()}:{os.getpid()}")
+        except Exception as exc:
+            log.warning("celery_outbox: the %s ran but could not be recorded: %s", task, exc)
+        return result
 
     def create_schema(self) -> None:
         """Create the outbox tables, indexes and the trim's triggers if they do not exist

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from uuid import UUID
 
 from celery_outbox.admin.views import (
+    LATE_AFTER_INTERVALS,
     ExecutionDetail,
     ExecutionListing,
     ExecutionView,
     JobStatus,
     JobView,
     LogEntry,
+    LoopHealth,
     OutboxStatus,
     _execution_detail,
     _execution_view,
@@ -48,7 +50,7 @@ from celery_outbox.errors import (
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import Status, can_retry
-from celery_outbox.store import ExecutionQuery
+from celery_outbox.store import ExecutionQuery, LoopRun
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COUNT_CAP",
+    "LATE_AFTER_INTERVALS",
     "MAX_LIMIT",
     "ExecutionDetail",
     "ExecutionListing",
@@ -65,6 +68,7 @@ __all__ = [
     "JobStatus",
     "JobView",
     "LogEntry",
+    "LoopHealth",
     "OutboxAdmin",
     "OutboxStatus",
     "decode_cursor",
@@ -222,10 +226,35 @@ class OutboxAdmin:
             generated_at=now, overdue_after=grace, totals=totals,
             expired_leases=sum(j.expired_leases for j in jobs),
             overdue=sum(j.overdue for j in jobs), jobs=tuple(jobs),
+            loop=self.loop_health(now),
         )
 
+    def loop_health(self, now: datetime | None = None) -> tuple[LoopHealth, ...]:
+        """The sweep's and the trim's last runs, from ``<table>_loop`` (one read), each with
+        its interval and whether it is late (:class:`LoopHealth`). ``now``: when the
+        intervals of cron schedules are measured (default: now). Raises
+        :class:`StorageError`."""
+        now = now or datetime.now(timezone.utc)
+        found = self.store.loop_runs()
+        config = self.outbox.config
+        out = []
+        for task, schedule in (("sweep", config.sweep_schedule),
+                               ("trim", config.trim_schedule)):
+            interval = self._interval(schedule, now)
+            run = found.get(task) or LoopRun(task)
+            late = run.age is None or run.age > LATE_AFTER_INTERVALS * interval
+            out.append(LoopHealth(
+                task=task, interval=interval, last_run_at=run.last_run_at, age=run.age,
+                took=run.took, ran_by=run.ran_by, last_failed_at=run.last_failed_at,
+                last_error=run.last_error, late=late))
+        return tuple(out)
+
     def _sweep_interval(self, now: datetime) -> timedelta:
-        schedule = self.outbox.config.sweep_schedule
+        return self._interval(self.outbox.config.sweep_schedule, now)
+
+    def _interval(self, schedule: timedelta | str, now: datetime) -> timedelta:
+        """The time between runs of a beat ``schedule`` (a cron one: between its next two
+        ticks after ``now``)."""
         if isinstance(schedule, timedelta):
             return schedule
         cron = CronSchedule(schedule, app=self.outbox.app)

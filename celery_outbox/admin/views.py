@@ -151,10 +151,39 @@ class JobStatus(_View):
 
 
 @dataclass(frozen=True)
+class LoopHealth(_View):
+    """When one task of the maintenance loop (``sweep``, ``trim``) last ran, on any host.
+
+    ``interval``: the time between its runs by its beat schedule. ``last_run_at`` / ``age``
+    (in the database's clock) / ``took`` / ``ran_by`` (``host:pid``): its last run that
+    completed, all None when none did. ``last_failed_at`` / ``last_error``: its last run that
+    raised. ``late``: no run completed within :data:`LATE_AFTER_INTERVALS` intervals (or
+    ever): nothing is running it (is ``celery beat`` running, and a worker consuming its
+    queue?).
+    """
+
+    task: str
+    interval: timedelta
+    last_run_at: datetime | None
+    age: timedelta | None
+    took: timedelta | None
+    ran_by: str | None
+    last_failed_at: datetime | None
+    last_error: str | None
+    late: bool
+
+
+LATE_AFTER_INTERVALS = 2
+"""A maintenance task whose last completed run is older than this many of its intervals is
+late (:class:`LoopHealth`)."""
+
+
+@dataclass(frozen=True)
 class OutboxStatus(_View):
     """Every job with rows or registered, by name, as of ``generated_at``; ``totals``: rows
     per status across them; ``overdue_after``: the grace before a due scheduled row counts
-    as overdue (the sweep interval unless given)."""
+    as overdue (the sweep interval unless given). ``loop``: the sweep's and the trim's last
+    runs (:class:`LoopHealth`)."""
 
     generated_at: datetime
     overdue_after: timedelta
@@ -162,6 +191,7 @@ class OutboxStatus(_View):
     expired_leases: int
     overdue: int
     jobs: tuple[JobStatus, ...]
+    loop: tuple[LoopHealth, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from celery_outbox.admin import (
+    LATE_AFTER_INTERVALS,
     ExecutionDetail,
     ExecutionListing,
     ExecutionView,
@@ -230,8 +231,33 @@ def status_notes(status: OutboxStatus, app: str | None) -> list[str]:
     gone = [j.name for j in status.jobs if not j.registered]
     if gone:
         notes.append(f"rows of job(s) not registered in this app: {', '.join(gone)}")
-    return notes or [f"no expired leases; nothing scheduled overdue by more than "
-                     f"{age(status.overdue_after)}"]
+    if not notes:
+        notes.append(f"no expired leases; nothing scheduled overdue by more than "
+                     f"{age(status.overdue_after)}")
+    return notes + loop_notes(status, app)
+
+
+def loop_notes(status: OutboxStatus, app: str | None) -> list[str]:
+    """The maintenance loop in words: each task's last run, and what to check when late."""
+    notes = []
+    for health in status.loop:
+        if health.last_run_at is None:
+            line = (f"no {health.task} has ever run on this database: is "
+                    f"`celery -A {app or 'proj'} beat` running, and a worker consuming its "
+                    "queue? (beat schedules the sweep, the trim and the cron jobs)")
+        elif health.late:
+            line = (f"the last {health.task} ran {age(health.age)} ago (on {health.ran_by}), "
+                    f"more than {LATE_AFTER_INTERVALS} intervals of {age(health.interval)}: "
+                    f"is `celery -A {app or 'proj'} beat` running, and a worker consuming "
+                    "its queue?")
+        else:
+            line = (f"the last {health.task} ran {age(health.age)} ago (on {health.ran_by}, "
+                    f"every {age(health.interval)})")
+        if health.last_failed_at is not None and (
+                health.last_run_at is None or health.last_failed_at > health.last_run_at):
+            line += f"; its last run failed at {when(health.last_failed_at)}: {health.last_error}"
+        notes.append(line)
+    return notes
 
 
 def _earlier_attempt(status: str) -> bool:

@@ -5,8 +5,8 @@ costs about as much as the round trip (bench/README.md).
 Three shortcuts, each for a query the executor would otherwise run through SQLAlchemy:
 
 - :meth:`DirectPath.run`: prepared queries (the worker's claim, start and outcome writes) and
-  a one-row bulk insert on a pooled connection, one alone in autocommit or several pipelined
-  in one transaction;
+  a one-row bulk insert on a connection the direct path holds (:class:`Held`), one alone in
+  autocommit or several pipelined in one transaction;
 - :meth:`DirectPath.insert_on`: a one-row insert on a caller's Connection, in its open
   transaction;
 - :func:`copy_rows`: a large bulk insert as one ``COPY ... FROM STDIN``.
@@ -26,23 +26,55 @@ connection takes them (:func:`sync_psycopg`): SQLAlchemy's async psycopg dialect
 driver "psycopg" too, but its driver connection is psycopg's ``AsyncConnection``, whose
 methods are coroutines.
 
+The connections :meth:`DirectPath.run` uses are held, not checked out per call: taken from
+the engine's pool once, switched to autocommit once, and kept checked out in a small LIFO
+free list per engine (:class:`Held`) that a caller takes one from and puts it back to, so a
+statement pays no checkout, no pool events and no autocommit switch. The rule that keeps
+this as safe as a checkout per call:
+
+- a connection unused for :data:`HOLD_IDLE` (1 s) goes back to the pool (at the next take or
+  put, or by a timer while any is held), so the pool's checks (``pool_pre_ping``,
+  ``pool_recycle``, the outbox engine's closed-connection check) apply again after any idle
+  spell, and one the server closed meanwhile is caught before its reuse from its socket
+  (:func:`~celery_outbox.engine.gone_idle`, no round trip);
+- one whose statement errored or was interrupted is discarded (closed), never reused;
+- at most the pool's ``size`` are held unused, a connection is held only when the pool has
+  another free one (or room to open one) as it is put back, and none longer than
+  :data:`HOLD_IDLE`: the engine's other users (its own SQLAlchemy path, the admin, an
+  application sharing the engine) have the pool's overflow, and wait at most that long on
+  one held unused; a pool other than a QueuePool (NullPool) holds none;
+- a forked child never uses or closes its parent's (the pid is checked at every take: they
+  are detached, not closed, since libpq's close would end the parent's session);
+- ``engine.dispose()`` closes those held unused (``engine_disposed``); one in use then is
+  closed when it is put back.
+
+The ``usable`` checks (listeners, echo) stay per call: a few attribute reads, about 1 us
+against a statement's 100 us or more of the client's CPU (bench/README.md, "Held
+connections").
+
 This module reads SQLAlchemy's private internals (a compiled statement's
-``_bind_processors`` and ``_result_columns``, the Connection class's listener maps); it is the
-only one that does, so a SQLAlchemy upgrade that moves them breaks one module. An unknown
-shape of those internals answers "not direct": the safe way, through SQLAlchemy.
+``_bind_processors`` and ``_result_columns``, the Connection class's listener maps, a
+QueuePool's ``_max_overflow``); it is the only one that does, so a SQLAlchemy upgrade that
+moves them breaks one module. An unknown shape of those internals answers "not direct" (the
+safe way, through SQLAlchemy), or "no room to hold a connection".
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, Engine, Table
+from sqlalchemy import Connection, Dialect, Engine, Table, event
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import QueuePool
 
+from celery_outbox.engine import gone_idle
 from celery_outbox.errors import StorageError
 from celery_outbox.models import EncodedJson
 from celery_outbox.queries import Query, Shape
@@ -70,17 +102,24 @@ class DirectPath:
         self._compiled: dict[tuple[Dialect, Table, tuple[str, ...]],
                              tuple[str, list[Any]]] = {}
         self._statements: dict[Any, _Statement] = {}
+        self.held = Held.of(engine)
+        """The connections the direct path holds on ``engine`` (shared by every DirectPath
+        on it)."""
+        self._psycopg = sync_psycopg(engine.dialect)
 
     # -- when ------------------------------------------------------------------------------
 
     def usable(self) -> bool:
-        """A query may go on a pooled connection: the engine drives sync psycopg and nothing
-        listens to its statements (the engine's listeners, those on the Connection class,
-        echo)."""
+        """A query may go straight on a held connection (:meth:`run`): the engine drives
+        sync psycopg and nothing listens to its statements (the engine's listeners, those on
+        the Connection class, echo). Checked at each call (a few attribute reads): a
+        listener added or echo turned on at any time is honoured from the next query on."""
         engine = self.engine
+        dispatch = engine.dispatch
         return (
-            sync_psycopg(engine.dialect)
-            and not any(getattr(engine.dispatch, name) for name in _STATEMENT_EVENTS)
+            self._psycopg
+            and not (dispatch.before_execute or dispatch.after_execute
+                     or dispatch.before_cursor_execute or dispatch.after_cursor_execute)
             and not _class_listeners()
             and not engine.logger.isEnabledFor(logging.INFO)
         )
@@ -106,41 +145,40 @@ class DirectPath:
     # -- running ---------------------------------------------------------------------------
 
     def run(self, queries: Sequence[Query[Any]], *, pipelined: bool) -> list[Any]:
-        """Run ``queries`` on a pooled psycopg connection itself: one alone in autocommit, or
-        several pipelined in one transaction (one round trip, one commit); their mapped
-        results. Every error (the pool's, the driver's, a value it refuses) is a
-        :class:`StorageError`; one after the connection was taken discards it (it is not
-        pooled again)."""
+        """Run ``queries`` on a psycopg connection the direct path holds (:class:`Held`):
+        one alone in autocommit, or several pipelined in one transaction (one round trip,
+        one commit); their mapped results. Every error (the pool's, the driver's, a value it
+        refuses) is a :class:`StorageError`; one after the connection was taken discards it
+        (closed, never held or pooled again), as does anything else raised meanwhile (an
+        interrupt mid-statement)."""
         bound = [self._bound(query) for query in queries]
+        held = self.held
         try:
-            raw = self.engine.raw_connection()  # the pool raises the driver's own errors
+            hold = held.take()  # the pool raises the driver's own errors
         except (SQLAlchemyError, self._driver_error(), *REFUSED) as exc:
             raise StorageError(f"database error on {self.where()}: {exc}") from exc
+        driver = hold.driver
         try:
-            driver = raw.driver_connection
-            assert driver is not None
             # Planned at each execution (the module's docstring); a one-row INSERT has one
             # plan, psycopg may prepare it.
             prepare = [None if query.bulk else False for query in queries]
-            if pipelined:
+            if pipelined:  # in autocommit: the block sends BEGIN and COMMIT itself
                 with driver.pipeline(), driver.transaction():
                     cursors = [driver.execute(sql, params, prepare=p)
                                for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
             else:
-                driver.autocommit = True
-                try:
-                    cursors = [driver.execute(sql, params, prepare=p)
-                               for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
-                finally:
-                    driver.autocommit = False
+                cursors = [driver.execute(sql, params, prepare=p)
+                           for (sql, params, _, _), p in zip(bound, prepare, strict=True)]
             raw_results = [_fetched(cursor, shape, columns)
                            for cursor, (_, _, shape, columns) in zip(cursors, bound,
                                                                       strict=True)]
         except (self._driver_error(), *REFUSED) as exc:
-            raw.invalidate()
+            held.discard(hold)
             raise StorageError(f"database error on {self.where()}: {exc}") from exc
-        finally:
-            raw.close()
+        except BaseException:
+            held.discard(hold)
+            raise
+        held.put(hold)
         return [query.mapper(result) for query, result in zip(queries, raw_results,
                                                                strict=True)]
 
@@ -219,6 +257,242 @@ class DirectPath:
         except Exception as exc:
             raise StorageError(f"{query.name} failed: a value its column refuses: {exc}") \
                 from exc
+
+
+HOLD_IDLE = 1.0
+"""Seconds a connection the direct path holds may stay unused and still be taken again with
+no checkout; one unused longer goes back to the pool (at the next take, or by a timer), so the
+pool's own checks (``pool_pre_ping``, ``pool_recycle``, the outbox engine's closed-connection
+check) apply to it again at its next checkout."""
+
+
+class _Hold:
+    """One pooled connection held checked out: the pool's proxy, its psycopg connection (in
+    autocommit), the pool it came from, when it was last put back (monotonic seconds)."""
+
+    __slots__ = ("driver", "fairy", "pid", "pool", "used")
+
+    def __init__(self, fairy: Any, driver: Any, pool: Any) -> None:
+        self.fairy = fairy
+        self.driver = driver
+        self.pool = pool
+        self.pid = os.getpid()
+        self.used = 0.0
+
+
+class Held:
+    """The psycopg connections the direct path holds on one engine, checked out of its pool
+    once and reused with no checkout: a LIFO free list, thread- and greenlet-safe (a caller
+    takes one, runs its statements, puts it back), one per engine (:meth:`of`).
+
+    - Autocommit is set once, at the checkout; a connection goes back to the pool with it
+      off.
+    - At most :func:`hold_bound` connections are held unused (the pool's ``size``; none on a
+      pool other than a QueuePool, such as NullPool, where every call checks out as before),
+      and one is held only when, as it is put back, another checkout of the pool would not
+      wait: the engine's other users wait on one held unused at most :data:`HOLD_IDLE`.
+    - One unused for longer than :data:`HOLD_IDLE` is not taken again: it goes back to the
+      pool (at the next take, at a put, or by a timer armed while any is held); a fresh one
+      is checked for what the outbox engine's checkout checks (closed, broken, closed by the
+      server: :func:`~celery_outbox.engine.gone_idle`), with no round trip.
+    - One that errored, or whose statement was interrupted, is discarded (closed).
+    - A forked child never uses or closes its parent's: they are dropped (detached from the
+      pool, not closed: libpq's close would end the parent's session) and the child checks
+      out its own.
+    - ``engine.dispose()`` closes those held unused (in a forked child: drops them); one in
+      use then is closed when it is put back.
+    """
+
+    _engines: weakref.WeakKeyDictionary[Engine, Held] = weakref.WeakKeyDictionary()
+    _engines_lock = threading.Lock()
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = weakref.ref(engine)
+        self._free: list[_Hold] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._timer: threading.Timer | None = None
+
+    @classmethod
+    def of(cls, engine: Engine) -> Held:
+        """The connections held on ``engine``, created (and told of its disposals) at the
+        first call."""
+        with cls._engines_lock:
+            found = cls._engines.get(engine)
+            if found is None:
+                found = cls._engines[engine] = cls(engine)
+                event.listen(engine, "engine_disposed", _disposed)
+        return found
+
+    # -- taking and putting back -----------------------------------------------------------
+
+    def take(self) -> _Hold:
+        """A held connection, or one checked out now (the pool's errors and the driver's
+        raised as they are)."""
+        if self._pid != os.getpid():
+            self._forked()
+        engine = self._engine()
+        assert engine is not None
+        now = time.monotonic()
+        stale: list[_Hold] = []
+        with self._lock:
+            free = self._free
+            hold = free.pop() if free else None
+            if hold is not None and now - hold.used > HOLD_IDLE:  # those below are older
+                stale, self._free, hold = [*free, hold], [], None
+        for old in stale:
+            self._give_back(old)
+        if hold is not None:
+            if hold.pool is engine.pool and gone_idle(hold.driver) is None:
+                return hold
+            self.discard(hold)
+        return self._checkout(engine)
+
+    def put(self, hold: _Hold) -> None:
+        """Give back ``hold`` after a use that raised nothing: held for the next caller, or
+        back to the pool (more than the bound held, the pool short of connections, the
+        engine disposed since, a fork since)."""
+        if hold.pid != os.getpid():  # checked out before a fork: never ours to close
+            hold.fairy.detach()
+            return
+        now = hold.used = time.monotonic()
+        engine = self._engine()
+        pool = hold.pool
+        stale: list[_Hold] = []
+        kept = False
+        if engine is not None and pool is engine.pool and self._pid == hold.pid:
+            with self._lock:
+                free = self._free
+                # Held only with its timer running (none at the interpreter's exit: no
+                # thread can start then).
+                if len(free) < hold_bound(pool) and _spare(pool) \
+                        and (self._timer is not None or self._arm(HOLD_IDLE)):
+                    free.append(hold)
+                    kept = True
+                    while free and now - free[0].used > HOLD_IDLE:
+                        stale.append(free.pop(0))
+        if not kept:
+            stale.append(hold)
+        for old in stale:
+            self._give_back(old)
+
+    def discard(self, hold: _Hold) -> None:
+        """Close ``hold``'s connection (it errored, or its statement was cut short): never
+        held or pooled again."""
+        try:
+            hold.fairy.invalidate()
+        finally:
+            hold.fairy.close()
+
+    def dispose(self) -> None:
+        """Close the connections held unused (a forked child drops them instead); one in use
+        is closed when put back."""
+        if self._pid != os.getpid():
+            self._forked()
+            return
+        with self._lock:
+            held, self._free = self._free, []
+        for hold in held:
+            self.discard(hold)
+
+    def idle(self) -> list[Any]:
+        """The psycopg connections held unused now, most recently used last."""
+        with self._lock:
+            return [hold.driver for hold in self._free]
+
+    # -- the parts -------------------------------------------------------------------------
+
+    def _checkout(self, engine: Any) -> _Hold:
+        pool = engine.pool
+        fairy = engine.raw_connection()
+        try:
+            driver = fairy.driver_connection
+            assert driver is not None
+            driver.autocommit = True
+        except BaseException:
+            fairy.invalidate()
+            fairy.close()
+            raise
+        return _Hold(fairy, driver, pool)
+
+    def _give_back(self, hold: _Hold) -> None:
+        """Return ``hold`` to its pool as a checkout left it: autocommit off. Raises nothing
+        (it runs after a statement that succeeded, or before one): a connection that cannot
+        be switched back is closed instead."""
+        engine = self._engine()
+        if engine is None or hold.pool is not engine.pool:
+            self.discard(hold)  # its pool was disposed: returned there, it would stay open
+            return
+        try:
+            hold.driver.autocommit = False
+        except Exception:  # closed or broken meanwhile
+            self.discard(hold)
+            return
+        hold.fairy.close()
+
+    def _arm(self, delay: float) -> bool:
+        """Give back what is held unused too long after ``delay`` seconds (under the lock);
+        False when no thread can start (the interpreter is exiting)."""
+        timer = threading.Timer(delay, self._expire)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            return False
+        self._timer = timer
+        return True
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        stale: list[_Hold] = []
+        with self._lock:
+            self._timer = None
+            free = self._free
+            while free and now - free[0].used > HOLD_IDLE:
+                stale.append(free.pop(0))
+            if free and not self._arm(max(HOLD_IDLE - (now - free[0].used), 0.0) + 0.01):
+                stale += free
+                free.clear()
+        for hold in stale:
+            self._give_back(hold)
+
+    def _forked(self) -> None:
+        """In a forked child: forget the parent's connections without touching their
+        sockets (detached from the pool, so neither it nor the garbage collector closes
+        them; psycopg closes a connection only in the process that opened it)."""
+        parents, self._free = self._free, []
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+        self._timer = None
+        self._pid = os.getpid()
+        for hold in parents:
+            hold.fairy.detach()
+
+
+def _after_fork_in_child() -> None:
+    Held._engines_lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def hold_bound(pool: Any) -> int:
+    """How many connections the direct path holds unused at most on ``pool``: a QueuePool's
+    ``size``; none on another pool (NullPool opens a connection per checkout, StaticPool and
+    SingletonThreadPool have one)."""
+    return pool.size() if isinstance(pool, QueuePool) else 0
+
+
+def _spare(pool: QueuePool) -> bool:
+    """Whether a checkout of ``pool`` now would get a connection without waiting: one checked
+    in, or room to open one (SQLAlchemy's ``_max_overflow``; -1: no limit)."""
+    limit: int = getattr(pool, "_max_overflow", 0)
+    return limit < 0 or pool.checkedin() > 0 or pool.overflow() < limit
+
+
+def _disposed(engine: Engine) -> None:
+    held = Held._engines.get(engine)
+    if held is not None:
+        held.dispose()
 
 
 def copy_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:

@@ -9,7 +9,17 @@ arguments' shape are built once per table. One module per area of the store.
 from __future__ import annotations
 
 # Every area's builders, so QUERIES names them all once the package is imported.
-from celery_outbox.queries import admin, cron, dashboard, identity, push, sweep, trim, worker
+from celery_outbox.queries import (
+    admin,
+    cron,
+    dashboard,
+    identity,
+    loop,
+    push,
+    sweep,
+    trim,
+    worker,
+)
 from celery_outbox.queries.base import (
     QUERIES,
     Named,
@@ -42,6 +52,7 @@ __all__ = [
     "execute",
     "first",
     "identity",
+    "loop",
     "named",
     "push",
     "rowcount",

@@ -21,6 +21,7 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``sweep``: stage, redispatch, rescue, dispatchable
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
 - ``cron``: advance_tick, last_tick
+- ``loop``: record_run, record_failure, loop_runs (when the sweep and the trim last ran)
 - ``admin``: cancel, get, status_of, job_stats, status_summary, list_executions
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
   recent_failures, matching_ids, count_matching (the reads of the HTTP API and the CLI's
@@ -33,6 +34,7 @@ from celery_outbox.store.admin import AdminStore, JobStats, StatusCount
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
+from celery_outbox.store.loop import LoopRun, LoopStore
 from celery_outbox.store.push import NewExecution, PushStore, new_ids
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
 from celery_outbox.store.trim import TrimStore
@@ -51,6 +53,7 @@ __all__ = [
     "Fence",
     "JobStats",
     "Key",
+    "LoopRun",
     "NewExecution",
     "Renewed",
     "RescueVerdict",
@@ -64,7 +67,8 @@ __all__ = [
 
 
 class ExecutionStore(
-    PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore
+    PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
+    LoopStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

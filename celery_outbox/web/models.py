@@ -84,15 +84,36 @@ class JobOut(BaseModel):
         )
 
 
+class LoopOut(BaseModel):
+    """One task of the maintenance loop (``sweep``, ``trim``): its last completed run (in
+    the database's clock; all None when none ever did), its last failure, and ``late``: no
+    run completed within two of its intervals."""
+
+    task: str
+    interval_seconds: float
+    last_run_at: datetime | None
+    age_seconds: float | None
+    ran_by: str | None
+    last_failed_at: datetime | None
+    last_error: str | None
+    late: bool
+
+
 class JobsOut(BaseModel):
     generated_at: datetime
     count_cap: int
     jobs: list[JobOut]
+    loop: list[LoopOut]
 
     @classmethod
     def of(cls, o: Overview) -> JobsOut:
         return cls(generated_at=o.generated_at, count_cap=o.count_cap,
-                   jobs=[JobOut.of(j) for j in o.jobs])
+                   jobs=[JobOut.of(j) for j in o.jobs],
+                   loop=[LoopOut(task=h.task, interval_seconds=h.interval.total_seconds(),
+                                 last_run_at=h.last_run_at,
+                                 age_seconds=h.age.total_seconds() if h.age else None,
+                                 ran_by=h.ran_by, last_failed_at=h.last_failed_at,
+                                 last_error=h.last_error, late=h.late) for h in o.loop])
 
 
 class ExecutionOut(BaseModel):

@@ -42,6 +42,8 @@ class Worker:
     queues: str
     log: Path
     concurrency: int = 2
+    events: bool = False
+    """Send Celery's task events (``-E``)."""
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -146,7 +148,8 @@ def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker])
             running.enter_context(procs.celery_worker(
                 "tests.e2e.app", env, queues=w.queues, concurrency=w.concurrency,
                 # node names unique per run: RabbitMQ's pidbox queue is exclusive per name
-                log_path=w.log, extra=("-n", f"{w.name}-{queue}@%h"),
+                log_path=w.log,
+                extra=("-n", f"{w.name}-{queue}@%h", *(("-E",) if w.events else ())),
             ))
             for w in workers
         ]

@@ -82,7 +82,7 @@ def test_text_or_a_time_the_database_refuses_leaves_the_callers_transaction_usab
     db_url: str, registry: JobRegistry, receipt: OutboxJob[Order], make_outbox: MakeOutbox,
     recording: RecordingDispatcher,
 ) -> None:
-    """Issue 17, defect 7: a lone surrogate in a key or tenant raised UnicodeEncodeError
+    """A lone surrogate in a key or tenant raised UnicodeEncodeError
     from the driver (PostgreSQL: StorageError, the caller's transaction aborted), a
     scheduled_at in year 10000 once in UTC an unclear StorageError."""
     from datetime import datetime, timedelta, timezone

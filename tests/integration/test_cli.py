@@ -225,7 +225,7 @@ def test_executions_with_filters_and_bad_input(cli_app: ModuleType) -> None:
 
 
 def test_text_and_times_the_database_cannot_take_are_bad_input(cli_app: ModuleType) -> None:
-    """Issue 17, defect 7: argv decodes undecodable bytes to lone surrogates, and a huge
+    """Argv decodes undecodable bytes to lone surrogates, and a huge
     --overdue-after overflowed; each raised a traceback instead of one line."""
     undecodable = b"acme-\xff".decode("utf-8", "surrogateescape")
     tenant = bad_input(invoke(cli_app, "executions", "--organization-id", undecodable))

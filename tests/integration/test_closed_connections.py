@@ -2,7 +2,8 @@
 
 celery_outbox.engine.make_engine() checks the socket on checkout instead of pool_pre_ping's
 SELECT 1 round trip;
-these tests kill the pooled backend with pg_terminate_backend and push / claim / complete
+these tests kill the pooled backend (and those the direct path holds, executors/direct.py)
+with pg_terminate_backend and push / claim / complete
 right after, on the same engine.
 """
 
@@ -13,6 +14,7 @@ from datetime import timedelta
 from sqlalchemy import Engine, create_engine, text
 
 from celery_outbox import JobRegistry, Outbox, OutboxJob
+from celery_outbox.executors.direct import Held
 from celery_outbox.outcomes import Succeeded
 from celery_outbox.runner import utcnow
 from celery_outbox.store import Fence
@@ -24,6 +26,13 @@ from tests.procs import wait_for
 def backend_pid(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def terminate_all(url: str, engine: Engine) -> None:
+    """Terminate the engine's pooled connection and those the direct path holds."""
+    held = [driver.info.backend_pid for driver in Held.of(engine).idle()]
+    for pid in {backend_pid(engine), *held}:
+        terminate(url, pid)
 
 
 def terminate(url: str, pid: int) -> None:
@@ -62,12 +71,12 @@ def test_claim_and_complete_after_the_pooled_connection_was_terminated(
 ) -> None:
     outbox: Outbox = make_outbox(pg_url, registry, dispatcher=RecordingDispatcher())
     execution_id = receipt.push(Order(order_id=1))
-    terminate(pg_url, backend_pid(outbox.engine))
+    terminate_all(pg_url, outbox.engine)
     now = utcnow()
 
     [claimed] = outbox.store.claim([execution_id], receipt.name, "w1", now,
                                    timedelta(minutes=1))
-    terminate(pg_url, backend_pid(outbox.engine))
+    terminate_all(pg_url, outbox.engine)
     done = outbox.store.finish(Succeeded(True, None), Fence(execution_id, "w1", claimed.attempt),
                                utcnow()).hit
 

@@ -1,4 +1,4 @@
-"""Issue 8's store and runner defects: one fence per claim, one bad row never stops the others.
+"""Store and runner defects found early: one fence per claim, one bad row never stops the others.
 
 Each test reproduces a defect found on main (the docstring names it) against a real database,
 SQLite and PostgreSQL, with the real runner, heartbeat and maintenance services.

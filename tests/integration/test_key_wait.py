@@ -1,5 +1,5 @@
 """A keyed push that waits on another caller's uncommitted row of the same key (PostgreSQL)
-never aborts its caller's transaction (issue 17, defect 5).
+never aborts its caller's transaction.
 
 Each test: a first caller holds a keyed row uncommitted for longer than the engine's lock
 timeout (300 ms here, 5 s on the shipped engine); a second caller, whose transaction already

@@ -2,7 +2,7 @@
 for the database's write lock, not for the key, up to the connection's busy timeout (30 s on
 the engine the outbox builds; 300 ms here), then raises StorageError ("database is
 locked"). SQLite undoes only that statement: the caller's transaction goes on, and once the
-holder committed the same push in it returns the holder's id (issue 17, defect 5: the dedup
+holder committed the same push in it returns the holder's id (the dedup
 never aborts the caller's transaction)."""
 
 from __future__ import annotations

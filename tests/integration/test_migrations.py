@@ -29,7 +29,7 @@ from tests.conftest import PG_ADMIN_URL
 from tests.procs import ROOT
 
 OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron",
-                 "celery_outbox_executions_trim"}
+                 "celery_outbox_executions_trim", "celery_outbox_executions_loop"}
 VERSION_TABLE = "celery_outbox_alembic_version"
 
 
@@ -200,7 +200,7 @@ def test_a_custom_table_name_through_the_config_option(
     finally:
         box.engine.dispose()
 
-    tables = ["shop_outbox", "shop_outbox_cron", "shop_outbox_trim"]
+    tables = ["shop_outbox", "shop_outbox_cron", "shop_outbox_trim", "shop_outbox_loop"]
     assert schema(url, tables) == schema(reference, tables)
     assert {t for t, *_ in schema(url, tables)["columns"]} == set(tables)  # not two empties
 

@@ -2,7 +2,7 @@
 file name, ``'\\udcff'``) in its error, in a captured log record or in its cancel reason is
 written with U+FFFD in its place, on SQLite and PostgreSQL, each outcome at once and held
 together (``outcome_window``): the row ends failed, retried or cancelled with its error
-recorded, and the message's other rows run (issue 17, defect 7). Before the fix the outcome
+recorded, and the message's other rows run. Before the fix the outcome
 write raised UnicodeEncodeError (SQLite, psycopg) or StorageError (PostgreSQL's JSON): the
 execution stayed running with no error recorded."""
 

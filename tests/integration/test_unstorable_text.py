@@ -1,8 +1,8 @@
 """An outcome whose text PostgreSQL cannot store as it is (a NUL character in the error, in a
 captured log record, in a handler's cancel reason) is still written, with U+FFFD in place of
 the NUL, and the message's other rows are not held back by it: with each outcome written at
-once and with the outcomes written together (``outcome_window``). Found by the review of
-issue 12: one such outcome used to fail its write (the row stuck running, the next ones
+once and with the outcomes written together (``outcome_window``). Found by a hostile
+review: one such outcome used to fail its write (the row stuck running, the next ones
 handed back) and, written together, every outcome of the message."""
 
 from __future__ import annotations

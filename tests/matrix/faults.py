@@ -59,7 +59,7 @@ from sqlalchemy import Connection, Engine, Table
 from sqlalchemy import exc as sa_exc
 
 from celery_outbox.errors import StorageError
-from celery_outbox.executors.direct import DirectPath
+from celery_outbox.executors.direct import DirectPath, Held
 from celery_outbox.executors.sqlalchemy import SqlAlchemyExecutor, storage_error
 from celery_outbox.queries import Query
 
@@ -304,13 +304,16 @@ class FaultyDirectPath(DirectPath):
         if kind in _BEFORE_SENDING:
             if kind == "hang":
                 injector.deferred.append(list(queries))  # the server applies them later
-            real = self.engine
+            # A checkout of its own (none held), through an engine whose pool or connection
+            # fails: what the direct path does with a held connection that errors is what
+            # it does with a new one.
+            real, held = self.engine, self.held
             failing: Any = _FailingEngine(real, kind)
-            self.engine = failing
+            self.engine, self.held = failing, Held(failing)
             try:
                 return super().run(queries, pipelined=pipelined)
             finally:
-                self.engine = real
+                self.engine, self.held = real, held
         if unit is None:  # not reached: the direct path runs only alone or in run_all
             raise AssertionError("the direct path ran outside a unit")
         unit.queries.extend(queries)

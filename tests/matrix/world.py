@@ -24,12 +24,14 @@ from unittest import mock
 from uuid import UUID
 
 from celery import Celery
+from psycopg.pq import TransactionStatus
 from pydantic import BaseModel
 from sqlalchemy import Engine, event, select
 
 from celery_outbox import DoNotRetry, JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
 from celery_outbox.engine import make_engine
 from celery_outbox.errors import StorageError
+from celery_outbox.executors.direct import Held
 from celery_outbox.runner import Runner
 from celery_outbox.states import ACTIVE, Status
 from tests.integration.fakes import RecordingDispatcher
@@ -181,8 +183,16 @@ class World:
 
     def close(self) -> None:
         self._patch.stop()
-        if self.engine.pool.checkedout():  # type: ignore[attr-defined]
+        # Checked out: only the connections the direct path holds unused, each idle (no
+        # transaction left open, no result unread) in autocommit.
+        held = Held.of(self.engine).idle()
+        if self.engine.pool.checkedout() > len(held):  # type: ignore[attr-defined]
             self.violations.append("a connection was left checked out")
+        for driver in held:
+            if driver.info.transaction_status != TransactionStatus.IDLE or not driver.autocommit:
+                self.violations.append(f"a connection held by the direct path is not idle "
+                                       f"({driver.info.transaction_status.name}, autocommit "
+                                       f"{driver.autocommit})")
             self.engine.dispose()
 
     # -- the handler -------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from tests.integration.fakes import RecordingDispatcher
 from tests.model.model import JobCfg, MFence, Model, MRow, OutboxCfg, when_predicate
 from tests.model.world import Gate, Plan, World, wait_for
 
-# -- known defects (issue 8): generated since their fixes landed; False keeps a case out ----
+# -- known defects: generated since their fixes landed; False keeps a case out ----
 H1_STORE_MERGED = True
 """Flip once branch h1-store is merged. Until then the model does not generate: defect 1,
 backoff overflow (a RetryPolicy whose ``backoff * 2**(n-1)`` overflows timedelta before the
@@ -67,13 +67,13 @@ H3_LIFECYCLE_MERGED = True
 ``ctx.cancelled`` is still running (it must not hand the row back before the handler stops)."""
 
 DRAIN_KEEPS_ATTEMPT = True
-"""Flip once a fix is merged for what this model found (not in issue 8's list): a warm
+"""Flip once a fix is merged for what this model found (not in the first list): a warm
 shutdown hands back a row whose handler had begun with its attempt decremented, so the next
 worker begins the same (execution, attempt) again. Until then the drain rule stops only
 workers with nothing in flight."""
 
 UNCAPPED_BACKOFF_FIXED = False  # refused at declaration now: never generated
-"""Flip once a fix is merged for what this model found (not in issue 8's list, though akin to
+"""Flip once a fix is merged for what this model found (not in the first list, though akin to
 defect 1): a backoff_max so large that ``now + delay`` passes year 9999 (``timedelta.max``,
 "no cap") makes the runner's retry raise OverflowError and leaves the row running. (Or, if
 such a value is refused at declaration, drop ``timedelta.max`` from BACKOFF_MAXES.)"""

@@ -1,4 +1,4 @@
-"""What the model test found beyond issue 8's list, each as a plain regression test.
+"""What the model test found beyond the first list of defects, each as a plain regression test.
 
 - A warm shutdown handed back a row whose handler had begun with its attempt decremented, so
   the next worker began the same (execution, attempt) again.

@@ -139,7 +139,7 @@ UNDECODABLE = b"\xff".decode("utf-8", "surrogateescape")  # '\udcff', as os.list
 def test_a_payload_with_a_lone_surrogate_or_nul_is_invalid_naming_the_field(
     job: OutboxJob[Reading], recording: Recording, payload: dict[str, Any], where: str,
 ) -> None:
-    """Issue 17, defect 7: such payloads were written (SQLite) or failed in the database
+    """Such payloads were written (SQLite) or failed in the database
     (PostgreSQL), and their detail view answered 500 / 503."""
     with pytest.raises(PayloadInvalid) as info:
         job.push(payload)
@@ -185,7 +185,7 @@ class _NoOffset(tzinfo):
 def test_a_scheduled_at_without_a_utc_time_is_a_configuration_error_naming_it(
     job: OutboxJob[Reading], recording: Recording, when: datetime,
 ) -> None:
-    """Issue 17, defect 7: year 10000 in UTC was an unclear StorageError."""
+    """Year 10000 in UTC was an unclear StorageError."""
     with pytest.raises(ConfigurationError, match="scheduled_at"):
         job.push({"value": 1.0}, scheduled_at=when)
     assert recording.items == []

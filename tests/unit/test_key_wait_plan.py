@@ -1,6 +1,6 @@
 """The keyed push's plan (``store/push.py``), driven without a database: which statements
-it sends around a keyed insert, when it waits again and when it gives up (issue 17, defect
-5). The real waits, on PostgreSQL, SQLite and Django: tests/integration/test_key_wait*.py."""
+it sends around a keyed insert, when it waits again and when it gives up. The
+real waits, on PostgreSQL, SQLite and Django: tests/integration/test_key_wait*.py."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def test_invalid_values_name_the_field(field: str, kwargs: dict[str, Any]) -> No
 
 
 def test_backoff_is_capped_before_it_can_overflow() -> None:
-    # Regression (issue 8, defect 1): 1 h * 2**35 overflowed timedelta before the cap applied.
+    # Regression: 1 h * 2**35 overflowed timedelta before the cap applied.
     p = RetryPolicy(retries=60, backoff=timedelta(hours=1), backoff_max=timedelta(hours=1),
                     jitter=False)
     assert {p.delay(n) for n in (1, 36, 60, 10**6)} == {timedelta(hours=1)}

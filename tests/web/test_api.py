@@ -429,7 +429,7 @@ def test_the_overview_is_one_shared_read_for_every_viewer(
             assert c.get("/", auth=("ops", PASSWORDS["ops"])).status_code == 200
     finally:
         event.remove(web_outbox.engine, "before_cursor_execute", count)
-    assert 0 < reads <= 4 and len(statements) == reads
+    assert 0 < reads <= 5 and len(statements) == reads  # counts, oldest, last, hour, loop
     receipt = next(j for j in first["jobs"] if j["name"] == "shop.receipt")
     assert receipt["counts"] == {"pending": 0, "scheduled": 1, "running": 0, "succeeded": 0,
                                  "failed": 1, "cancelled": 0}
@@ -437,6 +437,25 @@ def test_the_overview_is_one_shared_read_for_every_viewer(
     assert sum(b["failed"] for b in receipt["last_hour"]) == 1
     nightly = next(j for j in first["jobs"] if j["name"] == "shop.nightly")
     assert nightly["kind"] == "cron" and nightly["next_tick_at"].endswith("03:00:00Z")
+
+
+def test_the_overview_says_when_the_sweep_and_the_trim_last_ran(
+    jobs: Jobs, web_outbox: Outbox, auth: Any
+) -> None:
+    app = create_app(web_outbox, auth=auth, cache_for=timedelta(0))
+    with TestClient(app) as c:
+        loop = {h["task"]: h for h in c.get("/api/v1/jobs", headers=bearer()).json()["loop"]}
+        assert loop["sweep"]["last_run_at"] is None and loop["sweep"]["late"] is True
+        page = c.get("/", headers=bearer()).text
+        assert "sweep: never ran" in page and "is <code>celery beat</code> running?" in page
+        web_outbox.sweep()
+        loop = {h["task"]: h for h in c.get("/api/v1/jobs", headers=bearer()).json()["loop"]}
+        page = c.get("/", headers=bearer()).text
+    sweep = loop["sweep"]
+    assert sweep["late"] is False and sweep["last_run_at"] is not None
+    assert sweep["age_seconds"] < 10 and sweep["interval_seconds"] == 60
+    assert ":" in sweep["ran_by"] and loop["trim"]["late"] is True
+    assert "sweep: last ran" in page and "trim: never ran" in page
 
 
 @sqlite_only

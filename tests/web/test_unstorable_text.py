@@ -1,4 +1,4 @@
-"""Text the database refuses, at the HTTP API (issue 17, defect 7): a trigger whose payload
+"""Text the database refuses, at the HTTP API: a trigger whose payload
 holds a lone surrogate answers 422 naming the field, never 5xx; the detail of a row whose
 text is odd (a lone surrogate in a payload an older push wrote on SQLite, an error and logs
 a handler wrote with one, characters beyond U+FFFF) answers 200, on the API and the page."""

@@ -48,7 +48,8 @@ def drop_statements(tables: Tables, vendor: str) -> list[str]:
     dialect = dialect_for(vendor)
     _, drop = trim_triggers(tables.executions.name, tables.trim_marks.name)
     out = [_escaped(s) for s in drop[vendor]]
-    out.extend(str(DropTable(t).compile(dialect=dialect)).strip() for t in reversed(tables.all()))
+    out.extend(str(DropTable(t, if_exists=True).compile(dialect=dialect)).strip()
+               for t in reversed(tables.all()))
     return out
 
 
@@ -106,13 +107,32 @@ class CreateOutboxSchema(_OutboxOperation):
 
 class AnalyzeOutboxTables(_OutboxOperation):
     """``ANALYZE`` the outbox's tables on PostgreSQL (nothing elsewhere), as
-    ``outbox.create_schema()`` ends; reversed, nothing. The app's last migration."""
+    ``outbox.create_schema()`` ends; reversed, nothing."""
 
     def forwards(self, vendor: str) -> list[str]:
         return list(analyze_statements(configured_tables(), dialect_for(vendor)))
 
     def describe(self) -> str:
         return "Analyze the celery_outbox tables (PostgreSQL)"
+
+
+class CreateLoopTable(_OutboxOperation):
+    """Create ``<table>_loop`` (the maintenance loop's last runs) unless it exists: a
+    database migrated by ``0001_initial`` of a later release has it already; reversed, drop
+    it if it exists."""
+
+    def forwards(self, vendor: str) -> list[str]:
+        table = configured_tables().loop_runs
+        return [str(CreateTable(table, if_not_exists=True)
+                    .compile(dialect=dialect_for(vendor))).strip()]
+
+    def backwards(self, vendor: str) -> list[str]:
+        table = configured_tables().loop_runs
+        return [str(DropTable(table, if_exists=True).compile(dialect=dialect_for(vendor)))
+                .strip()]
+
+    def describe(self) -> str:
+        return "Create the celery_outbox loop table"
 
 
 def router_allows(alias: str, app_label: str) -> bool:
