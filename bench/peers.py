@@ -141,8 +141,9 @@ class Ratio:
 
 
 def _systems(queue: str) -> list[System]:
-    """The outbox, plain Celery (in that order: figures 3 and 6 take them so), pgqueuer and
-    procrastinate; their schemas installed, their clients open."""
+    """The outbox, plain Celery (in that order: figures 3 and 6 take them so), the floor,
+    pgqueuer, procrastinate and, for figure 1 only, the outbox's job with ``parallel=10``;
+    their schemas installed, their clients open."""
     from bench import peers_celery, peers_floor, peers_pgq, peers_proc, scenarios
 
     job, task, outbox = peers_celery.peer_job, peers_celery.peer, peers_celery.outbox
