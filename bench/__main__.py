@@ -26,6 +26,8 @@ package against the floor (bench/stages.py).
 statistics stale and fresh, and its generic plan (bench/claim_plan.py).
 ``python -m bench startup [--rounds N]``: worker start-up to the first job's handler, plain
 Celery vs the outbox (bench/startup.py).
+``python -m bench publish [--n N] [--rounds N]``: one publish's cost on Redis, the fast path vs
+Celery's ``apply_async``, and the hand-off to the publishing thread (bench/publish.py).
 ``python -m bench runner [--n N] [--rounds N]``: the runner's CPU per no-op execution, on
 SQLite and on the in-memory twin, no broker (bench/runner.py).
 """
@@ -126,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import startup
 
         return startup.main(argv[1:])
+    if argv[:1] == ["publish"]:  # the cost of one publish on Redis (bench/publish.py)
+        from bench import publish
+
+        return publish.main(argv[1:])
     if argv[:1] == ["runner"]:  # the runner's CPU per execution (bench/runner.py)
         from bench import runner
 

@@ -144,7 +144,14 @@ def _systems(queue: str) -> list[System]:
     """The outbox, plain Celery (in that order: figures 3 and 6 take them so), the floor,
     pgqueuer, procrastinate and, for figure 1 only, the outbox's job with ``parallel=10``;
     their schemas installed, their clients open."""
-    from bench import peers_celery, peers_floor, peers_pgq, peers_proc, scenarios
+    return _celery_systems(queue, with_peers=True)
+
+
+def _celery_systems(queue: str, *, with_peers: bool = False) -> list[System]:
+    """The outbox and plain Celery; ``with_peers``: the floor, pgqueuer and procrastinate
+    after them (their packages needed), then the outbox's job with ``parallel=10`` (figure 1
+    only)."""
+    from bench import peers_celery, scenarios
 
     job, task, outbox = peers_celery.peer_job, peers_celery.peer, peers_celery.outbox
     par_job = peers_celery.peer_job_parallel
@@ -176,6 +183,28 @@ def _systems(queue: str) -> list[System]:
         for _ in range(n):
             task.delay(total)
 
+    def celery_workers() -> AbstractContextManager[Any]:
+        return celery_worker(queue, concurrency=PROCESSES, app="bench.peers_celery")
+
+    systems = [
+        System("outbox", "celery_outbox", lambda total: job.push({"total": total}),
+               outbox_pre_push, [celery_workers], scenarios.rows_left, reset_celery,
+               outbox_push_many),
+        System("celery", "plain Celery", task.delay, celery_pre_push, [celery_workers],
+               _messages_waiting, reset_celery),
+    ]
+    if not with_peers:
+        return systems
+    parallel = System("outbox_parallel", f"celery_outbox parallel K={peers_celery.PARALLEL}",
+                      lambda total: par_job.push({"total": total}), parallel_pre_push,
+                      [celery_workers], scenarios.rows_left, reset_celery, drain_only=True)
+    return [*systems, *_peer_systems(celery_workers), parallel]
+
+
+def _peer_systems(celery_workers: Callable[[], AbstractContextManager[Any]]) -> list[System]:
+    """The floor, pgqueuer and procrastinate; their schemas installed, their clients open."""
+    from bench import peers_floor, peers_pgq, peers_proc, scenarios
+
     peers_floor.install()
 
     def reset_floor() -> None:
@@ -197,9 +226,6 @@ def _systems(queue: str) -> list[System]:
         for start in range(0, n, BATCH):
             proc_task.batch_defer(*[{"total": total}] * min(BATCH, n - start))
 
-    def celery_workers() -> AbstractContextManager[Any]:
-        return celery_worker(queue, concurrency=PROCESSES, app="bench.peers_celery")
-
     def pgq_worker() -> AbstractContextManager[Any]:
         return process_group(peers_pgq.WORKER, "pgqueuer")
 
@@ -207,11 +233,6 @@ def _systems(queue: str) -> list[System]:
         return process_group(peers_proc.WORKER, "procrastinate")
 
     return [
-        System("outbox", "celery_outbox", lambda total: job.push({"total": total}),
-               outbox_pre_push, [celery_workers], scenarios.rows_left, reset_celery,
-               outbox_push_many),
-        System("celery", "plain Celery", task.delay, celery_pre_push, [celery_workers],
-               _messages_waiting, reset_celery),
         System("floor", "the floor (bench/peers_floor.py)", peers_floor.push,
                peers_floor.pre_push(BATCH), [celery_workers], peers_floor.left, reset_floor,
                lambda n: peers_floor.push_many(n, 0)),
@@ -220,9 +241,6 @@ def _systems(queue: str) -> list[System]:
         System("procrastinate", "procrastinate", lambda total: proc_task.defer(total=total),
                proc_pre_push, [proc_worker] * PROCESSES, peers_proc.left, peers_proc.clear,
                lambda n: proc_task.batch_defer(*[{"total": 0}] * n)),
-        System("outbox_parallel", f"celery_outbox parallel K={peers_celery.PARALLEL}",
-               lambda total: par_job.push({"total": total}), parallel_pre_push,
-               [celery_workers], scenarios.rows_left, reset_celery, drain_only=True),
     ]
 
 
@@ -598,6 +616,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--figures", default=",".join(sorted(FIGURES)),
                         help="the figures to measure, comma-separated (default: all of "
                              f"{', '.join(sorted(FIGURES))})")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="figure 2 alone, for the outbox and plain Celery alone (neither "
+                             "pgqueuer nor procrastinate needed)")
     parser.add_argument("--redis-db", type=int, default=REDIS_DB,
                         help=f"Redis db number of the broker (default {REDIS_DB})")
     args = parser.parse_args(argv)
@@ -612,6 +633,8 @@ def main(argv: list[str]) -> int:
     # SIGTERM (a `timeout`, a CI limit) unwinds like an error: the workers get stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     target = prepare(args.redis_db)
+    if args.latency_only:
+        return latency_only(target.queue, c)
     from bench import peers_pgq, peers_proc, peers_signal, scenarios  # after prepare()
     from bench.frameworks_setup import Base
 
@@ -646,6 +669,42 @@ def main(argv: list[str]) -> int:
     print(f"\nload average at the start: {load_start}; at the end: {load_end}")
     if args.json:
         _write_json(args.json, c, info, (load_start, load_end), results, checks)
+    return 0
+
+
+def latency_only(queue: str, c: Counts) -> int:
+    """Figure 2 alone, for the outbox and plain Celery: ``c.rounds`` rounds of
+    ``c.samples`` samples each, the systems' order rotated each round."""
+    from bench import peers_signal, scenarios
+
+    load_start = _load()
+    print(f"latency push -> handler start (figure 2), the outbox and plain Celery; "
+          f"load average {load_start}")
+    systems: list[System] = []
+    runs: dict[str, list[tuple[float, float]]] = {}
+    try:
+        scenarios.reset()
+        systems = _celery_systems(queue)
+        for s in systems:
+            for _ in range(5):
+                s.push(0)
+            s.reset()
+        for r in range(c.rounds):
+            for s in systems[r % 2:] + systems[:r % 2]:
+                with _about(s):
+                    runs.setdefault(s.label, []).append(latency(s, c.samples))
+    finally:
+        for s in systems:
+            s.reset()
+        scenarios.clean_up()
+        peers_signal.reset()
+    for label, values in runs.items():
+        p50s = ", ".join(f"{v[0]:.2f}" for v in values)
+        p99s = ", ".join(f"{v[1]:.2f}" for v in values)
+        print(f"  {label:<14} p50 {statistics.median(v[0] for v in values):6.2f} ms "
+              f"(rounds {p50s}); p99 {statistics.median(v[1] for v in values):6.2f} ms "
+              f"(rounds {p99s})")
+    print(f"load average at the start: {load_start}; at the end: {_load()}")
     return 0
 
 

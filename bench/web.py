@@ -41,7 +41,6 @@ from celery_outbox.web import Auth, Token, create_app, hash_secret
 
 PG_ADMIN_URL = "postgresql+psycopg://root@127.0.0.1:5432/test"
 PG_DATABASE = "outbox_bench_web"
-DATABASE_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{PG_DATABASE}"
 TABLE = "bench_web_executions"
 JOBS = ("shop.email", "shop.invoice", "shop.sync", "shop.report", "shop.export", "shop.ping")
 TOKEN = "bench-token-0123456789"
@@ -80,7 +79,11 @@ class Item(BaseModel):
     n: int
 
 
-def build_outbox() -> Outbox:
+def database_url(database: str) -> str:
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{database}"
+
+
+def build_outbox(database: str = PG_DATABASE) -> Outbox:
     registry = JobRegistry()
     for name in JOBS:
         def handler(ctx: JobContext[Item]) -> None:
@@ -88,17 +91,18 @@ def build_outbox() -> Outbox:
         handler.__name__ = name.replace(".", "_")
         outbox_job(schema=Item, name=name, registry=registry)(handler)
     app = Celery("bench_web", broker="memory://")
-    return Outbox(app, database_url=DATABASE_URL, registry=registry, table_name=TABLE)
+    return Outbox(app, database_url=database_url(database), registry=registry,
+                  table_name=TABLE)
 
 
-def prepare(rows: int, rebuild: bool) -> Outbox:
+def prepare(rows: int, rebuild: bool, database: str) -> Outbox:
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         if not conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"),
-                            {"d": PG_DATABASE}).scalar():
-            conn.execute(text(f'CREATE DATABASE "{PG_DATABASE}"'))
+                            {"d": database}).scalar():
+            conn.execute(text(f'CREATE DATABASE "{database}"'))
     admin.dispose()
-    outbox = build_outbox()
+    outbox = build_outbox(database)
     with outbox.engine.connect() as conn:
         have = conn.execute(text("SELECT to_regclass(:t)"), {"t": TABLE}).scalar()
         count = conn.execute(text(f"SELECT count(*) FROM {TABLE}")).scalar() if have else 0
@@ -107,10 +111,13 @@ def prepare(rows: int, rebuild: bool) -> Outbox:
         started = time.perf_counter()
         outbox.drop_schema()
         outbox.create_schema()
-        with outbox.engine.begin() as conn:
+        # A plain engine: the fill runs longer than the outbox engine's timeouts allow.
+        filler = create_engine(database_url(database))
+        with filler.begin() as conn:
             conn.execute(text(FILL), {"rows": rows, "jobs": list(JOBS)})
-        with outbox.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        with filler.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
+        filler.dispose()
         print(f"  written in {time.perf_counter() - started:.0f} s", flush=True)
     return outbox
 
@@ -173,8 +180,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--rebuild", action="store_true", help="write the table again")
     parser.add_argument("--plans", action="store_true", help="print the full plans")
+    parser.add_argument("--database", default=PG_DATABASE,
+                        help=f"the PostgreSQL database (default {PG_DATABASE})")
     args = parser.parse_args(argv)
-    outbox = prepare(args.rows, args.rebuild)
+    outbox = prepare(args.rows, args.rebuild, args.database)
     auth = Auth(tokens=[Token("bench", token_hash=hash_secret(TOKEN, kind="token"),
                               access="operate")])
     app = create_app(outbox, auth=auth, cache_for=timedelta(0))

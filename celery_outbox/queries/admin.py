@@ -8,11 +8,22 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Integer, Table, and_, bindparam, func, select, update
+from sqlalchemy import (
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    func,
+    literal,
+    null,
+    select,
+    union_all,
+    update,
+)
 
 from celery_outbox.queries.base import Query, Row, first, named, rows
-from celery_outbox.queries.clauses import active, who
-from celery_outbox.states import Status
+from celery_outbox.queries.clauses import active, one_of, pair, who
+from celery_outbox.states import ACTIVE, TERMINAL, Status
 
 JobCounts = tuple[str, int, int, datetime | None, datetime | None]
 """One job's ``(job_name, succeeded, failed, last succeeded_at, last failed_at)``."""
@@ -103,7 +114,7 @@ def _job_stats(t: Table) -> Any:
             func.max(t.c.finished_at).filter(succeeded),
             func.max(t.c.finished_at).filter(failed),
         )
-        .where(t.c.status.in_([Status.SUCCEEDED.value, Status.FAILED.value]))
+        .where(one_of(t, (Status.SUCCEEDED, Status.FAILED)))
         .group_by(t.c.job_name)
     )
 
@@ -119,25 +130,30 @@ def listed_columns(t: Table) -> list[Any]:
 
 
 @cache
-def _list(t: Table, by_status: bool, by_organization: bool) -> Any:
-    stmt = select(*listed_columns(t)).where(t.c.job_name == bindparam("job_name"))
-    if by_status:
-        stmt = stmt.where(t.c.status == bindparam("status"))
-    if by_organization:
-        stmt = stmt.where(t.c.organization_id == bindparam("organization_id"))
-    return (stmt.order_by(t.c.created_at.desc(), t.c.id.desc())
-            .limit(bindparam("limit", type_=Integer())))
+def _list(t: Table, dialect: str, status: Status | None, by_organization: bool) -> Any:
+    """A job's rows newest first: one ordered range per status (of the partial index of its
+    side, active or finished), each at most ``limit`` rows, merged."""
+    limit = bindparam("limit", type_=Integer())
+    job = bindparam("job_name", type_=t.c.job_name.type)
+    arms = []
+    for one in (status,) if status is not None else sorted(Status, key=lambda s: s.value):
+        arm = select(*listed_columns(t)).where(*pair(t, dialect, job, one))
+        if by_organization:
+            arm = arm.where(t.c.organization_id == bindparam("organization_id"))
+        arms.append(arm.order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
+                    .subquery().select())
+    merged = (arms[0] if len(arms) == 1 else union_all(*arms)).subquery()
+    return (select(*merged.c).order_by(merged.c.created_at.desc(), merged.c.id.desc())
+            .limit(limit))
 
 
 @named("read a job's rows newest first, optionally of one status and tenant")
-def list_executions(t: Table, job_name: str, *, status: Status | None,
+def list_executions(t: Table, dialect: str, job_name: str, *, status: Status | None,
                     organization_id: str | None, limit: int) -> Query[list[dict[str, Any]]]:
     params: dict[str, Any] = {"job_name": job_name, "limit": limit}
-    if status is not None:
-        params["status"] = status.value
     if organization_id is not None:
         params["organization_id"] = organization_id
-    return rows("list_executions", _list(t, status is not None, organization_id is not None),
+    return rows("list_executions", _list(t, dialect, status, organization_id is not None),
                 _as_dict, params)
 
 
@@ -145,9 +161,10 @@ def list_executions(t: Table, job_name: str, *, status: Status | None,
 def _status_summary(t: Table) -> Any:
     now = bindparam("now", type_=t.c.lease_expires_at.type)
     overdue_before = bindparam("overdue_before", type_=t.c.scheduled_at.type)
-    return (
-        # One grouped pass; FILTER picks each pair's extra: the oldest pending row, the
-        # running rows past their lease, the scheduled rows due before the grace.
+    active_rows = (
+        # One grouped pass over the active rows; FILTER picks each pair's extra: the oldest
+        # pending row, the running rows past their lease, the scheduled rows due before the
+        # grace.
         select(
             t.c.job_name,
             t.c.status,
@@ -158,8 +175,15 @@ def _status_summary(t: Table) -> Any:
             func.count().filter(and_(t.c.status == Status.SCHEDULED.value,
                                      t.c.scheduled_at < overdue_before)),
         )
+        .where(one_of(t, ACTIVE))
         .group_by(t.c.job_name, t.c.status)
     )
+    finished_rows = (  # counted from a finished rows' index alone (an index-only scan)
+        select(t.c.job_name, t.c.status, func.count(), null(), literal(0), literal(0))
+        .where(one_of(t, TERMINAL))
+        .group_by(t.c.job_name, t.c.status)
+    )
+    return union_all(active_rows, finished_rows)
 
 
 @named("status: rows per job and status, oldest pending, expired leases, overdue scheduled")

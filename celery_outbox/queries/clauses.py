@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -10,7 +11,7 @@ from sqlalchemy import Table, and_, bindparam, literal, true
 from sqlalchemy.dialects import postgresql, sqlite
 
 from celery_outbox.outcomes import Fence
-from celery_outbox.states import ACTIVE, Status
+from celery_outbox.states import ACTIVE, TERMINAL, Status
 
 WHO_MAX = 200
 """``cancelled_by`` and ``cancelled_by_name`` are cut to this many characters."""
@@ -85,8 +86,40 @@ def active_literal(t: Table) -> Any:
     statement's generic plan can then use the partial unique index of active keys, whose
     predicate they must match (with bound statuses it reads the job's rows instead). Not for
     a statement the direct path runs (it sends the SQL as compiled, without them)."""
+    return one_of(t, ACTIVE)
+
+
+def one_of(t: Table, statuses: Iterable[Status]) -> Any:
+    """``status IN (...)`` of ``statuses``, written into the SQL in the order the partial
+    indexes' predicates spell them (sorted): of the active statuses or of the finished ones,
+    it is the predicate of their indexes verbatim. A prepared statement's generic plan can
+    then use those indexes too. Not for a statement the direct path runs."""
     return t.c.status.in_([literal(s.value, literal_execute=True)
-                           for s in sorted(ACTIVE, key=lambda s: s.value)])
+                           for s in sorted(statuses, key=lambda s: s.value)])
+
+
+def side_of(t: Table, dialect: str, statuses: Iterable[Status]) -> list[Any]:
+    """The rows in ``statuses``, all of one side (active or finished), as that side's partial
+    indexes serve them: ``status IN (...)`` (:func:`one_of`), and on SQLite also the side's
+    predicate as the indexes spell it (SQLite uses a partial index only when the WHERE holds
+    its predicate verbatim; PostgreSQL proves it from the statuses, and an extra test to
+    prove against each partial index would only cost it planning time)."""
+    chosen = set(statuses)
+    side = ACTIVE if chosen <= ACTIVE else TERMINAL
+    if dialect == "postgresql" or chosen == side:
+        return [one_of(t, chosen)]
+    return [one_of(t, side), one_of(t, chosen)]
+
+
+def pair(t: Table, dialect: str, job_name: Any, status: Status) -> list[Any]:
+    """The rows of one (job, status), as the partial index of the status's side serves them:
+    ``job_name = :job`` and ``status = '<status>'`` (literal), on SQLite with the side's
+    predicate as :func:`side_of` gives it."""
+    found = [t.c.job_name == job_name,
+             t.c.status == literal(status.value, literal_execute=True)]
+    if dialect != "postgresql":
+        found.insert(1, one_of(t, ACTIVE if status in ACTIVE else TERMINAL))
+    return found
 
 
 def fenced(t: Table, fence: Fence) -> Any:

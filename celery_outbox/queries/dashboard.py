@@ -4,6 +4,15 @@ tenant scope), keyset pages and the reads of ids and rows.
 
 Every one takes the tenant (``organization_id``) as a filter of its own statement, so a
 tenant's caller can never read another tenant's rows.
+
+The indexes they read are partial (``models.build_tables``): active rows in
+``ix_<table>_active_job_created`` and ``ix_<table>_active_created``, finished rows in
+``ix_<table>_finished``, ``ix_<table>_finished_job_created`` and
+``ix_<table>_finished_created``. So every part of a statement names its statuses in its SQL
+(``clauses.pair``, ``clauses.side_of``: literal values, and on SQLite the index's predicate
+spelled out as it needs to see it), and a list newest first is a UNION ALL of one ordered
+index range per (job, status) or, across jobs, of the active rows' range and the finished
+rows' range, merged: a page reads what it shows (plus one row per part), not a backlog.
 """
 
 from __future__ import annotations
@@ -11,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 from uuid import UUID
 
@@ -19,20 +28,21 @@ from sqlalchemy import (
     Float,
     Integer,
     Table,
-    and_,
     bindparam,
     cast,
     exists,
+    false,
     func,
     literal,
-    or_,
     select,
+    tuple_,
     union_all,
 )
 
 from celery_outbox.queries.admin import listed_columns
 from celery_outbox.queries.base import Query, Row, Shape, first, named, rows
-from celery_outbox.states import Status
+from celery_outbox.queries.clauses import pair, side_of
+from celery_outbox.states import ACTIVE, TERMINAL, Status
 
 
 @dataclass(frozen=True)
@@ -120,10 +130,9 @@ def _per_pair(job_names: tuple[str, ...], statuses: Sequence[Status],
 
 
 @cache
-def _capped(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _capped(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     def part(name: str, status: Status) -> Any:
-        inner = _scoped(t, select(literal(1)).where(
-            t.c.job_name == name, t.c.status == status.value), scoped)
+        inner = _scoped(t, select(literal(1)).where(*pair(t, dialect, name, status)), scoped)
         n = select(func.count()).select_from(
             inner.limit(bindparam("cap", type_=Integer)).subquery())
         return select(literal(name), literal(status.value), n.scalar_subquery())
@@ -132,35 +141,35 @@ def _capped(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
 
 
 @named("dashboard: rows per job and status, each count capped (one UNION ALL)")
-def capped_counts(t: Table, job_names: Sequence[str], organization_id: str | None,
-                  cap: int) -> Query[list[tuple[str, str, int]]]:
-    stmt = _capped(t, tuple(job_names), organization_id is not None)
+def capped_counts(t: Table, dialect: str, job_names: Sequence[str],
+                  organization_id: str | None, cap: int) -> Query[list[tuple[str, str, int]]]:
+    stmt = _capped(t, dialect, tuple(job_names), organization_id is not None)
     return rows("capped_counts", stmt, _counted,
                 {"cap": cap, **_tenant(organization_id)})
 
 
 @cache
-def _oldest(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _oldest(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     def part(name: str, status: Status) -> Any:
-        inner = _scoped(t, select(t.c.created_at).where(
-            t.c.job_name == name, t.c.status == status.value), scoped)
+        inner = _scoped(t, select(t.c.created_at).where(*pair(t, dialect, name, status)),
+                        scoped)
         return select(literal(name), inner.order_by(t.c.created_at).limit(1).scalar_subquery())
 
     return _per_pair(job_names, (Status.PENDING,), part)
 
 
 @named("dashboard: each job's oldest pending creation time (one UNION ALL)")
-def oldest_pending(t: Table, job_names: Sequence[str],
+def oldest_pending(t: Table, dialect: str, job_names: Sequence[str],
                    organization_id: str | None) -> Query[list[tuple[str, datetime]]]:
-    stmt = _oldest(t, tuple(job_names), organization_id is not None)
+    stmt = _oldest(t, dialect, tuple(job_names), organization_id is not None)
     return Query("oldest_pending", stmt, Shape.ROWS, _oldest_times, _tenant(organization_id))
 
 
 @cache
-def _last(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _last(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     def part(name: str, status: Status) -> Any:
-        inner = _scoped(t, select(t.c.finished_at).where(
-            t.c.job_name == name, t.c.status == status.value), scoped)
+        inner = _scoped(t, select(t.c.finished_at).where(*pair(t, dialect, name, status)),
+                        scoped)
         newest = inner.order_by(t.c.finished_at.desc()).limit(1).scalar_subquery()
         return select(literal(name), literal(status.value), newest)
 
@@ -168,9 +177,9 @@ def _last(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
 
 
 @named("dashboard: each job's newest finished_at per outcome (one UNION ALL)")
-def last_finished(t: Table, job_names: Sequence[str],
+def last_finished(t: Table, dialect: str, job_names: Sequence[str],
                   organization_id: str | None) -> Query[list[tuple[str, str, datetime]]]:
-    stmt = _last(t, tuple(job_names), organization_id is not None)
+    stmt = _last(t, dialect, tuple(job_names), organization_id is not None)
     return Query("last_finished", stmt, Shape.ROWS, _last_times, _tenant(organization_id))
 
 
@@ -190,7 +199,7 @@ def _outcomes(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) 
     def part(name: str, status: Status) -> Any:
         return _scoped(t, (
             select(t.c.job_name, t.c.status, index.label("bucket"), func.count())
-            .where(t.c.job_name == name, t.c.status == status.value, t.c.finished_at >= start)
+            .where(*pair(t, dialect, name, status), t.c.finished_at >= start)
             .group_by(t.c.job_name, t.c.status, index)), scoped)
 
     return _per_pair(job_names, OUTCOMES, part)
@@ -214,47 +223,126 @@ def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _filters(t: Table, dialect: str, q: ExecutionQuery) -> list[Any]:
-    where: list[Any] = []
-    if q.job_names is not None:
-        where.append(t.c.job_name.in_(q.job_names))
-    if q.statuses is not None:
-        where.append(t.c.status.in_([s.value for s in q.statuses]))
-    if q.unique_key is not None:
-        where.append(t.c.unique_key == q.unique_key)
-    if q.organization_id is not None:
-        where.append(t.c.organization_id == q.organization_id)
-    if q.created_after is not None:
-        where.append(t.c.created_at >= q.created_after)
-    if q.created_before is not None:
-        where.append(t.c.created_at < q.created_before)
+@dataclass(frozen=True)
+class _Shape:
+    """What a list's statement is built from (its values are bound): the jobs asked for
+    (None: every job), the statuses (sorted), which other filters are set, and whether a
+    cursor is."""
+
+    jobs: tuple[str, ...] | None
+    statuses: tuple[Status, ...]
+    filters: tuple[str, ...]
+    after: bool
+
+
+def _shape(q: ExecutionQuery, after: Cursor | None) -> _Shape:
+    filters = tuple(name for name, value in (
+        ("key", q.unique_key), ("org", q.organization_id), ("after", q.created_after),
+        ("before", q.created_before), ("error", q.error_contains or None))
+        if value is not None)
+    jobs = tuple(dict.fromkeys(q.job_names)) if q.job_names is not None else None
+    chosen = set(q.statuses) if q.statuses is not None else set(Status)
+    return _Shape(jobs, tuple(sorted(chosen, key=lambda s: s.value)), filters,
+                  after is not None)
+
+
+def _params(q: ExecutionQuery, after: Cursor | None, limit: int) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": limit, "f_key": q.unique_key,
+                              "f_org": q.organization_id, "f_after": q.created_after,
+                              "f_before": q.created_before}
     if q.error_contains:
-        pattern = "%" + _escape_like(q.error_contains) + "%"
+        params["f_error"] = "%" + _escape_like(q.error_contains) + "%"
+    if after is not None:
+        params.update(c_at=after.created_at, c_id=after.id)
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _filters(t: Table, dialect: str, shape: _Shape) -> list[Any]:
+    """The filters but the job and the status, with bound values (``f_*``, ``c_*``)."""
+    where: list[Any] = []
+    if "key" in shape.filters:
+        where.append(t.c.unique_key == bindparam("f_key", type_=t.c.unique_key.type))
+    if "org" in shape.filters:
+        where.append(t.c.organization_id == bindparam("f_org",
+                                                      type_=t.c.organization_id.type))
+    if "after" in shape.filters:
+        where.append(t.c.created_at >= bindparam("f_after", type_=t.c.created_at.type))
+    if "before" in shape.filters:
+        where.append(t.c.created_at < bindparam("f_before", type_=t.c.created_at.type))
+    if "error" in shape.filters:
+        pattern = bindparam("f_error", type_=t.c.last_error.type)
         if dialect == "postgresql":
             where.append(t.c.last_error.ilike(pattern, escape="\\"))
         else:  # SQLite's LIKE is case-insensitive for ASCII already
             where.append(t.c.last_error.like(pattern, escape="\\"))
+    if shape.after:  # a row comparison: an index condition of the ranges below
+        where.append(tuple_(t.c.created_at, t.c.id) < tuple_(
+            bindparam("c_at", type_=t.c.created_at.type), bindparam("c_id", type_=t.c.id.type)))
     return where
+
+
+def _ranges(t: Table, dialect: str, shape: _Shape) -> list[list[Any]]:
+    """The parts of a newest-first list, each one ordered index range: one per (job, status)
+    of the jobs asked for (``ix_<table>_active_job_created``,
+    ``ix_<table>_finished_job_created``); for every job, the active rows
+    (``ix_<table>_active_created``) and the finished rows (``ix_<table>_finished_created``)."""
+    if shape.jobs is not None:
+        return [pair(t, dialect, job, s) for job in shape.jobs for s in shape.statuses]
+    return [side_of(t, dialect, chosen) for side in (ACTIVE, TERMINAL)
+            if (chosen := [s for s in shape.statuses if s in side])]
+
+
+@lru_cache(maxsize=256)
+def _newest_first(t: Table, dialect: str, shape: _Shape, ids: bool, unretried: bool) -> Any:
+    """The rows (``ids``: their ids) of ``shape``, newest first, at most ``limit``: a UNION
+    ALL of each range's first ``limit`` rows (each its own subquery: SQLite takes no ORDER
+    BY inside a compound), merged. PostgreSQL merges the ranges in order (a Merge Append),
+    reading each only as far as the page needs."""
+    limit = bindparam("limit", type_=Integer)
+    columns = [t.c.id, t.c.created_at] if ids else listed_columns(t)
+    where = _filters(t, dialect, shape)
+    if unretried:
+        retries = t.alias("retries")
+        where.append(~exists().where(retries.c.retry_of == t.c.id))
+    arms = [select(*columns).where(*part, *where)
+            .order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit).subquery().select()
+            for part in _ranges(t, dialect, shape)]
+    if not arms:
+        return select(*columns).where(false())
+    merged = (arms[0] if len(arms) == 1 else union_all(*arms)).subquery()
+    out = [merged.c.id] if ids else list(merged.c)
+    return select(*out).order_by(merged.c.created_at.desc(), merged.c.id.desc()).limit(limit)
 
 
 @named("dashboard: one keyset page of matching rows, newest first")
 def page(t: Table, dialect: str, q: ExecutionQuery, after: Cursor | None,
          limit: int) -> Query[list[dict[str, Any]]]:
-    stmt = select(*listed_columns(t)).where(*_filters(t, dialect, q))
-    if after is not None:
-        stmt = stmt.where(or_(
-            t.c.created_at < after.created_at,
-            and_(t.c.created_at == after.created_at, t.c.id < after.id),
-        ))
-    stmt = stmt.order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
-    return rows("page", stmt, _as_dict)
+    stmt = _newest_first(t, dialect, _shape(q, after), False, False)
+    return rows("page", stmt, _as_dict, _params(q, after, limit))
 
 
 @named("count the rows matching a filter, stopping at a cap")
 def count_matching(t: Table, dialect: str, q: ExecutionQuery, cap: int) -> Query[int]:
-    inner = select(literal(1)).select_from(t).where(*_filters(t, dialect, q)).limit(cap)
-    stmt = select(func.count()).select_from(inner.subquery())
-    return Query("count_matching", stmt, Shape.ROWS, _count, {})
+    stmt = _count_statement(t, dialect, _shape(q, None))
+    return Query("count_matching", stmt, Shape.ROWS, _count, _params(q, None, cap))
+
+
+@lru_cache(maxsize=256)
+def _count_statement(t: Table, dialect: str, shape: _Shape) -> Any:
+    """At most ``limit`` matching rows counted: per side (active, finished) one index scan
+    of its rows of the jobs and statuses asked for."""
+    cap = bindparam("limit", type_=Integer)
+    where = _filters(t, dialect, shape)
+    if shape.jobs is not None:
+        where.append(t.c.job_name.in_(shape.jobs))
+    arms = [select(literal(1).label("one")).where(*side_of(t, dialect, chosen), *where)
+            .limit(cap).subquery().select()
+            for side in (ACTIVE, TERMINAL)
+            if (chosen := [s for s in shape.statuses if s in side])]
+    if shape.jobs == () or not arms:
+        return select(literal(0))
+    merged = (arms[0] if len(arms) == 1 else union_all(*arms)).subquery()
+    return select(func.count()).select_from(select(merged.c.one).limit(cap).subquery())
 
 
 def _count(found: list[Row]) -> int:
@@ -274,14 +362,14 @@ def get_visible(t: Table, execution_id: UUID,
 
 
 @cache
-def _failures(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
+def _failures(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
     limit = bindparam("limit", type_=Integer)
 
     def part(name: str, status: Status) -> Any:
         walk = _scoped(t, (
             select(t.c.id, t.c.job_name, t.c.finished_at,
                    func.substr(t.c.last_error, 1, 300).label("error"))
-            .where(t.c.job_name == name, t.c.status == status.value,
+            .where(*pair(t, dialect, name, status),
                    t.c.finished_at >= bindparam("since", type_=t.c.finished_at.type))
             .order_by(t.c.finished_at.desc(), t.c.id.desc())
             .limit(limit)), scoped)
@@ -293,19 +381,15 @@ def _failures(t: Table, job_names: tuple[str, ...], scoped: bool) -> Any:
 
 
 @named("dashboard: the newest failed rows of the jobs since a time (one UNION ALL)")
-def recent_failures(t: Table, since: datetime, organization_id: str | None,
+def recent_failures(t: Table, dialect: str, since: datetime, organization_id: str | None,
                     job_names: Sequence[str], limit: int) -> Query[list[dict[str, Any]]]:
-    return rows("recent_failures", _failures(t, tuple(job_names), organization_id is not None),
-                _as_dict, {"since": since, "limit": limit, **_tenant(organization_id)})
+    stmt = _failures(t, dialect, tuple(job_names), organization_id is not None)
+    return rows("recent_failures", stmt, _as_dict,
+                {"since": since, "limit": limit, **_tenant(organization_id)})
 
 
 @named("dashboard: the ids of matching rows, newest first (optionally never retried)")
 def matching_ids(t: Table, dialect: str, q: ExecutionQuery, limit: int, *,
                  unretried: bool) -> Query[list[UUID]]:
-    where = _filters(t, dialect, q)
-    if unretried:
-        retries = t.alias("retries")
-        where.append(~exists().where(retries.c.retry_of == t.c.id))
-    stmt = (select(t.c.id).where(*where)
-            .order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit))
-    return rows("matching_ids", stmt, _first_column)
+    stmt = _newest_first(t, dialect, _shape(q, None), True, unretried)
+    return rows("matching_ids", stmt, _first_column, _params(q, None, limit))

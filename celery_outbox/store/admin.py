@@ -88,9 +88,10 @@ class AdminStore(StoreBase):
         pending row's creation time, the running rows whose lease expired before ``now``
         and the scheduled rows due before ``overdue_before``.
 
-        One pass over the table (a group per job and status; the finished rows are what
-        the trim leaves). Pairs without rows are absent; jobs are whatever the table holds,
-        registered or not. ``now`` and ``overdue_before`` are aware datetimes.
+        One pass over the active rows and one over a finished rows' index alone (a group
+        per job and status; the finished rows are what the trim leaves). Pairs without rows
+        are absent; jobs are whatever the table holds, registered or not. ``now`` and
+        ``overdue_before`` are aware datetimes.
         """
         return [StatusCount(*found) for found in
                 self.executor.run(q.status_summary(self.t, now, overdue_before))]
@@ -109,4 +110,5 @@ class AdminStore(StoreBase):
         bounds it). Each row is a dict of its columns without ``payload`` and ``logs``.
         """
         return self.executor.run(q.list_executions(
-            self.t, job_name, status=status, organization_id=organization_id, limit=limit))
+            self.t, self.dialect, job_name, status=status, organization_id=organization_id,
+            limit=limit))

@@ -27,12 +27,14 @@ class DashboardStore(StoreBase):
         """Read how many rows each (job, status) pair holds, each count stopping at ``cap``.
 
         ONE statement of one capped scalar count per pair (a UNION ALL), each served by the
-        index on ``(job_name, status, created_at, id)``: its cost follows ``cap``, not the
+        partial index of the status's side (active rows: ``(job_name, status, created_at,
+        id)``; finished rows: one of the finished rows'): its cost follows ``cap``, not the
         table. Returns ``{(job_name, status): n}`` with ``n <= cap`` (``cap`` means "at least").
         """
         if not job_names:
             return {}
-        found = self.executor.run(reads.capped_counts(self.t, job_names, organization_id, cap))
+        found = self.executor.run(reads.capped_counts(self.t, self.dialect, job_names,
+                                                          organization_id, cap))
         return {(job, status): n for job, status, n in found}
 
     def oldest_pending(
@@ -40,12 +42,14 @@ class DashboardStore(StoreBase):
     ) -> dict[str, datetime]:
         """Read the creation time of each job's oldest pending row, in ONE statement.
 
-        Each job's is the first entry of the ``(job_name, status, created_at, id)`` index.
+        Each job's is the first entry of the active rows' ``(job_name, status, created_at,
+        id)`` index.
         Jobs without pending rows are absent. Returns ``{job_name: aware datetime}``.
         """
         if not job_names:
             return {}
-        found = self.executor.run(reads.oldest_pending(self.t, job_names, organization_id))
+        found = self.executor.run(reads.oldest_pending(self.t, self.dialect, job_names,
+                                                           organization_id))
         return dict(found)
 
     def last_finished(
@@ -58,7 +62,8 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return {}
-        found = self.executor.run(reads.last_finished(self.t, job_names, organization_id))
+        found = self.executor.run(reads.last_finished(self.t, self.dialect, job_names,
+                                                          organization_id))
         return {(job, status): when for job, status, when in found}
 
     def outcomes_since(
@@ -84,12 +89,16 @@ class DashboardStore(StoreBase):
         strictly after ``after`` (keyset: no OFFSET, so page 1,000 costs what page 1 does).
 
         At most ``limit`` rows; each a dict of its columns without ``payload`` and ``logs``.
+        One ordered index range per (job, status) asked for (across jobs: the active rows'
+        range and the finished rows'), merged: the cost follows ``limit`` and the parts (and
+        how many rows the other filters pass over), not the table.
         """
         return self.executor.run(reads.page(self.t, self.dialect, q, after, limit))
 
     def count_matching(self, q: ExecutionQuery, cap: int) -> int:
         """Read how many rows match ``q``, counting at most ``cap`` (``cap`` means "at least";
-        the cost follows ``cap`` and the filter's index, not the whole table)."""
+        the cost follows ``cap`` and the filter's index, not the whole table): one scan of
+        the active rows' index and one of the finished rows', as the statuses ask."""
         return self.executor.run(reads.count_matching(self.t, self.dialect, q, cap))
 
     def get_visible(self, execution_id: UUID, organization_id: str | None) -> dict[str, Any] | None:
@@ -110,7 +119,7 @@ class DashboardStore(StoreBase):
         """
         if not job_names:
             return []
-        return self.executor.run(reads.recent_failures(self.t, since, organization_id,
+        return self.executor.run(reads.recent_failures(self.t, self.dialect, since, organization_id,
                                                        job_names, limit))
 
     def matching_ids(self, q: ExecutionQuery, limit: int, *,

@@ -254,6 +254,10 @@ def describe(url: str, table: str) -> set[tuple[str, ...]]:
     return {tuple(re.sub(r"\s+", " ", v.replace(table, "T")) for v in r) for r in out}
 
 
+def _index_names(described: set[tuple[str, ...]]) -> set[str]:
+    return {r[1] for r in described if len(r) > 1 and r[1].startswith("ix_T_")}
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_manage_py_migrate_creates_what_create_schema_creates(
     database: str, tmp_path: Path
@@ -261,7 +265,9 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
     """``python -m django migrate`` of the project on a fresh database (on PostgreSQL, its
     tables analyzed), then ``create_schema()``'s tables under another name beside them: the
     same columns, partial indexes, constraints and trim triggers. ``migrate celery_outbox
-    zero`` drops them all."""
+    0003`` gives back the dashboard's indexes over every row (an install an older
+    ``0001_initial`` made), ``migrate`` again replaces them by the partial ones, and
+    ``migrate celery_outbox zero`` drops them all."""
     with ExitStack() as stack:
         env = {"DJANGO_SETTINGS_MODULE": "tests.djangoproj.settings",
                "OUTBOX_DJANGO_SQLITE": str(tmp_path / "fresh.sqlite3"),
@@ -298,5 +304,17 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
         flat = " ".join(v for r in migrated for v in r)
         for name in ("T_cron", "T_trim", "uq_T_active_key", "ix_T_running", "T_trim_gone"):
             assert name in flat
+        # Back to 0003: the dashboard's indexes over every row, as an older 0001 made them;
+        # forwards again (0004 on such a database): the partial ones, as create_schema().
+        manage("migrate", "celery_outbox", "0003")
+        partial = {"ix_T_active_job_created", "ix_T_active_created",
+                   "ix_T_finished_job_created", "ix_T_finished_created"}
+        whole = {"ix_T_job_created", "ix_T_job_status_created", "ix_T_created"}
+        assert partial <= _index_names(migrated) and not whole & _index_names(migrated)
+        back = describe(url, "mig_outbox")
+        assert _index_names(back) == _index_names(migrated) - partial | whole
+        assert [r for r in back if r[1] in whole and "WHERE" in r[2]] == []
+        manage("migrate")
+        assert describe(url, "mig_outbox") == created
         manage("migrate", "celery_outbox", "zero")
         assert describe(url, "mig_outbox") == set()

@@ -350,7 +350,8 @@ def test_create_schema_is_idempotent(cli_app: ModuleType, cli_env: dict[str, str
     result = invoke(cli_app, "create-schema", "--json")
     assert result.exit_code == 0, result.output
     table = cli_env["OUTBOX_CLI_TABLE"]
-    assert data(result.stdout) == {"tables": [table, f"{table}_cron", f"{table}_trim"]}
+    assert data(result.stdout) == {"tables": [table, f"{table}_cron", f"{table}_trim",
+                                              f"{table}_loop"]}
 
 
 def test_without_an_app_or_outbox_exits_with_one_line(cli_app: ModuleType) -> None:
@@ -543,7 +544,8 @@ def test_a_missing_table_says_to_create_the_schema(cli_env: dict[str, str]) -> N
     env = {**cli_env, "OUTBOX_CLI_TABLE": f"cli_missing_{uuid.uuid4().hex[:8]}"}
     table = env["OUTBOX_CLI_TABLE"]
     database = cli_env["OUTBOX_CLI_DATABASE_URL"].rsplit("/", 1)[1]
-    expected = (f"the outbox tables ({table}, {table}_cron, {table}_trim) are missing at "
+    expected = (f"the outbox tables ({table}, {table}_cron, {table}_trim, {table}_loop) are "
+                f"missing at "
                 f"127.0.0.1:5432 (database {database}): create them with "
                 f"`celery -A tests.cli_app outbox create-schema` (or run the migrations)")
 

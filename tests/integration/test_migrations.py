@@ -186,6 +186,37 @@ def test_upgrade_from_each_shipped_revision(
     assert schema(url) == reference_schema
 
 
+@pytest.mark.parametrize("target", revisions_oldest_first()[:-1])
+def test_downgrade_from_head_gives_each_revisions_schema(
+    target: str, new_database: Callable[[], str]
+) -> None:
+    """A downgrade from head to a shipped revision leaves what an upgrade to it makes (for
+    the dashboard's indexes: the three over every row back, the partial ones gone)."""
+    migrated, reference = new_database(), new_database()
+    upgrade(reference, target)
+    upgrade(migrated)
+    command.downgrade(standalone_config(migrated), target)
+    assert schema(migrated) == schema(reference)
+
+
+def test_the_dashboard_indexes_are_partial_at_head(reference_schema: dict[str, Any]) -> None:
+    """At head the dashboard's indexes are of the active rows or of the finished rows only:
+    none but the primary key covers every row."""
+    t = "celery_outbox_executions"
+    defs = {name: sql for name, sql in reference_schema["indexes"]}
+    dashboard = {f"ix_{t}_{s}" for s in ("active_job_created", "active_created",
+                                          "finished_job_created", "finished_created")}
+    assert dashboard <= set(defs)
+    assert not {f"ix_{t}_{s}" for s in ("job_created", "job_status_created", "created")} \
+        & set(defs)
+    whole = [name for name, sql in defs.items()
+             if name.startswith(f"ix_{t}") and " WHERE " not in sql]
+    assert whole == []
+    for name in dashboard:
+        side = "pending" if "_active_" in name else "succeeded"
+        assert side in defs[name], defs[name]
+
+
 def test_a_custom_table_name_through_the_config_option(
     new_database: Callable[[], str]
 ) -> None:
@@ -245,6 +276,12 @@ def test_sqlite_upgrade_head_equals_create_schema_and_downgrades(tmp_path: Path)
     assert {(kind, name) for kind, name, _ in expected if kind == "trigger"} == {
         ("trigger", "celery_outbox_executions_trim_gone"),
         ("trigger", "celery_outbox_executions_trim_moved")}
+    assert sqlite_schema(migrated) == expected
+    before = f"sqlite:///{tmp_path}/at_0007.db"
+    upgrade(before, "celery_outbox_0007")
+    command.downgrade(standalone_config(migrated), "celery_outbox_0007")
+    assert sqlite_schema(migrated) == sqlite_schema(before)
+    upgrade(migrated)
     assert sqlite_schema(migrated) == expected
     command.downgrade(standalone_config(migrated), "celery_outbox_0002")
     assert not [r for r in sqlite_schema(migrated) if "_trim" in r[1]]

@@ -9,6 +9,11 @@ its SQL taken as SQLAlchemy sends it, prepared on the server and EXPLAINed under
 ``force_custom_plan``: no sequential scan of the outbox table, no index of it but its primary
 key. The rows make the backlog; the plans, not timings, are checked (bench/README.md,
 "Claim plans", has the timings).
+
+Then the other side of the indexes: the dashboard's and the admin's reads are planned on
+their indexes on a table of 33,000 rows, and each write of a row (push, claim, start,
+heartbeat, outcome) adds entries to exactly the indexes of its row's side, counted on the
+indexes' pages (pageinspect, in a schema of the test's own).
 """
 
 from __future__ import annotations
@@ -308,3 +313,203 @@ def test_a_keys_holder_is_found_by_the_active_key_index(
             assert not [n for n in scans if n["Node Type"] == "Seq Scan"], (mode, scans)
             assert {n["Index Name"] for n in scans if "Index Name" in n} \
                 == {f"uq_{t}_active_key"}, (mode, scans)
+
+
+# -- the dashboard's reads at scale, and the indexes each write of a row takes an entry in ----
+
+FINISHED = {"succeeded": 24_000, "failed": 4_000, "cancelled": 2_000}
+ACTIVE_ROWS = {"pending": 2_000, "scheduled": 500, "running": 500}
+JOBS = ("shop.a", "shop.b", "shop.c")
+
+
+@pytest.fixture(scope="module", params=["analyzed", "never analyzed"])
+def history(request: pytest.FixtureRequest, pg_url: str) -> Iterator[tuple[Engine, Tables]]:
+    """A table of 30,000 finished rows and 3,000 active ones of three jobs and three tenants
+    over 30 days (autovacuum off for it): vacuumed and analyzed, or never (no statistics at
+    all)."""
+    engine = create_engine(pg_url)
+    metadata = MetaData()
+    tables = build_tables(metadata, f"dash_{uuid.uuid4().hex[:8]}")
+    t = tables.executions.name
+    metadata.create_all(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {t} SET (autovacuum_enabled = false)"))
+            for status, n in {**FINISHED, **ACTIVE_ROWS}.items():
+                finished = "c.at + interval '2 seconds'" if status in FINISHED else "NULL"
+                conn.execute(text(
+                    f"INSERT INTO {t} (id, job_name, organization_id, status, priority, "
+                    "attempt, max_attempts, created_at, updated_at, finished_at, last_error, "
+                    "lease_expires_at, scheduled_at) "
+                    f"SELECT gen_random_uuid(), (ARRAY{list(JOBS)})[1 + g % 3], "
+                    f"'tenant-' || (g % 3), '{status}', 2, 1, 3, c.at, c.at, {finished}, "
+                    f"CASE WHEN '{status}' = 'failed' THEN 'ValueError: ' || g END, "
+                    f"CASE WHEN '{status}' = 'running' THEN now() END, "
+                    f"CASE WHEN '{status}' = 'scheduled' THEN now() + interval '1 hour' END "
+                    f"FROM generate_series(1, {n}) g, "
+                    f"LATERAL (SELECT now() - interval '30 days' * g / {n} AS at) c"))
+        if request.param == "analyzed":  # as autovacuum leaves it: statistics, visibility
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text(f"VACUUM ANALYZE {t}"))
+        yield engine, tables
+    finally:
+        metadata.drop_all(engine)
+        engine.dispose()
+
+
+def _dashboard_cases(t: Any) -> dict[str, tuple[Query[Any], set[str]]]:
+    """Each dashboard / admin read, and the indexes (suffixes of ``ix_<table>_``) its plan
+    must read with statistics: the newest-first lists across jobs merge the active rows'
+    range and the finished rows' range."""
+    from celery_outbox.queries import admin, dashboard
+    from celery_outbox.states import Status
+    from celery_outbox.store import Cursor, ExecutionQuery
+
+    jobs = list(JOBS)
+    hour = NOW - timedelta(hours=1)
+    cursor = Cursor(datetime.now(timezone.utc) - timedelta(days=3), uuid.UUID(int=0))
+    newest = {"active_created", "finished_created"}
+    every = ExecutionQuery()
+    pg = "postgresql"
+    return {
+        "capped_counts": (dashboard.capped_counts(t, pg, jobs, None, 1000), set()),
+        "capped_counts, tenant": (dashboard.capped_counts(t, pg, jobs, "tenant-1", 1000), set()),
+        "oldest_pending": (dashboard.oldest_pending(t, pg, jobs, None), set()),
+        "last_finished": (dashboard.last_finished(t, pg, jobs, None), set()),
+        "outcomes_since": (dashboard.outcomes_since(t, pg, jobs, hour, timedelta(minutes=5),
+                                                    None), set()),
+        "recent_failures": (dashboard.recent_failures(t, pg, hour, None, jobs, 1000), set()),
+        "page": (dashboard.page(t, pg, every, None, 51), newest),
+        "page, cursor": (dashboard.page(t, pg, every, cursor, 51), newest),
+        "page, tenant": (dashboard.page(t, pg, ExecutionQuery(organization_id="tenant-2"),
+                                        None, 51), newest),
+        "page, pending": (dashboard.page(t, pg, ExecutionQuery(statuses=(Status.PENDING,)),
+                                         None, 51), {"active_created"}),
+        "page, failed": (dashboard.page(t, pg, ExecutionQuery(statuses=(Status.FAILED,)),
+                                        None, 51), {"finished_created"}),
+        "page, job": (dashboard.page(t, pg, ExecutionQuery(job_names=("shop.b",)), None, 51),
+                      set()),
+        "page, job and status": (dashboard.page(t, pg, ExecutionQuery(
+            job_names=("shop.b",), statuses=(Status.FAILED, Status.RUNNING)), cursor, 51),
+            set()),
+        "count_matching": (dashboard.count_matching(t, pg, every, 1001), set()),
+        "count_matching, job": (dashboard.count_matching(
+            t, pg, ExecutionQuery(job_names=("shop.a",), statuses=(Status.PENDING,)), 1001),
+            set()),
+        "matching_ids, unretried": (dashboard.matching_ids(
+            t, pg, ExecutionQuery(statuses=(Status.FAILED, Status.CANCELLED)), 1001,
+            unretried=True), {"finished_created"}),
+        "list_executions": (admin.list_executions(t, pg, "shop.c", status=None,
+                                                  organization_id=None, limit=20), set()),
+        "list_executions, status": (admin.list_executions(
+            t, pg, "shop.c", status=Status.SUCCEEDED, organization_id="tenant-1", limit=20),
+            set()),
+    }
+
+
+def _scans(plan: dict[str, Any], table: str,
+           parent: str = "") -> list[tuple[str, str | None, str]]:
+    """``(node type, index, parent's node type)`` of each node of ``plan`` that reads
+    ``table``."""
+    found = []
+    if plan.get("Relation Name") == table or (plan.get("Index Name") or "").startswith(
+            (f"ix_{table}_", f"uq_{table}_", f"{table}_pkey")):
+        found.append((plan["Node Type"], plan.get("Index Name"), parent))
+    for child in plan.get("Plans", []):
+        found += _scans(child, table, plan["Node Type"])
+    return found
+
+
+@pytest.mark.parametrize("case", list(_dashboard_cases(build_tables(MetaData()).executions)))
+def test_a_dashboard_read_uses_an_index_at_scale(
+    history: tuple[Engine, Tables], case: str
+) -> None:
+    """Every read of the dashboard (and the admin's lists) reads the table through its
+    indexes, as the outbox's engine runs it (planned with its values: nothing is prepared on
+    the server): no sequential scan of the 33,000 rows (one only under a LIMIT); with
+    statistics, a list across jobs merges the ranges of the indexes made for it."""
+    import psycopg
+
+    engine, tables = history
+    t = tables.executions.name
+    query, wanted = _dashboard_cases(tables.executions)[case]
+    url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor) as raw:
+        plan = _plans(engine, raw, query)["force_custom_plan"]
+    scans = _scans(plan, t)
+    shown = f"{case}: {scans}\n{json.dumps(plan, indent=1)}"
+    assert scans, shown
+    # A sequential scan only under a LIMIT: the planner's pick for a (job, status) so common
+    # that reading the table from its start finds a count's cap soonest; never a whole read.
+    assert not [s for s in scans if s[0] == "Seq Scan" and s[2] != "Limit"], shown
+    assert all(s[1] for s in scans if s[0] not in ("Seq Scan", "Bitmap Heap Scan")), shown
+    with engine.connect() as conn:
+        analyzed = conn.execute(text(
+            "SELECT reltuples >= 0 FROM pg_class WHERE oid = CAST(:t AS regclass)"),
+            {"t": t}).scalar_one()
+    if analyzed:
+        assert {f"ix_{t}_{s}" for s in wanted} <= {s[1] for s in scans}, shown
+
+
+def _entries(conn: Any, tables: Tables) -> dict[str, int]:
+    """The entries each index of the executions table holds (live and dead: an entry is
+    written once and stays until a vacuum), read from its leaf pages (pageinspect)."""
+    t = tables.executions.name
+    names = conn.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = :t"),
+                         {"t": t}).scalars().all()
+    return {name: conn.execute(text(
+        "SELECT coalesce(sum(s.live_items + s.dead_items - (s.btpo_next <> 0)::int), 0) "
+        "FROM generate_series(1, pg_relation_size(CAST(:ix AS regclass)) "
+        "/ current_setting('block_size')::int - 1) AS b, "
+        "LATERAL outbox_inspect.bt_page_stats(CAST(:ix AS text), CAST(b AS bigint)) AS s "
+        "WHERE s.btpo_level = 0 AND s.type <> 'd'"), {"ix": name}).scalar_one()
+        for name in names}
+
+
+def test_a_push_and_a_claim_write_no_entry_into_the_finished_rows_indexes(
+    pg_outbox: Any, receipt: Any
+) -> None:
+    """The index entries each write of a row adds, counted on the indexes' pages: a push and
+    a claim (and a heartbeat) write the primary key's, their sweep index's and the two
+    indexes of active rows, nothing into the indexes of finished rows; the start changes no
+    indexed column and stays a HOT update (no entry anywhere); an outcome writes the finished
+    rows' indexes and none of the active rows'."""
+    from celery_outbox.outcomes import Succeeded
+
+    box = pg_outbox
+    t = box.tables.executions.name
+    n = 8  # one heap page holds every version of them: the start can be HOT
+    with box.engine.begin() as conn:
+        conn.execute(text("CREATE SCHEMA IF NOT EXISTS outbox_inspect"))
+        conn.execute(text("CREATE EXTENSION IF NOT EXISTS pageinspect SCHEMA outbox_inspect"))
+        conn.execute(text(f"ALTER TABLE {t} SET (autovacuum_enabled = false)"))
+    written: dict[str, dict[str, int]] = {}
+
+    def step(name: str, write: Callable[[], Any]) -> None:
+        with box.engine.connect() as conn:
+            before = _entries(conn, box.tables)
+        write()
+        with box.engine.connect() as conn:
+            after = _entries(conn, box.tables)
+        written[name] = {ix.removeprefix(f"ix_{t}_"): after[ix] - before[ix]
+                         for ix in after if after[ix] != before[ix]}
+
+    ids: list[uuid.UUID] = []
+    fences: list[Fence] = []
+    step("push", lambda: ids.extend(receipt.push({"order_id": i}) for i in range(n)))
+    step("claim", lambda: fences.extend(
+        Fence(c.id, "w", c.attempt)
+        for c in box.store.claim(ids, "shop.receipt", "w", None, LEASE)))
+    step("start", lambda: [box.store.start(f, NOW) for f in fences[1:]])
+    step("heartbeat", lambda: box.store.heartbeat("w", fences, None, LEASE))
+    step("outcome", lambda: [box.store.finish(Succeeded(keep=True), f, NOW) for f in fences])
+
+    pkey = f"{t}_pkey"
+    active = {"active_job_created": n, "active_created": n}
+    assert written == {
+        "push": {pkey: n, "pending": n, **active},
+        "claim": {pkey: n, "running": n, **active},
+        "start": {},
+        "heartbeat": {pkey: n, "running": n, **active},
+        "outcome": {pkey: n, "finished": n, "finished_job_created": n, "finished_created": n},
+    }

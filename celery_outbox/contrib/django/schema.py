@@ -5,12 +5,12 @@ database's vendor and run by the migration's schema editor, in its transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import migrations
-from sqlalchemy import MetaData
-from sqlalchemy.schema import CreateIndex, CreateTable, DropTable
+from sqlalchemy import Index, MetaData, text
+from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex, DropTable
 
 from celery_outbox.contrib.django.conf import outbox_settings
 from celery_outbox.contrib.django.executor import dialect_for
@@ -103,6 +103,52 @@ class CreateOutboxSchema(_OutboxOperation):
 
     def describe(self) -> str:
         return "Create the celery_outbox tables, indexes and trim triggers"
+
+
+IndexSpec = tuple[str, tuple[str, ...], str | None]
+"""One index of the executions table as a migration freezes it: ``(suffix, columns,
+predicate)``, named ``ix_<table>_<suffix>``; ``predicate`` None for an index of every row."""
+
+
+def index_statements(tables: Tables, vendor: str, create: Sequence[IndexSpec],
+                     drop: Sequence[IndexSpec]) -> list[str]:
+    """``CREATE INDEX IF NOT EXISTS`` of each of ``create``, then ``DROP INDEX IF EXISTS``
+    of each of ``drop``, on the executions table of ``tables`` for ``vendor``: the same
+    whether the indexes were made by an older ``0001_initial`` or by the current one."""
+    dialect = dialect_for(vendor)
+    t = tables.executions
+
+    def index(spec: IndexSpec) -> Index:
+        suffix, columns, where = spec
+        kwargs: dict[str, Any] = ({} if where is None else
+                                  {"postgresql_where": text(where), "sqlite_where": text(where)})
+        return Index(f"ix_{t.name}_{suffix}", *(t.c[c] for c in columns), **kwargs)
+
+    out = [str(CreateIndex(index(i), if_not_exists=True).compile(dialect=dialect)).strip()
+           for i in create]
+    out += [str(DropIndex(index(i), if_exists=True).compile(dialect=dialect)).strip()
+            for i in drop]
+    return out
+
+
+class ReplaceOutboxIndexes(_OutboxOperation):
+    """Create the indexes ``add`` of the executions table (those missing) and drop the
+    indexes ``remove`` (those present); reversed, the other way round. The specs are frozen
+    in the migration (:data:`IndexSpec`)."""
+
+    def __init__(self, add: Sequence[IndexSpec], remove: Sequence[IndexSpec]) -> None:
+        self.add = [(name, tuple(columns), where) for name, columns, where in add]
+        self.remove = [(name, tuple(columns), where) for name, columns, where in remove]
+
+    def forwards(self, vendor: str) -> list[str]:
+        return index_statements(configured_tables(), vendor, self.add, self.remove)
+
+    def backwards(self, vendor: str) -> list[str]:
+        return index_statements(configured_tables(), vendor, self.remove, self.add)
+
+    def describe(self) -> str:
+        return (f"Replace the celery_outbox indexes {', '.join(i[0] for i in self.remove)} "
+                f"by {', '.join(i[0] for i in self.add)}")
 
 
 class AnalyzeOutboxTables(_OutboxOperation):
