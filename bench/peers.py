@@ -11,7 +11,9 @@ its defaults; every process started in a process group of its own and stopped by
 the end of each figure.
 
 1. e2e drain: ``n`` jobs pushed with no worker running, then the workers started; jobs/s
-   from the first handler's start to the ``n``-th's; exactly ``n`` runs, nothing left.
+   from the first handler's start to the ``n``-th's; exactly ``n`` runs, nothing left. The
+   outbox twice: its job as declared by default, and "drain parallel K=10", the same job
+   with ``parallel=10`` (this figure only; ``--figures e2e`` measures this figure alone).
 2. latency push -> handler start, p50 / p99 ms, workers warmed up; each push right after
    the previous handler signalled.
 3. a push in the caller's Session against what users do today (commit, then ``delay()``),
@@ -93,6 +95,8 @@ class System:
     """Forget every job: empty tables and queues (no worker runs)."""
     push_many: Callable[[int], None] | None = None
     """``n`` jobs in one call, committed and dispatched (figure 4)."""
+    drain_only: bool = False
+    """Measured in figure 1 only (a variant of another system's job)."""
 
 
 @dataclass
@@ -137,17 +141,20 @@ class Ratio:
 
 
 def _systems(queue: str) -> list[System]:
-    """The outbox, plain Celery (in that order: figures 3 and 6 take them so), pgqueuer and
-    procrastinate; their schemas installed, their clients open."""
+    """The outbox, plain Celery (in that order: figures 3 and 6 take them so), the floor,
+    pgqueuer, procrastinate and, for figure 1 only, the outbox's job with ``parallel=10``;
+    their schemas installed, their clients open."""
     return _celery_systems(queue, with_peers=True)
 
 
 def _celery_systems(queue: str, *, with_peers: bool = False) -> list[System]:
     """The outbox and plain Celery; ``with_peers``: the floor, pgqueuer and procrastinate
-    after them (their packages needed)."""
+    after them (their packages needed), then the outbox's job with ``parallel=10`` (figure 1
+    only)."""
     from bench import peers_celery, scenarios
 
     job, task, outbox = peers_celery.peer_job, peers_celery.peer, peers_celery.outbox
+    par_job = peers_celery.peer_job_parallel
 
     def flush() -> None:
         if not outbox.flush(FLUSH_TIMEOUT):
@@ -161,6 +168,11 @@ def _celery_systems(queue: str, *, with_peers: bool = False) -> list[System]:
     def outbox_pre_push(n: int, total: int) -> None:
         for start in range(0, n, BATCH):
             job.push_many([{"total": total}] * min(BATCH, n - start))
+        flush()
+
+    def parallel_pre_push(n: int, total: int) -> None:
+        for start in range(0, n, BATCH):
+            par_job.push_many([{"total": total}] * min(BATCH, n - start))
         flush()
 
     def outbox_push_many(n: int) -> None:
@@ -181,7 +193,12 @@ def _celery_systems(queue: str, *, with_peers: bool = False) -> list[System]:
         System("celery", "plain Celery", task.delay, celery_pre_push, [celery_workers],
                _messages_waiting, reset_celery),
     ]
-    return [*systems, *_peer_systems(celery_workers)] if with_peers else systems
+    if not with_peers:
+        return systems
+    parallel = System("outbox_parallel", f"celery_outbox parallel K={peers_celery.PARALLEL}",
+                      lambda total: par_job.push({"total": total}), parallel_pre_push,
+                      [celery_workers], scenarios.rows_left, reset_celery, drain_only=True)
+    return [*systems, *_peer_systems(celery_workers), parallel]
 
 
 def _peer_systems(celery_workers: Callable[[], AbstractContextManager[Any]]) -> list[System]:
@@ -405,9 +422,10 @@ def measure_round(r: int, systems: list[System], c: Counts, results: Results,
                   figures: frozenset[str] = FIGURES) -> None:
     """Every figure of ``figures`` once, for every system, in the order of the systems rotated
     by ``r``."""
-    order = systems[r % len(systems):] + systems[:r % len(systems)]
-    print(f"  round {r + 1}/{c.rounds} (order: {', '.join(s.label for s in order)}), "
+    drains = systems[r % len(systems):] + systems[:r % len(systems)]
+    print(f"  round {r + 1}/{c.rounds} (order: {', '.join(s.label for s in drains)}), "
           f"load average {_load()}", flush=True)
+    order = [s for s in drains if not s.drain_only]  # every figure but the drain
 
     def each(key: str, title: str, unit: str, measure: Callable[[System], float],
              among: list[System] = order) -> None:
@@ -417,7 +435,7 @@ def measure_round(r: int, systems: list[System], c: Counts, results: Results,
         results.line(f"{title}, {unit}", [f"{key}.{s.key}" for s in among])
 
     if "e2e" in figures:
-        each("e2e", f"1. e2e drain of {c.n:,}", "jobs/s", lambda s: e2e_drain(s, c.n))
+        each("e2e", f"1. e2e drain of {c.n:,}", "jobs/s", lambda s: e2e_drain(s, c.n), drains)
     if "latency" in figures:
         latencies = {}
         for s in order:
@@ -514,6 +532,9 @@ def ratios(res: Results) -> list[Ratio]:
                  over("e2e.outbox", f"e2e.{key}"),
                  *((">=", 0.9) if key == "pgqueuer" else ()))
            for key, label in peers]
+    out += [Ratio(f"e2e.outbox_parallel/{key}", f"1. e2e drain, outbox parallel / {label}",
+                  over("e2e.outbox_parallel", f"e2e.{key}"))
+            for key, label in [("outbox", "outbox"), ("pgqueuer", "pgqueuer")]]
     out += [Ratio(f"lat{q}.outbox/{key}", f"2. latency p{q}, outbox / {label}",
                   over(f"lat{q}.outbox", f"lat{q}.{key}"),
                   *(("<=", 1.4 if q == "50" else 1.6) if key == "celery" else ()))

@@ -20,6 +20,7 @@ URL) and ``BENCH_COUNTER`` (the run's key prefix).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -30,16 +31,19 @@ REDIS_URL = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/11")
 PREFIX = os.environ.get("BENCH_COUNTER", "bench:peers")
 FIRST, COUNT, LAST, DONE = (f"{PREFIX}:{key}" for key in ("first", "count", "last", "done"))
 
-_clients: dict[int, redis.Redis] = {}
+_clients: dict[tuple[int, int], redis.Redis] = {}
 _async_clients: dict[int, redis.asyncio.Redis] = {}
 
 
 def client() -> redis.Redis:
-    """This process's Redis client (a forked child opens its own)."""
-    pid = os.getpid()
-    if pid not in _clients:  # no socket timeout (redis-py's is 5 s): BLPOP has its own
-        _clients[pid] = redis.Redis.from_url(REDIS_URL, socket_timeout=None)
-    return _clients[pid]
+    """This thread's Redis client (a forked child opens its own; so does each thread that
+    runs handlers: a parallel job's helpers, whose concurrent first connects on one shared
+    client failed now and then with "I/O operation on closed file")."""
+    key = (os.getpid(), threading.get_ident())
+    found = _clients.get(key)
+    if found is None:  # no socket timeout (redis-py's is 5 s): BLPOP has its own
+        found = _clients[key] = redis.Redis.from_url(REDIS_URL, socket_timeout=None)
+    return found
 
 
 def async_client() -> redis.asyncio.Redis:

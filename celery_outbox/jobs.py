@@ -215,7 +215,7 @@ def outbox_job(
     timeout: timedelta | None = ..., priority: str | int = ..., queue: str | None = ...,
     lock: bool = ..., record: Literal["errors", "all", "none"] | None = ...,
     keep: dict[str, int] | None = ..., description: str | None = ...,
-    registry: JobRegistry | None = ..., **unknown: Any,
+    parallel: int = ..., registry: JobRegistry | None = ..., **unknown: Any,
 ) -> Callable[[Callable[[JobContext[Any]], Any]], OutboxJob[Any]]: ...
 
 
@@ -226,7 +226,7 @@ def outbox_job(
     timeout: timedelta | None = ..., priority: str | int = ..., queue: str | None = ...,
     lock: bool = ..., record: Literal["errors", "all", "none"] | None = ...,
     keep: dict[str, int] | None = ..., description: str | None = ...,
-    registry: JobRegistry | None = ..., **unknown: Any,
+    parallel: int = ..., registry: JobRegistry | None = ..., **unknown: Any,
 ) -> Callable[[Callable[[JobContext[None]], Any]], OutboxJob[None]]: ...
 
 
@@ -239,8 +239,23 @@ def outbox_job(
     Options: ``name``, ``schema``, ``cron``, ``timezone``, ``retry``
     (RetryPolicy), ``timeout`` (timedelta), ``priority`` ("critical" | "high" | "normal" |
     "low"), ``queue``, ``lock``, ``record`` ("errors" | "all" | "none"), ``keep``
-    ({"succeeded": n, "failed": n}), ``description``. ``registry`` defaults to the process-wide
-    registry that ``Outbox(app)`` serves.
+    ({"succeeded": n, "failed": n}), ``description``, ``parallel`` (int, 1..256, default
+    1). ``registry`` defaults to the process-wide registry that ``Outbox(app)`` serves.
+
+    ``parallel=K`` (K > 1): the executions one message carries (up to
+    ``dispatch_chunk_size``) run up to K at once instead of one after the other, so a
+    message's handlers overlap: K are marked started in one statement just before they
+    begin, and their K outcomes are written in one round trip (one transaction, with the
+    next K's start; one DELETE for all when none keeps a row).
+    The first of each K runs on the task's own thread, the others on helper threads of the
+    worker process (green threads under gevent / eventlet); the message is acknowledged only
+    once all K outcomes are committed. Use it for I/O-bound handlers (HTTP calls, mail)
+    whose messages carry many executions; the handlers must be thread-safe, and they cannot
+    be ``async def`` (refused). Each execution keeps its own fence, lease, cancel, retries
+    and outcome. Its ``timeout`` stops a handler on a helper thread cooperatively only
+    (``ctx.cancelled`` is set), as under the threads pool; under a Celery time limit each
+    message carries one execution (``celery_outbox.limits``), so the job then runs as with
+    ``parallel=1``.
 
     Raises :class:`ConfigurationError` at decoration time, naming the option, on any bad
     option.

@@ -9,7 +9,7 @@ takes one of :data:`Outcome` and a :class:`Fence` and answers a :class:`Finished
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 from uuid import UUID
@@ -141,3 +141,6 @@ class FinishedMany:
 
     hits: list[bool]
     started: bool | None = None
+    starts: list[bool] = field(default_factory=list)
+    """Per fence of ``finish_many(..., starts=...)``, in order, whether it was still the
+    claim's and is now marked started (empty when none was asked)."""

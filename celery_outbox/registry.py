@@ -7,6 +7,7 @@ the option's name and the allowed values.
 from __future__ import annotations
 
 import difflib
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,8 +30,10 @@ KEEP_KEYS = ("succeeded", "failed", "cancelled")
 
 OPTIONS = (
     "name", "schema", "cron", "timezone", "retry", "timeout", "priority", "queue", "lock",
-    "record", "keep", "description",
+    "record", "keep", "description", "parallel",
 )
+MAX_PARALLEL = 256
+"""The most handlers of one message a parallel job runs at once (``parallel=``)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class JobSpec:
 
     ``timeout`` is a timedelta or None; ``keep`` maps ``"succeeded"`` / ``"failed"`` /
     ``"cancelled"`` to the rows the trim keeps for this job (None: the config's
-    ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled``).
+    ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled``); ``parallel``: how many
+    executions of one message run at once (1: one after the other).
     """
 
     name: str
@@ -56,6 +60,7 @@ class JobSpec:
     record: Record = "errors"
     keep: Mapping[str, int] | None = None
     description: str | None = None
+    parallel: int = 1
 
     @classmethod
     def create(cls, handler: Callable[..., Any], **options: Any) -> JobSpec:
@@ -64,7 +69,9 @@ class JobSpec:
         Raises :class:`ConfigurationError` naming the option on an unknown option, a name
         longer than the table's ``job_name`` column (200), schema and cron together or
         neither, a bad cron expression or timezone, a negative timeout, an unknown priority
-        or record mode, or a malformed ``keep``.
+        or record mode, a malformed ``keep``, a ``parallel`` that is no int in
+        1..:data:`MAX_PARALLEL`, or ``parallel`` > 1 on an ``async def`` handler (the worker
+        calls handlers, it awaits none).
         """
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
@@ -130,10 +137,18 @@ class JobSpec:
         lock = options.get("lock", True)
         if not isinstance(lock, bool):
             raise bad("lock", f"must be True or False, got {lock!r}")
+        parallel = options.get("parallel", 1)
+        if not isinstance(parallel, int) or isinstance(parallel, bool) \
+                or not 1 <= parallel <= MAX_PARALLEL:
+            raise bad("parallel", f"must be an int in 1..{MAX_PARALLEL}, got {parallel!r}")
+        if parallel > 1 and inspect.iscoroutinefunction(handler):
+            raise bad("parallel", "needs a plain function: the worker calls a handler and "
+                      "awaits nothing, so an async def handler would never run")
         return cls(
             name=name, handler=handler, mode=mode, schema=schema, cron=cron, timezone=tz,
             retry=retry, timeout=timeout, priority=priority, queue=queue, lock=lock,
             record=record, keep=keep, description=options.get("description"),
+            parallel=parallel,
         )
 
     def lease(self, config: OutboxConfig) -> timedelta:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -126,6 +127,9 @@ class _Claim:
     """Decided, not yet written (oldest first)."""
     begun: int = 0
     """``rows[:begun]`` may have begun; the others never did."""
+    never: list[Fence] = field(default_factory=list)
+    """Rows among ``rows[:begun]`` whose handler never began, taken back from a parallel
+    wave that was stopped (:meth:`Runner._run_wave`): handed back by :meth:`Runner._leave`."""
     later: set[Fence] = field(default_factory=set)
     """The fences a retry thread holds now (still heartbeated; it untracks them)."""
     counts: Counter[OutcomeName] = field(default_factory=Counter)
@@ -219,6 +223,87 @@ class _Retries:
                     self._pending.discard(retry)
 
 
+HELPER_NAME = "celery-outbox-parallel"
+"""The name of every helper thread of :class:`_Helpers`."""
+HELPER_IDLE = 60.0
+"""Seconds a helper thread waits for its next handler before it ends."""
+
+
+class _Job:
+    """One call handed to :class:`_Helpers`: ``done`` is set once it returned (``result``)
+    or raised (``raised``)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.done = threading.Event()
+        self.result: Any = None
+        self.raised: BaseException | None = None
+        self.inline = False
+        """No thread could be started for it: the waiting thread runs it itself."""
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn(*self.args)
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            self.raised = exc
+        finally:
+            self.done.set()
+
+
+class _Helpers:
+    """The threads that run a parallel job's handlers beside the calling thread (green
+    threads under gevent and eventlet, whose monkeypatching covers ``threading``): started
+    as needed, kept for the next wave until idle for :data:`HELPER_IDLE`, daemons (a process
+    exit never waits on them); none after a fork until needed again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._idle = 0
+        self._jobs: queue.Queue[_Job] = queue.Queue()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> _Job:
+        job = _Job(fn, args)
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's threads are not here
+                self._pid, self._idle, self._jobs = os.getpid(), 0, queue.Queue()
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+            jobs = self._jobs
+        if spawn:
+            try:
+                threading.Thread(target=self._work, args=(jobs,), name=HELPER_NAME,
+                                 daemon=True).start()
+            except RuntimeError:  # no thread to be had (a process at its limit)
+                log.warning("celery_outbox: no helper thread could be started; a parallel "
+                            "job's handler runs on the task's thread instead", exc_info=True)
+                job.inline = True
+                return job
+        jobs.put(job)
+        return job
+
+    def _work(self, jobs: queue.Queue[_Job]) -> None:
+        while True:
+            try:
+                job = jobs.get(timeout=HELPER_IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if jobs is not self._jobs:
+                        return
+                    if self._idle:  # still counted idle, so no job is meant for this one
+                        self._idle -= 1
+                        return
+                continue  # a submit counted on this one: its job is on its way
+            job.run()
+            del job
+            with self._lock:
+                if jobs is not self._jobs:
+                    return
+                self._idle += 1
+
+
 class _Outcomes:
     """Writes decided outcomes: the one place of the rule "an outcome, once decided, is
     written".
@@ -249,56 +334,80 @@ class _Outcomes:
         # Its outcomes held, the start commits without waiting for its flush (PostgreSQL).
         return self.store.start(fence, self.runner.clock(), flushed=False)
 
+    def start_many(self, claim: _Claim, fences: Sequence[Fence]) -> list[bool]:
+        """:meth:`start` for the rows of a parallel job's next wave, in one statement; per
+        fence whether it still was the claim's. Raises :class:`StorageError`."""
+        window = self.runner.config.outcome_window.total_seconds()
+        held = claim.held
+        if held and (window == 0 or time.monotonic() - held[0].at >= window):
+            return self._write(claim, None, fences)[1]
+        return self.store.start_many(fences, self.runner.clock(), flushed=not held)
+
     def write(self, claim: _Claim, *, start: Fence | None = None) -> bool | None:
         """Write the outcomes held for ``claim`` and mark ``start`` started in the same round
         trip; whether ``start`` still was the claim's (None: no start asked). Raises
         :class:`StorageError` when the outcomes went to a retry thread, or the start alone
         failed after them."""
+        return self._write(claim, start, ())[0]
+
+    def _write(self, claim: _Claim, start: Fence | None,
+               starts: Sequence[Fence]) -> tuple[bool | None, list[bool]]:
+        """:meth:`write`, the next row's ``start`` or the next rows' ``starts`` (a parallel
+        job's wave, one statement) with the outcomes; whether each start hit."""
         held = claim.held
         writes = [d for d in held if d.outcome is not None]
         try:
-            hits, started = self._send(writes, start)
+            hits, started, marked = self._send(writes, start, starts)
         except StorageError as exc:
             if not writes:
                 raise  # a start alone failed: not ours to retry, the row is handed back
             log.warning("celery_outbox: writing %d outcome(s) of %r failed; writing them "
                         "again%s (%s)", len(writes), claim.spec.name,
-                        " without the next row's start" if start is not None else "",
+                        " without the next row's start" if start is not None
+                        else " without the next rows' start" if starts else "",
                         " ".join(str(exc).split())[:300])
             hits = self._again(claim, writes)
             claim.held = []
             self.settle(claim.spec, held, hits, claim.counts)
-            return None if start is None else self.store.start(start, self.runner.clock())
+            now = self.runner.clock()
+            return (None if start is None else self.store.start(start, now),
+                    self.store.start_many(starts, now) if starts else [])
         claim.held = []
         self.settle(claim.spec, held, hits, claim.counts)
-        return started
+        return started, marked
 
-    def _send(self, writes: Sequence[_Decided],
-              start: Fence | None) -> tuple[dict[Fence, bool], bool | None]:
-        """One statement for one outcome, one transaction for several, ``start`` with them;
-        whether each hit and whether ``start`` was still the claim's."""
+    def _send(self, writes: Sequence[_Decided], start: Fence | None,
+              starts: Sequence[Fence] = ()
+              ) -> tuple[dict[Fence, bool], bool | None, list[bool]]:
+        """One statement for one outcome, one transaction for several, ``start`` (or the
+        one statement of ``starts``) with them; whether each hit and whether ``start`` (each
+        of ``starts``) was still the claim's."""
         clock = self.runner.clock
         if not writes:
-            return {}, None if start is None else self.store.start(start, clock())
+            if starts:
+                return {}, None, self.store.start_many(starts, clock())
+            return {}, None if start is None else self.store.start(start, clock()), []
         found = tracing.tracer()
         if found is not None:
             with tracing.Settling(found, [(d.row, _outcome_name(d), d.trace) for d in writes]):
-                return self._write(writes, start)
-        return self._write(writes, start)
+                return self._write_outcomes(writes, start, starts)
+        return self._write_outcomes(writes, start, starts)
 
-    def _write(self, writes: Sequence[_Decided],
-               start: Fence | None) -> tuple[dict[Fence, bool], bool | None]:
+    def _write_outcomes(self, writes: Sequence[_Decided], start: Fence | None,
+               starts: Sequence[Fence] = ()
+               ) -> tuple[dict[Fence, bool], bool | None, list[bool]]:
         """:meth:`_send` of at least one outcome."""
         clock = self.runner.clock
-        if len(writes) == 1:
+        if len(writes) == 1 and not starts:
             d = writes[0]
             assert d.outcome is not None
             done = self.store.finish(d.outcome, d.fence, d.ended or clock(), start=start)
-            return {d.fence: done.hit}, done.started
+            return {d.fence: done.hit}, done.started, []
         many = self.store.finish_many(
             [Write(d.outcome, d.fence, d.ended or clock()) for d in writes
-             if d.outcome is not None], clock(), start=start)
-        return dict(zip((d.fence for d in writes), many.hits, strict=True)), many.started
+             if d.outcome is not None], clock(), start=start, starts=starts)
+        return (dict(zip((d.fence for d in writes), many.hits, strict=True)), many.started,
+                many.starts)
 
     def _again(self, claim: _Claim, writes: list[_Decided]) -> dict[Fence, bool]:
         """The outcomes alone, now; failing again, to a retry thread (then raises)."""
@@ -386,6 +495,7 @@ class Runner:
         self._outcomes = _Outcomes(self)
         self._retries = _Retries()
         self._plans: dict[str, _Plan] = {}
+        self._helpers = _Helpers()
 
     @property
     def worker_id(self) -> str:
@@ -422,10 +532,13 @@ class Runner:
             return RunResult()
         claim = self._claim(*message)
         try:
-            for index in range(len(claim.rows)):
-                self._guard(claim, index)
-                claim.begun = index + 1
-                claim.held.append(self._isolated(claim, index))
+            if claim.spec.parallel > 1 and len(claim.rows) > 1:
+                self._run_parallel(claim)
+            else:
+                for index in range(len(claim.rows)):
+                    self._guard(claim, index)
+                    claim.begun = index + 1
+                    claim.held.append(self._isolated(claim, index))
             self._outcomes.write(claim)
         except BaseException:
             self._leave(claim)
@@ -510,6 +623,82 @@ class Runner:
             # run), or the rescuer could take it from under the handler.
             self._vouch(fence, claim.lease, ctx)
 
+    def _run_parallel(self, claim: _Claim) -> None:
+        """The rows of ``claim`` in waves of up to ``spec.parallel``: each wave's rows marked
+        started together (:meth:`_guard_wave`, with the previous wave's outcomes in the same
+        round trip), then run at once (:meth:`_run_wave`); the next wave begins once every
+        handler of this one has returned."""
+        k, count = claim.spec.parallel, len(claim.rows)
+        for low in range(0, count, k):
+            wave = range(low, min(low + k, count))
+            self._guard_wave(claim, wave)
+            claim.begun = wave.stop
+            self._run_wave(claim, wave)
+
+    def _guard_wave(self, claim: _Claim, wave: range) -> None:
+        """:meth:`_guard` for every row of ``wave`` at once: their leases vouched for, the
+        rows marked started in one statement (the outcomes held written with it when due:
+        :meth:`_Outcomes.start_many`; a miss cancels that row's ctx, so it never begins),
+        their leases vouched for again. Raises :class:`StorageError`."""
+        fences, contexts = claim.fences, claim.contexts
+        for index in wave:
+            if index and not contexts[index].cancelled.is_set():
+                self._vouch(fences[index], claim.lease, contexts[index])
+        starting = [index for index in wave if index or not claim.first_started]
+        if starting:
+            marked = self._outcomes.start_many(claim, [fences[i] for i in starting])
+            for index, hit in zip(starting, marked, strict=True):
+                if not hit:
+                    contexts[index]._interrupt(Stop.CANCELLED)
+        for index in wave:
+            if not contexts[index].cancelled.is_set():
+                self._vouch(fences[index], claim.lease, contexts[index])
+
+    def _run_wave(self, claim: _Claim, wave: range) -> None:
+        """Run the rows of ``wave`` at once: the first on the calling thread (where a
+        prefork or solo pool's timeout alarm and shutdown interrupt reach it), the others on
+        the runner's helper threads (:class:`_Helpers`); their decided outcomes go to
+        ``claim.held``. Returns once every handler of the wave has returned, whatever is
+        raised meanwhile: once the calling thread raises (a signal's exception, its
+        handler's ``BaseException``) or a helper's handler raises a ``BaseException``, the
+        rows not begun yet are taken back (handed back by :meth:`_leave`, never begun), the
+        running ones stopped (their ctx cancelled), and the exception goes on once they
+        have returned: no row is let go, unheartbeated, while its handler still runs."""
+        jobs = [self._helpers.submit(self._isolated, claim, index) for index in wave[1:]]
+        raised: BaseException | None = None
+
+        def stop_the_others(exc: BaseException) -> None:
+            nonlocal raised
+            if raised is not None:
+                return
+            raised = exc
+            others = [claim.fences[index] for index in wave[1:]]
+            claim.never += self.inflight.take_queued(Stop.CANCELLED, among=others)
+            for fence in others:
+                self.inflight.stop(fence, Stop.CANCELLED, running_only=True)
+
+        try:
+            claim.held.append(self._isolated(claim, wave[0]))
+        except BaseException as exc:
+            stop_the_others(exc)
+        for job in jobs:
+            if job.inline:
+                if raised is None:
+                    job.run()
+                else:
+                    continue  # stopped before it began: taken back (claim.never)
+            while not job.done.is_set():
+                try:
+                    job.done.wait()
+                except BaseException as exc:  # a signal's, while waiting: wait on
+                    stop_the_others(exc)
+            if job.raised is not None:
+                stop_the_others(job.raised)
+            elif job.result is not None:
+                claim.held.append(job.result)
+        if raised is not None:
+            raise raised
+
     def _vouch(self, fence: Fence, lease: timedelta, ctx: JobContext[Any]) -> None:
         """Renew ``fence``'s lease now if it is near its end unrenewed; a miss (no longer
         this claim's) cancels ``ctx``. Raises :class:`StorageError`."""
@@ -543,7 +732,7 @@ class Runner:
                                 "not be written now (%s)", claim.spec.name, exc)
         finally:
             try:
-                self._hand_back(claim, claim.fences[claim.begun:])
+                self._hand_back(claim, claim.never + claim.fences[claim.begun:])
             except Exception:
                 log.exception("celery_outbox: handing back the rows of %r never begun failed",
                               claim.spec.name)

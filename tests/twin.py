@@ -297,9 +297,16 @@ class MemoryStore:
                 self._write(row, _outcome_values(outcome, now))
             return Finished(row is not None, None if start is None else self._start(start, now))
 
+    def start_many(self, fences: Sequence[Fence], now: datetime, *,
+                   flushed: bool = True) -> list[bool]:
+        """start for each fence, in one call; per fence whether it hit."""
+        with self._op("start_many"):
+            return [self._start(f, now) for f in fences]
+
     def finish_many(self, writes: Sequence[Write], now: datetime, *,
-                    start: Fence | None = None) -> FinishedMany:
-        """finish for each write, all or none."""
+                    start: Fence | None = None,
+                    starts: Sequence[Fence] = ()) -> FinishedMany:
+        """finish for each write, all or none; ``start`` or ``starts`` marked started."""
         with self._op("finish_many"):
             hits: list[bool] = []
             for w in writes:
@@ -307,6 +314,8 @@ class MemoryStore:
                 if row is not None:
                     self._write(row, _outcome_values(w.outcome, w.now))
                 hits.append(row is not None)
+            if starts:
+                return FinishedMany(hits, None, [self._start(f, now) for f in starts])
             return FinishedMany(hits, None if start is None else self._start(start, now))
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,

@@ -157,6 +157,71 @@ def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
                     prepared=True)
 
 
+def _fenced_many(t: Table, n: int, prefix: str) -> Any:
+    """The rows of ``n`` fences of one claim, with bound parameters: ``<prefix>_by`` (the
+    claim's token, shared by every fence of a claim) and ``<prefix><i>_id`` /
+    ``<prefix><i>_attempt`` per row (:func:`_fences_params`); found by the ids alone, the
+    rest behind :func:`~celery_outbox.queries.clauses.filtered`."""
+    ids = [bindparam(f"{prefix}{i}_id", type_=t.c.id.type) for i in range(n)]
+    attempts = [bindparam(f"{prefix}{i}_attempt", type_=t.c.attempt.type) for i in range(n)]
+    return and_(t.c.id.in_(ids),
+                filtered(t.c.status == Status.RUNNING.value,
+                         t.c.claimed_by == bindparam(f"{prefix}_by", type_=t.c.claimed_by.type),
+                         or_(*(and_(t.c.id == i, t.c.attempt == a)
+                               for i, a in zip(ids, attempts, strict=True)))))
+
+
+def _fences_params(fences: Sequence[Fence], prefix: str) -> dict[str, Any]:
+    """The bound parameters of :func:`_fenced_many` for ``fences`` (at least one, one
+    ``claimed_by``)."""
+    by = fences[0].claimed_by
+    assert all(f.claimed_by == by for f in fences), "the fences of one claim"
+    params: dict[str, Any] = {f"{prefix}_by": by}
+    for i, f in enumerate(fences):
+        params[f"{prefix}{i}_id"] = f.id
+        params[f"{prefix}{i}_attempt"] = f.attempt
+    return params
+
+
+@cache
+def _start_many_statement(t: Table, n: int, unflushed: bool) -> Any:
+    """The start of ``n`` rows of one claim in one UPDATE ... RETURNING, built once per
+    count (:func:`_fenced_many`, prefix ``sm``). ``unflushed``: the commit does not wait for
+    its WAL flush (as :func:`_start_unflushed_statement`)."""
+    now = bindparam("sm_now", type_=t.c.started_at.type)
+    stmt = (update(t).where(_fenced_many(t, n, "sm"))
+            .values(started_at=now, updated_at=now).returning(t.c.id))
+    if unflushed:
+        off = select(func.set_config("synchronous_commit", "off", True)).scalar_subquery()
+        stmt = stmt.where(off.is_not(None))
+    return stmt
+
+
+@named("start many: running -> running, started_at = now, for the rows of one claim a "
+       "parallel job begins together; fenced", hot=True)
+def start_many(t: Table, fences: Sequence[Fence], now: datetime, *,
+               unflushed: bool = False) -> Query[list[UUID]]:
+    """Answers the ids marked started (a fence's miss leaves its id out). ``fences`` (at
+    least one) share one ``claimed_by``; ``unflushed`` on PostgreSQL only."""
+    params = {**_fences_params(fences, "sm"), "sm_now": now}
+    return rows("start_many", _start_many_statement(t, len(fences), unflushed), _id, params,
+                prepared=True)
+
+
+@cache
+def _delete_many_statement(t: Table, n: int) -> Any:
+    return delete(t).where(_fenced_many(t, n, "dm")).returning(t.c.id)
+
+
+@named("outcomes that keep no row, of several rows of one claim: running -> deleted, in "
+       "one statement; fenced", hot=True)
+def delete_many_fenced(t: Table, fences: Sequence[Fence]) -> Query[list[UUID]]:
+    """Answers the ids deleted (a fence's miss leaves its id out). ``fences`` (at least
+    one) share one ``claimed_by``."""
+    return rows("delete_many_fenced", _delete_many_statement(t, len(fences)), _id,
+                _fences_params(fences, "dm"), prepared=True)
+
+
 def _kind(outcome: Outcome) -> OutcomeName | None:
     """Which statement writes ``outcome``: its name's, or None for the delete."""
     return None if deletes(outcome) else outcome.name

@@ -11,16 +11,18 @@ from typing import Any
 from uuid import UUID
 
 from celery_outbox.errors import StorageError
-from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write
+from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write, deletes
 from celery_outbox.queries.worker import (
     claim_rows,
     confirm_stop,
+    delete_many_fenced,
     extend_leases,
     finish_and_start,
     finish_fenced,
     release_claim_rows,
     release_fenced,
     start_fenced,
+    start_many,
     start_unflushed,
 )
 from celery_outbox.store.base import Fence, StoreBase
@@ -115,6 +117,20 @@ class WorkerStore(StoreBase):
         query = (start_unflushed if unflushed else start_fenced)(self.t, fence, now)
         return self._hit(self.executor.run(query), "start", fence.id)
 
+    def start_many(self, fences: Sequence[Fence], now: datetime, *,
+                   flushed: bool = True) -> list[bool]:
+        """:meth:`start` for several rows of one claim (a parallel job's next rows), in one
+        statement; per fence, in order, whether it was still the claim's. ``fences`` share
+        one ``claimed_by`` (the claim's token); ``flushed`` and ``now`` as for :meth:`start`.
+        """
+        if not fences:
+            return []
+        unflushed = not flushed and self.dialect == "postgresql"
+        found: list[UUID] = self.executor.run(start_many(self.t, fences, now,
+                                                          unflushed=unflushed))
+        marked = set(found)
+        return [f.id in marked for f in fences]
+
     def finish(
         self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None
     ) -> Finished:
@@ -145,18 +161,39 @@ class WorkerStore(StoreBase):
         return Finished(self._hit(hits, outcome.name.value, fence.id), started)
 
     def finish_many(
-        self, writes: Sequence[Write], now: datetime, *, start: Fence | None = None
+        self, writes: Sequence[Write], now: datetime, *, start: Fence | None = None,
+        starts: Sequence[Fence] = (),
     ) -> FinishedMany:
         """:meth:`finish` for each of ``writes``, in one transaction (all or none: one round
         trip and one commit on PostgreSQL), each fenced on its own; ``start`` as for
-        :meth:`finish`, at ``now`` (aware)."""
+        :meth:`finish`, at ``now`` (aware). ``starts``: the next rows of the same claim (a
+        parallel job's), marked started in the same transaction by one statement
+        (:meth:`start_many`), answered per fence in ``FinishedMany.starts``; not with
+        ``start``."""
+        assert start is None or not starts, "start or starts, not both"
         t = self.t
-        queries: list[Any] = [finish_fenced(t, w.outcome, w.fence, w.now) for w in writes]
+        # Outcomes that all keep no row (a parallel job's successes under record="errors"),
+        # of one claim: one DELETE for all.
+        deleting = len(writes) > 1 and all(deletes(w.outcome) for w in writes) \
+            and len({w.fence.claimed_by for w in writes}) == 1
+        queries: list[Any] = (
+            [delete_many_fenced(t, [w.fence for w in writes])] if deleting
+            else [finish_fenced(t, w.outcome, w.fence, w.now) for w in writes])
         if start is not None:
             queries.append(start_fenced(t, start, now))
+        elif starts:
+            queries.append(start_many(t, starts, now))
         results = self.executor.run_all(queries)
+        if deleting:
+            gone = set(results[0])
+            counts = [int(w.fence.id in gone) for w in writes]
+        else:
+            counts = results[:len(writes)]
         hits = [self._hit(n, w.outcome.name.value, w.fence.id)
-                for n, w in zip(results, writes, strict=False)]
+                for n, w in zip(counts, writes, strict=True)]
+        if starts:
+            marked = set(results[-1])
+            return FinishedMany(hits, None, [f.id in marked for f in starts])
         return FinishedMany(hits, None if start is None else results[-1] == 1)
 
     def heartbeat(

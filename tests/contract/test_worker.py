@@ -319,6 +319,63 @@ def test_start_without_waiting_for_the_flush_is_the_same_fenced_start(
     assert_unchanged(store, before)
 
 
+@pytest.mark.parametrize("flushed", [True, False], ids=["flushed", "unflushed"])
+def test_start_many_marks_each_row_of_the_claim_still_held_in_one_call(
+    store: ExecutionStore, flushed: bool,
+) -> None:
+    """A parallel job's wave: each fence on its own (one cancelled, one of another attempt)."""
+    rows = [add(store) for _ in range(4)]
+    store.claim([r.id for r in rows], JOB, "w1", T0, LEASE)
+    assert store.cancel(rows[2].id, T0, by=None, by_name=None) == JOB
+    before = [store.get(r.id) for r in rows[2:]]
+    fences = [Fence(rows[0].id, "w1", 1), Fence(rows[1].id, "w1", 1),
+              Fence(rows[2].id, "w1", 1), Fence(rows[3].id, "w1", 2)]
+    assert store.start_many(fences, LATER, flushed=flushed) == [True, True, False, False]
+    for r in rows[:2]:
+        assert_row(store, r.id, whole=True, **claimed(r, started_at=LATER, updated_at=LATER))
+    for old in before:
+        assert old is not None
+        assert_unchanged(store, old)
+    assert store.start_many([], LATER) == []
+
+
+def test_finish_many_with_the_start_of_the_next_rows(store: ExecutionStore) -> None:
+    done, lost, a, b, gone = (add(store) for _ in range(5))
+    store.claim([r.id for r in (done, lost, a, b, gone)], JOB, "w1", T0, LEASE)
+    assert store.start(Fence(lost.id, "w1", 1), T0)
+    for r in (lost, gone):
+        assert store.cancel(r.id, T0, by=None, by_name=None) == JOB
+    writes = [Write(OUTCOMES["succeeded"][0], Fence(done.id, "w1", 1), LATER),
+              Write(Succeeded(keep=True), Fence(lost.id, "w1", 1), LATER)]
+    starts = [Fence(a.id, "w1", 1), Fence(gone.id, "w1", 1), Fence(b.id, "w1", 1)]
+    assert store.finish_many(writes, LATER, starts=starts) == \
+        FinishedMany([True, False], started=None, starts=[True, False, True])
+    assert_row(store, done.id, whole=True, **claimed(done, **OUTCOMES["succeeded"][1]))
+    for r in (a, b):
+        assert_row(store, r.id, whole=True, **claimed(r, started_at=LATER, updated_at=LATER))
+
+
+def test_finish_many_of_outcomes_that_keep_no_row_deletes_each_fenced_in_one_call(
+    store: ExecutionStore,
+) -> None:
+    """A parallel job's wave under record="errors" / "none": one DELETE for all."""
+    done, failed, lost, following = (add(store) for _ in range(4))
+    store.claim([r.id for r in (done, failed, lost, following)], JOB, "w1", T0, LEASE)
+    assert store.cancel(lost.id, T0, by=None, by_name=None) == JOB
+    before = store.get(lost.id)
+    assert before is not None
+    writes = [Write(Succeeded(keep=False), Fence(done.id, "w1", 1), LATER),
+              Write(Failed("boom", keep=False), Fence(failed.id, "w1", 1), LATER),
+              Write(Succeeded(keep=False), Fence(lost.id, "w1", 1), LATER)]
+    assert store.finish_many(writes, LATER, starts=[Fence(following.id, "w1", 1)]) == \
+        FinishedMany([True, True, False], started=None, starts=[True])
+    assert_gone(store, done.id)
+    assert_gone(store, failed.id)
+    assert_unchanged(store, before)
+    assert_row(store, following.id, whole=True,
+               **claimed(following, started_at=LATER, updated_at=LATER))
+
+
 def test_a_retried_row_is_claimed_again_when_due(store: ExecutionStore) -> None:
     row = add(store)
     fence = claim(store, row.id)

@@ -49,7 +49,7 @@ class Flaky(BaseModel):
     fail_times: int
 
 
-def record_run(ctx: JobContext[Mark] | JobContext[Flaky]) -> None:
+def record_run(ctx: JobContext[Mark] | JobContext[Flaky] | JobContext[Wave]) -> None:
     """Write one RUNS row for this handler call (its own transaction)."""
     outbox = REGISTRY.outbox
     assert outbox is not None, "no Outbox installed in this process"
@@ -77,6 +77,24 @@ def flaky(ctx: JobContext[Flaky]) -> None:
     record_run(ctx)
     if ctx.attempt <= ctx.payload.fail_times:
         raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+
+
+class Wave(BaseModel):
+    marker: str
+    sleep_seconds: float
+    fail_times: int = 0
+
+
+@outbox_job(
+    name="e2e.parallel", schema=Wave, record="all", registry=REGISTRY, parallel=4,
+    retry=RetryPolicy(retries=2, backoff=timedelta(milliseconds=300), jitter=False),
+)
+def parallel(ctx: JobContext[Wave]) -> None:
+    """``parallel=4``: record the start, sleep, then fail while ``attempt <= fail_times``."""
+    record_run(ctx)
+    time.sleep(ctx.payload.sleep_seconds)
+    if ctx.attempt <= ctx.payload.fail_times:
+        raise RuntimeError(f"parallel failure on attempt {ctx.attempt}")
 
 
 @outbox_job(name="e2e.until_cancelled", schema=Mark, record="all", registry=REGISTRY)

@@ -7,7 +7,8 @@
 
 Each pushes a mix and waits until every row is finished, every handler ran exactly its
 attempts, and no row is left running or pending (nothing stalls on a recycled child or a
-shared connection pool).
+shared connection pool). A ``parallel=4`` job's message runs its executions four at once in
+each pool, its failures retried each on its own.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from celery_outbox.states import Status
 from tests import procs
-from tests.e2e.app import RUNS, Flaky, Mark, build, flaky, record
+from tests.e2e.app import RUNS, Flaky, Mark, Wave, build, flaky, parallel, record
 from tests.e2e.harness import Stack, Worker, marker, wait_ready
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -89,3 +90,25 @@ def test_a_mixed_load_finishes_without_stalling(pool_stack: Stack) -> None:
     flaky_runs = s.runs(m_flaky)
     assert sorted((r.execution_id, r.attempt) for r in flaky_runs) == sorted(
         (str(i), a) for i in flaky_ids for a in (1, 2))
+
+
+@pytest.mark.parametrize("pool_stack", [*POOLS, ("gevent", 4, ())],
+                         ids=["threads", "prefork-recycled", "gevent"], indirect=True)
+def test_a_parallel_jobs_message_runs_its_executions_at_once(pool_stack: Stack) -> None:
+    s = pool_stack
+    m = marker()
+    nap = 0.5
+    ids = parallel.push_many([Wave(marker=m, sleep_seconds=nap, fail_times=int(n % 4 == 1))
+                              for n in range(8)])  # one message: two waves of four
+
+    def all_done() -> bool:
+        rows = [s.row(i) for i in ids]
+        return all(r is not None and r["status"] == Status.SUCCEEDED.value for r in rows)
+
+    procs.wait_for(all_done, 60, "every parallel execution to succeed")
+    runs = s.runs(m)
+    assert sorted((r.execution_id, r.attempt) for r in runs) == sorted(
+        [(str(i), 1) for i in ids] + [(str(ids[n]), 2) for n in (1, 5)])
+    firsts = sorted(r.at for r in runs if r.attempt == 1)
+    # One after the other, eight naps would part the first start from the last by 3.5 s.
+    assert firsts[-1] - firsts[0] < 7 * nap - 1.0, firsts

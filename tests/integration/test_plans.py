@@ -42,10 +42,12 @@ from celery_outbox.queries.push import (
 from celery_outbox.queries.worker import (
     claim_rows,
     confirm_stop,
+    delete_many_fenced,
     extend_leases,
     finish_and_start,
     finish_fenced,
     start_fenced,
+    start_many,
     start_unflushed,
 )
 from tests.integration.conftest import MakeOutbox
@@ -79,6 +81,11 @@ CASES: dict[str, Case] = {
         for n in (1, 50)],
     "start_fenced": lambda ts, ids, fs: [start_fenced(ts.executions, fs[0], NOW)],
     "start_unflushed": lambda ts, ids, fs: [start_unflushed(ts.executions, fs[0], NOW)],
+    "delete_many_fenced": lambda ts, ids, fs: [
+        delete_many_fenced(ts.executions, fs[:n]) for n in (1, 8)],
+    "start_many": lambda ts, ids, fs: [
+        start_many(ts.executions, fs[:n], NOW, unflushed=unflushed)
+        for n in (1, 8) for unflushed in (False, True)],
     "finish_fenced": lambda ts, ids, fs: [finish_fenced(ts.executions, o, fs[0], NOW)
                                           for o in OUTCOMES],
     "finish_and_start": lambda ts, ids, fs: [

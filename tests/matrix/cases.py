@@ -22,7 +22,8 @@ from tests.matrix.faults import FAULTS, Fault
 from tests.matrix.paths import PATHS, Path
 from tests.matrix.world import DATABASES, World
 
-PG_PATHS = ("worker", "worker_window", "push", "push_many_keyed", "push_session")
+PG_PATHS = ("worker", "worker_window", "worker_parallel", "worker_parallel_nokeep", "push",
+            "push_many_keyed", "push_session")
 """The paths run on PostgreSQL too in the default suite: those whose statements or executor
 path differ there (the combined outcome and start, the unflushed start, the direct psycopg
 path alone and in a caller's transaction, the keyed push's savepoints)."""

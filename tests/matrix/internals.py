@@ -90,15 +90,23 @@ def hand_backs_left(runner: Runner) -> bool:
 @contextmanager
 def no_background_threads() -> Iterator[list[Callable[[], None]]]:
     """The runner's retry threads are recorded, never started (the scenario calls
-    :meth:`Runner.hand_back_pending` instead, at a point of its choosing)."""
+    :meth:`Runner.hand_back_pending` instead, at a point of its choosing); a parallel job's
+    helper threads start as ever."""
     started: list[Callable[[], None]] = []
 
     class Recorded:
-        def __init__(self, target: Callable[[], None], **_: Any) -> None:
+        def __init__(self, target: Callable[..., None], args: tuple[Any, ...] = (),
+                     **options: Any) -> None:
             self.target = target
+            # A parallel job's helpers run handlers, not writes: they start.
+            self.helper = (threading.Thread(target=target, args=args, **options)
+                           if options.get("name") == runner_module.HELPER_NAME else None)
 
         def start(self) -> None:
-            started.append(self.target)
+            if self.helper is not None:
+                self.helper.start()
+            else:
+                started.append(self.target)
 
     shim = SimpleNamespace(**{name: getattr(threading, name) for name in dir(threading)
                               if not name.startswith("__")})

@@ -20,7 +20,19 @@ from sqlalchemy.orm import Session
 from celery_outbox.states import Status
 from celery_outbox.ticker import TickOutcome
 from tests.matrix.faults import Fault
-from tests.matrix.world import CRON, JOB, LEASE, NOKEEP, ONCE, STALE_AFTER, TRIM, Push, World
+from tests.matrix.world import (
+    CRON,
+    JOB,
+    LEASE,
+    NOKEEP,
+    ONCE,
+    PAR,
+    PAR_NOKEEP,
+    STALE_AFTER,
+    TRIM,
+    Push,
+    World,
+)
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,29 @@ def _seed_message(*plans: tuple[str, ...]) -> Callable[[World], None]:
 
 def run_seeded(w: World) -> None:
     w.run(JOB, w.seeded)  # type: ignore[attr-defined]
+
+
+def _seed_parallel(w: World) -> None:
+    """A message of the parallel job: two waves of two, each with a retry or a stop."""
+    plans = [("ok",), ("fail", "ok"), ("stop",), ("cancel",)]
+    w.seeded = w.push([w.plan(*steps) for steps in plans], job=PAR)  # type: ignore[attr-defined]
+
+
+def run_parallel(w: World) -> None:
+    w.run(PAR, w.seeded)  # type: ignore[attr-defined]
+
+
+def _seed_parallel_nokeep(w: World) -> None:
+    """A message of the parallel job that keeps no row: every wave's outcomes delete."""
+    plans = [("ok",), ("ok",), ("stop",), ("ok",)]
+    w.seeded = w.push([w.plan(*steps) for steps in plans],  # type: ignore[attr-defined]
+                      job=PAR_NOKEEP)
+    for i in w.seeded:  # type: ignore[attr-defined]
+        w.expect[i] = {None}
+
+
+def run_parallel_nokeep(w: World) -> None:
+    w.run(PAR_NOKEEP, w.seeded)  # type: ignore[attr-defined]
 
 
 def run_then_exit(w: World) -> None:
@@ -233,6 +268,8 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("worker_outcomes", _seed_message(("stop",), ("cancel",), ("ok",)), run_seeded),
     Path("worker_window", _seed_message(("ok",), ("fail", "ok"), ("ok",)), run_seeded,
          {"outcome_window": timedelta(minutes=1)}),
+    Path("worker_parallel", _seed_parallel, run_parallel),
+    Path("worker_parallel_nokeep", _seed_parallel_nokeep, run_parallel_nokeep),
     Path("heartbeat", _seed_message(("beat+ok",), ("ok",)), run_seeded),
     Path("lease_watch", _seed_message(("age+ok",), ("ok",)), run_seeded),
     Path("worker_skip", _seed_skip, run_seeded),

@@ -47,6 +47,8 @@ ONCE = "matrix.once"  # no retry
 NOKEEP = "matrix.nokeep"  # no retry, keeps no finished row
 TRIM = "matrix.trim"  # keeps one succeeded row
 CRON = "matrix.cron"  # every minute, no payload: its handler returns
+PAR = "matrix.par"  # JOB's options, two executions of a message at once (parallel=2)
+PAR_NOKEEP = "matrix.par_nokeep"  # NOKEEP's options, parallel=2: a wave's outcomes, one DELETE
 DEAD = "dead:1:0"  # the worker id of a seeded worker that died
 OUTCOMES = {"ok": Status.SUCCEEDED, "stop": Status.FAILED, "cancel": Status.CANCELLED,
             "cancel_self": Status.CANCELLED}
@@ -118,7 +120,7 @@ class World:
     """One scenario's outbox, clock, handlers and records (see the module docstring)."""
 
     def __init__(self, *, database: str = "sqlite", outcome_window: timedelta = timedelta(0),
-                 jobs: Sequence[str] = (JOB, ONCE, NOKEEP, TRIM)) -> None:
+                 jobs: Sequence[str] = (JOB, ONCE, NOKEEP, TRIM, PAR, PAR_NOKEEP)) -> None:
         self.now = START
         self.engine = _database(database)
         registry = JobRegistry()
@@ -129,6 +131,8 @@ class World:
             NOKEEP: dict(retry=RetryPolicy(retries=0), record="none"),
             TRIM: dict(retry=retry, record="all", keep={"succeeded": 1, "failed": 1}),
             CRON: dict(retry=retry, record="all", cron="* * * * *", schema=None),
+            PAR: dict(retry=retry, record="all", parallel=2),
+            PAR_NOKEEP: dict(retry=RetryPolicy(retries=0), record="none", parallel=2),
         }
         for name in jobs:
             outbox_job(**{"schema": Plan, "name": name, "registry": registry,
