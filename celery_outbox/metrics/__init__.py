@@ -68,7 +68,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from celery_outbox.metrics.events import EVENTS, RECEIVERS, disable, enable
 from celery_outbox.metrics.names import MULTIPROC_ENV, PREFIX, exported_names
-from celery_outbox.metrics.table import DEFAULT_INTERVAL, TableCollector
+from celery_outbox.metrics.table import DEFAULT_INTERVAL, LoopCollector, TableCollector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """The media type of :func:`render`'s text."""
@@ -92,6 +92,9 @@ class _OutboxLike(Protocol):
     config: Any
     app: Any
 
+    @property
+    def admin(self) -> Any: ...
+
 
 def registry_for(outbox: _OutboxLike, *, clock: Callable[[], float] = time.monotonic,
                  ) -> CollectorRegistry:
@@ -109,6 +112,8 @@ def registry_for(outbox: _OutboxLike, *, clock: Callable[[], float] = time.monot
     registry.register(TableCollector(
         outbox.store, outbox.registry, interval=outbox.config.metrics_interval,
         tenants=outbox.config.metrics_tenants, default_queue=default_queue, clock=clock))
+    registry.register(LoopCollector(lambda: outbox.admin.loop_health(),
+                                    interval=outbox.config.metrics_interval, clock=clock))
     return registry
 
 
@@ -127,6 +132,6 @@ def render(registry: CollectorRegistry) -> bytes:
 
 __all__ = [
     "CONTENT_TYPE", "DEFAULT_INTERVAL", "EVENTS", "MULTIPROC_ENV", "PREFIX", "RECEIVERS",
-    "TableCollector", "disable", "enable", "exported_names", "multiprocess_dir",
+    "LoopCollector", "TableCollector", "disable", "enable", "exported_names", "multiprocess_dir",
     "registry_for", "render", "serve",
 ]

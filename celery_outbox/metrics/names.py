@@ -14,8 +14,10 @@ TABLE_METRICS = (
     "executions", "oldest_pending_age_seconds", "oldest_overdue_scheduled_age_seconds",
     "running", "expired_leases", "oldest_dispatched_age_seconds", "tenant_executions",
     "table_scrape_ok", "table_scrape_seconds",
+    "loop_last_run_age_seconds", "loop_interval_seconds", "loop_late",
 )
-"""The gauges of :class:`~celery_outbox.metrics.table.TableCollector`, without the prefix."""
+"""The gauges of :class:`~celery_outbox.metrics.table.TableCollector` and
+:class:`~celery_outbox.metrics.table.LoopCollector`, without the prefix."""
 HISTOGRAMS = ("handler_duration_seconds", "wait_seconds")
 EVENT_METRICS = (
     "pushes_total", "dispatches_total", "claims_total", "starts_total", "successes_total",

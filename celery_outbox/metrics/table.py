@@ -184,3 +184,52 @@ class TableCollector:
                          ("job", "status", "organization_id"),
                          [([g.job_name, g.status, g.organization_id or ""], g.rows)
                           for g in snap.groups])
+
+
+class LoopCollector:
+    """A prometheus_client collector of the maintenance loop's health, from
+    ``<table>_loop`` (one primary-key read of two rows, cached for ``interval`` like the
+    table's gauges): per task (``sweep``, ``trim``), ``loop_last_run_age_seconds`` (in the
+    database's clock; +Inf when it never ran on this database), ``loop_interval_seconds``
+    (its beat schedule's) and ``loop_late`` (1 when no run completed within two intervals).
+    ``health()``: :meth:`~celery_outbox.admin.OutboxAdmin.loop_health`. A failed read is
+    logged and leaves the three families empty until the next interval.
+    """
+
+    def __init__(self, health: Callable[[], Sequence[Any]], *,
+                 interval: timedelta = DEFAULT_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.health = health
+        self.interval = interval.total_seconds()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._at = float("-inf")
+        self._found: Sequence[Any] = ()
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families(()))
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            if self.clock() - self._at >= self.interval:
+                try:
+                    self._found = tuple(self.health())
+                except Exception as exc:
+                    log.warning("celery_outbox: the metrics' loop read failed: %s",
+                                " ".join(str(exc).split())[:300])
+                    self._found = ()
+                self._at = self.clock()
+            found = self._found
+        return list(self._families(found))
+
+    def _families(self, found: Sequence[Any]) -> Iterator[Metric]:
+        yield _gauge("loop_last_run_age_seconds",
+                     "Seconds since the task's last completed run (+Inf: never ran).",
+                     ("task",), [([h.task], float("inf") if h.age is None
+                                  else h.age.total_seconds()) for h in found])
+        yield _gauge("loop_interval_seconds", "The task's beat interval.", ("task",),
+                     [([h.task], h.interval.total_seconds()) for h in found])
+        yield _gauge("loop_late", "1 when no run of the task completed within two "
+                     "intervals (is celery beat running?), else 0.", ("task",),
+                     [([h.task], 1.0 if h.late else 0.0) for h in found])
+

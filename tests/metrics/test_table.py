@@ -134,7 +134,8 @@ def test_the_gauges_match_the_rows(box: Outbox) -> None:
     assert _value(samples, "table_scrape_ok") == 1
     # No label names an execution: job, queue, status, organization_id only.
     names = {k for (_, labels) in samples for k, _ in labels}
-    assert names <= {"job", "queue", "status", "organization_id", "error", "verdict", "le"}
+    assert names <= {"job", "queue", "status", "organization_id", "error", "verdict", "le",
+                     "task"}
 
 
 def test_the_aggregate_runs_once_per_interval_with_five_scrapers(box: Outbox) -> None:
@@ -184,7 +185,9 @@ def test_the_aggregate_runs_once_per_interval_with_five_scrapers(box: Outbox) ->
     assert runs.count("table_gauges") == 2
     assert len(set(bodies)) == 1
     assert b'celery_outbox_executions{job="m.alpha",queue="qa",status="pending"} 4.0' in bodies[0]
-    assert runs == ["table_gauges", "table_gauges"]  # nothing else ran
+    # nothing else ran but the loop's two-row read, once per interval too
+    assert [r for r in runs if r != "loop_runs"] == ["table_gauges", "table_gauges"]
+    assert runs.count("loop_runs") == 2
 
 
 def test_a_failed_aggregate_answers_not_ok_and_is_not_retried_before_the_interval(
@@ -200,3 +203,28 @@ def test_a_failed_aggregate_answers_not_ok_and_is_not_retried_before_the_interva
     assert _value(_scrape(registry), "table_scrape_ok") == 0  # cached for the interval
     clock.now += 15
     assert _value(_scrape(registry), "table_scrape_ok") == 1
+
+
+def test_the_loop_gauges_say_when_the_sweep_last_ran_and_whether_it_is_late(
+    box: Outbox,
+) -> None:
+    clock = Clock()
+    registry = prometheus.registry_for(box, clock=clock)
+
+    def loop() -> dict[tuple[str, str], float]:
+        text = prometheus.render(registry).decode()
+        return {(s.name, s.labels["task"]): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name.startswith("celery_outbox_loop_")}
+
+    before = loop()
+    assert before[("celery_outbox_loop_last_run_age_seconds", "sweep")] == float("inf")
+    assert before[("celery_outbox_loop_late", "sweep")] == 1.0
+    assert before[("celery_outbox_loop_interval_seconds", "sweep")] == 60.0
+    box.sweep()
+    assert loop() == before  # cached for the interval
+    clock.now += box.config.metrics_interval.total_seconds()
+    after = loop()
+    assert 0 <= after[("celery_outbox_loop_last_run_age_seconds", "sweep")] < 10
+    assert after[("celery_outbox_loop_late", "sweep")] == 0.0
+    assert after[("celery_outbox_loop_late", "trim")] == 1.0  # no trim ran
