@@ -22,6 +22,8 @@ machine; each figure is the median over rounds, each ratio the median of its per
 in ``atomic()`` vs plain ``delay()`` and what users do today (bench/frameworks.py).
 ``python -m bench peers [--quick]``: the outbox, plain Celery, pgqueuer and procrastinate side
 by side (bench/peers.py; their packages: bench/requirements.txt, ``make bench-peers``).
+``python -m bench observe [--rounds N]``: push, drain and latency with metrics and tracing on
+vs off, side by side (bench/observe.py).
 ``python -m bench stages [--samples N] [--rounds N]``: each stage from push to outcome, the
 package against the floor (bench/stages.py).
 ``python -m bench claim-plan [--rounds N]``: a claim's cost at 100 vs 100,000 pending rows,
@@ -138,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import runner
 
         return runner.main(argv[1:])
+    if argv[:1] == ["observe"]:  # metrics and tracing on vs off (bench/observe.py)
+        from bench import observe
+
+        return observe.main(argv[1:])
     if argv[:1] == ["stages"]:  # push -> outcome per stage, package vs floor (bench/stages.py)
         from bench import stages
 

@@ -37,8 +37,18 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 
+OBSERVED = frozenset(os.environ.get("BENCH_OBSERVE", "").split(",")) - {""}
+"""``python -m bench observe``'s "on" side: ``metrics`` counted and/or ``tracing`` spans made
+in every process (:mod:`bench.observe`)."""
+
+if "tracing" in OBSERVED:
+    from bench.observe import start_tracing
+
+    start_tracing()
+
 registry = JobRegistry()
-outbox = Outbox(app, database_url=DATABASE_URL, registry=registry)
+outbox = Outbox(app, database_url=DATABASE_URL, registry=registry,
+                metrics="metrics" in OBSERVED)
 
 _redis: dict[int, redis.Redis] = {}
 

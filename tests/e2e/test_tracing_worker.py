@@ -79,7 +79,9 @@ def test_one_trace_from_the_request_to_the_worker_a_retry_and_a_redispatch(
     s.wait_status(retried, Status.SUCCEEDED.value)
     assert (s.row(lost) or {})["status"] == Status.PENDING.value
     later = datetime.now(timezone.utc) + s.outbox.config.stale_after + timedelta(seconds=5)
-    assert s.outbox.sweep(now=later).redispatched == 1
+    # At least the lost row (the e2e table is shared by the module's earlier tests, which
+    # may leave pending rows of their own): it runs once the sweep has sent it again.
+    assert s.outbox.sweep(now=later).redispatched >= 1
     s.wait_status(lost, Status.SUCCEEDED.value)
 
     def processes() -> list[dict[str, Any]]:

@@ -1,0 +1,150 @@
+"""``python -m bench observe [--rounds N] [--n N] [--samples N] [--ops N]``: metrics and
+tracing on vs off.
+
+The outbox measured twice in each round, its two sides in turn (the order swapped every
+round), each side in a process of its own with its own worker, so that OpenTelemetry's
+global tracer provider of one never reaches the other:
+
+- **off**: the defaults: no ``metrics``, no tracer provider (the package makes no span and
+  counts nothing);
+- **on**: ``Outbox(app, metrics=True)`` in every process, in prometheus_client's
+  multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a directory of the run's own), and an
+  OpenTelemetry SDK tracer provider with a ``BatchSpanProcessor`` whose exporter drops the
+  spans, set at import in the benchmark's process and after the fork in each pool child
+  (``worker_process_init``), as a deployment exporting spans would.
+
+Figures per side: ``push()`` in its own transaction (p50 ms of ``--ops`` calls, no worker),
+the e2e drain of ``--n`` pre-pushed no-op jobs (jobs/s, ``celery worker -P prefork -c 2``)
+and the latency push -> handler start (p50 ms of ``--samples``), as ``bench peers`` measures
+them (:func:`bench.peers.e2e_drain`, :func:`bench.peers.latency`). The target: on costs less
+than 5 % against off on each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from bench.target import REDIS_DB, prepare
+from bench.worker import ROOT
+
+SIDES = ("off", "on")
+
+
+def start_tracing() -> None:
+    """A real tracer provider whose spans are batched and dropped: in this process, or (a
+    ``celery worker``) in each prefork child after the fork, as the README recipe does."""
+    from celery.signals import worker_process_init
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    def provider() -> TracerProvider:
+        made = TracerProvider()
+        made.add_span_processor(BatchSpanProcessor(Dropped()))
+        return made
+
+    @worker_process_init.connect(weak=False)
+    def _child(**_: Any) -> None:  # an exporter's thread does not survive a fork
+        trace.set_tracer_provider(provider())
+
+    if "worker" not in sys.argv:  # a worker's main process makes no span: its children do
+        trace.set_tracer_provider(provider())
+
+
+def side(n: int, samples: int, ops: int) -> dict[str, float]:
+    """One side's figures, in this process (its environment says which side)."""
+    import time
+
+    from bench import peers
+
+    target_queue = os.environ["BENCH_QUEUE"]
+    outbox_system = peers._celery_systems(target_queue)[0]
+    peers._fresh(outbox_system)
+    durations = []
+    for _ in range(ops):
+        start = time.perf_counter()
+        outbox_system.push(0)
+        durations.append(time.perf_counter() - start)
+    peers._fresh(outbox_system)
+    drain = peers.e2e_drain(outbox_system, n)
+    p50, _ = peers.latency(outbox_system, samples)
+    peers._fresh(outbox_system)
+    return {"push_p50_ms": statistics.median(durations) * 1e3, "drain_jobs_s": drain,
+            "latency_p50_ms": p50}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench observe",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=int, default=5000, help="jobs drained end to end")
+    parser.add_argument("--samples", type=int, default=200, help="latency samples")
+    parser.add_argument("--ops", type=int, default=1000, help="timed push() calls")
+    parser.add_argument("--json", metavar="PATH", help="write every per-round value as JSON")
+    parser.add_argument("--observe", default="metrics,tracing",
+                        help="what the on side turns on: metrics, tracing or both (default)")
+    args = parser.parse_args(argv)
+    target = prepare(REDIS_DB)
+    from bench import scenarios  # after prepare()
+
+    scenarios.reset()
+    multiproc = tempfile.mkdtemp(prefix="bench-observe-metrics-")
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in SIDES}
+    print(f"metrics and tracing, off vs on: {args.rounds} rounds, drain {args.n:,}, "
+          f"latency {args.samples} samples, {args.ops} pushes; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    try:
+        for r in range(args.rounds):
+            for name in (SIDES if r % 2 == 0 else SIDES[::-1]):
+                env = {**os.environ, "PYTHONPATH": str(ROOT)}
+                if name == "on":
+                    shutil.rmtree(multiproc, ignore_errors=True)
+                    os.makedirs(multiproc)
+                    env.update(BENCH_OBSERVE=args.observe, PROMETHEUS_MULTIPROC_DIR=multiproc)
+                else:
+                    env.pop("BENCH_OBSERVE", None)
+                    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+                done = subprocess.run(
+                    [sys.executable, "-c", "import sys, json; from bench.observe import side; "
+                     f"print(json.dumps(side({args.n}, {args.samples}, {args.ops})))"],
+                    cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                    check=False)
+                if done.returncode != 0:
+                    raise RuntimeError(f"side {name} failed:\n{done.stdout}\n{done.stderr}")
+                figures = json.loads(done.stdout.strip().splitlines()[-1])
+                runs[name].append(figures)
+                print(f"  round {r + 1} {name:>3}: " + ", ".join(
+                    f"{k} {v:,.2f}" for k, v in figures.items()), flush=True)
+    finally:
+        shutil.rmtree(multiproc, ignore_errors=True)
+        scenarios.clean_up()
+    print(f"\n| figure | off | on | on / off (per-round median) | broker {target.broker} |")
+    print("|---|---:|---:|---:|---|")
+    for key in runs["off"][0]:
+        off = [f[key] for f in runs["off"]]
+        on = [f[key] for f in runs["on"]]
+        ratio = statistics.median(b / a for a, b in zip(off, on, strict=True))
+        print(f"| {key} | {statistics.median(off):,.2f} | {statistics.median(on):,.2f} | "
+              f"{ratio:.3f}x | |")
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(runs, out, indent=1)
+    return 0
