@@ -322,6 +322,7 @@ class Held:
             if found is None:
                 found = cls._engines[engine] = cls(engine)
                 event.listen(engine, "engine_disposed", _disposed)
+                event.listen(engine, "checkin", _autocommit_off)
         return found
 
     # -- taking and putting back -----------------------------------------------------------
@@ -408,6 +409,11 @@ class Held:
         try:
             driver = fairy.driver_connection
             assert driver is not None
+            # Marked first: a hold lost to an exception from a signal handler (a soft time
+            # limit, Ctrl-C) is returned by SQLAlchemy when collected, and the pool's checkin
+            # then switches autocommit off again (_autocommit_off): never in autocommit for
+            # the next user of the pool.
+            fairy.info[_AUTOCOMMIT_MARK] = True
             driver.autocommit = True
         except BaseException:
             fairy.invalidate()
@@ -487,6 +493,24 @@ def _spare(pool: QueuePool) -> bool:
     in, or room to open one (SQLAlchemy's ``_max_overflow``; -1: no limit)."""
     limit: int = getattr(pool, "_max_overflow", 0)
     return limit < 0 or pool.checkedin() > 0 or pool.overflow() < limit
+
+
+_AUTOCOMMIT_MARK = "celery_outbox_autocommit"
+"""Set in a pooled connection's ``info`` while the direct path holds it in autocommit."""
+
+
+def _autocommit_off(dbapi_connection: Any, connection_record: Any) -> None:
+    """The pool's checkin of a connection the direct path switched to autocommit: switched
+    back (what ``_give_back`` does, for a hold that never got there: lost to an exception
+    from a signal handler, then collected); one that cannot be switched is invalidated."""
+    info = getattr(connection_record, "info", None)
+    if not info or not info.pop(_AUTOCOMMIT_MARK, False):
+        return
+    try:
+        if dbapi_connection is not None and dbapi_connection.autocommit:
+            dbapi_connection.autocommit = False
+    except Exception:  # closed or broken: not pooled again
+        connection_record.invalidate()
 
 
 def _disposed(engine: Engine) -> None:

@@ -149,6 +149,35 @@ def test_a_connection_unused_for_the_idle_time_goes_back_to_the_pool(
         assert not conn.connection.driver_connection.autocommit  # type: ignore[union-attr]
 
 
+def test_a_hold_lost_to_an_interrupt_goes_back_to_the_pool_out_of_autocommit(
+    outbox: Outbox, receipt: OutboxJob[Order], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception from a signal handler (a soft time limit, Ctrl-C) landing while a hold
+    is put back loses it; SQLAlchemy returns the collected connection to the pool, whose
+    checkin switches autocommit off: the next user's rollback still undoes its work."""
+    monkeypatch.setattr(direct, "HOLD_IDLE", 0.05)
+    receipt.push(Order(order_id=1))
+    held = Held.of(outbox.engine)
+    wait_for(lambda: not held.idle(), 10, "the timer to give the connection back")
+
+    def interrupted(delay: float) -> bool:
+        raise KeyboardInterrupt("a signal's exception, landing in Timer.start()")
+
+    monkeypatch.setattr(held, "_arm", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        receipt.push(Order(order_id=2))
+    monkeypatch.undo()
+    gc.collect()
+    for _ in range(3):
+        with outbox.engine.connect() as conn:
+            assert not conn.connection.driver_connection.autocommit  # type: ignore[union-attr]
+            conn.execute(text("CREATE TABLE IF NOT EXISTS held_probe_rollback (n int)"))
+            conn.rollback()
+    with outbox.engine.connect() as conn:
+        assert conn.execute(text(
+            "SELECT to_regclass('held_probe_rollback') IS NULL")).scalar_one()
+
+
 def test_nothing_is_held_when_no_timer_can_start(
     outbox: Outbox, receipt: OutboxJob[Order], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
