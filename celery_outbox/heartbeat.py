@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
 
-from celery_outbox.logfields import execution_fields
+from celery_outbox.logfields import execution_fields, guarded
 from celery_outbox.store import Fence, Renewed
 from celery_outbox.store.protocol import WorkerStore
 
-log = logging.getLogger(__name__)
+log = guarded(logging.getLogger(__name__))
 
 
 @dataclass(eq=False)

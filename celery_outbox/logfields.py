@@ -9,6 +9,7 @@ records of ``ctx.log`` carry them too.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 from uuid import UUID
 
@@ -29,3 +30,29 @@ def of_row(row: Any) -> dict[str, Any]:
     return execution_fields(row.id, getattr(row, "job_name", None),
                             getattr(row, "attempt", None),
                             getattr(row, "organization_id", None))
+
+
+def guarded(logger: logging.Logger) -> logging.Logger:
+    """``logger``, whose records take their ``extra=`` fields without ever raising: a
+    record factory or filter of the application's may set the same names first (a
+    multi-tenant app adding ``tenant`` to every record), and ``Logger.makeRecord`` refuses
+    to overwrite an attribute with ``KeyError`` — which, raised from a log call, would leave
+    an execution running or stop the thread that logged. On such a clash the record keeps the
+    application's value and takes the other fields. Every package logger that logs with
+    ``extra=`` is made through this."""
+    make = logger.makeRecord
+
+    def make_record(name: str, level: int, fn: str, lno: int, msg: object, args: Any,
+                    exc_info: Any, func: str | None = None, extra: Any = None,
+                    sinfo: str | None = None) -> logging.LogRecord:
+        try:
+            return make(name, level, fn, lno, msg, args, exc_info, func, extra, sinfo)
+        except KeyError:
+            record = make(name, level, fn, lno, msg, args, exc_info, func, None, sinfo)
+            for key, value in (extra or {}).items():
+                if key not in record.__dict__ and key not in ("message", "asctime"):
+                    record.__dict__[key] = value
+            return record
+
+    logger.makeRecord = make_record  # type: ignore[method-assign]
+    return logger

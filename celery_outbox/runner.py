@@ -53,7 +53,7 @@ from celery_outbox.errors import (
 from celery_outbox.heartbeat import Heartbeat
 from celery_outbox.inflight import InFlight
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
-from celery_outbox.logfields import execution_fields, of_row
+from celery_outbox.logfields import execution_fields, guarded, of_row
 from celery_outbox.logs import LogCapture
 from celery_outbox.outcomes import (
     Cancelled,
@@ -69,7 +69,7 @@ from celery_outbox.states import Status
 from celery_outbox.store import Claimed, Fence
 from celery_outbox.store.protocol import WorkerStore
 
-log = logging.getLogger(__name__)
+log = guarded(logging.getLogger(__name__))
 
 
 def utcnow() -> datetime:

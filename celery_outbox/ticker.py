@@ -53,11 +53,11 @@ from celery_outbox.config import OutboxConfig
 from celery_outbox.cron import CronSchedule, CronTickSchedule
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import ConfigurationError, StorageError
-from celery_outbox.logfields import execution_fields
+from celery_outbox.logfields import execution_fields, guarded
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.store import ExecutionStore, NewExecution
 
-log = logging.getLogger(__name__)
+log = guarded(logging.getLogger(__name__))
 
 CRON_TASK = "celery_outbox.cron_tick"
 """The task of every cron entry: ``cron_tick(job_name)``."""

@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 from celery_outbox.config import MAX_DURATION
 from celery_outbox.dispatch import Dispatcher, DispatchItem
 from celery_outbox.errors import ConfigurationError
+from celery_outbox.logfields import guarded
 from celery_outbox.store import Due
 
-log = logging.getLogger("celery_outbox.maintenance")
+log = guarded(logging.getLogger("celery_outbox.maintenance"))
 
 PUBLISH_WAIT = timedelta(seconds=30)
 """How long one run waits for its dispatches to be published before it returns."""

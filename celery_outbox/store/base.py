@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 from celery_outbox.errors import StorageError
 from celery_outbox.executors import AsyncTransaction, SqlAlchemyExecutor, Transaction
 from celery_outbox.executors.sqlalchemy import SUPPORTED_DIALECTS
-from celery_outbox.logfields import execution_fields
+from celery_outbox.logfields import execution_fields, guarded
 from celery_outbox.models import Tables
 from celery_outbox.outcomes import Fence
 from celery_outbox.queries.clock import database_now
@@ -25,7 +25,7 @@ from celery_outbox.queries.clock import database_now
 if TYPE_CHECKING:
     from celery_outbox.executors.sqlalchemy_async import AsyncSqlAlchemyExecutor
 
-log = logging.getLogger("celery_outbox.store")  # one logger for the whole store
+log = guarded(logging.getLogger("celery_outbox.store"))  # one logger for the whole store
 
 __all__ = ["SUPPORTED_DIALECTS", "Fence", "StoreBase", "log"]
 

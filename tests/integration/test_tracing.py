@@ -227,6 +227,33 @@ def test_the_records_of_a_run_carry_the_executions_fields(
     ]
 
 
+def test_a_record_factory_setting_the_same_fields_never_breaks_a_run(
+        outbox: Outbox, doomed: OutboxJob[Order], caplog: pytest.LogCaptureFixture) -> None:
+    """An application's record factory that stamps ``tenant`` and ``job`` on every record
+    (its own context): the package's records keep the application's values and take the
+    other fields; the log call never raises, so the execution's outcome is written."""
+    old = logging.getLogRecordFactory()
+
+    def stamped(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = old(*args, **kwargs)
+        record.tenant = "from-the-app"
+        record.job = "app-job"
+        return record
+
+    failed = doomed.push(Order(order_id=3), organization_id="globex")
+    logging.setLogRecordFactory(stamped)
+    try:
+        with caplog.at_level(logging.INFO):
+            result = outbox.run_now("shop.doomed", [failed])
+    finally:
+        logging.setLogRecordFactory(old)
+    assert result.failed == 1
+    assert (outbox.store.get(failed) or {})["status"] == "failed"
+    [record] = [r for r in caplog.records if str(failed) in r.getMessage()]
+    assert (record.tenant, record.job) == ("from-the-app", "app-job")  # type: ignore[attr-defined]
+    assert (record.execution_id, record.attempt) == (str(failed), 1)  # type: ignore[attr-defined]
+
+
 @pytest.mark.asyncio
 async def test_an_apush_alone_is_traced_as_a_push(spans: InMemorySpanExporter, outbox: Outbox,
                                                   receipt: OutboxJob[Order],
