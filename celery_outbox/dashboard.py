@@ -243,7 +243,7 @@ class Dashboard:
             for spec in specs
         )
         return Overview(generated_at=now, count_cap=self.count_cap, jobs=jobs,
-                        loop=self.admin.loop_health(now))
+                        loop=self.admin.loop_health_or_none(now))
 
     def executions(
         self, query: ExecutionQuery, cursor: str | None = None, limit: int = 50

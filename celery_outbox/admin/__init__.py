@@ -18,6 +18,7 @@ status); a bad argument raises :class:`ConfigurationError`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -46,6 +47,7 @@ from celery_outbox.errors import (
     ExecutionNotFound,
     ExecutionStillRunning,
     InvalidTransition,
+    StorageError,
 )
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
@@ -74,6 +76,8 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
 ]
+
+log = logging.getLogger("celery_outbox.admin")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -226,8 +230,18 @@ class OutboxAdmin:
             generated_at=now, overdue_after=grace, totals=totals,
             expired_leases=sum(j.expired_leases for j in jobs),
             overdue=sum(j.overdue for j in jobs), jobs=tuple(jobs),
-            loop=self.loop_health(now),
+            loop=self.loop_health_or_none(now),
         )
+
+    def loop_health_or_none(self, now: datetime | None = None) -> tuple[LoopHealth, ...]:
+        """:meth:`loop_health`, or nothing (logged) when ``<table>_loop`` cannot be read (a
+        database not migrated to it yet, a database error): the rest of a status page
+        still answers."""
+        try:
+            return self.loop_health(now)
+        except StorageError as exc:
+            log.warning("celery_outbox: the loop's health is unknown: %s", exc)
+            return ()
 
     def loop_health(self, now: datetime | None = None) -> tuple[LoopHealth, ...]:
         """The sweep's and the trim's last runs, from ``<table>_loop`` (one read), each with

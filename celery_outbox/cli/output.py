@@ -239,6 +239,9 @@ def status_notes(status: OutboxStatus, app: str | None) -> list[str]:
 
 def loop_notes(status: OutboxStatus, app: str | None) -> list[str]:
     """The maintenance loop in words: each task's last run, and what to check when late."""
+    if not status.loop:
+        return ["the loop's health is unknown: its table could not be read (the server's log "
+                "says why; a database not migrated to `celery_outbox_0007` yet has none)"]
     notes = []
     for health in status.loop:
         if health.last_run_at is None:

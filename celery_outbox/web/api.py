@@ -113,7 +113,8 @@ def jobs(who: Who, board: Board) -> JobsOut:
     """Every registered job: kind, schedule and next tick, retry, timeout, counts per status
     (capped at ``count_cap``), oldest pending age, last run, the last hour's outcomes.
     Shared by every viewer for a few seconds."""
-    return JobsOut.of(board.overview(who.organization_id))
+    return JobsOut.of(board.overview(who.organization_id),
+                      operator=who.organization_id is None)
 
 
 @router.post("/jobs/{job_name}/trigger", response_model=ActionOut, status_code=201,

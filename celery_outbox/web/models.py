@@ -106,14 +106,18 @@ class JobsOut(BaseModel):
     loop: list[LoopOut]
 
     @classmethod
-    def of(cls, o: Overview) -> JobsOut:
+    def of(cls, o: Overview, *, operator: bool = True) -> JobsOut:
+        """``operator`` False (a tenant's principal): the loop's ``ran_by`` and
+        ``last_error`` (a host, a database error's text) are left out."""
         return cls(generated_at=o.generated_at, count_cap=o.count_cap,
                    jobs=[JobOut.of(j) for j in o.jobs],
                    loop=[LoopOut(task=h.task, interval_seconds=h.interval.total_seconds(),
                                  last_run_at=h.last_run_at,
                                  age_seconds=h.age.total_seconds() if h.age else None,
-                                 ran_by=h.ran_by, last_failed_at=h.last_failed_at,
-                                 last_error=h.last_error, late=h.late) for h in o.loop])
+                                 ran_by=h.ran_by if operator else None,
+                                 last_failed_at=h.last_failed_at,
+                                 last_error=h.last_error if operator else None, late=h.late)
+                         for h in o.loop])
 
 
 class ExecutionOut(BaseModel):

@@ -98,6 +98,9 @@ def test_a_run_whose_record_fails_still_returns_its_result(
     assert result.staged == 0
     assert any("the sweep ran but could not be recorded" in r.getMessage()
                for r in caplog.records)
+    status = outbox.admin.status()  # the rest of the status still answers
+    assert status.loop == () and status.totals["pending"] == 0
+    assert any("the loop's health is unknown" in n for n in status_notes(status, "proj"))
     outbox.tables.loop_runs.create(outbox.engine)  # the fixture drops it
 
 

@@ -458,6 +458,30 @@ def test_the_overview_says_when_the_sweep_and_the_trim_last_ran(
     assert "sweep: last ran" in page and "trim: never ran" in page
 
 
+def test_the_loop_hides_its_host_and_error_from_a_tenant_and_a_missing_table_degrades(
+    jobs: Jobs, web_outbox: Outbox, auth: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    web_outbox.sweep()
+    web_outbox.store.record_failure("sweep", "StorageError: database error on db.internal")
+    app = create_app(web_outbox, auth=auth, cache_for=timedelta(0))
+    tenant = ("acme-ops", PASSWORDS["acme-ops"])
+    with TestClient(app) as c:
+        ops = {h["task"]: h for h in c.get("/api/v1/jobs", headers=bearer()).json()["loop"]}
+        acme = {h["task"]: h for h in c.get("/api/v1/jobs", auth=tenant).json()["loop"]}
+        page = c.get("/", auth=tenant).text
+        assert ops["sweep"]["ran_by"] and "db.internal" in ops["sweep"]["last_error"]
+        assert (acme["sweep"]["ran_by"], acme["sweep"]["last_error"]) == (None, None)
+        assert acme["sweep"]["late"] is False and acme["sweep"]["last_run_at"] is not None
+        assert "db.internal" not in page and ops["sweep"]["ran_by"] not in page
+        web_outbox.tables.loop_runs.drop(web_outbox.engine)  # not migrated to it yet
+        try:
+            answer = c.get("/api/v1/jobs", headers=bearer())
+            assert answer.status_code == 200 and answer.json()["loop"] == []
+            assert c.get("/", headers=bearer()).status_code == 200
+        finally:
+            web_outbox.tables.loop_runs.create(web_outbox.engine)
+
+
 @sqlite_only
 def test_counts_stop_at_the_cap_and_say_so(jobs: Jobs, web_outbox: Outbox, auth: Any) -> None:
     jobs["receipt"].push_many([{"order_id": i} for i in range(5)], delay=timedelta(hours=1))
