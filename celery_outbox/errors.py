@@ -264,11 +264,16 @@ class ExecutionsFailed(OutboxError):
     """
 
     def __init__(self, job_name: str, failed: int, of: int) -> None:
+        # ``args`` are the constructor's own: a result backend rebuilds the exception from
+        # them (JSON: ``cls(*args)``; pickle: the same), so its fields survive the trip.
+        super().__init__(job_name, failed, of)
         self.job_name = job_name
         self.failed = failed
         self.of = of
-        super().__init__(f"{failed} of {of} execution(s) of job {job_name!r} in this message "
-                         "failed for good; their rows hold the errors")
 
-    def __reduce__(self) -> tuple[Any, ...]:  # a result backend pickles or serialises it
-        return (type(self), (self.job_name, self.failed, self.of))
+    def __str__(self) -> str:
+        return (f"{self.failed} of {self.of} execution(s) of job {self.job_name!r} in this "
+                "message failed for good; their rows hold the errors")
+
+    def __repr__(self) -> str:  # what Celery's log line and task events show
+        return f"{type(self).__name__}({str(self)!r})"
