@@ -138,6 +138,8 @@ def _on_handed_back(sender: str, count: int, **_: Any) -> None:
 
 def _on_rescued(sender: str, count: int, verdict: str, **_: Any) -> None:
     _child(RESCUES, sender, verdict).inc(count)
+    if verdict == "failed":  # failed for good by the sweep: its worker died on the last attempt
+        _child(FAILURES, sender, "LeaseExpired").inc(count)
 
 
 def _on_begin(sender: str, execution_id: UUID, attempt: int,
@@ -164,7 +166,7 @@ def _on_error(sender: str, execution_id: UUID, attempt: int, exception: BaseExce
     ran = _attempts.ran(key)
     if ran is not None:
         _child(HANDLER_DURATION, sender).observe(ran)
-    _attempts.failed(key, type(exception).__name__)
+    _attempts.failed(key, type(exception).__qualname__)
 
 
 def _on_end(sender: str, execution_id: UUID, attempt: int, status: str, **_: Any) -> None:

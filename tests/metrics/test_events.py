@@ -180,13 +180,16 @@ def test_hand_backs_and_rescues_are_counted(box: Outbox) -> None:
     left running, is rescued by a sweep once its lease ran out, failed (no retry)."""
     before = (_value("hand_backs_total", job="ev.stop"),
               _value("rescues_total", job="ev.stop", verdict="failed"),
-              _value("successes_total", job="ev.stop"))
+              _value("successes_total", job="ev.stop"),
+              _value("failures_total", job="ev.stop", error="LeaseExpired"))
     with pytest.raises(KeyboardInterrupt):
         JOBS["ev.stop"].push_many([{"n": 0}, {"n": 1}])
     assert _value("hand_backs_total", job="ev.stop") - before[0] == 1
     assert _value("successes_total", job="ev.stop") - before[2] == 1  # the handed back one
     box.sweep(datetime.now(timezone.utc) + timedelta(days=1))
     assert _value("rescues_total", job="ev.stop", verdict="failed") - before[1] == 1
+    # failed for good by the rescue: a failure too (a dead worker's last attempt)
+    assert _value("failures_total", job="ev.stop", error="LeaseExpired") - before[3] == 1
 
 
 def test_dispatches_are_counted_by_queue(tmp_path: Path) -> None:
