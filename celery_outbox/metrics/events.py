@@ -33,29 +33,29 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 behind a backlog)."""
 
 
-def _counter(name: str, doc: str, labels: tuple[str, ...] = ("job",)) -> Counter:
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ("job_name",)) -> Counter:
     return Counter(PREFIX + name, doc, labels, registry=EVENTS)
 
 
 PUSHES = _counter("pushes", "Executions written by a push (a held key writes none).")
-DISPATCHES = _counter("dispatches", "Execution ids published to the broker.", ("job", "queue"))
+DISPATCHES = _counter("dispatches", "Execution ids published to the broker.", ("job_name", "queue"))
 CLAIMS = _counter("claims", "Executions claimed by a worker (pending -> running).")
 STARTS = _counter("starts", "Handlers begun.")
 SUCCESSES = _counter("successes", "Attempts that succeeded (the outcome written).")
 FAILURES = _counter("failures", "Executions that failed for good (no retry), by the "
-                    "exception class of the last attempt.", ("job", "error"))
+                    "exception class of the last attempt.", ("job_name", "error"))
 RETRIES = _counter("retries", "Attempts that failed and were scheduled again, by exception "
-                   "class.", ("job", "error"))
+                   "class.", ("job_name", "error"))
 RESCUES = _counter("rescues", "Running executions whose lease expired, by the sweep's "
-                   "verdict (retried, failed, handed_back).", ("job", "verdict"))
+                   "verdict (retried, failed, handed_back).", ("job_name", "verdict"))
 HAND_BACKS = _counter("hand_backs", "Running executions a worker gave back to pending, the "
                       "attempt not spent (shutdown, never begun).")
 CANCELS = _counter("cancels", "Active executions cancelled (by a person, the API or a "
                    "handler).")
 HANDLER_DURATION = Histogram(PREFIX + "handler_duration_seconds", "How long handlers ran.",
-                             ("job",), buckets=DURATION_BUCKETS, registry=EVENTS)
+                             ("job_name",), buckets=DURATION_BUCKETS, registry=EVENTS)
 WAIT = Histogram(PREFIX + "wait_seconds", "From when an execution was due (created, or its "
-                 "scheduled time) to the start of its handler.", ("job",),
+                 "scheduled time) to the start of its handler.", ("job_name",),
                  buckets=DURATION_BUCKETS, registry=EVENTS)
 
 

@@ -171,17 +171,17 @@ class TableCollector:
             return queues.get(job, self.default_queue)
 
         merged = _merged(snap.groups)
-        yield _gauge("executions", "Rows of the outbox table.", ("job", "queue", "status"),
+        yield _gauge("executions", "Rows of the outbox table.", ("job_name", "queue", "status"),
                      [([job, queue(job), status], g.rows)
                       for (job, status), g in sorted(merged.items())])
         jobs = sorted(set(queues) | {job for job, _ in merged}) if snap.ok else []
         for name, doc, status, value in PER_JOB:
-            yield _gauge(name, doc, ("job", "queue"), [
+            yield _gauge(name, doc, ("job_name", "queue"), [
                 ([job, queue(job)], 0.0 if g is None else value(g))
                 for job in jobs for g in (merged.get((job, status.value)),)])
         if self.tenants:
             yield _gauge("tenant_executions", "Rows of the outbox table per tenant.",
-                         ("job", "status", "organization_id"),
+                         ("job_name", "status", "organization_id"),
                          [([g.job_name, g.status, g.organization_id or ""], g.rows)
                           for g in snap.groups])
 

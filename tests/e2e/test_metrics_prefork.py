@@ -134,21 +134,22 @@ def test_a_prefork_pools_counts_are_scraped_exactly(stack: dict[str, Any]) -> No
 
     procs.wait_for(finished, 60, "every execution to finish")
     expected = {
-        ("claims_total", (("job", "e2e.record"),)): 6,
-        ("claims_total", (("job", "e2e.flaky"),)): 2 * 2 + 3,
-        ("starts_total", (("job", "e2e.record"),)): 6,
-        ("starts_total", (("job", "e2e.flaky"),)): 7,
-        ("successes_total", (("job", "e2e.record"),)): 6,
-        ("successes_total", (("job", "e2e.flaky"),)): 2,
-        ("retries_total", (("error", "RuntimeError"), ("job", "e2e.flaky"))): 2 + 2,
-        ("failures_total", (("error", "RuntimeError"), ("job", "e2e.flaky"))): 1,
-        ("dispatches_total", (("job", "e2e.flaky"), ("queue", outbox.app.conf.task_default_queue))):
-            4,  # each retry, published by the worker (with its eta)
-        ("handler_duration_seconds_count", (("job", "e2e.record"),)): 6,
-        ("handler_duration_seconds_count", (("job", "e2e.flaky"),)): 7,
-        ("wait_seconds_count", (("job", "e2e.record"),)): 6,
-        ("wait_seconds_count", (("job", "e2e.flaky"),)): 7,
-        ("pushes_total", (("job", "e2e.record"),)): 0,  # pushed by this process, not counted
+        ("claims_total", (("job_name", "e2e.record"),)): 6,
+        ("claims_total", (("job_name", "e2e.flaky"),)): 2 * 2 + 3,
+        ("starts_total", (("job_name", "e2e.record"),)): 6,
+        ("starts_total", (("job_name", "e2e.flaky"),)): 7,
+        ("successes_total", (("job_name", "e2e.record"),)): 6,
+        ("successes_total", (("job_name", "e2e.flaky"),)): 2,
+        ("retries_total", (("error", "RuntimeError"), ("job_name", "e2e.flaky"))): 2 + 2,
+        ("failures_total", (("error", "RuntimeError"), ("job_name", "e2e.flaky"))): 1,
+        # each retry, published by the worker (with its eta)
+        ("dispatches_total",
+         (("job_name", "e2e.flaky"), ("queue", outbox.app.conf.task_default_queue))): 4,
+        ("handler_duration_seconds_count", (("job_name", "e2e.record"),)): 6,
+        ("handler_duration_seconds_count", (("job_name", "e2e.flaky"),)): 7,
+        ("wait_seconds_count", (("job_name", "e2e.record"),)): 6,
+        ("wait_seconds_count", (("job_name", "e2e.flaky"),)): 7,
+        ("pushes_total", (("job_name", "e2e.record"),)): 0,  # pushed by this process, not counted
     }
 
     def counted(at: int, token: str | None) -> dict[tuple[str, Any], float] | None:
@@ -173,8 +174,9 @@ def test_a_prefork_pools_counts_are_scraped_exactly(stack: dict[str, Any]) -> No
     assert samples is not None
     # The histograms: +Inf bucket = count; the slow ones in the >= 1 s buckets.
     for job, count in (("e2e.record", 6), ("e2e.flaky", 7)):
-        assert _get(samples, "handler_duration_seconds_bucket", job=job, le="+Inf") == count
-    assert _get(samples, "handler_duration_seconds_bucket", job="e2e.record", le="1.0") == 4
+        assert _get(samples, "handler_duration_seconds_bucket", job_name=job,
+                    le="+Inf") == count
+    assert _get(samples, "handler_duration_seconds_bucket", job_name="e2e.record", le="1.0") == 4
     # More children than the pool's two ran handlers (each replaced after 2 messages): the
     # totals are the sum of every child's files, the dead ones' included.
     with outbox.engine.connect() as conn:
@@ -184,8 +186,8 @@ def test_a_prefork_pools_counts_are_scraped_exactly(stack: dict[str, Any]) -> No
     assert len([p for p in os.listdir(stack["dir"]) if p.startswith("counter_")]) >= 2
     # The table's gauges: the rows as they are.
     queue = outbox.app.conf.task_default_queue
-    assert _get(samples, "executions", job="e2e.record", queue=queue, status="succeeded") == 6
-    assert _get(samples, "executions", job="e2e.flaky", queue=queue, status="succeeded") == 2
-    assert _get(samples, "executions", job="e2e.flaky", queue=queue, status="failed") == 1
-    assert _get(samples, "running", job="e2e.flaky", queue=queue) == 0
+    assert _get(samples, "executions", job_name="e2e.record", queue=queue, status="succeeded") == 6
+    assert _get(samples, "executions", job_name="e2e.flaky", queue=queue, status="succeeded") == 2
+    assert _get(samples, "executions", job_name="e2e.flaky", queue=queue, status="failed") == 1
+    assert _get(samples, "running", job_name="e2e.flaky", queue=queue) == 0
     assert _get(samples, "table_scrape_ok") == 1

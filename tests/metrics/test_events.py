@@ -78,17 +78,17 @@ def _value(name: str, **labels: str) -> float:
 
 
 COUNTS = [
-    ("pushes_total", {"job": "ev.ok"}), ("pushes_total", {"job": "ev.fails"}),
-    ("pushes_total", {"job": "ev.flaky"}), ("claims_total", {"job": "ev.flaky"}),
-    ("starts_total", {"job": "ev.ok"}), ("starts_total", {"job": "ev.flaky"}),
-    ("successes_total", {"job": "ev.ok"}), ("successes_total", {"job": "ev.flaky"}),
-    ("failures_total", {"job": "ev.fails", "error": "Boom"}),
-    ("failures_total", {"job": "ev.flaky", "error": "ValueError"}),
-    ("retries_total", {"job": "ev.flaky", "error": "ValueError"}),
-    ("cancels_total", {"job": "ev.ok"}),
-    ("handler_duration_seconds_count", {"job": "ev.flaky"}),
-    ("wait_seconds_count", {"job": "ev.flaky"}),
-    ("wait_seconds_count", {"job": "ev.ok"}),
+    ("pushes_total", {"job_name": "ev.ok"}), ("pushes_total", {"job_name": "ev.fails"}),
+    ("pushes_total", {"job_name": "ev.flaky"}), ("claims_total", {"job_name": "ev.flaky"}),
+    ("starts_total", {"job_name": "ev.ok"}), ("starts_total", {"job_name": "ev.flaky"}),
+    ("successes_total", {"job_name": "ev.ok"}), ("successes_total", {"job_name": "ev.flaky"}),
+    ("failures_total", {"job_name": "ev.fails", "error": "Boom"}),
+    ("failures_total", {"job_name": "ev.flaky", "error": "ValueError"}),
+    ("retries_total", {"job_name": "ev.flaky", "error": "ValueError"}),
+    ("cancels_total", {"job_name": "ev.ok"}),
+    ("handler_duration_seconds_count", {"job_name": "ev.flaky"}),
+    ("wait_seconds_count", {"job_name": "ev.flaky"}),
+    ("wait_seconds_count", {"job_name": "ev.ok"}),
 ]
 
 
@@ -106,17 +106,18 @@ def test_each_event_is_counted_once(box: Outbox) -> None:
     moved = {name + str(dict(labels)): after[name, labels] - before[name, labels]
              for name, labels in after}
     assert moved == {
-        "pushes_total{'job': 'ev.ok'}": 4, "pushes_total{'job': 'ev.fails'}": 1,
-        "pushes_total{'job': 'ev.flaky'}": 2,
-        "claims_total{'job': 'ev.flaky'}": 2 + 3,  # every attempt is a claim
-        "starts_total{'job': 'ev.ok'}": 3, "starts_total{'job': 'ev.flaky'}": 5,
-        "successes_total{'job': 'ev.ok'}": 3, "successes_total{'job': 'ev.flaky'}": 1,
-        "failures_total{'error': 'Boom', 'job': 'ev.fails'}": 1,
-        "failures_total{'error': 'ValueError', 'job': 'ev.flaky'}": 1,
-        "retries_total{'error': 'ValueError', 'job': 'ev.flaky'}": 1 + 2,
-        "cancels_total{'job': 'ev.ok'}": 1,
-        "handler_duration_seconds_count{'job': 'ev.flaky'}": 5,
-        "wait_seconds_count{'job': 'ev.flaky'}": 5, "wait_seconds_count{'job': 'ev.ok'}": 3,
+        "pushes_total{'job_name': 'ev.ok'}": 4, "pushes_total{'job_name': 'ev.fails'}": 1,
+        "pushes_total{'job_name': 'ev.flaky'}": 2,
+        "claims_total{'job_name': 'ev.flaky'}": 2 + 3,  # every attempt is a claim
+        "starts_total{'job_name': 'ev.ok'}": 3, "starts_total{'job_name': 'ev.flaky'}": 5,
+        "successes_total{'job_name': 'ev.ok'}": 3, "successes_total{'job_name': 'ev.flaky'}": 1,
+        "failures_total{'error': 'Boom', 'job_name': 'ev.fails'}": 1,
+        "failures_total{'error': 'ValueError', 'job_name': 'ev.flaky'}": 1,
+        "retries_total{'error': 'ValueError', 'job_name': 'ev.flaky'}": 1 + 2,
+        "cancels_total{'job_name': 'ev.ok'}": 1,
+        "handler_duration_seconds_count{'job_name': 'ev.flaky'}": 5,
+        "wait_seconds_count{'job_name': 'ev.flaky'}": 5,
+        "wait_seconds_count{'job_name': 'ev.ok'}": 3,
     }
 
 
@@ -149,8 +150,8 @@ def test_the_web_app_serves_metrics_to_its_principals_only(box: Outbox) -> None:
     scraped = client.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
     assert scraped.status_code == 200
     assert scraped.headers["content-type"].startswith("text/plain")
-    assert 'celery_outbox_pushes_total{job="ev.ok"}' in scraped.text
-    assert 'celery_outbox_executions{job="ev.ok",queue="celery",status="succeeded"}' \
+    assert 'celery_outbox_pushes_total{job_name="ev.ok"}' in scraped.text
+    assert 'celery_outbox_executions{job_name="ev.ok",queue="celery",status="succeeded"}' \
         not in scraped.text  # record="errors": a success leaves no row
     assert "celery_outbox_table_scrape_ok 1.0" in scraped.text
     tenant = client.get("/metrics", headers={"Authorization": "Bearer tenant-t"})
@@ -167,8 +168,9 @@ def test_the_web_app_serves_metrics_to_its_principals_only(box: Outbox) -> None:
 def test_the_table_gauges_on_sqlite(box: Outbox) -> None:
     JOBS["ev.flaky"].push({"n": 0}, delay=timedelta(hours=1))
     text = prometheus.render(prometheus.registry_for(box)).decode()
-    assert 'celery_outbox_executions{job="ev.flaky",queue="slow",status="scheduled"} 1.0' in text
-    assert 'celery_outbox_oldest_overdue_scheduled_age_seconds{job="ev.flaky",queue="slow"} ' \
+    assert ('celery_outbox_executions{job_name="ev.flaky",queue="slow",status="scheduled"} '
+            '1.0') in text
+    assert 'celery_outbox_oldest_overdue_scheduled_age_seconds{job_name="ev.flaky",queue="slow"} ' \
         '0.0' in text
 
 
@@ -178,18 +180,18 @@ def test_hand_backs_and_rescues_are_counted(box: Outbox) -> None:
     """A message of two rows whose first handler is interrupted (KeyboardInterrupt: no
     outcome): the second, never begun, is handed back (and run again, inline); the first,
     left running, is rescued by a sweep once its lease ran out, failed (no retry)."""
-    before = (_value("hand_backs_total", job="ev.stop"),
-              _value("rescues_total", job="ev.stop", verdict="failed"),
-              _value("successes_total", job="ev.stop"),
-              _value("failures_total", job="ev.stop", error="LeaseExpired"))
+    before = (_value("hand_backs_total", job_name="ev.stop"),
+              _value("rescues_total", job_name="ev.stop", verdict="failed"),
+              _value("successes_total", job_name="ev.stop"),
+              _value("failures_total", job_name="ev.stop", error="LeaseExpired"))
     with pytest.raises(KeyboardInterrupt):
         JOBS["ev.stop"].push_many([{"n": 0}, {"n": 1}])
-    assert _value("hand_backs_total", job="ev.stop") - before[0] == 1
-    assert _value("successes_total", job="ev.stop") - before[2] == 1  # the handed back one
+    assert _value("hand_backs_total", job_name="ev.stop") - before[0] == 1
+    assert _value("successes_total", job_name="ev.stop") - before[2] == 1  # the handed back one
     box.sweep(datetime.now(timezone.utc) + timedelta(days=1))
-    assert _value("rescues_total", job="ev.stop", verdict="failed") - before[1] == 1
+    assert _value("rescues_total", job_name="ev.stop", verdict="failed") - before[1] == 1
     # failed for good by the rescue: a failure too (a dead worker's last attempt)
-    assert _value("failures_total", job="ev.stop", error="LeaseExpired") - before[3] == 1
+    assert _value("failures_total", job_name="ev.stop", error="LeaseExpired") - before[3] == 1
 
 
 def test_dispatches_are_counted_by_queue(tmp_path: Path) -> None:
@@ -207,13 +209,13 @@ def test_dispatches_are_counted_by_queue(tmp_path: Path) -> None:
                     metrics=True)
     outbox.create_schema()
     try:
-        before = (_value("dispatches_total", job="ev.routed", queue="reports"),
-                  _value("dispatches_total", job="ev.plain", queue="outbox-default"))
+        before = (_value("dispatches_total", job_name="ev.routed", queue="reports"),
+                  _value("dispatches_total", job_name="ev.plain", queue="outbox-default"))
         routed.push_many([{"n": n} for n in range(3)])
         plain.push({"n": 0})
         assert outbox.flush(timedelta(seconds=10))
-        assert _value("dispatches_total", job="ev.routed", queue="reports") - before[0] == 3
-        assert _value("dispatches_total", job="ev.plain", queue="outbox-default") \
+        assert _value("dispatches_total", job_name="ev.routed", queue="reports") - before[0] == 3
+        assert _value("dispatches_total", job_name="ev.plain", queue="outbox-default") \
             - before[1] == 1
     finally:
         prometheus.disable()

@@ -104,37 +104,38 @@ def test_the_gauges_match_the_rows(box: Outbox) -> None:
     with box.engine.connect() as conn:
         counted = {(job, status): n for job, status, n in conn.execute(
             select(t.c.job_name, t.c.status, func.count()).group_by(t.c.job_name, t.c.status))}
-    exported = {(dict(labels)["job"], dict(labels)["status"]): value
+    exported = {(dict(labels)["job_name"], dict(labels)["status"]): value
                 for (name, labels), value in samples.items()
                 if name == "celery_outbox_executions"}
     assert exported == counted
-    assert _value(samples, "executions", job="m.alpha", queue="qa", status="pending") == 3
-    assert _value(samples, "executions", job="m.beta", queue="celery", status="succeeded") == 4
+    assert _value(samples, "executions", job_name="m.alpha", queue="qa", status="pending") == 3
+    assert _value(samples, "executions", job_name="m.beta", queue="celery", status="succeeded") == 4
 
     def near(value: float, expected: float) -> bool:
         return abs(value - expected) < 3  # the database's clock against this process's
 
-    assert near(_value(samples, "oldest_pending_age_seconds", job="m.alpha", queue="qa"), 100)
-    assert near(_value(samples, "oldest_dispatched_age_seconds", job="m.alpha", queue="qa"), 90)
-    assert near(_value(samples, "oldest_overdue_scheduled_age_seconds", job="m.alpha",
+    assert near(_value(samples, "oldest_pending_age_seconds", job_name="m.alpha", queue="qa"), 100)
+    assert near(_value(samples, "oldest_dispatched_age_seconds", job_name="m.alpha",
+                       queue="qa"), 90)
+    assert near(_value(samples, "oldest_overdue_scheduled_age_seconds", job_name="m.alpha",
                        queue="qa"), 30)
-    assert _value(samples, "running", job="m.beta", queue="celery") == 2
-    assert _value(samples, "expired_leases", job="m.beta", queue="celery") == 1
+    assert _value(samples, "running", job_name="m.beta", queue="celery") == 2
+    assert _value(samples, "expired_leases", job_name="m.beta", queue="celery") == 1
     # A job with nothing in a state reads 0 there, its series kept.
-    assert _value(samples, "oldest_pending_age_seconds", job="m.beta", queue="celery") == 0
-    assert _value(samples, "expired_leases", job="m.alpha", queue="qa") == 0
-    assert _value(samples, "running", job="m.alpha", queue="qa") == 0
+    assert _value(samples, "oldest_pending_age_seconds", job_name="m.beta", queue="celery") == 0
+    assert _value(samples, "expired_leases", job_name="m.alpha", queue="qa") == 0
+    assert _value(samples, "running", job_name="m.alpha", queue="qa") == 0
     # Tenants (asked for): one series per (job, status, tenant); no tenant is "".
-    assert _value(samples, "tenant_executions", job="m.alpha", status="pending",
+    assert _value(samples, "tenant_executions", job_name="m.alpha", status="pending",
                   organization_id="t1") == 1
-    assert _value(samples, "tenant_executions", job="m.alpha", status="pending",
+    assert _value(samples, "tenant_executions", job_name="m.alpha", status="pending",
                   organization_id="") == 2
-    assert _value(samples, "tenant_executions", job="m.beta", status="succeeded",
+    assert _value(samples, "tenant_executions", job_name="m.beta", status="succeeded",
                   organization_id="t2") == 2
     assert _value(samples, "table_scrape_ok") == 1
     # No label names an execution: job, queue, status, organization_id only.
     names = {k for (_, labels) in samples for k, _ in labels}
-    assert names <= {"job", "queue", "status", "organization_id", "error", "verdict", "le",
+    assert names <= {"job_name", "queue", "status", "organization_id", "error", "verdict", "le",
                      "task"}
 
 
@@ -172,7 +173,8 @@ def test_the_aggregate_runs_once_per_interval_with_five_scrapers(box: Outbox) ->
     scrape_five()
     assert runs.count("table_gauges") == 1
     assert len(bodies) == 5 and len(set(bodies)) == 1  # every scraper got the same answer
-    assert b'celery_outbox_executions{job="m.alpha",queue="qa",status="pending"} 3.0' in bodies[0]
+    assert (b'celery_outbox_executions{job_name="m.alpha",queue="qa",status="pending"} '
+            b'3.0') in bodies[0]
 
     clock.now += 14.9  # within the interval (15 s): the cached answer
     scrape_five()
@@ -184,7 +186,8 @@ def test_the_aggregate_runs_once_per_interval_with_five_scrapers(box: Outbox) ->
     scrape_five()
     assert runs.count("table_gauges") == 2
     assert len(set(bodies)) == 1
-    assert b'celery_outbox_executions{job="m.alpha",queue="qa",status="pending"} 4.0' in bodies[0]
+    assert (b'celery_outbox_executions{job_name="m.alpha",queue="qa",status="pending"} '
+            b'4.0') in bodies[0]
     # nothing else ran but the loop's two-row read, once per interval too
     assert [r for r in runs if r != "loop_runs"] == ["table_gauges", "table_gauges"]
     assert runs.count("loop_runs") == 2
