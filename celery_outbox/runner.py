@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -251,6 +252,22 @@ class _Job:
             self.done.set()
 
 
+def _close_old_django_connections() -> None:
+    """What Celery's Django fix-up does around each task, for a helper thread's handler (its
+    connections are the thread's own): Django's connections that are unusable or past
+    ``CONN_MAX_AGE`` are closed. Nothing unless Django is imported and configured."""
+    django_db = sys.modules.get("django.db")
+    if django_db is None:
+        return
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            django_db.close_old_connections()
+    except Exception:  # never the handler's concern; Django reports it on next use
+        log.debug("celery_outbox: closing old Django connections failed", exc_info=True)
+
+
 class _Helpers:
     """The threads that run a parallel job's handlers beside the calling thread (green
     threads under gevent and eventlet, whose monkeypatching covers ``threading``): started
@@ -296,7 +313,11 @@ class _Helpers:
                         self._idle -= 1
                         return
                 continue  # a submit counted on this one: its job is on its way
-            job.run()
+            _close_old_django_connections()
+            try:
+                job.run()
+            finally:
+                _close_old_django_connections()
             del job
             with self._lock:
                 if jobs is not self._jobs:

@@ -3,7 +3,11 @@ idle, started again when needed; a call that raises hands its exception to the w
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -43,3 +47,35 @@ def test_a_call_that_raises_hands_its_exception_over() -> None:
     job = _Helpers().submit(stop)
     assert job.done.wait(5)
     assert isinstance(job.raised, Stop) and job.result is None
+
+
+def test_a_helper_closes_old_django_connections_around_each_handler(
+    tmp_path: Any,
+) -> None:
+    """What Celery's Django fix-up does around a task on the task's thread, a helper does
+    around each handler on its own (Django's connections are per thread): with Django
+    configured, ``close_old_connections`` runs before and after; a real Django in a child
+    process, so its settings are its own."""
+    script = tmp_path / "django_helper.py"
+    script.write_text(
+        "import django, threading\n"
+        "from django.conf import settings\n"
+        "settings.configure(DATABASES={'default': {'ENGINE': 'django.db.backends.sqlite3',"
+        " 'NAME': ':memory:'}})\n"
+        "django.setup()\n"
+        "import django.db\n"
+        "calls = []\n"
+        "real = django.db.close_old_connections\n"
+        "def counted(**kw):\n"
+        "    calls.append(threading.current_thread().name)\n"
+        "    real(**kw)\n"
+        "django.db.close_old_connections = counted\n"
+        "from celery_outbox.runner import _Helpers, HELPER_NAME\n"
+        "job = _Helpers().submit(lambda: calls.append('handler'))\n"
+        "assert job.done.wait(5) and job.raised is None\n"
+        "print(calls == [HELPER_NAME, 'handler', HELPER_NAME], calls)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=str(procs.ROOT),
+                          env={**os.environ, "PYTHONPATH": str(procs.ROOT)}, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True"), done.stdout
