@@ -189,7 +189,11 @@ class Drain:
             left = [f for f in left if f not in stopped]
             for fence in stopped:
                 self.runner.heartbeat.untrack(fence)
-            handed += self._hand_back(stopped)
+            # One taken queued never began (its start mark may be written: the outcome +
+            # next start statement marks it before the runner gets to it): its attempt is
+            # given back. One no longer held stopped on the cancel: its started_at says.
+            handed += self._hand_back([f for f in stopped if f in queued], begun=False)
+            handed += self._hand_back([f for f in stopped if f not in queued])
             if left and not announced:
                 announced = True
                 log.warning("celery_outbox: worker shutdown waits for %d handler(s) still "
