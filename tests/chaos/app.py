@@ -132,7 +132,14 @@ def body(ctx: JobContext[Work]) -> None:
     try:
         perform(ctx, work)
     finally:
-        span(ctx, token, "end")  # last thing
+        try:
+            span(ctx, token, "end")  # last thing
+        except BaseException:
+            # The job's timeout interrupts a handler with an exception raised from its
+            # signal handler, which may land in this very write (the run had ended: its
+            # outcome is written after this): the end is recorded again, then it goes on.
+            span(ctx, token, "end")
+            raise
 
 
 def perform(ctx: JobContext[Work], work: Work) -> None:
