@@ -207,3 +207,21 @@ def _escaped(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+@pytest.fixture
+def fast_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of messages of each push the Redis fast publish path made (in the
+    publishing thread), in order."""
+    from celery_outbox.redis_publish import RedisPath
+
+    counts: list[int] = []
+    push = RedisPath.push
+
+    def counting(self: RedisPath, messages: object, retries: int) -> bool:
+        counts.append(len(messages))  # type: ignore[arg-type]
+        return push(self, messages, retries)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RedisPath, "push", counting)
+    return counts
+

@@ -8,12 +8,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import redis
 
-from celery_outbox.redis_publish import RedisPath
 from celery_outbox.states import Status
 from tests.e2e.app import Mark, record
 from tests.e2e.harness import Stack, Worker, marker, stack
@@ -34,20 +32,6 @@ def fast_stack(
         client = redis.Redis.from_url(redis_url)
         client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
         client.close()
-
-
-@pytest.fixture
-def fast_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of messages of each push the fast path made (in the publishing thread)."""
-    counts: list[int] = []
-    push = RedisPath.push
-
-    def counting(self: RedisPath, messages: Any, retries: int) -> bool:
-        counts.append(len(messages))
-        return push(self, messages, retries)
-
-    monkeypatch.setattr(RedisPath, "push", counting)
-    return counts
 
 
 def test_a_worker_runs_what_the_fast_path_published(

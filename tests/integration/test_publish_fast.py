@@ -33,7 +33,6 @@ from celery_outbox.dispatch import (
     DispatchItem,
     TimeLimits,
 )
-from celery_outbox.redis_publish import RedisPath
 from tests import procs
 from tests.conftest import REDIS_ADDRESS
 from tests.faults import proxy
@@ -95,20 +94,6 @@ def dispatcher(redis_url: str, queues: tuple[str, str]) -> Iterator[CeleryDispat
         client.delete(*names, *(f"{q}{SEP}{p}" for q in names for p in (3, 6, 9)),
                       *(f"_kombu.binding.{q}" for q in names))
         client.close()
-
-
-@pytest.fixture
-def fast_pushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of messages of each push the fast path made."""
-    counts: list[int] = []
-    push = RedisPath.push
-
-    def counting(self: RedisPath, messages: Any, retries: int) -> bool:
-        counts.append(len(messages))
-        return push(self, messages, retries)
-
-    monkeypatch.setattr(RedisPath, "push", counting)
-    return counts
 
 
 def take(redis_url: str, key: str) -> dict[str, Any]:
