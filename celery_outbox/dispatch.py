@@ -49,7 +49,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
@@ -525,21 +525,79 @@ def _argsrepr(job_name: str, ids: list[str]) -> str:
 
 
 class InlineDispatcher:
-    """Runs each dispatched execution at once, in the calling thread (tests, eager mode).
+    """Runs each dispatched execution in this process, as a worker would (tests, eager mode).
 
-    ``run(job_name, ids)`` is the runner's entry point. Items whose ``eta`` lies in the future
-    are left for the sweep (they are not claimable before then).
+    ``run(job_name, ids)`` is the runner's entry point. An item due now (no ``eta``, or an
+    ``eta`` not after ``clock()``) runs at once, in the calling thread. An item whose ``eta``
+    lies ahead runs when it is due, as a worker holds a message with an ``eta`` until then:
+    on a timer thread of its own (a daemon), ``eta - clock()`` seconds later, grouped with the
+    items of its job and ``eta``. Its rows are claimed then, like any message's: a row
+    cancelled, rescheduled or already run meanwhile is simply not claimed. :meth:`cancel`
+    drops the timers not yet fired. ``clock()`` answers an aware UTC datetime (default: the
+    system's time); a timer's error is logged, never raised (no caller waits on it).
     """
 
-    def __init__(self, run: Callable[[str, list[UUID]], object]) -> None:
+    LATE = 0.005
+    """Seconds a timer fires after its ``eta``: the claim compares the ``eta`` with the
+    database's clock, which the timer's monotonic wait may reach a hair early."""
+
+    def __init__(self, run: Callable[[str, list[UUID]], object],
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.run = run
+        self.clock = clock
+        self._timers: set[threading.Timer] = set()
+        self._lock = threading.Lock()
 
     def dispatch(self, items: Sequence[DispatchItem]) -> None:
         groups: dict[str, list[UUID]] = defaultdict(list)
+        later: dict[tuple[str, datetime], list[UUID]] = defaultdict(list)
+        now: datetime | None = None
         for item in items:
+            if item.eta is not None:
+                now = now or (self.clock() if self.clock is not None
+                              else datetime.now(timezone.utc))
+                if item.eta > now:
+                    later[(item.job_name, item.eta)].append(item.execution_id)
+                    continue
             groups[item.job_name].append(item.execution_id)
+        for (job_name, eta), ids in later.items():
+            assert now is not None
+            self._later(job_name, ids, (eta - now).total_seconds() + self.LATE)
         for job_name, ids in groups.items():
             self.run(job_name, ids)
+
+    def _later(self, job_name: str, ids: list[UUID], seconds: float) -> None:
+        def fire() -> None:
+            with self._lock:
+                self._timers.discard(timer)
+            try:
+                self.run(job_name, ids)
+            except Exception:
+                log.exception("celery_outbox: an eager run of %d execution(s) of %r that "
+                              "came due failed; the sweep will pick them up", len(ids),
+                              job_name)
+
+        timer = threading.Timer(seconds, fire)
+        timer.daemon = True
+        timer.name = f"celery-outbox-eager-{job_name}"
+        with self._lock:
+            self._timers.add(timer)
+        timer.start()
+
+    @property
+    def pending(self) -> int:
+        """How many timers (groups of executions not yet due) wait."""
+        with self._lock:
+            return len(self._timers)
+
+    def cancel(self) -> int:
+        """Drop every timer not yet fired (their rows stay scheduled: the sweep, or a test's
+        ``drain()``, runs them when due); how many were dropped."""
+        with self._lock:
+            timers, self._timers = self._timers, set()
+        for timer in timers:
+            timer.cancel()
+        return len(timers)
 
     def flush(self, timeout: timedelta) -> bool:
         return True

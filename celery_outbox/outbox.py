@@ -89,6 +89,9 @@ Joiner = Callable[[], AbstractContextManager[Transaction]]
 of a framework, joined): its rows commit with it and dispatch after its outermost commit."""
 
 _outboxes: weakref.WeakKeyDictionary[Celery, Outbox] = weakref.WeakKeyDictionary()
+_SYSTEM_CLOCK = utcnow
+"""The runner's default clock: while it is the runner's, a push reads :func:`utcnow` of this
+module at each call (what a test may patch)."""
 _JSON = json.JSONEncoder(allow_nan=False)
 """``json.dumps(..., allow_nan=False)`` without a new encoder per call (per pushed payload)."""
 
@@ -150,11 +153,11 @@ class Outbox:
         self.store = ExecutionStore(self.engine, self.tables)
         self.registry = registry if registry is not None else default_registry
         self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher)
-        self.dispatcher: Dispatcher = dispatcher or (
-            InlineDispatcher(self.runner.run)
-            if app.conf.task_always_eager
-            else CeleryDispatcher(app, self.registry, chunk_size=self.config.dispatch_chunk_size)
-        )
+        self._dispatcher: Dispatcher | None = dispatcher
+        self._celery_dispatcher: CeleryDispatcher | None = None
+        self.inline_dispatcher = InlineDispatcher(self.runner.run, self._now)
+        """What runs executions under ``task_always_eager``: due ones inline, at the commit,
+        delayed ones on a timer when due."""
         if previous is not None:
             previous._retire(self)
             self.run_task: Any = previous.run_task
@@ -166,6 +169,33 @@ class Outbox:
         self._install_maintenance()
         self._install_cron()
         _outboxes[app] = self
+
+    def _now(self) -> datetime:
+        """The now of a push, a cancel and a trim: the runner's clock (a test's, see
+        :mod:`celery_outbox.testing`), so a push's delay and a retry's backoff are counted
+        on one clock; the system's time by default."""
+        clock = self.runner.clock
+        return utcnow() if clock is _SYSTEM_CLOCK else clock()
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """How this outbox's ids reach a worker: the ``dispatcher`` given to it; else, while
+        the app's ``task_always_eager`` is set (read at each dispatch, so setting it after
+        the Outbox was made takes effect), :attr:`inline_dispatcher`, which runs them in
+        this process as a worker would; else Celery (a :class:`CeleryDispatcher`, made at
+        its first use)."""
+        if self._dispatcher is not None:
+            return self._dispatcher
+        if self.app.conf.task_always_eager:
+            return self.inline_dispatcher
+        if self._celery_dispatcher is None:
+            self._celery_dispatcher = CeleryDispatcher(
+                self.app, self.registry, chunk_size=self.config.dispatch_chunk_size)
+        return self._celery_dispatcher
+
+    @dispatcher.setter
+    def dispatcher(self, value: Dispatcher | None) -> None:
+        self._dispatcher = value
 
     @classmethod
     def of(cls, app: Celery) -> Outbox:
@@ -208,6 +238,7 @@ class Outbox:
         celery_signals.worker_ready.disconnect(self._check_loop_soon)
         self.drain.disconnect()
         self.runner.heartbeat.retire()  # a handler of this one running now keeps its lease
+        self.inline_dispatcher.cancel()  # its eager timers: the successor's sweep runs those
         for job_name in self.ticker.schedules:
             self.app.conf.beat_schedule.pop(ENTRY_PREFIX + job_name, None)
         if self.registry.outbox is self and self.registry is not successor.registry:
@@ -311,7 +342,7 @@ class Outbox:
         """One trim: per job, delete finished rows beyond the newest keep_succeeded /
         keep_failed / keep_cancelled (a job's ``keep`` overrides). Returns the counts
         (``deleted``, ``jobs``)."""
-        moment = check_now(now) if now is not None else utcnow()
+        moment = check_now(now) if now is not None else self._now()
         return self._recorded("trim", lambda: self.trimmer.run_once(moment))
 
     def _recorded(self, task: str, run: Callable[[], R]) -> R:
@@ -420,7 +451,7 @@ class Outbox:
     ) -> list[UUID]:
         """:meth:`push_many`, in the push's span ``pushing`` (None: not traced)."""
         session = _check_target(session, connection)
-        now = utcnow()
+        now = self._now()  # the system's time, or a test's clock
         rows = self._new_rows(spec, payloads, now, keys, delay, scheduled_at, priority,
                               organization_id, triggered_by, triggered_by_name, index_items,
                               retry_of, traceparent)
@@ -493,7 +524,7 @@ class Outbox:
         (None: not traced)."""
         import asyncio
 
-        now = utcnow()
+        now = self._now()  # the system's time, or a test's clock
         rows = self._new_rows(spec, payloads, now, options["keys"], options["delay"],
                               options["scheduled_at"], options["priority"],
                               options["organization_id"], options["triggered_by"],
@@ -661,7 +692,7 @@ class Outbox:
         A handler running in this process sees ``ctx.cancelled`` at once; on another host,
         within one heartbeat interval. Sends ``job_cancel``.
         """
-        cancelled = self.store.cancel(execution_id, utcnow(), by=by, by_name=by_name,
+        cancelled = self.store.cancel(execution_id, self._now(), by=by, by_name=by_name,
                                       job_name=job_name)
         if cancelled is None:
             return False
