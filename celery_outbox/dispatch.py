@@ -195,6 +195,20 @@ class CeleryDispatcher:
         self._warm_pid: int | None = None  # the process whose caller ran _warm_up()
         self._current_link: BrokerLink | None = None  # the publisher's own broker connection
         atexit.register(self._at_exit, weakref.ref(self))
+        _DISPATCHERS.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child, before any of its threads runs: a lock, condition, queue or
+        event of the parent's may have been held or waited on by one of its threads at the
+        fork (the publishing thread holds the lock at the end of every publish), and that
+        thread is not in the child: each is made anew, nothing handed over is the child's."""
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._hurry = threading.Event()
+        self._queue = queue.SimpleQueue()
+        self._outstanding = self._queued = 0
+        self._thread = None
+        self._pid = os.getpid()
 
     # -- the caller's side ------------------------------------------------------------------
 
@@ -500,6 +514,19 @@ class CeleryDispatcher:
                     "celery_outbox: exiting with executions not yet published; "
                     "the sweep will dispatch them"
                 )
+
+
+_DISPATCHERS: weakref.WeakSet[CeleryDispatcher] = weakref.WeakSet()
+"""Every dispatcher of this process, each made anew in a forked child
+(:meth:`CeleryDispatcher._forked`)."""
+
+
+def _after_fork_in_child() -> None:
+    for dispatcher in list(_DISPATCHERS):
+        dispatcher._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _Group = tuple[str, int, datetime | None, TimeLimits | None]

@@ -42,6 +42,7 @@ class SameDatabase:
         self._verdicts: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._own: Identity | None = None
         self._lock = threading.Lock()
+        _CHECKS.add(self)
 
     # -- sync ------------------------------------------------------------------------------
 
@@ -151,3 +152,16 @@ def where(engine: Any) -> str:
     url = engine.url
     port = f":{url.port}" if url.port else ""
     return f"{url.drivername}://{url.host or ''}{port}/{url.database or ''}"
+
+
+_CHECKS: weakref.WeakSet[SameDatabase] = weakref.WeakSet()
+"""Every check of this process: its lock made anew in a forked child (a thread of the
+parent's may have held it at the fork, reading the database's identity)."""
+
+
+def _after_fork_in_child() -> None:
+    for check in list(_CHECKS):
+        check._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

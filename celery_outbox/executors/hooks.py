@@ -12,6 +12,7 @@ its greenlet bridge, so the same events fire in the same order.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -153,6 +154,14 @@ def _session_transaction_end(session: Session, transaction: SessionTransaction) 
 _SESSIONS_HOOKED: list[bool] = []
 """Not empty once :func:`_listen_sessions` registered the listeners."""
 _SESSIONS_LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _SESSIONS_LOCK
+    _SESSIONS_LOCK = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _listen_sessions() -> None:
