@@ -23,7 +23,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, exc
 
 from celery_outbox.contrib.django.conf import DEFAULT_ALIAS, database_url, outbox_settings
 from celery_outbox.dispatch import Dispatcher
@@ -103,9 +103,15 @@ def _follow_test_database(engine: Engine, alias: str) -> None:
     """Each connection of ``engine`` (derived from ``DATABASES[alias]``) opens the database
     Django's connection ``alias`` names when it opens: Django's test runner (``manage.py
     test``, pytest-django) points the alias at ``test_<NAME>`` after the project's Celery
-    module ran :func:`install`. A SQLite test database in memory is left alone: no other
-    connection can reach it."""
+    module ran :func:`install`. SQLite's default test database, in memory with a shared
+    cache (``file:memorydb_<alias>?mode=memory&cache=shared``), is opened by that URI: this
+    process's connections reach it while Django's connection keeps it alive (a worker
+    process cannot). A pooled connection opened on another name (before the rename, or
+    after the test database was destroyed) is replaced at its next checkout."""
     from django.db import connections
+
+    def current() -> str:
+        return str(connections[alias].settings_dict.get("NAME") or "")
 
     # SQLAlchemy runs do_connect listeners in the order added and stops at the first that
     # opens the connection (make_engine's own): the name is set first, then they run.
@@ -115,10 +121,14 @@ def _follow_test_database(engine: Engine, alias: str) -> None:
 
     def _current_name(dialect: Any, record: Any, cargs: list[Any],
                       cparams: dict[str, Any]) -> Any:
-        name = str(connections[alias].settings_dict.get("NAME") or "")
+        name = current()
+        record.info[_NAME_KEY] = name
         if name and dialect.name == "postgresql":
             cparams["dbname"] = name
-        elif name and name != ":memory:" and not name.startswith("file:") and cargs:
+        elif name.startswith("file:") and cargs:
+            cargs[0] = name  # Django's shared in-memory test database, by its URI
+            cparams["uri"] = True
+        elif name and name != ":memory:" and cargs:
             cargs[0] = os.path.abspath(name)
         for fn in others:
             opened = fn(dialect, record, cargs, cparams)
@@ -126,4 +136,36 @@ def _follow_test_database(engine: Engine, alias: str) -> None:
                 return opened
         return None
 
+    def _same_name(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        opened = record.info.get(_NAME_KEY)
+        if opened is not None and opened != current():
+            raise exc.DisconnectionError(
+                f"Django's {alias!r} now names {current()!r}, not {opened!r}")
+
     event.listen(engine, "do_connect", _current_name)
+    event.listen(engine, "checkout", _same_name)
+    _dispose_before_destroy(engine, connections[alias].creation)
+
+
+def _dispose_before_destroy(engine: Engine, creation: Any) -> None:
+    """Close ``engine``'s connections before Django's test runner drops the test database
+    (PostgreSQL refuses to drop a database other sessions are connected to: "database
+    test_<NAME> is being accessed by other users"). ``creation`` is the alias's
+    ``DatabaseCreation`` of this thread, the test runner's."""
+    destroy = creation.destroy_test_db
+    if getattr(destroy, "_celery_outbox_engines", None) is not None:
+        destroy._celery_outbox_engines.append(engine)
+        return
+    engines = [engine]
+
+    def destroy_test_db(*args: Any, **kwargs: Any) -> Any:
+        for each in engines:
+            each.dispose()
+        return destroy(*args, **kwargs)
+
+    destroy_test_db._celery_outbox_engines = engines  # type: ignore[attr-defined]
+    creation.destroy_test_db = destroy_test_db
+
+
+_NAME_KEY = "celery_outbox_django_name"
+"""The database name a connection was opened on (its pool record's ``info``)."""
