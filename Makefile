@@ -7,10 +7,10 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test,lint]"
+	$(BIN)/pip install -q -e ".[test,lint,docs]"
 	touch $@
 
-.PHONY: example test lint bench bench-web bench-peers faults chaos soak extras
+.PHONY: example test lint docs bench bench-web bench-peers faults chaos soak extras
 # `make example DASHBOARD=1`: afterwards, keep the dashboard running on the run's data.
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
@@ -24,6 +24,11 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check celery_outbox tests example_project examples bench
 	$(BIN)/mypy celery_outbox
 	$(BIN)/lint-imports --no-cache
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, anchor or
+# API reference fails the build. `.venv/bin/mkdocs serve` serves it while you write.
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
