@@ -1,5 +1,5 @@
-"""``python -m bench observe [--rounds N] [--n N] [--samples N] [--ops N]``: metrics and
-tracing on vs off.
+"""``python -m bench observe [--rounds N] [--n N] [--samples N] [--ops N] [--sample RATIO]
+[--spans]``: metrics and tracing on vs off.
 
 The outbox measured twice in each round, its two sides in turn (the order swapped every
 round), each side in a process of its own with its own worker, so that OpenTelemetry's
@@ -56,7 +56,7 @@ def start_tracing() -> None:
             return SpanExportResult.SUCCESS
 
     def provider() -> TracerProvider:
-        made = TracerProvider()
+        made = TracerProvider(sampler=sampler())
         made.add_span_processor(BatchSpanProcessor(Dropped()))
         return made
 
@@ -66,6 +66,96 @@ def start_tracing() -> None:
 
     if "worker" not in sys.argv:  # a worker's main process makes no span: its children do
         trace.set_tracer_provider(provider())
+
+
+def sampler() -> Any:
+    """The tracer provider's sampler: ``BENCH_SAMPLE`` (a ratio, 0 to 1) of the root traces
+    as ``ParentBased(TraceIdRatioBased(ratio))``, what a deployment sampling its traces
+    sets (``OTEL_TRACES_SAMPLER=parentbased_traceidratio``); unset: every trace (the SDK's
+    default, ``ParentBased(ALWAYS_ON)``)."""
+    from opentelemetry.sdk.trace.sampling import DEFAULT_ON, ParentBased, TraceIdRatioBased
+
+    ratio = os.environ.get("BENCH_SAMPLE")
+    return DEFAULT_ON if ratio is None else ParentBased(TraceIdRatioBased(float(ratio)))
+
+
+def spans(calls: int, rounds: int) -> None:
+    """``--spans``: the CPU time (``time.process_time``, this process's threads, the batch
+    processor's included) of the package's spans against the SDK's own floor for the same
+    spans, side by side: per push (``create`` and ``send``) and per execution (``receive``,
+    ``process`` and ``settle``). The floor is what any instrumentation making those spans
+    pays: ``start_span`` with as many attributes and the same links, each ``process`` and
+    ``send`` span made current while it runs, then ``end``; the package's side is
+    :mod:`celery_outbox.tracing` as the push and the runner call it."""
+    import time
+    import uuid
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+
+    from opentelemetry import context, trace
+
+    from celery_outbox import tracing
+
+    start_tracing()
+    found = tracing.tracer()
+    assert found is not None
+    job = "bench.app.noop"
+    attributes = {**tracing._base("create", "push", job),
+                  "messaging.message.id": str(uuid.uuid4()), tracing.ATTEMPT: 1,
+                  tracing.OUTCOME: "succeeded"}  # as many as the package's spans carry
+    row = SimpleNamespace(id=uuid.uuid4(), attempt=1, max_attempts=1, organization_id=None,
+                          traceparent=None, job_name=job)
+    started = datetime.now(timezone.utc)
+    created = found.start_span("create job").get_span_context()
+
+    def current(name: str, parent: Any = None, links: Any = None) -> None:
+        span = found.start_span(name, parent, attributes=attributes, links=links)
+        token = context.attach(trace.set_span_in_context(span))
+        context.detach(token)
+        span.end()
+
+    def floor_push() -> None:
+        current("create job")
+        current("send job")
+
+    def package_push() -> None:
+        with tracing.Pushing(found, job, 1) as pushing:
+            pushing.done([row.id])
+            parent = pushing.traceparent
+        with tracing.send(found, job, [row.id], parent):
+            pass
+        row.traceparent = parent
+
+    def floor_execution() -> None:
+        link = [trace.Link(created)]
+        found.start_span("receive job", attributes=attributes, links=link).end()
+        current("process job", links=link)
+        found.start_span("settle job", attributes=attributes).end()
+
+    def package_execution() -> None:
+        tracing.claimed(found, job, 1, [row], started)
+        ended = tracing.Processing(found, job, row).end("succeeded")
+        with tracing.Settling(found, [(row, "succeeded", ended)]):
+            pass
+
+    def cpu_us(fn: Any) -> float:
+        for _ in range(calls // 10):
+            fn()
+        began = time.process_time()
+        for _ in range(calls):
+            fn()
+        return (time.process_time() - began) / calls * 1e6
+
+    print(f"spans: CPU us per call, {calls:,} calls, {rounds} rounds, sampler "
+          f"{os.environ.get('BENCH_SAMPLE', 'every trace')}")
+    pairs = (("push (create, send)", floor_push, package_push),
+             ("execution (receive, process, settle)", floor_execution, package_execution))
+    for name, floor, package in pairs:
+        figures = [(cpu_us(floor), cpu_us(package)) for _ in range(rounds)]
+        print(f"| {name} | SDK floor {statistics.median(f for f, _ in figures):.1f} | "
+              f"celery_outbox {statistics.median(p for _, p in figures):.1f} | "
+              f"{statistics.median(p / f for f, p in figures):.2f}x | rounds "
+              + ", ".join(f"{f:.1f}/{p:.1f}" for f, p in figures) + " |")
 
 
 def side(n: int, samples: int, ops: int) -> dict[str, float]:
@@ -100,7 +190,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", metavar="PATH", help="write every per-round value as JSON")
     parser.add_argument("--observe", default="metrics,tracing",
                         help="what the on side turns on: metrics, tracing or both (default)")
+    parser.add_argument("--sample", type=float, metavar="RATIO",
+                        help="sample this ratio of the traces (ParentBased(TraceIdRatioBased));"
+                             " default: every trace")
+    parser.add_argument("--spans", action="store_true",
+                        help="only the spans' CPU cost against the SDK's floor, in process")
     args = parser.parse_args(argv)
+    if args.sample is not None:
+        if not 0 <= args.sample <= 1:
+            parser.error(f"--sample must be between 0 and 1, not {args.sample}")
+        os.environ["BENCH_SAMPLE"] = str(args.sample)
+    if args.spans:
+        spans(20_000, args.rounds)
+        return 0
     target = prepare(REDIS_DB)
     from bench import scenarios  # after prepare()
 

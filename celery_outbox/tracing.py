@@ -31,7 +31,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from types import TracebackType
+from functools import lru_cache
+from types import SimpleNamespace, TracebackType
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -46,6 +47,23 @@ TENANT = "celery_outbox.tenant"
 
 _cached: tuple[Any, Any] | None = None
 """(provider, its tracer of this package): asked once per provider."""
+
+_api: Any = None
+"""The OpenTelemetry API names a span needs, imported once (:func:`_otel`): a span made on
+the hot path pays no import statement's look-ups."""
+
+
+def _otel() -> Any:
+    global _api
+    if _api is None:
+        from opentelemetry import context, trace
+
+        _api = SimpleNamespace(
+            context=context, set_span_in_context=trace.set_span_in_context,
+            NonRecordingSpan=trace.NonRecordingSpan, SpanContext=trace.SpanContext,
+            TraceFlags=trace.TraceFlags, Link=trace.Link, SpanKind=trace.SpanKind,
+            Status=trace.Status, StatusCode=trace.StatusCode)
+    return _api
 
 
 def tracer() -> Tracer | None:
@@ -77,6 +95,12 @@ def remote(value: str | None) -> SpanContext | None:
     """The span context a stored ``traceparent`` names; None when absent or malformed."""
     if not value or len(value) < 55:
         return None
+    return _parse(value)
+
+
+@lru_cache(maxsize=1024)
+def _parse(value: str) -> SpanContext | None:
+    """:func:`remote` of a non-empty value (a span context is immutable: one per value)."""
     parts = value.split("-")
     if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff" or len(parts[1]) != 32 \
             or len(parts[2]) != 16 or len(parts[3]) != 2:
@@ -85,34 +109,37 @@ def remote(value: str | None) -> SpanContext | None:
         trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
     except ValueError:
         return None
-    from opentelemetry.trace import SpanContext, TraceFlags
-
-    found = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    api = _otel()
+    found = api.SpanContext(trace_id, span_id, is_remote=True, trace_flags=api.TraceFlags(flags))
     return found if found.is_valid else None
 
 
 def _base(operation_type: str, operation: str, job: str) -> dict[str, Any]:
+    return dict(_base_of(operation_type, operation, job))
+
+
+@lru_cache(maxsize=4096)
+def _base_of(operation_type: str, operation: str, job: str) -> dict[str, Any]:
+    """The attributes every span of ``operation`` on ``job`` carries (never mutated)."""
     return {"messaging.system": SYSTEM, "messaging.operation.type": operation_type,
             "messaging.operation.name": operation, "messaging.destination.name": job}
 
 
-def _links(contexts: Iterable[SpanContext | None]) -> list[Any]:
-    from opentelemetry.trace import Link
-
+def _links(contexts: Iterable[SpanContext | None]) -> list[Any] | None:
+    """One link per distinct context (None: no context, no link)."""
     seen: dict[tuple[int, int], Any] = {}
     for c in contexts:
-        if c is not None:
-            seen.setdefault((c.trace_id, c.span_id), Link(c))
-    return list(seen.values())
+        if c is not None and (c.trace_id, c.span_id) not in seen:
+            seen[(c.trace_id, c.span_id)] = _otel().Link(c)
+    return list(seen.values()) or None
 
 
 def _parented(context: SpanContext | None) -> Any:
     """An OpenTelemetry ``Context`` whose span is ``context`` (None: the current one's)."""
     if context is None:
         return None
-    from opentelemetry.trace import NonRecordingSpan, set_span_in_context
-
-    return set_span_in_context(NonRecordingSpan(context))
+    api = _otel()
+    return api.set_span_in_context(api.NonRecordingSpan(context))
 
 
 class Current:
@@ -120,21 +147,18 @@ class Current:
     context manager, closed at its end (an exception recorded on the span)."""
 
     def __init__(self, span: Span) -> None:
-        from opentelemetry import context, trace
-
+        api = _otel()
         self.span = span
-        self._token = context.attach(trace.set_span_in_context(span))
+        self._token = api.context.attach(api.set_span_in_context(span))
 
     def close(self, error: BaseException | None = None) -> None:
-        from opentelemetry import context
-        from opentelemetry.trace import Status, StatusCode
-
+        api = _otel()
         try:
             if error is not None:
                 self.span.record_exception(error)
-                self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}"))
+                self.span.set_status(api.Status(api.StatusCode.ERROR, type(error).__name__))
         finally:
-            context.detach(self._token)
+            api.context.detach(self._token)
             self.span.end()
 
     def __enter__(self) -> Current:
@@ -153,13 +177,12 @@ class Pushing(Current):
 
     def __init__(self, found: Tracer, job: str, count: int,
                  inherited: str | None = None) -> None:
-        from opentelemetry.trace import SpanKind
-
         attributes = _base("create", "push", job)
         if count != 1:
             attributes["messaging.batch.message_count"] = count
-        span = found.start_span(f"create {job}", kind=SpanKind.PRODUCER, attributes=attributes,
-                                links=_links([remote(inherited)]))
+        links = _links([remote(inherited)]) if inherited is not None else None
+        span = found.start_span(f"create {job}", kind=_otel().SpanKind.PRODUCER,
+                                attributes=attributes, links=links)
         super().__init__(span)
         self.own = traceparent(span.get_span_context())
         """The span's own context (the parent of its handover's ``send`` span)."""
@@ -177,15 +200,13 @@ class Pushing(Current):
 def send(found: Tracer, job: str, ids: Sequence[UUID], parent: str | None) -> Current:
     """The ``send <job>`` span of ``ids`` handed to the publisher, a child of ``parent`` (a
     stored ``traceparent``; None: the current span), current until closed."""
-    from opentelemetry.trace import SpanKind
-
     attributes = _base("send", "dispatch", job)
     if len(ids) == 1:
         attributes["messaging.message.id"] = str(ids[0])
     else:
         attributes["messaging.batch.message_count"] = len(ids)
-    span = found.start_span(f"send {job}", _parented(remote(parent)), kind=SpanKind.PRODUCER,
-                            attributes=attributes)
+    span = found.start_span(f"send {job}", _parented(remote(parent)),
+                            kind=_otel().SpanKind.PRODUCER, attributes=attributes)
     return Current(span)
 
 
@@ -193,14 +214,13 @@ def claimed(found: Tracer, job: str, requested: int, rows: Sequence[Any],
             started: datetime) -> None:
     """The ``receive <job>`` span of one claim: ``requested`` ids, ``rows`` claimed (each
     with ``id`` and ``traceparent``), begun at ``started`` (an aware datetime), ended now."""
-    from opentelemetry.trace import SpanKind
-
     attributes = _base("receive", "claim", job)
     attributes["messaging.batch.message_count"] = len(rows)
     attributes["celery_outbox.requested"] = requested
     if len(rows) == 1:
         attributes["messaging.message.id"] = str(rows[0].id)
-    span = found.start_span(f"receive {job}", kind=SpanKind.CLIENT, attributes=attributes,
+    span = found.start_span(f"receive {job}", kind=_otel().SpanKind.CLIENT,
+                            attributes=attributes,
                             links=_links(remote(r.traceparent) for r in rows),
                             start_time=int(started.timestamp() * 1e9))
     span.end()
@@ -212,27 +232,25 @@ class Processing(Current):
     handler runs; :meth:`end` names its outcome."""
 
     def __init__(self, found: Tracer, job: str, row: Any) -> None:
-        from opentelemetry.trace import SpanKind
-
         created = remote(row.traceparent)
         attributes = _base("process", "run", job)
         attributes.update({"messaging.message.id": str(row.id), ATTEMPT: row.attempt,
                            "celery_outbox.max_attempts": row.max_attempts})
         if row.organization_id is not None:
             attributes[TENANT] = row.organization_id
-        span = found.start_span(f"process {job}", _parented(created), kind=SpanKind.CONSUMER,
-                                attributes=attributes, links=_links([created]))
+        span = found.start_span(f"process {job}", _parented(created),
+                                kind=_otel().SpanKind.CONSUMER, attributes=attributes,
+                                links=_links([created]))
         super().__init__(span)
 
     def end(self, outcome: str, error: str | None = None) -> SpanContext:
         """End the span with ``outcome`` (``succeeded``, ``retried``, ``failed``,
         ``cancelled``, or ``stopped`` when nothing is to be written) and ``error`` (the first
         line of a failed attempt's error); answers its context (the outcome write's parent)."""
-        from opentelemetry.trace import Status, StatusCode
-
         self.span.set_attribute(OUTCOME, outcome)
         if error is not None:
-            self.span.set_status(Status(StatusCode.ERROR, error))
+            api = _otel()
+            self.span.set_status(api.Status(api.StatusCode.ERROR, error))
         context = self.span.get_span_context()
         self.close()
         return context
@@ -243,8 +261,6 @@ class Settling(Current):
     ``(row, outcome name, the handler span's context or None)``; a context manager."""
 
     def __init__(self, found: Tracer, writes: Sequence[tuple[Any, str, Any]]) -> None:
-        from opentelemetry.trace import SpanKind
-
         row = writes[0][0]
         attributes = _base("settle", "outcome", row.job_name)
         parent = None
@@ -255,7 +271,7 @@ class Settling(Current):
         else:
             attributes["messaging.batch.message_count"] = len(writes)
         span = found.start_span(f"settle {row.job_name}", _parented(parent),
-                                kind=SpanKind.CLIENT, attributes=attributes,
+                                kind=_otel().SpanKind.CLIENT, attributes=attributes,
                                 links=_links(w[2] for w in writes) if parent is None else None)
         super().__init__(span)
 
