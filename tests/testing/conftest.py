@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import PG_ADDRESS, PG_ADMIN_URL, require
 
+collect_ignore = ["usersuite"]  # a user's suite: run in a subprocess of its own, never here
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 

@@ -1,0 +1,133 @@
+"""Eager mode (``task_always_eager``) behaves as a worker would: an execution due now runs at
+the commit, inline; a delayed push, or a retry's backoff, runs when it is due (a worker holds
+a message with an ``eta`` until then), not at the next sweep minutes later; and the setting
+takes effect whenever it is set, also after ``Outbox(app)`` was made."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
+from celery_outbox.dispatch import CeleryDispatcher
+from celery_outbox.testing import assert_pushed
+
+
+class Item(BaseModel):
+    n: int
+
+
+class Shop:
+    """An app of its own: its Outbox, one job that records each run (failing its first
+    attempt for a negative ``n``)."""
+
+    def __init__(self, url: str) -> None:
+        self.app = Celery(f"eager-{uuid.uuid4().hex[:8]}", broker="memory://")
+        self.registry = JobRegistry()
+        self.outbox = Outbox(self.app, database_url=url, registry=self.registry,
+                             table_name=f"ob_{uuid.uuid4().hex[:10]}")
+        self.outbox.create_schema()
+        self.runs: list[tuple[int, int, float, str]] = []
+        runs = self.runs
+
+        @outbox_job(name="eager.record", schema=Item, registry=self.registry,
+                    retry=RetryPolicy(retries=1, backoff=timedelta(milliseconds=300),
+                                      jitter=False))
+        def record(ctx: JobContext[Item]) -> None:
+            if ctx.payload.n < 0 and ctx.attempt == 1:
+                raise RuntimeError("first attempt fails")
+            runs.append((ctx.payload.n, ctx.attempt, time.monotonic(),
+                         threading.current_thread().name))
+
+        self.job = record
+
+    def close(self) -> None:
+        self.outbox.inline_dispatcher.cancel()
+        self.outbox.runner.heartbeat.stop()
+        self.outbox.drop_schema()
+        self.outbox.engine.dispose()
+
+
+@pytest.fixture
+def shop(database: tuple[str, str]) -> Iterator[Shop]:
+    made = Shop(database[1])
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def wait_for(done: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    """Poll ``done()`` until it holds; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.01)
+
+
+def test_eager_set_after_the_outbox_was_made_takes_effect(shop: Shop) -> None:
+    assert isinstance(shop.outbox.dispatcher, CeleryDispatcher)
+    shop.app.conf.task_always_eager = True
+    with Session(shop.outbox.engine) as session, session.begin():
+        shop.job.push({"n": 1}, session=session)
+        assert shop.runs == []  # not before the commit
+    assert [(n, attempt, thread) for n, attempt, _, thread in shop.runs] == [
+        (1, 1, threading.current_thread().name)]  # at the commit, inline
+    shop.app.conf.task_always_eager = False
+    assert isinstance(shop.outbox.dispatcher, CeleryDispatcher)
+
+
+def test_a_delayed_push_runs_when_it_is_due(shop: Shop) -> None:
+    shop.app.conf.task_always_eager = True
+    pushed_at = time.monotonic()
+    shop.job.push({"n": 2}, delay=timedelta(milliseconds=400))
+    assert shop.runs == []
+    assert_pushed(shop.job, status="scheduled", count=1)
+    wait_for(lambda: bool(shop.runs), "the delayed push ran")
+    [(n, attempt, ran_at, _)] = shop.runs
+    assert (n, attempt) == (2, 1)
+    assert ran_at - pushed_at >= 0.4
+
+
+def test_a_retry_runs_when_its_backoff_is_over(shop: Shop) -> None:
+    shop.app.conf.task_always_eager = True
+    pushed_at = time.monotonic()
+    shop.job.push({"n": -3})  # the first attempt fails at once, inline
+    [row] = assert_pushed(shop.job, status="scheduled")
+    assert row.attempt == 1
+    wait_for(lambda: bool(shop.runs), "the retry ran")
+    [(n, attempt, ran_at, _)] = shop.runs
+    assert (n, attempt) == (-3, 2)
+    assert ran_at - pushed_at >= 0.3
+
+
+def test_a_delayed_push_cancelled_meanwhile_does_not_run(shop: Shop) -> None:
+    shop.app.conf.task_always_eager = True
+    execution_id = shop.job.push({"n": 4}, delay=timedelta(milliseconds=200))
+    assert shop.job.cancel(execution_id)
+    wait_for(lambda: shop.outbox.inline_dispatcher.pending == 0, "the timer fired")
+    assert shop.runs == []
+    assert_pushed(shop.job, status="cancelled", count=1)
+
+
+def test_a_second_outbox_drops_the_first_ones_timers(shop: Shop,
+                                                     database: tuple[str, str]) -> None:
+    shop.app.conf.task_always_eager = True
+    shop.job.push({"n": 5}, delay=timedelta(minutes=5))
+    first = shop.outbox
+    assert first.inline_dispatcher.pending == 1
+    second = Outbox(shop.app, database_url=database[1], registry=shop.registry,
+                    table_name=first.config.table_name)
+    try:
+        assert first.inline_dispatcher.pending == 0
+    finally:
+        second.runner.heartbeat.stop()
+        second.engine.dispose()

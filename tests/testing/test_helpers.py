@@ -1,0 +1,104 @@
+"""The helpers in-process, on an app of its own: the clock, the tester's set-up and
+tear-down, drain's limits, and the errors each helper raises."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+from pydantic import BaseModel
+
+from celery_outbox import ConfigurationError, JobContext, JobRegistry, Outbox, outbox_job
+from celery_outbox.dispatch import CeleryDispatcher
+from celery_outbox.jobs import OutboxJob
+from celery_outbox.testing import Clock, OutboxTester, assert_pushed, drain, pushed
+
+
+class Item(BaseModel):
+    n: int
+
+
+@pytest.fixture
+def outbox(database: tuple[str, str]) -> Iterator[Outbox]:
+    app = Celery(f"helpers-{uuid.uuid4().hex[:8]}", broker="memory://")
+    made = Outbox(app, database_url=database[1], registry=JobRegistry(),
+                  table_name=f"ob_{uuid.uuid4().hex[:10]}")
+    try:
+        yield made
+    finally:
+        made.runner.heartbeat.stop()
+        made.drop_schema()
+        made.engine.dispose()
+
+
+@pytest.fixture
+def forever(outbox: Outbox) -> OutboxJob[Item]:
+    @outbox_job(name="helpers.forever", schema=Item, registry=outbox.registry)
+    def forever(ctx: JobContext[Item]) -> None:
+        forever_job.push({"n": ctx.payload.n + 1})
+
+    forever_job = forever
+    return forever
+
+
+def test_the_clock_follows_the_system_until_moved() -> None:
+    clock = Clock()
+    before = datetime.now(timezone.utc)
+    assert before <= clock() <= datetime.now(timezone.utc)
+    moved = clock.advance(minutes=5)
+    assert moved - datetime.now(timezone.utc) > timedelta(minutes=4)
+    clock.advance(timedelta(seconds=1))
+    frozen = Clock(at=datetime(2030, 1, 1, tzinfo=timezone.utc))
+    assert frozen() == frozen() == datetime(2030, 1, 1, tzinfo=timezone.utc)
+    assert frozen.advance(hours=1) == datetime(2030, 1, 1, 1, tzinfo=timezone.utc)
+    target = datetime(2031, 6, 1, 12, tzinfo=timezone.utc)
+    assert frozen.travel_to(target) == frozen() == target
+    with pytest.raises(ConfigurationError, match="duration >= 0"):
+        clock.advance(seconds=-1)
+    with pytest.raises(ConfigurationError, match="aware"):
+        Clock(at=datetime(2030, 1, 1))
+
+
+def test_the_tester_puts_the_outbox_back(outbox: Outbox, forever: OutboxJob[Item]) -> None:
+    with outbox.engine.connect() as conn:
+        assert not outbox.engine.dialect.has_table(conn, outbox.tables.executions.name)
+    with OutboxTester(outbox) as tester:  # creates the missing tables
+        assert outbox.runner.clock is tester.clock and outbox.store.db_clock is tester.clock
+        forever.push({"n": 1}, delay=timedelta(minutes=1))
+        [row] = assert_pushed(forever, status="scheduled")
+        assert row.scheduled_at is not None
+        assert row.scheduled_at - tester.clock() > timedelta(seconds=59)
+        assert [i.execution_id for i in tester.dispatched] == [row.id]
+        tester.advance(hours=2)
+        forever.push({"n": 2}, delay=timedelta(hours=1))  # a push's now is the clock's
+        assert pushed(forever, payload={"n": 2})[0].scheduled_at > tester.clock()  # type: ignore[operator]
+    assert outbox.store.db_clock is None
+    assert isinstance(outbox.dispatcher, CeleryDispatcher)
+    assert pushed(forever) == []  # cleaned at close
+
+
+def test_drain_stops_a_job_that_pushes_itself_for_ever(outbox: Outbox,
+                                                      forever: OutboxJob[Item]) -> None:
+    with OutboxTester(outbox):
+        forever.push({"n": 0})
+        with pytest.raises(AssertionError, match="more than limit=5"):
+            drain(outbox, limit=5)
+    with pytest.raises(ConfigurationError, match="limit"):
+        drain(outbox, limit=0)
+
+
+def test_bad_arguments_are_named(outbox: Outbox, forever: OutboxJob[Item]) -> None:
+    with OutboxTester(outbox) as tester:
+        with pytest.raises(ConfigurationError, match="unknown status 'done'"):
+            tester.pushed(forever, status="done")
+        with pytest.raises(ConfigurationError, match="count must be"):
+            tester.assert_pushed(forever, count=-1)
+        with pytest.raises(Exception, match="n"):
+            tester.assert_pushed(forever, payload={"n": "not a number"})
+        with pytest.raises(ConfigurationError, match="within"):
+            tester.drain(within=timedelta(seconds=-1))
+        with pytest.raises(ConfigurationError, match="takes an Outbox"):
+            OutboxTester("outbox")  # type: ignore[arg-type]
