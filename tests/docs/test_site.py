@@ -11,6 +11,7 @@ has no network); ``mailto:`` and the like are skipped.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -102,6 +103,25 @@ def test_the_site_builds_strict_and_has_every_page(site: Path) -> None:
 def test_every_link_of_the_built_site_resolves(site: Path) -> None:
     broken = broken_links(site)
     assert not broken, "\n".join(broken[:50])
+
+
+def test_every_relative_link_of_the_readme_resolves(site: Path) -> None:
+    """The README is the landing page on the repository's host: its links into docs/ name
+    pages of the site (and their anchors ids of the built page), its other links files."""
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text("utf-8")):
+        parts = urlsplit(link)
+        if parts.scheme or parts.netloc:
+            continue
+        target = ROOT / unquote(parts.path)
+        if not target.exists():
+            broken.append(f"{link} (no such file)")
+        elif parts.fragment and target.suffix == ".md":
+            page = target.relative_to(ROOT / "docs").with_suffix("")
+            built = site / ("index.html" if page.name == "index" else page / "index.html")
+            if unquote(parts.fragment) not in _parse(built).ids:
+                broken.append(f"{link} (no id {parts.fragment!r} in the built page)")
+    assert not broken, "\n".join(broken)
 
 
 def test_the_checker_finds_a_broken_file_and_a_broken_anchor(tmp_path: Path) -> None:
