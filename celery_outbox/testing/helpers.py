@@ -375,9 +375,12 @@ def drain(target: Outbox | OutboxJob[Any] | None = None, *,
           within: timedelta | None = None, limit: int = DRAIN_LIMIT) -> DrainResult:
     """Run every due execution of the outbox (``target``: an Outbox, or a job it serves;
     default the outbox of the default registry) through the real runner, inline, until none
-    is due: see :meth:`OutboxTester.drain`. Without a tester the clock is the outbox's own
-    (the system's time unless a tester installed one)."""
-    return _drain(_outbox_of(target), None, within, limit)
+    is due: see :meth:`OutboxTester.drain`. The clock is the one an :class:`OutboxTester`
+    installed on the outbox; without one, the system's time, and ``within`` is refused
+    (:class:`ConfigurationError`: there is no clock to move)."""
+    outbox = _outbox_of(target)
+    clock = outbox.runner.clock
+    return _drain(outbox, clock if isinstance(clock, Clock) else None, within, limit)
 
 
 def _drain(outbox: Outbox, clock: Clock | None, within: timedelta | None,
