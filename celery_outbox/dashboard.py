@@ -91,6 +91,7 @@ class JobOverview:
     dashboard's ``count_cap`` (``capped`` lists the statuses that reached it: "at least").
     ``oldest_pending_at``: creation time of the oldest pending row; ``oldest_pending_age``
     its age at ``generated_at``. ``last_hour``: :data:`HOUR_BUCKETS` buckets, oldest first.
+    ``parallel``: how many handlers of one message the job runs at once (1: one at a time).
     """
 
     name: str
@@ -113,6 +114,7 @@ class JobOverview:
     recent_succeeded: int
     recent_failed: int
     last_hour: tuple[OutcomeBucket, ...]
+    parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -498,4 +500,5 @@ def _job_overview(
         last_run_at=last_run, last_status=last_status,
         recent_succeeded=sum(b.succeeded for b in buckets),
         recent_failed=sum(b.failed for b in buckets), last_hour=buckets,
+        parallel=spec.parallel,
     )

@@ -53,6 +53,7 @@ class JobView(_View):
     after the first attempt. ``succeeded`` / ``failed``: finished rows the table holds for the
     job (what ``record`` / ``keep`` and the trim leave: by default a queue job keeps only its
     failures); ``last_run_at`` / ``last_status``: the newest of them (aware UTC, or None).
+    ``parallel``: how many handlers of one message the job runs at once (1: one at a time).
     """
 
     name: str
@@ -69,6 +70,7 @@ class JobView(_View):
     failed: int
     last_run_at: datetime | None
     last_status: str | None
+    parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def _job_view(spec: JobSpec, stats: JobStats | None) -> JobView:
         priority=spec.priority.label, timeout=spec.timeout, retries=spec.retry.retries,
         queue=spec.queue, record=spec.record, description=spec.description,
         succeeded=stats.succeeded if stats else 0, failed=stats.failed if stats else 0,
-        last_run_at=last_run, last_status=last_status,
+        last_run_at=last_run, last_status=last_status, parallel=spec.parallel,
     )
 
 

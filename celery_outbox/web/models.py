@@ -66,6 +66,7 @@ class JobOut(BaseModel):
     recent_succeeded: int
     recent_failed: int
     last_hour: list[BucketOut]
+    parallel: int
 
     @classmethod
     def of(cls, j: JobOverview) -> JobOut:
@@ -80,7 +81,7 @@ class JobOut(BaseModel):
             last_run_at=j.last_run_at, last_status=j.last_status,
             recent_succeeded=j.recent_succeeded, recent_failed=j.recent_failed,
             last_hour=[BucketOut(start=b.start, succeeded=b.succeeded, failed=b.failed)
-                       for b in j.last_hour],
+                       for b in j.last_hour], parallel=j.parallel,
         )
 
 

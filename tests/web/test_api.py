@@ -567,3 +567,22 @@ def test_pages_answer_bad_input_with_a_page_naming_it(
         assert names in r.text and r.headers["content-type"].startswith("text/html"), path
     r = client.post("/login", data={"username": "ops", "password": "wrong"})
     assert r.status_code == 401 and "unknown user or wrong password" in r.text
+
+
+def test_a_parallel_job_says_how_many_handlers_run_at_once_in_the_views_the_api_and_the_page(
+    registry: JobRegistry, jobs: Jobs, web_outbox: Outbox, auth: Any
+) -> None:
+    @outbox_job(schema=Order, name="shop.fan_out", parallel=8, registry=registry)
+    def fan_out(ctx: JobContext[Order]) -> None:
+        return None
+
+    views = {v.name: v for v in web_outbox.admin.list_jobs()}
+    assert views["shop.fan_out"].parallel == 8
+    assert views[jobs["receipt"].name].parallel == 1
+    app = create_app(web_outbox, auth=auth, cache_for=timedelta(0))
+    with TestClient(app) as c:
+        listed = {j["name"]: j for j in c.get("/api/v1/jobs", headers=bearer()).json()["jobs"]}
+        page = c.get("/", headers=bearer()).text
+    assert listed["shop.fan_out"]["parallel"] == 8
+    assert listed[jobs["receipt"].name]["parallel"] == 1
+    assert "parallel 8" in page and page.count("parallel ") == 1
