@@ -13,6 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.1.0"
+"""The package's version, its one source: ``pyproject.toml`` reads it from here
+(``[tool.setuptools.dynamic]``), so the distribution's metadata says the same."""
+
 if TYPE_CHECKING:
     from celery_outbox.config import OutboxConfig
     from celery_outbox.context import JobContext
@@ -86,6 +90,7 @@ __all__ = [
     "RetryPolicy",
     "Status",
     "StorageError",
+    "__version__",
     "metadata",
     "outbox_job",
 ]

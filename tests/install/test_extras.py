@@ -21,8 +21,9 @@ locally and fails it when ``CI`` is set.
 
 The default suite runs the bounded cases ``core`` and ``redis`` (the reported bug: kombu's
 Redis transport imports ``packaging``), 45 to 70 s on two busy cores with a warm pip cache; CI
-runs ``ON_CI``. All seven:
+runs ``ON_CI``. All eight:
 ``OUTBOX_TEST_EXTRAS=all`` (``make extras``), or a list: ``OUTBOX_TEST_EXTRAS=web,async``.
+The core alone is also installed on every run from the sdist (:mod:`tests.install.test_release`).
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ pytestmark = pytest.mark.extras
 
 EXTRAS = ("core", "redis", "amqp", "web", "async", "django", "tracing", "metrics")
 DEFAULT = ("redis",)  # the core and the Redis extra in one venv: the default suite's bounded case
-ON_CI = ("core", "redis", "web", "django")
-"""Under CI: the core alone and the extras whose worker needs more than the core's imports
-(the dashboard's server, Django's settings); ``[amqp]`` and ``[async]`` in ``make extras``."""
+ON_CI = ("redis", "web", "django")
+"""Under CI: the extras whose worker needs more than the core's imports (the dashboard's
+server, Django's settings); the core alone from the wheel, ``[amqp]`` and ``[async]`` in
+``make extras`` (the core alone from the sdist: tests/install/test_release.py, every run)."""
 HERE = Path(__file__).resolve().parent
 INSTALL_TIMEOUT = 300.0  # seconds for one venv's pip install (a cold cache downloads a lot)
 READY_TIMEOUT = 60.0
@@ -139,11 +141,7 @@ class Installs:
 
     def _build_wheel(self) -> Path:
         """``pip wheel`` of a copy of the tree (the build leaves nothing in the work tree)."""
-        source = self.root / "source"
-        shutil.copytree(procs.ROOT / "celery_outbox", source / "celery_outbox",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy2(procs.ROOT / name, source / name)
+        source = copy_source(self.root / "source")
         out = self.root / "wheel"
         run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
              str(source)], self.root / "wheel.log", INSTALL_TIMEOUT)
@@ -166,6 +164,20 @@ class Installs:
         run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
              "-q", "--no-compile", requirement], log, INSTALL_TIMEOUT, env=clean_env(venv))
         return venv
+
+
+SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in")
+"""What a build reads besides the package (``license-files``, the sdist's ``MANIFEST.in``)."""
+
+
+def copy_source(dest: Path) -> Path:
+    """A copy of what a build of this tree reads, at ``dest`` (a build writes ``build/`` and
+    ``*.egg-info`` next to its source: never in the work tree)."""
+    shutil.copytree(procs.ROOT / "celery_outbox", dest / "celery_outbox",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in SOURCE_FILES:
+        shutil.copy2(procs.ROOT / name, dest / name)
+    return dest
 
 
 def clean_env(venv: Path, **extra: str) -> dict[str, str]:
