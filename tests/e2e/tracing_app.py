@@ -1,7 +1,8 @@
 """``celery -A tests.e2e.tracing_app worker``: the e2e app (:mod:`tests.e2e.app`, the same
 settings from the environment) whose worker processes trace with OpenTelemetry's SDK: each
-pool process sets its tracer provider when it starts (``worker_process_init``, as the README
-says to), exporting every span as a JSON line to ``$OUTBOX_TRACE_DIR/spans-<pid>.jsonl``.
+pool process sets its tracer provider when it starts (``worker_process_init``, as
+docs/guides/observability.md says to), exporting every span as a JSON line to
+``$OUTBOX_TRACE_DIR/spans-<pid>.jsonl``.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ async def aengine(aoutbox: Outbox, driver: str) -> AsyncIterator[AsyncEngine]:
 
 
 def _begin_recipe(engine: Any) -> None:
-    """SQLAlchemy's pysqlite / aiosqlite recipe, as the README asks of an engine of one's
+    """SQLAlchemy's pysqlite / aiosqlite recipe, as the docs ask of an engine of one's
     own: the driver's implicit transactions off, BEGIN on SQLAlchemy's begin."""
 
     @event.listens_for(engine, "connect")

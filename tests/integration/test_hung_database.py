@@ -31,7 +31,8 @@ from tests.threads import run_concurrently
 FULL = os.environ.get("OUTBOX_TEST_FAULTS") == "full"
 """Every push kind (one, keyed, many) instead of one: about 15 s each (make faults)."""
 PUSH_BOUND = (POOL_TIMEOUT + CONNECT_TIMEOUT + IO_TIMEOUT).total_seconds()
-"""What the README promises: a push on the outbox's own engine returns or raises within this."""
+"""What the docs promise (docs/guides/deployment.md, "Timeouts"): a push on the outbox's own
+engine returns or raises within this."""
 MARGIN = 3.0
 
 

@@ -8,8 +8,8 @@ Found by review: the runner gave up on the hand-back of the next row after one f
 database still hung); the proxy then delivered the timed-out statement, whose start mark
 landed, and the rescuer failed that attempt ("lease expired", no retry left) though its handler
 never ran. Now the hand-back is tried again, the rows heartbeated meanwhile, for up to a lease.
-(A hang longer than the lease still lets the rescuer count that attempt: README, "Crash
-safety".)"""
+(A hang longer than the lease still lets the rescuer count that attempt:
+docs/concepts/crash-safety.md.)"""
 
 from __future__ import annotations
 

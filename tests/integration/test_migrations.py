@@ -290,7 +290,7 @@ def test_sqlite_upgrade_head_equals_create_schema_and_downgrades(tmp_path: Path)
 def test_the_revisions_ride_along_in_an_applications_own_alembic_environment(
     new_database: Callable[[], str], tmp_path: Path
 ) -> None:
-    """As the README shows: version_locations += celery_outbox:migrations/versions."""
+    """As docs/guides/upgrades.md shows: version_locations += celery_outbox:migrations/versions."""
     url = new_database()
     app_dir = tmp_path / "app_migrations"
     (app_dir / "versions").mkdir(parents=True)

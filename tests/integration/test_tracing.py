@@ -286,7 +286,7 @@ def test_a_span_the_handler_starts_is_a_child_of_its_handler_span(
 
 
 class JsonFormatter(logging.Formatter):
-    """The README's recipe ("Structured logs"), as it is there."""
+    """The docs' recipe (docs/guides/observability.md, "Structured logs"), as it is there."""
 
     FIELDS = ("execution_id", "job", "attempt", "tenant")
 

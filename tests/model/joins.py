@@ -632,7 +632,7 @@ class JoinsMachine(RuleBasedStateMachine):
 
 
 def _begin_recipe(engine: Engine) -> None:
-    """SQLAlchemy's recipe for pysqlite / aiosqlite (the README asks it of an engine of the
+    """SQLAlchemy's recipe for pysqlite / aiosqlite (the docs ask it of an engine of the
     caller's own): the driver's own transaction handling off, a BEGIN on SQLAlchemy's begin.
     Without it a savepoint that opens the transaction is one of its own, which its release
     commits while the caller's transaction is still open."""

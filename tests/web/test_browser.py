@@ -6,7 +6,7 @@ would run them. Skipped locally without ``/usr/bin/chromium``; FAILS when ``CI``
 (``.ci/run`` installs it).
 
 The operator's walk saves a screenshot of the overview; with ``OUTBOX_SCREENSHOT=1`` to
-``docs/overview.png`` (the README shows it), else to the test's temporary directory.
+``docs/overview.png`` (docs/guides/dashboard.md shows it), else to the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "overview.png"
-"""Where the README's screenshot lives: written only with ``OUTBOX_SCREENSHOT=1`` set (a test
+"""Where the docs' screenshot lives: written only with ``OUTBOX_SCREENSHOT=1`` set (a test
 run leaves the checkout as it was)."""
 Jobs = dict[str, OutboxJob[Any]]
 
