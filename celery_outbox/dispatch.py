@@ -43,6 +43,7 @@ import atexit
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -551,6 +552,23 @@ def _argsrepr(job_name: str, ids: list[str]) -> str:
     return f"({job_name!r}, [{ids[0]!r}, ... {len(ids)} ids])"
 
 
+def _close_thread_django_connections() -> None:
+    """At the end of an eager timer's thread: Django's connections this thread opened (a
+    handler writing through the ORM), which nothing else would close (a test database
+    could then not be dropped). Nothing unless Django is imported and configured."""
+    django_db = sys.modules.get("django.db")
+    if django_db is None:
+        return
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            django_db.connections.close_all()
+    except Exception:
+        log.debug("celery_outbox: closing the eager thread's Django connections failed",
+                  exc_info=True)
+
+
 class InlineDispatcher:
     """Runs each dispatched execution in this process, as a worker would (tests, eager mode).
 
@@ -573,6 +591,7 @@ class InlineDispatcher:
         self.run = run
         self.clock = clock
         self._timers: set[threading.Timer] = set()
+        self._running: set[threading.Timer] = set()
         self._lock = threading.Lock()
 
     def dispatch(self, items: Sequence[DispatchItem]) -> None:
@@ -596,13 +615,20 @@ class InlineDispatcher:
     def _later(self, job_name: str, ids: list[UUID], seconds: float) -> None:
         def fire() -> None:
             with self._lock:
+                if timer not in self._timers:
+                    return  # cancelled as it fired
                 self._timers.discard(timer)
+                self._running.add(timer)
             try:
                 self.run(job_name, ids)
             except Exception:
                 log.exception("celery_outbox: an eager run of %d execution(s) of %r that "
                               "came due failed; the sweep will pick them up", len(ids),
                               job_name)
+            finally:
+                _close_thread_django_connections()
+                with self._lock:
+                    self._running.discard(timer)
 
         timer = threading.Timer(seconds, fire)
         timer.daemon = True
@@ -613,17 +639,24 @@ class InlineDispatcher:
 
     @property
     def pending(self) -> int:
-        """How many timers (groups of executions not yet due) wait."""
+        """How many timers (groups of executions not yet due, or running) there are."""
         with self._lock:
-            return len(self._timers)
+            return len(self._timers) + len(self._running)
 
-    def cancel(self) -> int:
+    def cancel(self, wait: timedelta = timedelta(seconds=10)) -> int:
         """Drop every timer not yet fired (their rows stay scheduled: the sweep, or a test's
-        ``drain()``, runs them when due); how many were dropped."""
+        ``drain()``, runs them when due), and wait up to ``wait`` for those running to
+        end (their handler and outcome write; a test tearing its database down must not
+        find them still connected); how many were dropped."""
         with self._lock:
             timers, self._timers = self._timers, set()
+            running = list(self._running)
         for timer in timers:
             timer.cancel()
+        deadline = time.monotonic() + wait.total_seconds()
+        for timer in running:
+            if timer is not threading.current_thread():
+                timer.join(max(0.0, deadline - time.monotonic()))
         return len(timers)
 
     def flush(self, timeout: timedelta) -> bool:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import PG_ADDRESS, PG_ADMIN_URL, require
 
-collect_ignore = ["usersuite"]  # a user's suite: run in a subprocess of its own, never here
+collect_ignore = ["usersuite", "pytestdjango"]  # users' suites: run in subprocesses
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -7,15 +7,18 @@ project's tests use ``celery_outbox.testing`` (``djangosite/orders/tests.py``)."
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tests.testing.conftest import ROOT, run
+import pytest
+
+from celery_outbox.contrib.django.conf import url_of
+from tests.testing.conftest import HERE, ROOT, run
 
 
-def test_djangos_test_runner_with_the_outbox(database: tuple[str, str],
-                                             tmp_path: Path) -> None:
-    kind, url = database
+def _env(kind: str, url: str, tmp_path: Path) -> dict[str, str]:
     env = {"DJANGO_SETTINGS_MODULE": "tests.testing.djangosite.settings", "OUTBOX_TT_DB": kind,
            "PYTHONPATH": str(ROOT)}
     if kind == "pg":
@@ -26,6 +29,13 @@ def test_djangos_test_runner_with_the_outbox(database: tuple[str, str],
                    OUTBOX_TT_PG_USER=parts.username or "root")
     else:
         env["OUTBOX_TT_SQLITE"] = str(tmp_path / "orders.sqlite3")
+    return env
+
+
+def test_djangos_test_runner_with_the_outbox(database: tuple[str, str],
+                                             tmp_path: Path) -> None:
+    kind, url = database
+    env = _env(kind, url, tmp_path)
     done = run(["-m", "django", "test", "tests.testing.djangosite.orders", "--noinput",
                 "-v", "2"], env, ROOT)
     assert done.returncode == 0, f"Django's test runner failed on {kind}"
@@ -46,3 +56,33 @@ def test_djangos_test_runner_with_the_outbox(database: tuple[str, str],
             admin.dispose()
     else:
         assert not (tmp_path / "orders.sqlite3").exists()  # nothing went to the file NAME
+
+
+def test_pytest_django_with_the_plugin(database: tuple[str, str], tmp_path: Path) -> None:
+    """A pytest-django suite (``pytestdjango/``) whose Outbox comes from the ini option,
+    imported once pytest-django made the test database: on SQLite, Django's shared in-memory
+    database by its URI. pytest-django is no dependency of the test suite (its plugin would
+    load in every run of ours): skipped when it is not installed."""
+    if importlib.util.find_spec("pytest_django") is None:
+        pytest.skip("pytest-django is not installed")
+    kind, url = database
+    suite = tmp_path / "suite"
+    shutil.copytree(HERE / "pytestdjango", suite, ignore=shutil.ignore_patterns("__pycache__"))
+    done = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                "--ds=tests.testing.djangosite.settings", f"--rootdir={suite}", str(suite)],
+               _env(kind, url, tmp_path), suite)
+    assert done.returncode == 0, f"the pytest-django suite failed on {kind}"
+    assert "2 passed" in done.stdout
+
+
+def test_the_url_of_djangos_sqlite_test_database() -> None:
+    """``install()`` after the test runner renamed the alias (pytest-django, an ini option
+    imported late): the shared in-memory database by its URI; any other in-memory database
+    is still refused."""
+    from celery_outbox import ConfigurationError
+
+    name = "file:memorydb_default?mode=memory&cache=shared"
+    assert url_of({"ENGINE": "django.db.backends.sqlite3", "NAME": name}) == (
+        f"sqlite:///{name}&uri=true")
+    with pytest.raises(ConfigurationError, match="in-memory"):
+        url_of({"ENGINE": "django.db.backends.sqlite3", "NAME": "file:x?mode=memory"})

@@ -63,11 +63,19 @@ def url_of(db: Mapping[str, Any], alias: str = DEFAULT_ALIAS) -> str:
     ``host`` parameter (``?host=%2Fvar%2Frun%2Fpostgresql``, with ``port`` beside it), since
     a URL's host part holds neither.
 
-    Raises :class:`ConfigurationError` for another engine or an in-memory SQLite database.
+    A shared in-memory SQLite database named by its URI (Django's default SQLite test
+    database, ``file:memorydb_default?mode=memory&cache=shared``, once the test runner
+    renamed the alias) gives ``sqlite:///<that URI>&uri=true``: reachable from this process
+    only, while Django's connection keeps it alive.
+
+    Raises :class:`ConfigurationError` for another engine or any other in-memory SQLite
+    database.
     """
     engine = str(db.get("ENGINE", ""))
     name = str(db.get("NAME") or "")
     if engine.endswith(".sqlite3"):
+        if _shared_memory(name):  # Django's SQLite test database: this process's only
+            return f"sqlite:///{name}{'&' if '?' in name else '?'}uri=true"
         if not name or name == ":memory:" or name.startswith("file:"):
             raise ConfigurationError(
                 f"DATABASES[{alias!r}] is an in-memory SQLite database; the outbox's workers "
@@ -80,6 +88,12 @@ def url_of(db: Mapping[str, Any], alias: str = DEFAULT_ALIAS) -> str:
         f"DATABASES[{alias!r}] uses {engine!r}; celery_outbox runs on "
         "django.db.backends.postgresql or django.db.backends.sqlite3"
     )
+
+
+def _shared_memory(name: str) -> bool:
+    """``name`` is the URI of a shared in-memory SQLite database (Django's test database)."""
+    query = name.partition("?")[2].split("&")
+    return name.startswith("file:") and "mode=memory" in query and "cache=shared" in query
 
 
 def _postgresql_url(db: Mapping[str, Any], name: str, alias: str) -> str:
