@@ -3,7 +3,7 @@
 Each such record is given ``extra=execution_fields(...)``: ``execution_id`` (str),
 ``job`` (str), ``attempt`` (int) and ``tenant`` (the ``organization_id``, str), each None
 where the writer does not know it (a lease the heartbeat holds knows no job). A JSON log
-formatter finds them as attributes of the ``LogRecord`` (README, "Structured logs"); the
+formatter finds them as attributes of the ``LogRecord`` (docs/guides/observability.md, "Structured logs"); the
 records of ``ctx.log`` carry them too.
 """
 

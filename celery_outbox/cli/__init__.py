@@ -348,7 +348,7 @@ def web_command(box: Outbox, host: str, port: int, no_auth: bool, log_level: str
     """Serve the dashboard and its JSON API (/api/v1) with uvicorn.
 
     Users and bearer tokens come from app.conf.outbox_web_users / outbox_web_tokens (see
-    the README); without any, every request answers 401.
+    docs/guides/dashboard.md); without any, every request answers 401.
     """
     try:
         import uvicorn

@@ -1,6 +1,6 @@
 """celery_outbox's Alembic migrations, for an application's own Alembic environment.
 
-Two ways to use them (the README shows both in full):
+Two ways to use them (docs/guides/upgrades.md, "Alembic", shows both in full):
 
 - Inside your Alembic environment: add :data:`VERSION_LOCATION` to ``version_locations`` in
   your ``alembic.ini`` (with ``path_separator = space``: the location contains a colon), then
