@@ -3,8 +3,8 @@
 Each such record is given ``extra=execution_fields(...)``: ``execution_id`` (str),
 ``job`` (str), ``attempt`` (int) and ``tenant`` (the ``organization_id``, str), each None
 where the writer does not know it (a lease the heartbeat holds knows no job). A JSON log
-formatter finds them as attributes of the ``LogRecord`` (docs/guides/observability.md, "Structured logs"); the
-records of ``ctx.log`` carry them too.
+formatter finds them as attributes of the ``LogRecord`` (docs/guides/observability.md,
+"Structured logs"); the records of ``ctx.log`` carry them too.
 """
 
 from __future__ import annotations
