@@ -26,11 +26,11 @@ from uuid import UUID
 from sqlalchemy import and_, bindparam, delete, inspect, or_, select
 
 from celery_outbox.dispatch import Dispatcher, DispatchItem
-from celery_outbox.errors import ConfigurationError
+from celery_outbox.errors import ConfigurationError, StorageError
 from celery_outbox.jobs import OutboxJob
 from celery_outbox.outbox import Outbox
 from celery_outbox.outbox import _validate as validate_payload
-from celery_outbox.queries import Query, Shape
+from celery_outbox.queries import Query, Shape, execute
 from celery_outbox.registry import JobSpec, default_registry
 from celery_outbox.runner import RunResult
 from celery_outbox.states import Status
@@ -407,6 +407,8 @@ def _drain(outbox: Outbox, clock: Clock | None, within: timedelta | None,
                         "drain(within=...) moves the clock: use OutboxTester.drain")
                 clock.travel_to(first)  # the next one due: time travels there
                 due = [r for r in due if (r.scheduled_at or now) <= first]
+        if outbox.joiner is not None:
+            _check_visible(outbox, due, max(now, horizon or now))
         result.rounds += 1
         groups: dict[str, list[UUID]] = defaultdict(list)
         for row in due:
@@ -420,15 +422,35 @@ def _drain(outbox: Outbox, clock: Clock | None, within: timedelta | None,
         if claimed == 0:
             raise AssertionError(
                 f"drain: {len(due)} execution(s) are due but none could be claimed "
-                f"({', '.join(sorted(groups))}). The runner claims on the outbox's own "
-                "connection, as a worker does: it cannot see rows of a transaction that has "
-                "not committed (a Django TestCase's never does: use TransactionTestCase, or "
-                "pytest-django's transaction=True); or the rows are not due in the clock the "
-                "runner uses")
+                f"({', '.join(sorted(groups))}). {_UNCOMMITTED} Or the rows are not due in "
+                "the clock the runner uses")
         if result.claimed > limit:
             raise AssertionError(
                 f"drain: ran {result.claimed} executions, more than limit={limit}: does a "
                 f"job push itself for ever? ({dict(result.by_job)})")
+
+
+_UNCOMMITTED = (
+    "The runner claims on the outbox's own connection, as a worker does: it cannot see rows "
+    "of a transaction that has not committed (a Django TestCase's never does: use "
+    "TransactionTestCase, or pytest-django's transactional_db / django_db(transaction=True)).")
+
+
+def _check_visible(outbox: Outbox, due: list[Pushed], due_by: datetime) -> None:
+    """Raise AssertionError when rows the joiner's transaction sees due are not visible on
+    the outbox's own connection (the runner's), before the runner tries to claim them."""
+    try:
+        with outbox.store.transaction() as tx:
+            seen = {row["id"] for row in tx.run(_rows_query(outbox, None, due_by))}
+    except StorageError as exc:  # SQLite: a table another connection is writing is locked
+        raise AssertionError(f"drain: {len(due)} execution(s) are due in your transaction "
+                             f"but the outbox's connection cannot read them ({exc}). "
+                             f"{_UNCOMMITTED}") from None
+    hidden = [row for row in due if row.id not in seen]
+    if hidden:
+        raise AssertionError(
+            f"drain: {len(hidden)} due execution(s) are not visible to the outbox's "
+            f"connection: {_found(hidden)}\n{_UNCOMMITTED}")
 
 
 # -- the tester ------------------------------------------------------------------------------
@@ -506,11 +528,13 @@ class OutboxTester:
 
     def reset(self) -> None:
         """Delete every row of the outbox's tables (executions, cron ticks, trim marks, loop
-        runs) and forget the ticks and dispatches this process remembers."""
+        runs) and forget the ticks and dispatches this process remembers. The rows are
+        deleted where the helpers read (the outbox's joiner: under a Django ``TestCase``,
+        in the test's transaction)."""
         ob = self.outbox
-        with ob.engine.begin() as conn:
+        with _reading(ob) as tx:  # Django: in the test's transaction, when there is one
             for table in ob.tables.all():
-                conn.execute(delete(table))
+                tx.run(execute("testing_reset", delete(table)))
         ob.ticker.decided.clear()
         self._recorder.items.clear()
 

@@ -8,6 +8,7 @@ project's tests use ``celery_outbox.testing`` (``djangosite/orders/tests.py``)."
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,8 +20,9 @@ from tests.testing.conftest import HERE, ROOT, run
 
 
 def _env(kind: str, url: str, tmp_path: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {"DJANGO_SETTINGS_MODULE": "tests.testing.djangosite.settings", "OUTBOX_TT_DB": kind,
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": path}
     if kind == "pg":
         parts = urlsplit(url.replace("postgresql+psycopg", "postgresql"))
         env.update(OUTBOX_TT_PG_NAME=parts.path.lstrip("/"),

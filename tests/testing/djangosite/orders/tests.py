@@ -105,13 +105,16 @@ class EagerTests(TransactionTestCase):
 
 class InATestCase(TestCase):
     """A TestCase's transaction never commits: assert_pushed reads it through Django's
-    connection; drain, which claims on the outbox's own connection as a worker does, says
-    why it cannot run them."""
+    connection, the tester cleans in it, and drain, which claims on the outbox's own
+    connection as a worker does, says why it cannot run them."""
+
+    def setUp(self) -> None:
+        self.outbox = OutboxTester(outbox, create_schema=False).start()
+        self.addCleanup(self.outbox.close)
 
     def test_assert_pushed_sees_the_tests_transaction(self) -> None:
-        with OutboxTester(outbox, create_schema=False, clean=False) as tester:
-            order = place_order("grace")
-            tester.assert_pushed(send_receipt, payload={"order_id": order.id})
-            if connection.vendor == "postgresql":
-                with self.assertRaisesRegex(AssertionError, "TransactionTestCase"):
-                    tester.drain()
+        order = place_order("grace")
+        self.outbox.assert_pushed(send_receipt, payload={"order_id": order.id})
+        with self.assertRaisesRegex(AssertionError, "TransactionTestCase"):
+            self.outbox.drain()
+        self.outbox.assert_pushed(send_receipt, count=1)  # untouched
