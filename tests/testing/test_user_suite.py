@@ -60,3 +60,35 @@ def test_loading_the_plugin_imports_nothing_of_the_outbox(tmp_path: Path) -> Non
     assert sorted(m for m in modules if m.startswith("celery_outbox")) == [
         "celery_outbox", "celery_outbox.testing", "celery_outbox.testing.plugin"]
     assert "celery_outbox.outbox" not in modules
+
+
+def test_the_outbox_from_a_fixture_or_the_ini_option(tmp_path: Path) -> None:
+    """The user's fixture ``outbox``, else the ini option: each names an Outbox on another
+    app with a registry of its own, never the default registry's (``shop.outbox``)."""
+    suite = _suite(tmp_path)
+    (suite / "other.py").write_text(
+        "import os\n"
+        "from celery import Celery\n"
+        "from celery_outbox import JobRegistry, Outbox\n"
+        "app = Celery('other', broker='memory://')\n"
+        "box = Outbox(app, database_url=os.environ['SHOP_DB'], registry=JobRegistry())\n")
+    (suite / "test_which.py").write_text(
+        "import other\n"
+        "import shop\n"
+        "def test_which(outbox_tester):\n"
+        "    assert outbox_tester.outbox is other.box is not shop.outbox\n")
+    conftest = (suite / "conftest.py").read_text()
+    env = {"SHOP_DB": f"sqlite:///{tmp_path / 'which.sqlite3'}", "PYTHONPATH": str(suite)}
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+            str(suite / "test_which.py")]
+    (suite / "conftest.py").write_text(conftest + (
+        "\n\n@pytest.fixture\n"
+        "def outbox():\n"
+        "    import other\n"
+        "    return other.box\n"))
+    done = run(args, env, suite)
+    assert done.returncode == 0 and "1 passed" in done.stdout
+    (suite / "conftest.py").write_text(conftest)
+    (suite / "pytest.ini").write_text("[pytest]\ncelery_outbox = other:app\n")
+    done = run(args, env, suite)
+    assert done.returncode == 0 and "1 passed" in done.stdout
