@@ -668,17 +668,26 @@ class Outbox:
             ))
         return rows
 
-    @staticmethod
     def _to_dispatch(
-        rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime
+        self, rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime
     ) -> list[DispatchItem]:
+        """What a push dispatches: its inserted rows, but those scheduled beyond
+        ``max_eta`` (the sweep stages them), unless the dispatcher is the inline one (eager
+        mode: its timer runs each when due, as no sweep may run)."""
         if signals.jobs_pushed.receivers:  # looked at each time: a receiver connected later
             _signal_pushed(rows, results)
-        return [
-            DispatchItem(row.id, row.job_name, row.priority, row.scheduled_at)
-            for row, (_, inserted) in zip(rows, results, strict=True)
-            if inserted and row.dispatched_at is not None
-        ]
+        inline: bool | None = None
+        items = []
+        for row, (_, inserted) in zip(rows, results, strict=True):
+            if not inserted:
+                continue
+            if row.dispatched_at is None:
+                if inline is None:
+                    inline = isinstance(self.dispatcher, InlineDispatcher)
+                if not inline:
+                    continue
+            items.append(DispatchItem(row.id, row.job_name, row.priority, row.scheduled_at))
+        return items
 
     # -- steer ------------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from pydantic import ValidationError
 from celery_outbox import signals, tracing
 from celery_outbox.config import OutboxConfig
 from celery_outbox.context import JobContext, Stop
-from celery_outbox.dispatch import Dispatcher, DispatchItem
+from celery_outbox.dispatch import Dispatcher, DispatchItem, InlineDispatcher
 from celery_outbox.errors import (
     DoNotRetry,
     ExecutionCancelled,
@@ -1043,8 +1043,11 @@ class Runner:
                 [DispatchItem(row.id, spec.name, row.priority, run_at if delay else None)]
             )
 
+        # Eager mode's inline dispatcher holds any eta (its timer runs the retry when due,
+        # as no sweep may run): a retry beyond max_eta goes to it too.
+        held = soon or isinstance(self.dispatcher(), InlineDispatcher)
         return _Decided(fence, row, ctx, Retrying(run_at, error, logs, dispatched=soon),
-                        dispatch if soon else None)
+                        dispatch if held else None)
 
     def _retry_delay(
         self, spec: JobSpec, row: Claimed, exc: Exception

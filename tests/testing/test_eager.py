@@ -29,11 +29,11 @@ class Shop:
     """An app of its own: its Outbox, one job that records each run (failing its first
     attempt for a negative ``n``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, **settings: object) -> None:
         self.app = Celery(f"eager-{uuid.uuid4().hex[:8]}", broker="memory://")
         self.registry = JobRegistry()
         self.outbox = Outbox(self.app, database_url=url, registry=self.registry,
-                             table_name=f"ob_{uuid.uuid4().hex[:10]}")
+                             table_name=f"ob_{uuid.uuid4().hex[:10]}", **settings)
         self.outbox.create_schema()
         self.runs: list[tuple[int, int, float, str]] = []
         runs = self.runs
@@ -56,9 +56,11 @@ class Shop:
         self.outbox.engine.dispose()
 
 
-@pytest.fixture
-def shop(database: tuple[str, str]) -> Iterator[Shop]:
-    made = Shop(database[1])
+@pytest.fixture(params=[{}, {"max_eta": timedelta(0)}], ids=["default", "max_eta=0"])
+def shop(database: tuple[str, str], request: pytest.FixtureRequest) -> Iterator[Shop]:
+    """The app; with ``max_eta=0`` every delay and backoff is beyond ``max_eta``, where a
+    deployment leaves the row to the sweep: eager mode runs it when due all the same."""
+    made = Shop(database[1], **request.param)
     try:
         yield made
     finally:
