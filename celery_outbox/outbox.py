@@ -103,8 +103,9 @@ class Outbox:
     - ``database_url`` or ``engine``: where the outbox table lives (also read from
       ``app.conf.outbox_database_url``). PostgreSQL (psycopg 3) or SQLite.
     - ``registry``: the jobs to serve (default: those declared with ``@outbox_job``).
-    - ``dispatcher``: how ids reach workers (default: Celery; inline when
-      ``task_always_eager``).
+    - ``dispatcher``: how ids reach workers (default: Celery; while the app's
+      ``task_always_eager`` is set, whenever it was set, :attr:`inline_dispatcher`, which
+      runs them in this process as a worker would).
     - ``joiner``: where a push given neither ``session`` nor ``connection`` writes: a
       transaction this opens (see :data:`Joiner`; ``celery_outbox.contrib.django`` joins
       Django's). Default: the outbox commits one of its own.
