@@ -102,3 +102,16 @@ def test_bad_arguments_are_named(outbox: Outbox, forever: OutboxJob[Item]) -> No
             tester.drain(within=timedelta(seconds=-1))
         with pytest.raises(ConfigurationError, match="takes an Outbox"):
             OutboxTester("outbox")  # type: ignore[arg-type]
+
+
+def test_the_sweep_at_the_clocks_now(outbox: Outbox, forever: OutboxJob[Item]) -> None:
+    """A push beyond ``max_eta`` is left to the sweep (no dispatch); the tester's sweep, at
+    the clock's now, stages it once due and its dispatch is recorded."""
+    with OutboxTester(outbox) as tester:
+        execution_id = forever.push({"n": 1}, delay=timedelta(hours=1))
+        assert tester.dispatched == []
+        assert tester.sweep().staged == 0
+        tester.advance(hours=1)
+        assert tester.sweep().staged == 1
+        assert [i.execution_id for i in tester.dispatched] == [execution_id]
+        assert_pushed(forever, status="pending", count=1)
