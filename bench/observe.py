@@ -156,6 +156,54 @@ def spans(calls: int, rounds: int) -> None:
               f"celery_outbox {statistics.median(p for _, p in figures):.1f} | "
               f"{statistics.median(p / f for f, p in figures):.2f}x | rounds "
               + ", ".join(f"{f:.1f}/{p:.1f}" for f, p in figures) + " |")
+    metrics_cpu(calls, rounds, cpu_us)
+
+
+def metrics_cpu(calls: int, rounds: int, cpu_us: Any) -> None:
+    """The event metrics' CPU per execution: the four signals a worker sends for one
+    execution (claimed, begin, success, end), with and without the metrics' receivers
+    connected; prometheus_client's multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is
+    set (a prefork worker's), else its in-process values."""
+    import uuid
+    from datetime import datetime, timedelta, timezone
+
+    from celery_outbox import signals
+    from celery_outbox.metrics import events
+
+    job, execution_id = "bench.app.noop", uuid.uuid4()
+    due = datetime.now(timezone.utc)
+    attempt = [0]
+
+    def execution() -> None:
+        attempt[0] += 1
+        n = attempt[0]
+        if signals.jobs_claimed.receivers:
+            signals.jobs_claimed.send(sender=job, count=1)
+        if signals.job_begin.receivers:
+            signals.job_begin.send(sender=job, execution_id=execution_id, attempt=n,
+                                   max_attempts=1, due_at=due)
+        if signals.job_success.receivers:
+            signals.job_success.send(sender=job, execution_id=execution_id, attempt=n,
+                                     duration=timedelta(0))
+        if signals.job_end.receivers:
+            signals.job_end.send(sender=job, execution_id=execution_id, attempt=n,
+                                 status="succeeded")
+
+    figures = []
+    for _ in range(rounds):
+        off = cpu_us(execution)
+        events.enable()
+        try:
+            on = cpu_us(execution)
+        finally:
+            events.disable()
+        figures.append((off, on))
+    mode = ("multiprocess" if os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+            else "in-process values")
+    print(f"| execution's metrics ({mode}) | off {statistics.median(f for f, _ in figures):.1f}"
+          f" | on {statistics.median(p for _, p in figures):.1f} | +"
+          f"{statistics.median(p - f for f, p in figures):.1f} us | rounds "
+          + ", ".join(f"{f:.1f}/{p:.1f}" for f, p in figures) + " |")
 
 
 def side(n: int, samples: int, ops: int) -> dict[str, float]:
