@@ -16,7 +16,8 @@
   ``GET /metrics`` too, behind the same ``auth`` (extra ``metrics``).
 - ``auth``: an :class:`Auth`; a resolver ``(request) -> Principal | None``; ``None`` for no
   authentication at all (every request is an ``operate`` principal named ``anonymous``; a
-  request whose ``Host`` is not ``127.0.0.1``, ``localhost`` or ``[::1]`` answers 403);
+  request whose ``Host`` is not ``127.0.0.1``, ``localhost`` or ``[::1]``, or whose peer
+  address is not a loopback one, answers 403);
   left out, users and tokens come from ``app.conf.outbox_web_users``
   / ``outbox_web_tokens`` and, when none are set, every request answers 401.
 

@@ -5,6 +5,7 @@ which checks the ``web`` extra first.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from datetime import timedelta
 from pathlib import Path
@@ -134,6 +135,22 @@ def loopback_host(request: Request) -> bool:
     return name in LOOPBACK_NAMES
 
 
+def loopback_peer(request: Request) -> bool:
+    """True when the connection comes from a loopback address (the ASGI server's peer, not
+    any header: a remote client writes whatever ``Host`` it likes). No peer address (a Unix
+    socket, a server that gives none) is not loopback."""
+    client = request.scope.get("client")
+    if not client:
+        return False
+    try:
+        peer = ipaddress.ip_address(str(client[0]).partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped is not None:
+        peer = peer.ipv4_mapped
+    return peer.is_loopback
+
+
 def cross_site(request: Request, auth: Auth | None) -> str | None:
     """Why a state-changing request is not same-origin, or None when it is (or when the
     client is no browser: no ``Origin`` nor ``Sec-Fetch-Site`` header)."""
@@ -164,6 +181,13 @@ def _install_guard(app: FastAPI) -> None:
             return _error(request, 403, f"no authentication (auth=None) answers only a "
                           f"loopback Host (127.0.0.1, localhost, [::1]); got Host "
                           f"{request.headers.get('host', '')!r}")
+        if auth is None and not loopback_peer(request):
+            # The Host header is the client's to write: the connection itself must come
+            # from this machine too.
+            client = request.scope.get("client")
+            return _error(request, 403, f"no authentication (auth=None) answers only a "
+                          f"loopback peer address (127.0.0.0/8, ::1); got "
+                          f"{client[0] if client else 'no address'!r}")
         if request.method in UNSAFE:
             reason = cross_site(request, auth)
             if reason is not None:

@@ -91,7 +91,8 @@ from fastapi.testclient import TestClient
 app = Celery("optional", broker="memory://")
 outbox = Outbox(app, database_url="sqlite:///{tmp_path / 'outbox.db'}")
 outbox.create_schema()
-client = TestClient(create_app(outbox, auth=None), base_url="http://127.0.0.1")
+client = TestClient(create_app(outbox, auth=None), base_url="http://127.0.0.1",
+                    client=("127.0.0.1", 5000))
 result = {{
     "metrics": client.get("/metrics").status_code,
     "jobs": client.get("/api/v1/jobs").status_code,

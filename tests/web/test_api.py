@@ -533,7 +533,8 @@ def test_a_resolver_hook_and_auth_none(web_outbox: Outbox, jobs: Jobs) -> None:
         me = c.get("/api/v1/me", headers={"X-User": "sso-alice"}).json()
         assert me == {"name": "sso-alice", "access": "read", "organization_id": "acme"}
         assert c.get("/api/v1/executions", headers={"X-User": "x"}).json()["items"] == []
-    with TestClient(create_app(web_outbox, auth=None), base_url="http://127.0.0.1") as c:
+    with TestClient(create_app(web_outbox, auth=None), base_url="http://127.0.0.1",
+                    client=("127.0.0.1", 5000)) as c:
         assert c.get("/api/v1/me").json()["access"] == "operate"
         page = c.get("/")
         assert page.status_code == 200 and "anonymous" in page.text

@@ -135,8 +135,33 @@ def test_without_auth_only_a_loopback_host_is_answered(web_outbox: Any, jobs: Jo
         assert c.get("/").status_code == 403
     assert web_outbox.store.page(ExecutionQuery(), None, 10) == []
     for host in ("127.0.0.1:8000", "localhost", "[::1]:8000"):
-        with TestClient(create_app(web_outbox, auth=None), base_url=f"http://{host}") as c:
+        with TestClient(create_app(web_outbox, auth=None), base_url=f"http://{host}",
+                        client=("127.0.0.1", 5000)) as c:
             assert c.get("/api/v1/me").status_code == 200, host
+
+
+@sqlite_only
+def test_without_auth_a_remote_peer_writing_a_loopback_host_is_refused(
+    web_outbox: Any, jobs: Jobs
+) -> None:
+    """The Host header is the client's own: a peer on another machine that sends
+    ``Host: 127.0.0.1`` is no operator. Only the connection's own address says where it
+    comes from."""
+    from celery_outbox.web import create_app
+
+    app = create_app(web_outbox, auth=None)
+    for peer in ("10.1.2.3", "192.0.2.7", "2001:db8::1", "::ffff:10.1.2.3", "testclient"):
+        with TestClient(app, base_url="http://127.0.0.1:8000", client=(peer, 5000)) as c:
+            r = c.get("/api/v1/me")
+            assert r.status_code == 403 and "loopback peer" in r.json()["detail"], (peer, r.text)
+            r = c.post("/api/v1/jobs/shop.receipt/trigger", json={"payload": {"order_id": 7}},
+                       headers={"Origin": "http://127.0.0.1:8000"})
+            assert r.status_code == 403, (peer, r.text)
+            assert c.get("/").status_code == 403, peer
+    assert web_outbox.store.page(ExecutionQuery(), None, 10) == []
+    for peer in ("127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"):
+        with TestClient(app, base_url="http://127.0.0.1:8000", client=(peer, 5000)) as c:
+            assert c.get("/api/v1/me").status_code == 200, peer
 
 
 @sqlite_only
