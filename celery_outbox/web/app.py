@@ -72,8 +72,11 @@ def build(
             raise ConfigurationError(f"create_app: auth must be an Auth, a resolver "
                                      f"(request) -> Principal | None, or None; got {auth!r}")
         auth = Auth(resolver=auth)
+    # /docs is the package's own page (pages.docs: Swagger UI served from static/, no CDN);
+    # no /redoc (ReDoc needs inline styles the Content-Security-Policy forbids).
     app = FastAPI(title=f"{title} API", version="1",
-                  description="Jobs and executions of a celery_outbox Outbox.")
+                  description="Jobs and executions of a celery_outbox Outbox.",
+                  docs_url=None, redoc_url=None)
     app.state.outbox = outbox
     app.state.auth = auth
     app.state.dashboard = Dashboard(outbox.admin, count_cap=count_cap, cache_for=cache_for)
@@ -118,11 +121,18 @@ def is_api(request: Request) -> bool:
     return rel.startswith("/api/") or rel in ("/openapi.json", "/docs", "/redoc", "/metrics")
 
 
-FRAMING = {"X-Frame-Options": "SAMEORIGIN", "Content-Security-Policy": "frame-ancestors 'self'",
+CONTENT_SECURITY_POLICY = "; ".join((
+    "default-src 'self'", "script-src 'self'", "style-src 'self'", "img-src 'self' data:",
+    "connect-src 'self'", "object-src 'none'", "base-uri 'self'", "form-action 'self'",
+    "frame-ancestors 'self'"))
+"""What the pages (and /docs) may load and run: this origin's files only. No inline script
+or style (the templates have none: the overview's bars are classes), no ``eval``; ``data:``
+images for Swagger UI's icons."""
+FRAMING = {"X-Frame-Options": "SAMEORIGIN", "Content-Security-Policy": CONTENT_SECURITY_POLICY,
            "X-Content-Type-Options": "nosniff"}
-"""On every response: no other origin may frame the pages (clickjacking of the action
-buttons: a page on another port or subdomain is the same *site*, so the SameSite=Strict
-login cookie goes into its frame, as cached Basic credentials do)."""
+"""On every response: the CSP above, and no other origin may frame the pages (clickjacking
+of the action buttons: a page on another port or subdomain is the same *site*, so the
+SameSite=Strict login cookie goes into its frame, as cached Basic credentials do)."""
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 

@@ -20,13 +20,15 @@ from fastapi.templating import Jinja2Templates
 from celery_outbox.dashboard import Dashboard
 from celery_outbox.errors import ConfigurationError, ExecutionNotFound
 from celery_outbox.states import Status
-from celery_outbox.web.api import scoped_query
+from celery_outbox.web.api import scoped_query, shared_overview
 from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal
 
 LATE_AFTER = timedelta(minutes=5)
 """The overview shows an oldest pending age beyond this in red (any age in amber)."""
 LOGIN_MAX_BYTES = 16 * 1024
 """The largest login form body read; a larger one answers 413."""
+SWAGGER_UI_VERSION = "5.35.0"
+"""The copy of Swagger UI in ``static/swagger-ui/`` (``SOURCE.txt`` there says where from)."""
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 router = APIRouter(include_in_schema=False)
 
@@ -79,9 +81,9 @@ def _board(request: Request) -> Dashboard:
 
 
 @router.get("/", response_class=HTMLResponse)
-def overview(request: Request) -> Response:
+async def overview(request: Request) -> Response:
     who: Principal = request.state.principal
-    data = _board(request).overview(who.organization_id)
+    data = await shared_overview(_board(request), who.organization_id)
     peak = max((b.succeeded + b.failed for j in data.jobs for b in j.last_hour), default=0)
     return render(request, "overview.html", overview=data, peak=max(peak, 1),
                   statuses=[s.value for s in Status], late_after=LATE_AFTER.total_seconds())
@@ -135,6 +137,15 @@ def failures(request: Request) -> Response:
     except (ValueError, OverflowError, ConfigurationError) as exc:
         return error_page(request, 400, f"hours: {exc}")
     return render(request, "failures.html", groups=groups, hours=hours)
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def docs(request: Request) -> Response:
+    """The OpenAPI document in Swagger UI, every asset from the package (nothing from another
+    origin runs in the dashboard's)."""
+    return templates.TemplateResponse(request, "docs.html", {
+        "base": _base(request), "title": request.app.state.title,
+        "version": SWAGGER_UI_VERSION})
 
 
 @router.get("/login", response_class=HTMLResponse)

@@ -249,3 +249,42 @@ def test_a_page_of_another_port_cannot_frame_the_logged_in_dashboard(
         assert not frame.url.startswith(site), frame.url  # chrome-error: refused to frame
         assert frame.locator("#principal").count() == 0
     page.context.close()
+
+
+def test_every_page_and_the_api_docs_run_under_the_csp_from_this_origin_only(
+    browser: Any, site: str, jobs: Jobs, switch: Switch
+) -> None:
+    """The Content-Security-Policy allows this origin's scripts and styles only: each page
+    (the overview's bars too) and /docs (Swagger UI, the package's own copy) work under it,
+    break none of its rules and load nothing from another origin (offline as online)."""
+    failed_id = backlog(jobs, switch)
+    page = log_in(browser, site, "ops")
+    refused: list[str] = []
+    elsewhere: list[str] = []
+    page.on("console", lambda m: refused.append(m.text)
+            if "Content Security Policy" in m.text else None)
+    page.on("request", lambda r: elsewhere.append(r.url)
+            if not r.url.startswith((site, "data:")) else None)
+    page.add_init_script("""document.addEventListener("securitypolicyviolation",
+                          (e) => console.log("Content Security Policy: " + e.violatedDirective))""")
+    for path in ("/", "/executions", f"/executions/{failed_id}", "/failures"):
+        response = page.goto(site + path)
+        assert response is not None and response.status == 200, path
+        assert "script-src 'self'" in response.headers["content-security-policy"], path
+    page.goto(site + "/")
+    heights = page.eval_on_selector_all(
+        "tr[data-job='shop.receipt'] .bar",
+        "bars => bars.map(b => [...b.children].reduce((n, c) => n + c.offsetHeight, 0))")
+    assert max(heights) == 24, heights  # the busiest bucket fills its bar
+    page.goto(site + "/docs")
+    page.wait_for_selector(".opblock-summary-path", timeout=20_000)
+    paths = page.eval_on_selector_all(".opblock-summary-path",
+                                      "els => els.map(e => e.textContent.trim())")
+    assert any("/api/v1/jobs" in p for p in paths), paths
+    page.click(".opblock-summary-path[data-path='/api/v1/me']")
+    page.click("button.try-out__btn")
+    page.click("button.execute")
+    page.wait_for_selector(".live-responses-table tbody .response-col_status")
+    assert "200" in page.text_content(".live-responses-table tbody .response-col_status")
+    assert refused == [] and elsewhere == [], (refused, elsewhere)
+    page.context.close()

@@ -259,6 +259,40 @@ def test_no_other_site_may_frame_the_dashboard(client: TestClient, jobs: Jobs) -
 
 
 @sqlite_only
+def test_the_api_docs_run_nothing_of_another_origin_and_every_response_has_a_csp(
+    client: TestClient, jobs: Jobs
+) -> None:
+    """/docs ran unpinned scripts of a CDN in the dashboard's origin with no script-src:
+    whoever served them could act as the operator. Now every asset is the package's own and
+    the policy allows this origin's scripts and styles only (no inline ones, no eval)."""
+    import re
+    from pathlib import Path
+
+    import celery_outbox.web
+
+    for path in ("/", "/docs", "/login", "/api/v1/jobs", "/static/app.js", "/nope"):
+        policy = client.get(path, headers=bearer()).headers["content-security-policy"]
+        directives = dict(d.strip().partition(" ")[::2] for d in policy.split(";"))
+        assert directives["script-src"] == "'self'", (path, policy)
+        assert directives["style-src"] == "'self'", (path, policy)
+        assert directives["object-src"] == "'none'" and "frame-ancestors" in directives, path
+    page = client.get("/docs", headers=bearer())
+    assert page.status_code == 200
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert len(assets) == 3 and all(a.startswith("/static/") for a in assets), assets
+    for asset in assets:
+        assert client.get(asset).status_code == 200, asset  # no principal needed for assets
+    assert "<script>" not in page.text and "style=" not in page.text
+    assert client.get("/redoc", headers=bearer()).status_code == 404
+    templates = Path(celery_outbox.web.__file__).parent / "templates"
+    for template in templates.glob("*.html"):
+        text = template.read_text()
+        assert " style=" not in text and "<style" not in text, template.name
+        assert not re.search(r"<script(?![^>]*\bsrc=)", text), template.name
+        assert not re.search(r"\bon[a-z]+=", text), template.name
+
+
+@sqlite_only
 def test_a_tenant_retry_never_answers_another_tenants_execution_id(
     client: TestClient, jobs: Jobs, web_outbox: Any
 ) -> None:
