@@ -6,7 +6,10 @@ what a screen shared by many people needs:
 - :meth:`Dashboard.overview`: every job with its counts per status (capped at ``count_cap``),
   oldest pending row, last run and the last hour's outcomes in buckets, from four short
   statements; the result is cached for ``cache_for`` and shared by every viewer (per tenant),
-  so ten open pages refreshing every few seconds cost one read every ``cache_for``.
+  so ten open pages refreshing every few seconds cost one read every ``cache_for``. One read
+  per tenant at a time (single-flight per tenant, on the dashboard's own few threads:
+  ``overview_threads``): a slow tenant's read delays nobody else's, and
+  :meth:`Dashboard.aoverview` waits for it without holding a thread.
 - :meth:`Dashboard.executions`: executions across jobs with filters, newest first, by keyset
   pages (an opaque cursor; no OFFSET, no cap on how far one pages).
 - :meth:`Dashboard.failures`: the recent failures grouped by job and error type.
@@ -22,10 +25,12 @@ raises :class:`ConfigurationError` naming it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -177,10 +182,18 @@ class _Cached:
     overview: Overview
 
 
+CACHE_ENTRIES = 1024
+"""Beyond this many tenants' overviews cached, the expired ones are let go at the next read."""
+
+
 @dataclass
 class _Cache:
+    """The overviews shared per tenant (``None``: unscoped) and the reads in flight, one per
+    tenant at most. ``lock`` guards the two dicts only: it is never held during a read."""
+
     lock: threading.Lock = field(default_factory=threading.Lock)
     entries: dict[str | None, _Cached] = field(default_factory=dict)
+    flights: dict[str | None, Future[Overview]] = field(default_factory=dict)
 
 
 class Dashboard:
@@ -189,6 +202,10 @@ class Dashboard:
     - ``count_cap``: counts per (job, status) stop here (default 1,000).
     - ``cache_for``: how long an overview is shared (default 3 s; ``timedelta(0)``: never).
     - ``failure_window``: how many recent failures :meth:`failures` groups (default 1,000).
+    - ``overview_threads``: how many tenants' overviews are read at once, each on a thread
+      of the dashboard's own (default 4; started when first needed): the readers of one
+      tenant share one read, and the others queue for a thread, never holding one of the
+      web server's.
     """
 
     def __init__(
@@ -198,9 +215,11 @@ class Dashboard:
         count_cap: int = 1_000,
         cache_for: timedelta = timedelta(seconds=3),
         failure_window: int = 1_000,
+        overview_threads: int = 4,
     ) -> None:
-        if count_cap < 1 or failure_window < 1:
-            raise ConfigurationError("Dashboard: count_cap and failure_window must be >= 1")
+        if count_cap < 1 or failure_window < 1 or overview_threads < 1:
+            raise ConfigurationError("Dashboard: count_cap, failure_window and "
+                                     "overview_threads must be >= 1")
         self.admin = admin
         self.store = admin.store
         self.registry = admin.registry
@@ -208,23 +227,79 @@ class Dashboard:
         self.cache_for = cache_for
         self.failure_window = failure_window
         self._cache = _Cache()
+        self._readers = ThreadPoolExecutor(overview_threads,
+                                           thread_name_prefix="outbox-overview")
 
     # -- reads ------------------------------------------------------------------------------
 
     def overview(self, organization_id: str | None = None) -> Overview:
         """Every job with counts, oldest pending, last run and the last hour's outcomes.
 
-        Shared by every caller of the same tenant for ``cache_for``: while one caller reads,
-        the others wait for its result instead of reading too. Raises :class:`StorageError`.
+        Shared by every caller of the same tenant for ``cache_for``: while one read of the
+        tenant is in flight, its other callers wait for its result instead of reading too;
+        another tenant's read never waits for it. Raises :class:`StorageError`.
         """
+        return self.overview_future(organization_id).result()
+
+    async def aoverview(self, organization_id: str | None = None) -> Overview:
+        """:meth:`overview` for an asyncio caller: the wait holds no thread (the read runs
+        on the dashboard's own threads); a cancelled caller leaves the read to the others
+        (the shared future refuses a cancel)."""
+        found = self.overview_future(organization_id)
+        if found.done():
+            return found.result()
+        return await asyncio.wrap_future(found)
+
+    def overview_future(self, organization_id: str | None = None) -> Future[Overview]:
+        """The tenant's overview as a future: done already when cached, else the read in
+        flight for the tenant, else a read started now on the dashboard's threads. It cannot
+        be cancelled (whoever else waits for it gets its result)."""
+        key = organization_id
         with self._cache.lock:
-            cached = self._cache.entries.get(organization_id)
+            cached = self._cache.entries.get(key)
             if cached is not None and cached.expires > time.monotonic():
-                return cached.overview
-            overview = self._read_overview(organization_id, datetime.now(timezone.utc))
-            self._cache.entries[organization_id] = _Cached(
-                time.monotonic() + self.cache_for.total_seconds(), overview)
-            return overview
+                done: Future[Overview] = Future()
+                done.set_result(cached.overview)
+                return done
+            flight = self._cache.flights.get(key)
+            if flight is not None:
+                return flight
+            flight = Future()
+            flight.set_running_or_notify_cancel()  # no waiter can cancel the shared read
+            self._cache.flights[key] = flight
+        try:
+            self._readers.submit(self._read_for, key, flight)
+        except BaseException as exc:  # shut down (interpreter exit): fail this flight only
+            self._settle(key, flight, None, exc)
+        return flight
+
+    def _read_for(self, key: str | None, flight: Future[Overview]) -> None:
+        """The read of one flight, on a thread of the dashboard's: its result (or error)
+        cached or handed to every waiter, and the flight ended, whatever happens."""
+        try:
+            overview = self._read_overview(key, datetime.now(timezone.utc))
+        except BaseException as exc:
+            self._settle(key, flight, None, exc)
+        else:
+            self._settle(key, flight, overview, None)
+
+    def _settle(self, key: str | None, flight: Future[Overview], overview: Overview | None,
+                error: BaseException | None) -> None:
+        with self._cache.lock:
+            if self._cache.flights.get(key) is flight:
+                del self._cache.flights[key]
+            if overview is not None:
+                now = time.monotonic()
+                entries = self._cache.entries
+                if len(entries) >= CACHE_ENTRIES:
+                    for stale in [k for k, c in entries.items() if c.expires <= now]:
+                        del entries[stale]
+                entries[key] = _Cached(now + self.cache_for.total_seconds(), overview)
+        if error is not None:
+            flight.set_exception(error)
+        else:
+            assert overview is not None
+            flight.set_result(overview)
 
     def _read_overview(self, organization_id: str | None, now: datetime) -> Overview:
         specs = sorted(self.registry, key=lambda s: s.name)

@@ -7,13 +7,15 @@ another tenant's execution answers 404 as if it did not exist.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
 
-from celery_outbox.dashboard import Dashboard, ExecutionQuery
+from celery_outbox.dashboard import Dashboard, ExecutionQuery, Overview
 from celery_outbox.errors import ExecutionNotFound
 from celery_outbox.states import Status
 from celery_outbox.web.auth import Principal
@@ -99,6 +101,18 @@ def scoped_query(
     )
 
 
+async def shared_overview(board: Dashboard, organization_id: str | None) -> Overview:
+    """The tenant's overview, waited for without holding a thread of the server's pool (the
+    read, one per tenant at a time, runs on the dashboard's own threads): a slow tenant's
+    read leaves the pool to every other request (the login, ``/api/v1/me``). Under another
+    event loop than asyncio's (trio), the wait takes a pool thread as a sync endpoint's."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return await run_in_threadpool(board.overview, organization_id)
+    return await board.aoverview(organization_id)
+
+
 router = APIRouter(prefix="/api/v1")
 
 
@@ -109,11 +123,11 @@ def me(who: Who) -> PrincipalOut:
 
 
 @router.get("/jobs", response_model=JobsOut, responses=READ, tags=["jobs"])
-def jobs(who: Who, board: Board) -> JobsOut:
+async def jobs(who: Who, board: Board) -> JobsOut:
     """Every registered job: kind, schedule and next tick, retry, timeout, counts per status
     (capped at ``count_cap``), oldest pending age, last run, the last hour's outcomes.
-    Shared by every viewer for a few seconds."""
-    return JobsOut.of(board.overview(who.organization_id),
+    Shared by every viewer of the same tenant for a few seconds."""
+    return JobsOut.of(await shared_overview(board, who.organization_id),
                       operator=who.organization_id is None)
 
 
