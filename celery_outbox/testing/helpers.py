@@ -15,6 +15,7 @@ production.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, suppress
@@ -53,6 +54,11 @@ __all__ = [
 DRAIN_LIMIT = 10_000
 """How many executions one :meth:`OutboxTester.drain` runs at most before it raises (a job
 that pushes itself for ever would otherwise never let it return)."""
+
+
+_STARTED: weakref.WeakKeyDictionary[Outbox, OutboxTester] = weakref.WeakKeyDictionary()
+"""The tester started on each outbox: one at a time (each installs its clock and recorder
+and puts back what it found, so a second one stacked on it would put back the first one's)."""
 
 
 def _utcnow() -> datetime:
@@ -471,7 +477,9 @@ class OutboxTester:
       False when your migrations made them).
     - ``clean``: delete every row of the outbox's tables at start and close (default True).
 
-    Raises :class:`~celery_outbox.StorageError` when the database cannot be reached.
+    One tester at a time per outbox: :meth:`start` raises
+    :class:`~celery_outbox.ConfigurationError` while another is started on it. Raises
+    :class:`~celery_outbox.StorageError` when the database cannot be reached.
     """
 
     def __init__(self, outbox: Outbox, *, clock: Clock | None = None, record: bool = True,
@@ -497,6 +505,12 @@ class OutboxTester:
         if self._saved is not None:
             return self
         ob = self.outbox
+        other = _STARTED.get(ob)
+        if other is not None and other is not self:
+            raise ConfigurationError(
+                f"another OutboxTester is started on this outbox ({other!r}): close it "
+                "first (one tester per outbox at a time: each installs its clock and "
+                "recorder and puts back what it found)")
         if self.create_schema and not _has_tables(ob):
             ob.create_schema()
         if self.clean:
@@ -506,6 +520,7 @@ class OutboxTester:
         ob.store.db_clock = self.clock
         if self.record:
             ob.dispatcher = self._recorder
+        _STARTED[ob] = self
         return self
 
     def close(self) -> None:
@@ -516,6 +531,8 @@ class OutboxTester:
         ob = self.outbox
         ob.runner.clock, ob.store.db_clock, ob.dispatcher = self._saved
         self._saved = None
+        if _STARTED.get(ob) is self:
+            del _STARTED[ob]
         ob.inline_dispatcher.cancel()
         if self.clean:
             self.reset()

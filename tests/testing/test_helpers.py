@@ -115,3 +115,23 @@ def test_the_sweep_at_the_clocks_now(outbox: Outbox, forever: OutboxJob[Item]) -
         assert tester.sweep().staged == 1
         assert [i.execution_id for i in tester.dispatched] == [execution_id]
         assert_pushed(forever, status="pending", count=1)
+
+
+def test_a_second_tester_on_the_same_outbox_is_refused(outbox: Outbox) -> None:
+    """A tester installs its clock and recorder on the outbox and puts back what it found:
+    a second one started meanwhile would save the first one's, and closing them in the
+    order they were started left the first one's recorder and clock on the outbox for the
+    rest of the run (every later push recorded, never published). One at a time."""
+    first = OutboxTester(outbox).start()
+    second = OutboxTester(outbox)
+    try:
+        with pytest.raises(ConfigurationError, match="another OutboxTester"):
+            second.start()
+    finally:
+        first.close()
+        second.close()  # never started: nothing to put back
+    assert outbox._dispatcher is None and outbox.store.db_clock is None
+    assert isinstance(outbox.dispatcher, CeleryDispatcher)
+    with OutboxTester(outbox) as third:  # once the first is closed, another may start
+        assert outbox.runner.clock is third.clock
+    assert outbox._dispatcher is None and outbox.store.db_clock is None
