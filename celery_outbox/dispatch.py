@@ -517,9 +517,9 @@ class CeleryDispatcher:
                 )
 
 
-_DISPATCHERS: weakref.WeakSet[CeleryDispatcher] = weakref.WeakSet()
+_DISPATCHERS: weakref.WeakSet[CeleryDispatcher | InlineDispatcher] = weakref.WeakSet()
 """Every dispatcher of this process, each made anew in a forked child
-(:meth:`CeleryDispatcher._forked`)."""
+(:meth:`CeleryDispatcher._forked`, :meth:`InlineDispatcher._forked`)."""
 
 
 def _after_fork_in_child() -> None:
@@ -593,6 +593,15 @@ class InlineDispatcher:
         self._timers: set[threading.Timer] = set()
         self._running: set[threading.Timer] = set()
         self._lock = threading.Lock()
+        _DISPATCHERS.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child, before any of its threads runs: the lock a timer thread of
+        the parent's may have held at the fork, made anew; the parent's timers are not in
+        the child (their threads were not copied; the parent runs them)."""
+        self._lock = threading.Lock()
+        self._timers = set()
+        self._running = set()
 
     def dispatch(self, items: Sequence[DispatchItem]) -> None:
         groups: dict[str, list[UUID]] = defaultdict(list)

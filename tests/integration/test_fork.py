@@ -10,6 +10,7 @@ anew (another server backend), and must not close the parent's connection either
 from __future__ import annotations
 
 import multiprocessing
+import time
 import uuid
 from contextlib import ExitStack
 from datetime import timedelta
@@ -127,3 +128,54 @@ def test_a_child_forked_while_the_parents_threads_hold_the_outbox_locks_pushes_a
         outbox.engine.dispose()
         with Connection(redis_url) as conn:
             conn.default_channel.queue_purge(queue_name)
+
+
+def eager_child(outbox: Outbox, receipt: OutboxJob[Order], pipe: Pipe) -> None:
+    try:
+        pending_before = outbox.inline_dispatcher.pending
+        execution_id = receipt.push(Order(order_id=4), delay=timedelta(milliseconds=100))
+        pending = outbox.inline_dispatcher.pending
+        deadline = time.monotonic() + 20
+        while outbox.store.status_of(execution_id) is not None and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling with a deadline: the child's timer runs it
+        pipe.send(("ok", (pending_before, pending, outbox.store.status_of(execution_id))))
+    except Exception as exc:  # reported to the parent, which fails the test
+        pipe.send(("error", repr(exc)))
+
+
+def test_a_child_forked_while_an_eager_timer_holds_the_inline_dispatchers_lock_pushes(
+    pg_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
+) -> None:
+    """Eager mode: a timer thread takes the inline dispatcher's lock as it fires, the
+    pushing thread as it sets a timer. A child forked while it was held must get a lock of
+    its own (and none of the parent's timers, which are not in the child): before, its
+    first delayed push hung."""
+    app = Celery(f"fork-eager-{uuid.uuid4().hex[:8]}", broker="memory://")
+    app.conf.task_always_eager = True
+    outbox = Outbox(app, database_url=pg_url, registry=registry,
+                    table_name=f"ob_{uuid.uuid4().hex[:12]}")
+    outbox.create_schema()
+    try:
+        receipt.push(Order(order_id=1), delay=timedelta(hours=1))  # a parent's timer
+        assert outbox.inline_dispatcher.pending == 1
+        ours, theirs = multiprocessing.Pipe()
+        with outbox.inline_dispatcher._lock:
+            proc = multiprocessing.get_context("fork").Process(
+                target=eager_child, args=(outbox, receipt, theirs))
+            proc.start()
+        try:
+            assert ours.poll(20), "the forked child hung on the inline dispatcher's lock"
+            outcome, found = ours.recv()
+            proc.join(30)
+        finally:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        assert outcome == "ok", found
+        assert found == (0, 1, None), found  # its own timer only, which ran the push
+        assert outbox.inline_dispatcher.pending == 1  # the parent's timer is the parent's
+    finally:
+        outbox.inline_dispatcher.cancel()
+        outbox.runner.heartbeat.stop()
+        outbox.drop_schema()
+        outbox.engine.dispose()
