@@ -147,8 +147,11 @@ class ReplaceOutboxIndexes(_OutboxOperation):
         return index_statements(configured_tables(), vendor, self.remove, self.add)
 
     def describe(self) -> str:
+        added = ", ".join(i[0] for i in self.add)
+        if not self.remove:
+            return f"Add the celery_outbox indexes {added}"
         return (f"Replace the celery_outbox indexes {', '.join(i[0] for i in self.remove)} "
-                f"by {', '.join(i[0] for i in self.add)}")
+                f"by {added}")
 
 
 class AnalyzeOutboxTables(_OutboxOperation):
