@@ -106,7 +106,7 @@ class InvalidTransition(OutboxError):
         self.execution_id = execution_id
         self.status = status
         self.transition = transition
-        super().__init__(f"cannot {transition} execution {execution_id}: it is {status}")
+        super().__init__(f"cannot {transition} execution {execution_id}: its status is {status}")
 
 
 class ExecutionStillRunning(InvalidTransition):

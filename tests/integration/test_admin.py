@@ -383,7 +383,7 @@ def test_cancel_an_active_execution_then_again(
     with pytest.raises(InvalidTransition) as caught:
         box.admin.cancel(execution_id)
     assert caught.value.status == "cancelled"
-    assert f"cannot cancel execution {execution_id}: it is cancelled" == str(caught.value)
+    assert f"cannot cancel execution {execution_id}: its status is cancelled" == str(caught.value)
     missing = uuid4()
     with pytest.raises(ExecutionNotFound, match=str(missing)):
         box.admin.cancel(missing)
@@ -407,7 +407,7 @@ def test_cancel_of_a_failed_execution_is_an_invalid_transition(
     box: Outbox, jobs: dict[str, OutboxJob[Any]]
 ) -> None:
     failed = failed_execution(box, jobs["flaky"])
-    with pytest.raises(InvalidTransition, match="it is failed"):
+    with pytest.raises(InvalidTransition, match="its status is failed"):
         box.admin.cancel(failed)
     assert box.store.status_of(failed) == "failed"
 

@@ -274,7 +274,7 @@ def test_retry_and_cancel(cli_app: ModuleType) -> None:
     assert [str(failed) in line for line in shown.stdout.splitlines()
             if "retry of" in line] == [True], shown.stdout
 
-    assert f"cannot retry execution {new_id}: it is pending" in one_line_error(
+    assert f"cannot retry execution {new_id}: its status is pending" in one_line_error(
         invoke(cli_app, "retry", new_id))
 
     cancelled = invoke(cli_app, "cancel", new_id)
@@ -282,7 +282,7 @@ def test_retry_and_cancel(cli_app: ModuleType) -> None:
     assert cancelled.stdout.strip() == f"cancelled {new_id} (cli.fail)"
     view = cli_app.outbox.admin.get_execution(new_id)
     assert (view.status, view.cancelled_by) == ("cancelled", "cli")
-    assert f"cannot cancel execution {new_id}: it is cancelled" in one_line_error(
+    assert f"cannot cancel execution {new_id}: its status is cancelled" in one_line_error(
         invoke(cli_app, "cancel", new_id))
     assert bad_input(invoke(cli_app, "cancel", "nope")) == (
         "Error: ID must be an execution id (a UUID), got 'nope'")
