@@ -245,9 +245,11 @@ def loop_notes(status: OutboxStatus, app: str | None) -> list[str]:
     notes = []
     for health in status.loop:
         if health.last_run_at is None:
-            line = (f"no {health.task} has ever run on this database: is "
-                    f"`celery -A {app or 'proj'} beat` running, and a worker consuming its "
-                    "queue? (beat schedules the sweep, the trim and the cron jobs)")
+            line = (f"no {health.task} has ever run on this database: beat sends the "
+                    f"first one within one interval ({age(health.interval)}) of its start; "
+                    f"later than that, is `celery -A {app or 'proj'} beat` running, and a "
+                    "worker consuming its queue? (beat schedules the sweep, the trim and the "
+                    "cron jobs)")
         elif health.late:
             line = (f"the last {health.task} ran {age(health.age)} ago (on {health.ran_by}), "
                     f"more than {LATE_AFTER_INTERVALS} intervals of {age(health.interval)}: "

@@ -32,7 +32,8 @@ def test_a_new_database_has_no_run_and_every_task_is_late(outbox: Outbox) -> Non
     assert trim.last_run_at is None and trim.late
     assert sweep.interval == timedelta(seconds=30) and trim.interval == timedelta(hours=1)
     notes = status_notes(outbox.admin.status(), "proj")
-    assert any("no sweep has ever run" in n and "celery -A proj beat" in n for n in notes)
+    assert any("no sweep has ever run" in n and "celery -A proj beat" in n
+               and "first one within one interval (30s) of its start" in n for n in notes)
 
 
 def test_each_sweep_and_trim_records_its_run_in_the_database_clock(outbox: Outbox) -> None:
