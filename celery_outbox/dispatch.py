@@ -40,6 +40,8 @@ A push in the caller's transaction dispatches after its outermost commit (the st
 from __future__ import annotations
 
 import atexit
+import heapq
+import itertools
 import logging
 import os
 import queue
@@ -574,33 +576,41 @@ class InlineDispatcher:
 
     ``run(job_name, ids)`` is the runner's entry point. An item due now (no ``eta``, or an
     ``eta`` not after ``clock()``) runs at once, in the calling thread. An item whose ``eta``
-    lies ahead runs when it is due, as a worker holds a message with an ``eta`` until then:
-    on a timer thread of its own (a daemon), ``eta - clock()`` seconds later, grouped with the
-    items of its job and ``eta``. Its rows are claimed then, like any message's: a row
-    cancelled, rescheduled or already run meanwhile is simply not claimed. :meth:`cancel`
-    drops the timers not yet fired. ``clock()`` answers an aware UTC datetime (default: the
-    system's time); a timer's error is logged, never raised (no caller waits on it).
+    lies ahead runs when it is due, as a worker holds a message with an ``eta`` on its one
+    timer until then: grouped with the items of its job and ``eta``, it waits in a heap on
+    one thread of this dispatcher's (a daemon, started when something waits and ended when
+    nothing does), which starts a thread of its own for each group as it comes due,
+    ``eta - clock()`` seconds later; nothing else waits on a thread. Its rows are claimed
+    then, like any message's: a row cancelled, rescheduled or already run meanwhile is
+    simply not claimed. :meth:`cancel` drops the groups not yet due. ``clock()`` answers an
+    aware UTC datetime (default: the system's time); a run's error is logged, never raised
+    (no caller waits on it).
     """
 
     LATE = 0.005
-    """Seconds a timer fires after its ``eta``: the claim compares the ``eta`` with the
-    database's clock, which the timer's monotonic wait may reach a hair early."""
+    """Seconds a group runs after its ``eta``: the claim compares the ``eta`` with the
+    database's clock, which the monotonic wait may reach a hair early."""
 
     def __init__(self, run: Callable[[str, list[UUID]], object],
                  clock: Callable[[], datetime] | None = None) -> None:
         self.run = run
         self.clock = clock
-        self._timers: set[threading.Timer] = set()
-        self._running: set[threading.Timer] = set()
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._due: list[tuple[float, int, str, list[UUID]]] = []  # (monotonic due, seq, ...)
+        self._seq = itertools.count()
+        self._waiter: threading.Thread | None = None  # the one thread waiting on _due
+        self._running: set[threading.Thread] = set()
         _DISPATCHERS.add(self)
 
     def _forked(self) -> None:
-        """In a forked child, before any of its threads runs: the lock a timer thread of
-        the parent's may have held at the fork, made anew; the parent's timers are not in
-        the child (their threads were not copied; the parent runs them)."""
+        """In a forked child, before any of its threads runs: the lock a thread of the
+        parent's may have held at the fork, made anew; the parent's waiting groups and runs
+        are not the child's (their threads were not copied; the parent runs them)."""
         self._lock = threading.Lock()
-        self._timers = set()
+        self._wake = threading.Condition(self._lock)
+        self._due = []
+        self._waiter = None
         self._running = set()
 
     def dispatch(self, items: Sequence[DispatchItem]) -> None:
@@ -622,51 +632,72 @@ class InlineDispatcher:
             self.run(job_name, ids)
 
     def _later(self, job_name: str, ids: list[UUID], seconds: float) -> None:
-        def fire() -> None:
-            with self._lock:
-                if timer not in self._timers:
-                    return  # cancelled as it fired
-                self._timers.discard(timer)
-                self._running.add(timer)
-            try:
-                self.run(job_name, ids)
-            except Exception:
-                log.exception("celery_outbox: an eager run of %d execution(s) of %r that "
-                              "came due failed; the sweep will pick them up", len(ids),
-                              job_name)
-            finally:
-                _close_thread_django_connections()
-                with self._lock:
-                    self._running.discard(timer)
-
-        timer = threading.Timer(seconds, fire)
-        timer.daemon = True
-        timer.name = f"celery-outbox-eager-{job_name}"
         with self._lock:
-            self._timers.add(timer)
-        timer.start()
+            heapq.heappush(self._due, (time.monotonic() + seconds, next(self._seq),
+                                       job_name, ids))
+            if self._waiter is not None and self._waiter.is_alive():
+                self._wake.notify()
+                return
+            self._waiter = threading.Thread(target=self._wait, name="celery-outbox-eager",
+                                            daemon=True)
+            self._waiter.start()
+
+    def _wait(self) -> None:
+        """The waiting thread: start each group's run as it comes due; end when none waits
+        (under the lock, so :meth:`_later` starts another)."""
+        me = threading.current_thread()
+        with self._lock:
+            while self._waiter is me:
+                if not self._due:
+                    self._waiter = None
+                    return
+                left = self._due[0][0] - time.monotonic()
+                if left > 0:
+                    self._wake.wait(min(left, 3600.0))  # woken early by a new group
+                    continue
+                _, _, job_name, ids = heapq.heappop(self._due)
+                runner = threading.Thread(target=self._fire, args=(job_name, ids),
+                                          name=f"celery-outbox-eager-{job_name}", daemon=True)
+                self._running.add(runner)
+                try:
+                    runner.start()
+                except BaseException:  # no thread to be had: the sweep runs them when due
+                    self._running.discard(runner)
+                    log.exception("celery_outbox: could not start the eager run of %d "
+                                  "execution(s) of %r that came due", len(ids), job_name)
+
+    def _fire(self, job_name: str, ids: list[UUID]) -> None:
+        try:
+            self.run(job_name, ids)
+        except Exception:
+            log.exception("celery_outbox: an eager run of %d execution(s) of %r that "
+                          "came due failed; the sweep will pick them up", len(ids), job_name)
+        finally:
+            _close_thread_django_connections()
+            with self._lock:
+                self._running.discard(threading.current_thread())
 
     @property
     def pending(self) -> int:
-        """How many timers (groups of executions not yet due, or running) there are."""
+        """How many groups of executions wait to come due, or run."""
         with self._lock:
-            return len(self._timers) + len(self._running)
+            return len(self._due) + len(self._running)
 
     def cancel(self, wait: timedelta = timedelta(seconds=10)) -> int:
-        """Drop every timer not yet fired (their rows stay scheduled: the sweep, or a test's
+        """Drop every group not yet due (their rows stay scheduled: the sweep, or a test's
         ``drain()``, runs them when due), and wait up to ``wait`` for those running to
         end (their handler and outcome write; a test tearing its database down must not
         find them still connected); how many were dropped."""
         with self._lock:
-            timers, self._timers = self._timers, set()
+            dropped = len(self._due)
+            self._due = []
+            self._wake.notify_all()
             running = list(self._running)
-        for timer in timers:
-            timer.cancel()
         deadline = time.monotonic() + wait.total_seconds()
-        for timer in running:
-            if timer is not threading.current_thread():
-                timer.join(max(0.0, deadline - time.monotonic()))
-        return len(timers)
+        for thread in running:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return dropped
 
     def flush(self, timeout: timedelta) -> bool:
         return True

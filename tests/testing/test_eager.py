@@ -133,3 +133,19 @@ def test_a_second_outbox_drops_the_first_ones_timers(shop: Shop,
     finally:
         second.runner.heartbeat.stop()
         second.engine.dispose()
+
+
+def test_delayed_pushes_wait_on_one_thread_not_one_each(shop: Shop) -> None:
+    """A worker holds its messages with an eta on one timer: eager mode too. Before, each
+    delayed push (each its own eta) slept on a thread of its own until due, so a loop of
+    pushes a day ahead left as many threads behind (a test suite's, a dev server's) until
+    the process could start no more."""
+    shop.app.conf.task_always_eager = True
+    for n in range(60):
+        shop.job.push({"n": n}, delay=timedelta(milliseconds=300 + 5 * n))
+    assert shop.outbox.inline_dispatcher.pending == 60
+    waiting = [t for t in threading.enumerate() if t.name.startswith("celery-outbox-eager")]
+    assert len(waiting) == 1, waiting
+    wait_for(lambda: len(shop.runs) == 60, "every delayed push ran")
+    assert sorted(n for n, *_ in shop.runs) == list(range(60))
+    wait_for(lambda: shop.outbox.inline_dispatcher.pending == 0, "the runs ended")
