@@ -21,8 +21,9 @@
   left out, users and tokens come from ``app.conf.outbox_web_users``
   / ``outbox_web_tokens`` and, when none are set, every request answers 401.
 
-:class:`Principal`, :class:`Auth`, :class:`User`, :class:`Token` and :func:`hash_secret` import
-without the extra; :func:`create_app` raises ImportError naming it when FastAPI is missing.
+:class:`Principal`, :class:`Auth`, :class:`User`, :class:`Token`, :class:`LoginLimits` and
+:func:`hash_secret` import without the extra; :func:`create_app` raises ImportError naming it
+when FastAPI is missing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,16 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from celery_outbox.web.auth import Auth, Principal, Resolver, Token, User, hash_secret
+from celery_outbox.web.auth import (
+    Auth,
+    LoginLimits,
+    Principal,
+    Resolver,
+    Token,
+    TooManyAttempts,
+    User,
+    hash_secret,
+)
 
 if TYPE_CHECKING:
     from celery_outbox.outbox import Outbox
@@ -77,4 +87,5 @@ def create_app(
                  cache_for=cache_for, title=title, metrics=metrics)
 
 
-__all__ = ["Auth", "Principal", "Resolver", "Token", "User", "create_app", "hash_secret"]
+__all__ = ["Auth", "LoginLimits", "Principal", "Resolver", "Token", "TooManyAttempts", "User",
+           "create_app", "hash_secret"]

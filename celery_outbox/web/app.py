@@ -32,7 +32,7 @@ from celery_outbox.errors import (
     StorageError,
 )
 from celery_outbox.web import api, pages
-from celery_outbox.web.auth import Auth, Principal, Resolver
+from celery_outbox.web.auth import Auth, Principal, Resolver, TooManyAttempts
 from celery_outbox.web.models import ErrorOut, FieldError
 
 if TYPE_CHECKING:
@@ -209,7 +209,10 @@ def _install_guard(app: FastAPI) -> None:
         if auth is None:
             who, how = ANONYMOUS, "anonymous"
         else:
-            who, how = await run_in_threadpool(auth.authenticate, request)
+            try:
+                who, how = await run_in_threadpool(auth.authenticate, request)
+            except TooManyAttempts as exc:
+                return too_many(request, exc)
         if who is None:
             return _unauthenticated(request)
         if (request.method in UNSAFE and how == "session"
@@ -228,6 +231,13 @@ def _unauthenticated(request: Request) -> Response:
         return JSONResponse(body, status_code=401, headers=headers)
     # A browser gets the login form; no WWW-Authenticate, so it shows no Basic dialog.
     return pages.login_page(request, status_code=401, next_url=str(request.url.path))
+
+
+def too_many(request: Request, exc: TooManyAttempts) -> Response:
+    """429 with ``Retry-After``: a password check refused by the login limits."""
+    response = _error(request, 429, f"{exc.reason}: retry after {exc.retry_after} s")
+    response.headers["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 def _error(request: Request, status: int, detail: str,

@@ -10,6 +10,10 @@ and :func:`hash_secret` work without the ``web`` extra (e.g. in settings modules
   hashed (``password_hash`` / ``token_hash`` from :func:`hash_secret`: PBKDF2-SHA256 for
   passwords, SHA-256 for tokens) or read from an environment variable (``password_env`` /
   ``token_env``) at each check, so no plain secret sits in settings.
+- Password checks are rate limited (:class:`LoginLimits`): failed attempts per user name and
+  per client address, each a token bucket, and at most ``hashing_slots`` PBKDF2 checks at
+  once; beyond either, :class:`TooManyAttempts` (the app answers 429 with ``Retry-After``)
+  without hashing, so a flood of bad credentials costs the server almost nothing.
 - Sessions (the dashboard's login form) are a signed cookie (HMAC-SHA256 with
   ``secret_key``), ``HttpOnly`` and ``SameSite=Strict``, naming the user; the user's access
   is looked up on every request, so removing a user ends their sessions.
@@ -22,10 +26,12 @@ import functools
 import hashlib
 import hmac
 import json
+import math
 import os
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -162,6 +168,101 @@ class Token:
         return _matches(token, self.token_hash, self.token_env)
 
 
+class TooManyAttempts(Exception):
+    """A password check refused before it ran: too many failed attempts for this user name or
+    client address, or every hashing slot busy. ``retry_after``: whole seconds to wait."""
+
+    def __init__(self, reason: str, retry_after: int) -> None:
+        super().__init__(f"{reason}; retry after {retry_after} s")
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class LoginLimits:
+    """How many password checks an :class:`Auth` runs.
+
+    ``attempts``: failed attempts allowed at once per user name (known or not) and per client
+    address; each refills at ``attempts`` per ``window`` seconds, so a guesser gets
+    ``attempts`` per ``window`` after its burst. ``hashing_slots``: PBKDF2 checks running at
+    once in the process; one more is refused at once (never queued), so a flood from many
+    addresses takes at most that many cores and never the server's threads. ``max_keys``:
+    the buckets remembered (the least recently used beyond it are forgotten).
+    """
+
+    attempts: int = 10
+    window: float = 60.0
+    hashing_slots: int = 2
+    max_keys: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.hashing_slots < 1 or self.max_keys < 1:
+            raise ConfigurationError(f"LoginLimits: attempts, hashing_slots and max_keys must "
+                                     f"be at least 1, got {self}")
+        if not self.window > 0:
+            raise ConfigurationError(f"LoginLimits: window must be > 0 seconds, got "
+                                     f"{self.window!r}")
+
+
+class _Throttle:
+    """The failed-attempt buckets (one per user name, one per address) and the hashing
+    slots of one :class:`Auth`. An attempt takes a token from each of its buckets before it
+    hashes (so concurrent guesses cannot all pass a check made before any failed) and gives
+    them back when the password was right."""
+
+    def __init__(self, limits: LoginLimits, clock: Callable[[], float] = time.monotonic):
+        self.limits = limits
+        self.clock = clock
+        self.rate = limits.attempts / limits.window  # tokens per second
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(limits.hashing_slots)
+
+    def _level(self, key: str, now: float) -> float:
+        tokens, at = self._buckets.get(key, (float(self.limits.attempts), now))
+        return min(float(self.limits.attempts), tokens + (now - at) * self.rate)
+
+    def take(self, keys: list[str]) -> None:
+        """One token from each bucket of ``keys``, or TooManyAttempts (nothing taken)."""
+        with self._lock:
+            now = self.clock()
+            levels = {key: self._level(key, now) for key in keys}
+            short = {key: level for key, level in levels.items() if level < 1}
+            if short:
+                wait = max((1 - level) / self.rate for level in short.values())
+                what = " and ".join(key.partition(":")[0] for key in short)
+                raise TooManyAttempts(f"too many failed logins for this {what}",
+                                      max(1, math.ceil(wait)))
+            for key, level in levels.items():
+                self._buckets[key] = (level - 1, now)
+                self._buckets.move_to_end(key)
+            while len(self._buckets) > self.limits.max_keys:
+                self._buckets.popitem(last=False)
+
+    def give_back(self, keys: list[str]) -> None:
+        with self._lock:
+            now = self.clock()
+            for key in keys:
+                if key in self._buckets:
+                    self._buckets[key] = (min(float(self.limits.attempts),
+                                              self._level(key, now) + 1), now)
+
+    def check(self, keys: list[str], verify: Callable[[], bool]) -> bool:
+        """``verify()`` (a password check) within the limits: TooManyAttempts when a bucket
+        is empty or every hashing slot busy; a success gives its tokens back."""
+        self.take(keys)
+        if not self._slots.acquire(blocking=False):
+            self.give_back(keys)  # refused for load, not for this user's guesses
+            raise TooManyAttempts("every password check slot is busy", 1)
+        try:
+            ok = verify()
+        finally:
+            self._slots.release()
+        if ok:
+            self.give_back(keys)
+        return ok
+
+
 Resolver = Callable[[Any], "Principal | None"]
 """``(request) -> Principal | None``: the host application's own login (a Starlette
 ``Request``). None means "not this resolver's request": the built-in methods are tried next."""
@@ -176,7 +277,9 @@ class Auth:
     ``secret_key`` signs session cookies (default: ``$OUTBOX_WEB_SECRET_KEY``, else random
     per process: sessions then end when the process restarts). ``session_max_age``: seconds.
     ``trusted_origins``: extra ``scheme://host[:port]`` origins allowed to send actions
-    (e.g. the public address in front of a proxy that rewrites Host).
+    (e.g. the public address in front of a proxy that rewrites Host). ``login_limits``: how
+    many password checks run (:class:`LoginLimits`: failed attempts per user and address,
+    concurrent hashing).
     """
 
     users: Iterable[User] = ()
@@ -185,10 +288,12 @@ class Auth:
     secret_key: str | None = None
     session_max_age: int = 8 * 3600
     trusted_origins: Iterable[str] = ()
+    login_limits: LoginLimits = field(default_factory=LoginLimits)
     _users: dict[str, User] = field(init=False, repr=False)
     _tokens: tuple[Token, ...] = field(init=False, repr=False)
     _cache: dict[str, tuple[float, Principal]] = field(init=False, repr=False)
     _revoked: dict[str, float] = field(init=False, repr=False)
+    _throttle: _Throttle = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._users = {u.name: u for u in self.users}
@@ -198,6 +303,10 @@ class Auth:
         self.secret_key = key or secrets.token_urlsafe(32)
         self._cache = {}
         self._revoked = {}
+        if not isinstance(self.login_limits, LoginLimits):
+            raise ConfigurationError(f"login_limits must be a LoginLimits, got "
+                                     f"{self.login_limits!r}")
+        self._throttle = _Throttle(self.login_limits)
 
     @classmethod
     def from_settings(cls, conf: Mapping[str, Any]) -> Auth:
@@ -235,7 +344,8 @@ class Auth:
         if scheme.lower() == "bearer" and value:
             return self._cached(header, lambda: self._bearer(value.strip())), "bearer"
         if scheme.lower() == "basic" and value:
-            return self._cached(header, lambda: self._basic(value.strip())), "basic"
+            address = self.client_address(request)
+            return self._cached(header, lambda: self._basic(value.strip(), address)), "basic"
         cookie = request.cookies.get(SESSION_COOKIE)
         if cookie:
             return self.session_principal(cookie), "session"
@@ -262,25 +372,40 @@ class Auth:
                 return token.principal()
         return None
 
-    def _basic(self, value: str) -> Principal | None:
+    def _basic(self, value: str, address: str | None) -> Principal | None:
         try:
             name, _, password = base64.b64decode(value).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return None
-        return self.login(name, password)
+        return self.login(name, password, address)
 
-    def login(self, name: str, password: str) -> Principal | None:
-        """The user's principal when ``password`` is theirs, else None."""
+    def client_address(self, request: Any) -> str | None:
+        """The address a request comes from (the server's peer), None when it names none."""
+        client = getattr(request, "client", None)
+        return str(client[0]) if client else None
+
+    def login(self, name: str, password: str, address: str | None = None) -> Principal | None:
+        """The user's principal when ``password`` is theirs, else None. Raises
+        :class:`TooManyAttempts` (before any hashing) past the :class:`LoginLimits` of
+        ``name`` or of ``address`` (the client's, when known)."""
+        keys = [f"user:{name}"] + ([f"address:{address}"] if address else [])
         user = self._users.get(name)
-        if user is None:
-            # Spend the time a check would, so a wrong name and a wrong password look alike.
-            verify_secret(password, _dummy_hash())
-            return None
-        if user.password_hash is None:
-            # An environment password compares in microseconds: spend the PBKDF2 an unknown
-            # name spends, or the response time tells which names exist.
-            verify_secret(password, _dummy_hash())
-        return user.principal() if user.check(password) else None
+        found: list[Principal] = []
+
+        def verify() -> bool:
+            if user is None:
+                # Spend the time a check would: a wrong name and a wrong password look alike.
+                verify_secret(password, _dummy_hash())
+                return False
+            if user.password_hash is None:
+                # An environment password compares in microseconds: spend the PBKDF2 an
+                # unknown name spends, or the response time tells which names exist.
+                verify_secret(password, _dummy_hash())
+            if user.check(password):
+                found.append(user.principal())
+            return bool(found)
+
+        return found[0] if self._throttle.check(keys, verify) else None
 
     # -- sessions -----------------------------------------------------------------------------
 

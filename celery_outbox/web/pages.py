@@ -16,12 +16,13 @@ from urllib.parse import parse_qs, urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
 
 from celery_outbox.dashboard import Dashboard
 from celery_outbox.errors import ConfigurationError, ExecutionNotFound
 from celery_outbox.states import Status
 from celery_outbox.web.api import scoped_query, shared_overview
-from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal
+from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal, TooManyAttempts
 
 LATE_AFTER = timedelta(minutes=5)
 """The overview shows an oldest pending age beyond this in red (any age in amber)."""
@@ -168,7 +169,16 @@ async def login(request: Request) -> Response:
         return error_page(request, 400, f"login form: {exc}")
     name, password = form.get("username", ""), form.get("password", "")
     next_url = form.get("next", "")
-    who = auth.login(name, password) if auth is not None else None
+    who = None
+    if auth is not None:
+        try:  # PBKDF2 is slow on purpose: never on the event loop
+            who = await run_in_threadpool(auth.login, name, password,
+                                          auth.client_address(request))
+        except TooManyAttempts as exc:
+            page = login_page(request, status_code=429, next_url=next_url,
+                              error=f"{exc.reason}: try again in {exc.retry_after} s")
+            page.headers["Retry-After"] = str(exc.retry_after)
+            return page
     if who is None:
         return login_page(request, status_code=401, next_url=next_url,
                           error="unknown user or wrong password")

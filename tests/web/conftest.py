@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
-from celery_outbox.web import Auth, Token, User, create_app, hash_secret
+from celery_outbox.web import Auth, LoginLimits, Token, User, create_app, hash_secret
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.conftest import make_outbox as make_outbox
 
@@ -46,6 +46,9 @@ def auth() -> Auth:
         ],
         tokens=[Token("ci", token_hash=hash_secret(TOKEN, kind="token"), access="operate"),
                 Token("reader", token_hash=hash_secret(READ_TOKEN, kind="token"))],
+        # Shared by every test of the session, which try many wrong passwords from one
+        # address on purpose: the login limits have their own tests (test_login_limits.py).
+        login_limits=LoginLimits(attempts=1_000_000),
     )
 
 

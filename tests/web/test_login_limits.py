@@ -1,0 +1,173 @@
+"""Login rate limits: failed password checks per user name and per client address, and the
+PBKDF2 work bounded, so guessing is slow and a flood of bad credentials starves nobody.
+
+Before the limits a client could try 12 to 25 passwords a second, and a flood of bad Basic
+credentials took every thread of the server's pool (PBKDF2 is slow on purpose): a valid
+request then took 4.6 s instead of 4.5 ms.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import threading
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from celery_outbox import ConfigurationError, Outbox
+from celery_outbox.web import Auth, LoginLimits, Token, User, create_app, hash_secret
+from tests.web.conftest import PASSWORDS, TOKEN
+from tests.web.test_browser import serve
+
+sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+def basic(name: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()}
+
+
+def limited_auth(attempts: int) -> Auth:
+    return Auth(users=[User("ops", password_hash=hash_secret(PASSWORDS["ops"]), access="operate"),
+                       User("viewer", password_hash=hash_secret(PASSWORDS["viewer"]))],
+                tokens=[Token("ci", token_hash=hash_secret(TOKEN, kind="token"))],
+                login_limits=LoginLimits(attempts=attempts, window=60))
+
+
+@sqlite_only
+def test_failed_logins_are_limited_per_user_and_per_address(web_outbox: Outbox,
+                                                            jobs: Any) -> None:
+    auth = limited_auth(attempts=3)
+    app = create_app(web_outbox, auth=auth)
+
+    def at(address: str) -> TestClient:
+        return TestClient(app, client=(address, 5000))
+
+    # One user name guessed from three addresses: the fourth guess is refused unhashed,
+    # even with the right password; another user from the same address is not.
+    for i in range(3):
+        assert at(f"10.0.0.{i}").get("/api/v1/me", headers=basic("ops", "nope")).status_code == 401
+    for password in ("nope", PASSWORDS["ops"]):
+        r = at("10.0.0.9").get("/api/v1/me", headers=basic("ops", password))
+        assert r.status_code == 429, r.text
+        assert 1 <= int(r.headers["retry-after"]) <= 60 and "user" in r.json()["detail"]
+    assert at("10.0.0.9").get("/api/v1/me",
+                              headers=basic("viewer", PASSWORDS["viewer"])).status_code == 200
+
+    # One address guessing many names (unknown ones too): refused for every name, even a
+    # right password; another address is not.
+    for name in ("root", "admin", "viewer"):
+        assert at("10.0.1.1").get("/api/v1/me", headers=basic(name, "nope")).status_code == 401
+    viewer = {"username": "viewer", "password": PASSWORDS["viewer"]}
+    form = at("10.0.1.1").post("/login", data=viewer, follow_redirects=False)
+    assert form.status_code == 429 and 1 <= int(form.headers["retry-after"]) <= 60
+    assert "outbox_session" not in form.cookies and "address: try again in" in form.text
+    # The viewer logs in from elsewhere; a bearer token and a Basic header already verified
+    # (remembered for a minute) are no password check.
+    assert at("10.0.1.2").post("/login", data=viewer,
+                               follow_redirects=False).status_code == 303
+    for verified in ({"Authorization": f"Bearer {TOKEN}"},
+                     basic("viewer", PASSWORDS["viewer"])):
+        assert at("10.0.1.1").get("/api/v1/me", headers=verified).status_code == 200
+
+    # The buckets refill: attempts / window per second.
+    clock = auth._throttle.clock
+    auth._throttle.clock = lambda: clock() + 61
+    assert at("10.0.1.1").get("/api/v1/me",
+                              headers=basic("ops", PASSWORDS["ops"])).status_code == 200
+
+
+@sqlite_only
+def test_concurrent_guesses_never_pass_the_limit_together(web_outbox: Outbox,
+                                                          jobs: Any) -> None:
+    """The token is taken before the hash: 12 guesses at once for one user cost at most
+    ``attempts`` password checks."""
+    auth = limited_auth(attempts=4)
+    app = create_app(web_outbox, auth=auth)
+    codes: list[int] = []
+
+    def guess(i: int) -> None:
+        with TestClient(app, client=(f"10.2.0.{i}", 5000)) as c:
+            codes.append(c.get("/api/v1/me", headers=basic("ops", f"guess{i}")).status_code)
+
+    threads = [threading.Thread(target=guess, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(codes) == 12 and set(codes) <= {401, 429}
+    assert codes.count(401) <= 4, codes
+
+
+def test_bad_limits_are_refused_at_setup() -> None:
+    with pytest.raises(ConfigurationError, match="attempts"):
+        LoginLimits(attempts=0)
+    with pytest.raises(ConfigurationError, match="window"):
+        LoginLimits(window=0)
+    with pytest.raises(ConfigurationError, match="login_limits"):
+        Auth(login_limits={"attempts": 3})  # type: ignore[arg-type]
+
+
+@sqlite_only
+def test_a_flood_of_bad_credentials_starves_no_valid_request(web_outbox: Outbox,
+                                                            jobs: Any) -> None:
+    """48 clients, each from its own loopback address (so no per-address bucket stops
+    them soon) and guessing its own names, flood a real server with bad Basic credentials;
+    meanwhile a remembered Basic login, a bearer token and a session still answer fast:
+    the hashing runs in at most ``hashing_slots`` at once and a refused check holds no
+    thread of the server's pool."""
+    app = create_app(web_outbox, auth=limited_auth(attempts=5))
+    with serve(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        stop = threading.Event()
+        answered: list[int] = []
+
+        def flood(i: int) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30,
+                                                  source_address=(f"127.0.3.{i + 10}", 0))
+                try:
+                    conn.request("GET", "/api/v1/me", headers=basic(f"u{i}-{n}", "bad"))
+                    answered.append(conn.getresponse().status)
+                except OSError:
+                    pass
+                finally:
+                    conn.close()
+
+        def timed(headers: dict[str, str]) -> float:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                started = time.perf_counter()
+                conn.request("GET", "/api/v1/me", headers=headers)
+                status = conn.getresponse().status
+                took = time.perf_counter() - started
+            finally:
+                conn.close()
+            assert status == 200, (headers, status)
+            return took
+
+        ops = basic("ops", PASSWORDS["ops"])
+        timed(ops)  # verified once: remembered for a minute, as a browser resends it
+        with TestClient(app, base_url=url) as c:
+            session = c.post("/login", data={"username": "viewer",
+                                             "password": PASSWORDS["viewer"]},
+                             follow_redirects=False).cookies["outbox_session"]
+        threads = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(48)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while len(answered) < 100 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            took = [timed(h) for h in (ops, {"Authorization": f"Bearer {TOKEN}"},
+                                       {"Cookie": f"outbox_session={session}"}) * 3]
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(40)
+        assert max(took) < 0.5, took
+        assert 429 in answered, sorted(set(answered))
