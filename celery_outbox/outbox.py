@@ -155,7 +155,9 @@ class Outbox:
         self.registry = registry if registry is not None else default_registry
         self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher)
         self._dispatcher: Dispatcher | None = dispatcher
-        self._celery_dispatcher: CeleryDispatcher | None = None
+        # Made now, not at first use: two threads' first pushes at once made one each.
+        self._celery_dispatcher = CeleryDispatcher(
+            app, self.registry, chunk_size=self.config.dispatch_chunk_size)
         self.inline_dispatcher = InlineDispatcher(self.runner.run, self._now)
         """What runs executions under ``task_always_eager``: due ones inline, at the commit,
         delayed ones on a timer when due."""
@@ -183,15 +185,12 @@ class Outbox:
         """How this outbox's ids reach a worker: the ``dispatcher`` given to it; else, while
         the app's ``task_always_eager`` is set (read at each dispatch, so setting it after
         the Outbox was made takes effect), :attr:`inline_dispatcher`, which runs them in
-        this process as a worker would; else Celery (a :class:`CeleryDispatcher`, made at
-        its first use)."""
+        this process as a worker would; else Celery (the outbox's one
+        :class:`CeleryDispatcher`)."""
         if self._dispatcher is not None:
             return self._dispatcher
         if self.app.conf.task_always_eager:
             return self.inline_dispatcher
-        if self._celery_dispatcher is None:
-            self._celery_dispatcher = CeleryDispatcher(
-                self.app, self.registry, chunk_size=self.config.dispatch_chunk_size)
         return self._celery_dispatcher
 
     @dispatcher.setter

@@ -6,6 +6,8 @@ out; the real brokers are exercised in tests/e2e.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -111,3 +113,32 @@ def test_an_item_with_limits_goes_out_alone_with_them(published: list[dict[str, 
 def test_priority_maps_to_the_brokers_order(broker: str, expected: list[int]) -> None:
     _, dispatcher = make_outbox(broker)
     assert [dispatcher._options("plain", p, None)["priority"] for p in range(4)] == expected
+
+
+def test_threads_pushing_first_at_once_share_one_celery_dispatcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each process has one publishing thread and broker connection per Outbox, and
+    ``Outbox.flush()`` waits for what it handed over. Two threads whose first push came at
+    once each made a CeleryDispatcher of their own when it was made at first use: one
+    push's ids went to a dispatcher the outbox no longer knew (a second publishing thread
+    and broker connection, and ``flush()`` not waiting for them)."""
+    made = threading.Barrier(2)
+    init = CeleryDispatcher.__init__
+
+    def slow_init(self: CeleryDispatcher, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            made.wait(0.5)  # a thread switch in the constructor: the other gets there too
+
+    monkeypatch.setattr(CeleryDispatcher, "__init__", slow_init)
+    outbox = Outbox(Celery("dispatch-race", broker="memory://"), database_url=UNREACHABLE,
+                    registry=JobRegistry())
+    seen: list[object] = []
+    threads = [threading.Thread(target=lambda: seen.append(outbox.dispatcher))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(seen) == 2 and seen[0] is seen[1] is outbox.dispatcher
