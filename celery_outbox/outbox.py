@@ -167,7 +167,9 @@ class Outbox:
         else:
             self._install_task()
         self.registry.outbox = self
-        self._dispatch_ready = False  # apush prepared the dispatcher (in a worker thread)
+        self._prepared: Dispatcher | None = None
+        """The dispatcher an apush last prepared (in a worker thread): which one dispatches
+        changes at run time (eager mode, a test's recorder), each is prepared before use."""
         self._connect_worker_signals()
         self._install_maintenance()
         self._install_cron()
@@ -532,9 +534,10 @@ class Outbox:
                               pushing.traceparent if pushing is not None else None)
         if caller is None:
             return await self._apush_alone(rows, now, pushing)
-        if not self._dispatch_ready:  # its first call prepares the broker client: not here
-            await asyncio.to_thread(getattr(self.dispatcher, "prepare", lambda: None))
-            self._dispatch_ready = True
+        dispatcher = self.dispatcher
+        if dispatcher is not self._prepared:  # its first call prepares the broker client:
+            await asyncio.to_thread(getattr(dispatcher, "prepare", lambda: None))  # not here
+            self._prepared = dispatcher
         tx = await self.store.ajoin(caller)
         try:
             results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)

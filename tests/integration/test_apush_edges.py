@@ -121,3 +121,43 @@ async def test_connection_error_mid_push(aoutbox, receipt, recording, aengine, d
             await session.commit()
     assert recording.calls == []
     assert count(aoutbox) == 0
+
+
+async def test_the_dispatcher_a_push_uses_is_prepared_off_the_event_loop(
+    sqlite_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An apush prepares the dispatcher in a worker thread before its first dispatch (the
+    broker client's imports and objects: never on the event loop). Which dispatcher that is
+    changes at run time (eager mode set or unset, a test's recorder installed): the one
+    prepared was remembered per Outbox, so Celery's, in use once eager mode ended, did its
+    first-use work on the event loop at the commit."""
+    import threading
+    import uuid
+
+    from celery import Celery
+
+    from celery_outbox.dispatch import CeleryDispatcher
+
+    app = Celery(f"apush-prepare-{uuid.uuid4().hex[:8]}", broker="memory://")
+    app.conf.task_always_eager = True
+    outbox = Outbox(app, database_url=sqlite_url, registry=registry,
+                    table_name=f"ob_{uuid.uuid4().hex[:10]}")
+    outbox.create_schema()
+    prepared: list[int] = []
+    monkeypatch.setattr(CeleryDispatcher, "prepare",
+                        lambda self: prepared.append(threading.get_ident()))
+    engine = create_async_engine(sqlite_url.replace("sqlite://", "sqlite+aiosqlite://"))
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            await receipt.apush(Order(order_id=1), session=session)  # eager: runs inline
+        app.conf.task_always_eager = False
+        async with AsyncSession(engine) as session, session.begin():
+            await receipt.apush(Order(order_id=2), session=session)
+        assert prepared, "Celery's dispatcher was never prepared before its first dispatch"
+        assert threading.get_ident() not in prepared
+    finally:
+        await engine.dispose()
+        outbox.runner.heartbeat.stop()
+        outbox.drop_schema()
+        outbox.engine.dispose()
