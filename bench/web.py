@@ -3,7 +3,8 @@
 One PostgreSQL table (database ``outbox_bench_web``) holding ``--rows`` executions (default
 1,000,000) of 6 jobs over the 30 days before now: 80 % succeeded, 10 % failed (with a
 traceback and logs), 2 % cancelled, 3 % pending, 3 % scheduled, 2 % running; 4 tenants and
-rows without one. Written once with ``INSERT ... SELECT generate_series`` (fixture SQL of the
+rows without one, and a small tenant (``tenant-small``: one row in 9,973, about 100 at
+1,000,000 rows). Written once with ``INSERT ... SELECT generate_series`` (fixture SQL of the
 benchmark; what is measured is the package's SQL in ``celery_outbox/queries/``), then
 ``VACUUM ANALYZE``; kept between runs (``--rebuild`` writes it again).
 
@@ -11,7 +12,9 @@ Each figure is ``--requests`` HTTP requests (default 200) through the whole ASGI
 (auth by bearer token, routing, the store's SQL, pydantic, JSON or the Jinja2 page) with
 httpx's in-process transport; the overview's cache is off (``cache_for=0``), so every
 request reads the database as the first viewer in each period does (one more figure
-shows the default: the overview shared for 3 s). Printed: p50, p95 and
+shows the default: the overview shared for 3 s). The overview, the executions page and
+the failures are read as an unscoped principal, then as two tenant principals among the
+large tenants: ``tenant-small``'s and one of a tenant of no rows. Printed: p50, p95 and
 max in milliseconds, against the target p95 < 100 ms; then the statements each read issued,
 under ``EXPLAIN (ANALYZE, BUFFERS)``, summarised (indexes, sequential scans, time), or in
 full with ``--plans``.
@@ -44,6 +47,9 @@ PG_DATABASE = "outbox_bench_web"
 TABLE = "bench_web_executions"
 JOBS = ("shop.email", "shop.invoice", "shop.sync", "shop.report", "shop.export", "shop.ping")
 TOKEN = "bench-token-0123456789"
+TENANT_TOKENS = {"tenant-small": "bench-token-small-0123456789",
+                 "tenant-none": "bench-token-none-0123456789"}
+"""Read-only tokens of two tenants: the small one's rows, and none at all."""
 TARGET_MS = 100.0
 
 FILL = f"""
@@ -51,7 +57,8 @@ INSERT INTO {TABLE} (id, job_name, unique_key, organization_id, status, priority
     max_attempts, payload, created_at, updated_at, scheduled_at, started_at, finished_at,
     last_error, logs)
 SELECT gen_random_uuid(), j.job, NULL,
-    CASE WHEN i % 5 = 0 THEN NULL ELSE 'tenant-' || (i % 5) END,
+    CASE WHEN i % 5 = 0 THEN NULL WHEN i % 9973 = 1 THEN 'tenant-small'
+         ELSE 'tenant-' || (i % 5) END,
     s.status, 2, CASE WHEN s.status IN ('pending', 'scheduled') THEN 0 ELSE 1 END, 1,
     jsonb_build_object('n', i), c.created, c.created,
     CASE WHEN s.status = 'scheduled' THEN now() + interval '1 hour' END,
@@ -185,7 +192,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     outbox = prepare(args.rows, args.rebuild, args.database)
     auth = Auth(tokens=[Token("bench", token_hash=hash_secret(TOKEN, kind="token"),
-                              access="operate")])
+                              access="operate"),
+                        *(Token(org, token_hash=hash_secret(token, kind="token"),
+                                organization_id=org)
+                          for org, token in TENANT_TOKENS.items())])
     app = create_app(outbox, auth=auth, cache_for=timedelta(0))
     import httpx
     from fastapi.testclient import TestClient
@@ -224,6 +234,20 @@ def main(argv: list[str]) -> int:
          lambda: client.get(f"/executions/{rng.choice(sample)}")),
         ("failures  GET /api/v1/failures", lambda: client.get("/api/v1/failures")),
     ]
+    for org, token in TENANT_TOKENS.items():
+        tenant = TestClient(app, headers={"Authorization": f"Bearer {token}"})
+        figures += [
+            (f"{org}: overview  GET /api/v1/jobs",
+             lambda tenant=tenant: tenant.get("/api/v1/jobs")),
+            (f"{org}: overview  GET / (page)", lambda tenant=tenant: tenant.get("/")),
+            (f"{org}: executions ?limit=50",
+             lambda tenant=tenant: tenant.get("/api/v1/executions", params={"limit": 50})),
+            (f"{org}: executions job + status=failed",
+             lambda tenant=tenant: tenant.get(
+                 "/api/v1/executions", params={"job": "shop.invoice", "status": "failed"})),
+            (f"{org}: failures  GET /api/v1/failures",
+             lambda tenant=tenant: tenant.get("/api/v1/failures")),
+        ]
     print(f"python {platform.python_version()}, {os.cpu_count()} cores, {args.rows:,} rows, "
           f"{args.requests} requests per figure, target p95 < {TARGET_MS:.0f} ms")
     print(f"  {'figure':<44} {'p50':>7} {'p95':>7} {'max':>7}  (ms)")
