@@ -582,7 +582,8 @@ class InlineDispatcher:
     nothing does), which starts a thread of its own for each group as it comes due,
     ``eta - clock()`` seconds later; nothing else waits on a thread. Its rows are claimed
     then, like any message's: a row cancelled, rescheduled or already run meanwhile is
-    simply not claimed. :meth:`cancel` drops the groups not yet due. ``clock()`` answers an
+    simply not claimed. :meth:`cancel` drops the groups not yet due; the process's exit
+    waits for the runs begun, as a worker's warm shutdown does. ``clock()`` answers an
     aware UTC datetime (default: the system's time); a run's error is logged, never raised
     (no caller waits on it).
     """
@@ -602,6 +603,16 @@ class InlineDispatcher:
         self._waiter: threading.Thread | None = None  # the one thread waiting on _due
         self._running: set[threading.Thread] = set()
         _DISPATCHERS.add(self)
+        atexit.register(self._at_exit, weakref.ref(self))
+
+    @staticmethod
+    def _at_exit(ref: weakref.ReferenceType[InlineDispatcher]) -> None:
+        """As a worker's warm shutdown: the runs begun end (up to
+        :data:`EXIT_FLUSH_TIMEOUT`), or their rows would be left running, cut off by the
+        interpreter's exit; the groups not yet due stay scheduled."""
+        dispatcher = ref()
+        if dispatcher is not None and dispatcher.pending:
+            dispatcher.cancel(EXIT_FLUSH_TIMEOUT)
 
     def _forked(self) -> None:
         """In a forked child, before any of its threads runs: the lock a thread of the

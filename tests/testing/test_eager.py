@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
 from celery_outbox.dispatch import CeleryDispatcher
 from celery_outbox.testing import assert_pushed
+from tests.testing.conftest import ROOT, run
 
 
 class Item(BaseModel):
@@ -149,3 +151,58 @@ def test_delayed_pushes_wait_on_one_thread_not_one_each(shop: Shop) -> None:
     wait_for(lambda: len(shop.runs) == 60, "every delayed push ran")
     assert sorted(n for n, *_ in shop.runs) == list(range(60))
     wait_for(lambda: shop.outbox.inline_dispatcher.pending == 0, "the runs ended")
+
+
+EXITING = """
+import sys, time
+from datetime import timedelta
+from pathlib import Path
+from celery import Celery
+from pydantic import BaseModel
+from celery_outbox import JobRegistry, Outbox, outbox_job
+
+class Item(BaseModel):
+    n: int
+
+app = Celery("eager-exit", broker="memory://")
+app.conf.task_always_eager = True
+registry = JobRegistry()
+
+@outbox_job(name="eager.slow", schema=Item, registry=registry, record="all")
+def slow(ctx):
+    time.sleep(0.5)
+    print("ran", ctx.payload.n, flush=True)
+
+outbox = Outbox(app, database_url=sys.argv[1], registry=registry, table_name=sys.argv[2])
+for n in range(3):
+    slow.push({"n": n}, delay=timedelta(milliseconds=100 + n))
+time.sleep(0.3)  # their runs have begun
+print("exiting", flush=True)
+"""
+
+
+def test_the_process_exits_after_the_runs_that_began(database: tuple[str, str],
+                                                      tmp_path: Path) -> None:
+    """A worker's warm shutdown lets the tasks it began end; so does a process in eager
+    mode as it exits (a script, a dev server restarting): before, its runs were cut off
+    by the interpreter's exit and their rows left running, which no sweep rescues in
+    eager mode."""
+    table = f"ob_{uuid.uuid4().hex[:10]}"
+    app = Celery(f"eager-exit-{uuid.uuid4().hex[:8]}", broker="memory://")
+    outbox = Outbox(app, database_url=database[1], registry=JobRegistry(), table_name=table)
+    outbox.create_schema()
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    try:
+        done = run([str(script), database[1], table], {"PYTHONPATH": str(ROOT)}, tmp_path,
+                   timeout=60)
+        assert done.returncode == 0
+        assert sorted(done.stdout.split("exiting")[1].split()) == [
+            "0", "1", "2", "ran", "ran", "ran"]
+        with outbox.engine.connect() as conn:
+            statuses = conn.exec_driver_sql(f"SELECT status FROM {table}").scalars().all()
+        assert statuses == ["succeeded"] * 3
+    finally:
+        outbox.runner.heartbeat.stop()
+        outbox.drop_schema()
+        outbox.engine.dispose()
