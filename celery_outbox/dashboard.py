@@ -50,7 +50,6 @@ from celery_outbox.admin.views import _execution_detail, _execution_view
 from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
-    ExecutionNotFound,
     InvalidTransition,
     OutboxError,
 )
@@ -349,7 +348,7 @@ class Dashboard:
         execution_id = _uuid(execution_id)
         row = self.store.get_visible(execution_id, organization_id)
         if row is None:
-            raise ExecutionNotFound(execution_id)
+            raise self.admin.not_found(execution_id)
         return _execution_detail(row)
 
     def failures(

@@ -88,12 +88,41 @@ class PayloadInvalid(OutboxError, ValueError):
         super().__init__(f"invalid payload for job {job_name!r}: {details}")
 
 
-class ExecutionNotFound(OutboxError, LookupError):
-    """No execution row has that id. Attributes: ``execution_id``."""
+NOT_KEPT = ("it never existed, or it was not kept: a succeeded execution of a job that "
+            "keeps only errors (record=\"errors\", the default for queue jobs) or none "
+            "(record=\"none\") is deleted when it succeeds, and the trim deletes finished "
+            "ones beyond a job's keep-last-N; declare the job with record=\"all\" to keep "
+            "its successes")
+"""Why an execution id may find no row: what :class:`ExecutionNotFound` says of an id."""
 
-    def __init__(self, execution_id: object) -> None:
+
+class ExecutionNotFound(OutboxError, LookupError):
+    """No execution row has that id.
+
+    Attributes: ``execution_id``; ``dropping``: the registered jobs whose successes leave no
+    row (named in the message, at most :data:`DROPPING_NAMED` of them), when the raiser
+    looked them up. The message says why a row may be missing (:data:`NOT_KEPT`: with the
+    default ``record="errors"`` the id a push returned answers "not found" once the
+    execution succeeded), unless ``explain`` is False (an id that is no UUID).
+    """
+
+    def __init__(self, execution_id: object, *, explain: bool = True,
+                 dropping: tuple[str, ...] = ()) -> None:
         self.execution_id = execution_id
-        super().__init__(f"no execution with id {execution_id}")
+        self.dropping = dropping
+        message = f"no execution with id {execution_id}"
+        if explain:
+            message += f": {NOT_KEPT}"
+            if dropping:
+                named = ", ".join(dropping[:DROPPING_NAMED])
+                more = len(dropping) - DROPPING_NAMED
+                named += f" and {more} more" if more > 0 else ""
+                message += f" (jobs here that keep no successes: {named})"
+        super().__init__(message)
+
+
+DROPPING_NAMED = 3
+"""How many of the jobs whose successes leave no row an :class:`ExecutionNotFound` names."""
 
 
 class InvalidTransition(OutboxError):

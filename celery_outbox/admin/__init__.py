@@ -284,14 +284,26 @@ class OutboxAdmin:
         after: str | None = None,
         limit: int = 20,
         count_cap: int = COUNT_CAP,
+        unique_key: str | None = None,
+        error_contains: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
     ) -> ExecutionListing:
         """One page of executions, of one job or of all (``job_name`` None), newest first.
+
+        Filters, each None for any: ``status``, ``organization_id`` (the tenant),
+        ``unique_key`` (this key), ``error_contains`` (the error's text holds it),
+        ``created_after`` / ``created_before`` (aware datetimes: ``created_after <=
+        created_at < created_before``): the filters of
+        the dashboard's list (:class:`~celery_outbox.store.ExecutionQuery`).
 
         ``after``: the ``next_cursor`` of the page before (keyset paging on ``(created_at,
         id)``: page 1,000 costs what page 1 does). ``limit``: 1..200 per page. ``total``
         counts every matching execution up to ``count_cap`` (``total_capped`` says when it
         stopped there). Raises :class:`JobNotRegistered` for an unknown job (its full name),
-        :class:`ConfigurationError` for a bad ``status``, ``limit`` or cursor.
+        :class:`ConfigurationError` for a bad ``status``, ``limit``, cursor, text (one the
+        database cannot compare) or time (naive, with no UTC equivalent, or a range whose
+        start is after its end), naming it.
         """
         if job_name is not None:
             self.registry.get(job_name)
@@ -302,11 +314,16 @@ class OutboxAdmin:
         if isinstance(count_cap, bool) or not isinstance(count_cap, int) or count_cap < 1:
             raise ConfigurationError(f"count_cap must be an integer >= 1, got {count_cap!r}")
         _check_tenant("page_executions", organization_id)
+        for name, text in (("unique_key", unique_key), ("error_contains", error_contains)):
+            _check_text("page_executions", name, text)
+        _check_range("page_executions", created_after, created_before)
         wanted = _status(status)
         query = ExecutionQuery(
             job_names=(job_name,) if job_name is not None else None,
             statuses=(wanted,) if wanted is not None else None,
-            organization_id=organization_id,
+            organization_id=organization_id, unique_key=unique_key,
+            error_contains=error_contains or None, created_after=created_after,
+            created_before=created_before,
         )
         cursor = decode_cursor(after) if after else None
         rows = self.store.page(query, cursor, limit + 1)
@@ -328,8 +345,17 @@ class OutboxAdmin:
         execution_id = _uuid(execution_id)
         row = self.store.get(execution_id)
         if row is None:
-            raise ExecutionNotFound(execution_id)
+            raise self.not_found(execution_id)
         return _execution_detail(row)
+
+    def not_found(self, execution_id: UUID) -> ExecutionNotFound:
+        """The :class:`ExecutionNotFound` of an id no row has: its message says why (a
+        success of a job keeping only errors, or none, leaves no row; the trim) and names the
+        registered jobs whose successes leave no row (a lookup in the registry, no query)."""
+        config = self.outbox.config
+        dropping = tuple(sorted(spec.name for spec in self.registry
+                                if not spec.keep_succeeded_row(config)))
+        return ExecutionNotFound(execution_id, dropping=dropping)
 
     # -- steer ------------------------------------------------------------------------------
 
@@ -385,7 +411,7 @@ class OutboxAdmin:
         execution_id = _uuid(execution_id)
         row = self.store.get(execution_id)
         if row is None:
-            raise ExecutionNotFound(execution_id)
+            raise self.not_found(execution_id)
         if not can_retry(Status(row["status"])):
             raise InvalidTransition(execution_id, row["status"], "retry")
         lease = row["lease_expires_at"]
@@ -416,7 +442,7 @@ class OutboxAdmin:
         if not self.outbox.cancel(execution_id, by=cancelled_by, by_name=cancelled_by_name):
             status = self.store.status_of(execution_id)
             if status is None:
-                raise ExecutionNotFound(execution_id)
+                raise self.not_found(execution_id)
             raise InvalidTransition(execution_id, status, "cancel")
         return self.get_execution(execution_id)
 
@@ -441,7 +467,7 @@ def _uuid(value: UUID | str) -> UUID:
     try:
         return UUID(str(value).strip())
     except ValueError:
-        raise ExecutionNotFound(value) from None
+        raise ExecutionNotFound(value, explain=False) from None
 
 
 def _status(value: str | Status | None) -> Status | None:
@@ -452,6 +478,38 @@ def _status(value: str | Status | None) -> Status | None:
     except ValueError:
         allowed = ", ".join(s.value for s in Status)
         raise ConfigurationError(f"unknown status {value!r}; one of: {allowed}") from None
+
+
+def _check_text(method: str, name: str, value: str | None) -> None:
+    """ConfigurationError naming ``name`` when ``value`` is no str the database can compare."""
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise ConfigurationError(f"{method}: {name} must be a string, got {value!r:.80}",
+                                 field=name)
+    what = unstorable(value)
+    if what is not None:
+        raise ConfigurationError(f"{method}: {name} cannot be matched: it holds {what}, "
+                                 f"got {value!r:.80}", field=name)
+
+
+def _check_range(method: str, after: datetime | None, before: datetime | None) -> None:
+    """ConfigurationError naming the bound that is no aware datetime with a UTC equivalent,
+    or both when ``after`` is later than ``before``."""
+    for name, value in (("created_after", after), ("created_before", before)):
+        if value is None:
+            continue
+        if not isinstance(value, datetime) or value.utcoffset() is None:
+            raise ConfigurationError(f"{method}: {name} must be an aware datetime, got "
+                                     f"{value!r:.80}", field=name)
+        try:
+            value.astimezone(timezone.utc)
+        except OverflowError:
+            raise ConfigurationError(f"{method}: {name} {value.isoformat()} is out of range "
+                                     f"in UTC", field=name) from None
+    if after is not None and before is not None and after > before:
+        raise ConfigurationError(f"{method}: created_after ({after.isoformat()}) is later "
+                                 f"than created_before ({before.isoformat()})")
 
 
 def _check_tenant(method: str, organization_id: str | None) -> None:

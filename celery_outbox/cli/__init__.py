@@ -7,8 +7,10 @@ passes it in click's context (``ctx.obj.app``); the Outbox is the one installed 
 :mod:`celery_outbox.cli.output`).
 
 Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB] [--status S]
-[--limit N] [--after CURSOR] [--organization-id ORG]``, ``show ID``, ``trigger JOB
-[--payload JSON]``, ``retry ID``, ``cancel ID``, ``sweep``, ``trim``, ``create-schema``,
+[--limit N] [--after CURSOR] [--organization-id/--tenant ORG] [--key KEY] [--error TEXT]
+[--created-after TIME] [--created-before TIME]``, ``show ID``, ``trigger JOB
+[--payload JSON] [--delay SECONDS | --at TIME] [--key KEY] [--priority NAME]``, ``retry ID``,
+``cancel ID``, ``sweep``, ``trim``, ``create-schema``,
 ``web [--host H] [--port N] [--no-auth]`` (the dashboard and HTTP API, extra ``web``),
 ``metrics [--host H] [--port N]`` (Prometheus, extra ``metrics``), ``hash-secret
 [--token]``. A JOB is a job's full name or a short one naming one job only (``receipt`` for
@@ -22,7 +24,10 @@ Exit status, each failure with one line ``Error: ...`` on stderr (without ``--js
 - 2, bad input: an unknown option or a malformed value (``--payload`` that is not JSON or
   does not fit the job's schema, a queue job triggered without ``--payload``, a payload for a
   cron job, an unknown ``--status``, ``--limit`` outside 1..200, a cursor this command did
-  not print, an ID that is no UUID);
+  not print, an ID that is no UUID, a ``--delay`` out of range, a ``--at`` or
+  ``--created-after`` / ``--created-before`` that is no ISO 8601 time with a timezone, a
+  ``--key`` / ``--error`` / ``--tenant`` the database cannot compare or longer than its
+  column, an unknown ``--priority``; nothing is written);
 - 1, a miss or a refused action: unknown or ambiguous job name (the message lists close
   names or the candidates), unknown execution id, a status that forbids the action
   (``InvalidTransition``), a locked cron job (``JobLocked``), a database error (naming the
@@ -36,9 +41,11 @@ import dataclasses
 import functools
 import getpass
 import json
+import math
+import socket
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from uuid import UUID
 
 import click
@@ -60,16 +67,27 @@ from celery_outbox.cli.output import (
 )
 from celery_outbox.config import MAX_DURATION
 from celery_outbox.errors import ConfigurationError, OutboxError, PayloadInvalid, StorageError
+from celery_outbox.models import MAX_LENGTHS
 from celery_outbox.outbox import Outbox
+from celery_outbox.queries.clauses import storable, unstorable
 from celery_outbox.registry import JobSpec
-from celery_outbox.states import Status
+from celery_outbox.states import Priority, Status
 
 __all__ = ["outbox"]
 
+if TYPE_CHECKING:  # click's ParamType is generic from 8.2 on; the package takes 8.1 too
+    _FloatParam = click.ParamType[float]
+    _TimeParam = click.ParamType[datetime]
+else:
+    _FloatParam = _TimeParam = click.ParamType
+
+MAX_ERROR_FILTER = 500
+"""The longest ``--error`` text (as the HTTP API's ``error`` filter)."""
 P = ParamSpec("P")
 R = TypeVar("R")
 TRIGGERED_BY = "cli"
-"""``triggered_by`` / ``cancelled_by`` of what the CLI writes; the ``*_name`` is the OS user."""
+"""``triggered_by`` / ``cancelled_by`` of what the CLI writes; the ``*_name`` is who did it,
+``cli:<user>@<host>`` (:func:`_who`)."""
 
 
 class _OutboxGroup(click.Group):
@@ -160,11 +178,81 @@ json_option = click.option(
 )
 
 
-def _user() -> str | None:
+def _who() -> str:
+    """Who does an action through the CLI: ``cli:<OS user>@<host>`` (``?`` for what cannot
+    be read), as ``triggered_by_name`` / ``cancelled_by_name`` record it: within their
+    column, a character the database refuses replaced (a user name from undecodable bytes)."""
     try:
-        return getpass.getuser()
+        user = getpass.getuser()
     except Exception:
+        user = "?"
+    try:
+        host = socket.gethostname()
+    except OSError:
+        host = "?"
+    who: str = storable(f"cli:{user or '?'}@{host or '?'}")
+    return who[:MAX_LENGTHS["triggered_by_name"]]
+
+
+class Seconds(_FloatParam):
+    """A duration in seconds, as the CLI's durations are given (``--overdue-after``,
+    ``--delay``): a finite number from 0 to :data:`~celery_outbox.config.MAX_DURATION`."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        top = MAX_DURATION.total_seconds()
+        if not (math.isfinite(number) and 0 <= number <= top):
+            self.fail(f"must be a number of seconds from 0 to {top:.0f}, got {value!r}",
+                      param, ctx)
+        return number
+
+
+class AwareTime(_TimeParam):
+    """An ISO 8601 time with its timezone (``2026-12-04T18:30:00+01:00``, ``...Z``); a naive
+    one is refused (whose clock would it be?), as is one with no UTC equivalent."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            parsed = value
+        else:
+            try:
+                parsed = datetime.fromisoformat(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not an ISO 8601 time (2026-12-04T18:30:00+01:00)",
+                          param, ctx)
+        if parsed.utcoffset() is None:
+            self.fail(f"{value!r} has no timezone: add its offset (+01:00, +00:00 or Z)",
+                      param, ctx)
+        try:
+            parsed.astimezone(timezone.utc)
+        except OverflowError:
+            self.fail(f"{value!r} is out of range in UTC (years 1..9999)", param, ctx)
+        return parsed
+
+
+PRIORITIES = [p.label for p in Priority]
+
+
+def _checked_text(option: str, value: str | None, most: int) -> str | None:
+    """``value`` of ``option`` when the database can hold and compare it; BadInput naming the
+    option otherwise (longer than ``most``, a NUL or a lone surrogate)."""
+    if value is None:
         return None
+    if len(value) > most:
+        raise BadInput(f"{option} must be at most {most} characters, got {len(value)}")
+    what = unstorable(value)
+    if what is not None:
+        raise BadInput(f"{option} cannot be used: it holds {what}, got {value!r:.80}")
+    return value
 
 
 def _job(box: Outbox, name: str) -> JobSpec:
@@ -176,8 +264,7 @@ def _job(box: Outbox, name: str) -> JobSpec:
 
 
 @outbox.command("status")
-@click.option("--overdue-after", default=None,
-              type=click.FloatRange(min=0, max=MAX_DURATION.total_seconds()),
+@click.option("--overdue-after", default=None, type=Seconds(), metavar="SECONDS",
               help="Seconds after its time a scheduled execution counts as overdue "
                    "(default: the sweep interval).")
 @json_option
@@ -216,25 +303,47 @@ def jobs_command(box: Outbox, as_json: bool) -> None:
               help=f"How many per page, newest first (1..{MAX_LIMIT}).")
 @click.option("--after", "after", default=None, metavar="CURSOR",
               help="The next page: the cursor the page before printed.")
-@click.option("--organization-id", default=None, help="Only this organization (tenant).")
+@click.option("--organization-id", "--tenant", "organization_id", default=None,
+              help="Only this organization (tenant).")
+@click.option("--key", default=None, help="Only executions with this unique key.")
+@click.option("--error", default=None, metavar="TEXT",
+              help="Only executions whose last error holds TEXT (case-insensitive).")
+@click.option("--created-after", default=None, type=AwareTime(), metavar="TIME",
+              help="Only executions created at or after TIME (ISO 8601 with its timezone).")
+@click.option("--created-before", default=None, type=AwareTime(), metavar="TIME",
+              help="Only executions created before TIME (ISO 8601 with its timezone).")
 @json_option
 @admin_command
 def executions_command(box: Outbox, job: str | None, status: str | None, limit: int,
-                       after: str | None, organization_id: str | None, as_json: bool) -> None:
+                       after: str | None, organization_id: str | None, key: str | None,
+                       error: str | None, created_after: datetime | None,
+                       created_before: datetime | None, as_json: bool) -> None:
     """The executions of JOB (or of every job), newest first, a page at a time."""
     if status is not None and status not in {s.value for s in Status}:
         raise BadInput(f"--status must be one of {', '.join(s.value for s in Status)}, "
                        f"got {status!r}")
     if not 1 <= limit <= MAX_LIMIT:
         raise BadInput(f"--limit must be from 1 to {MAX_LIMIT}, got {limit}")
+    key = _checked_text("--key", key, MAX_LENGTHS["unique_key"])
+    error = _checked_text("--error", error, MAX_ERROR_FILTER) or None
+    if created_after is not None and created_before is not None \
+            and created_after > created_before:
+        raise BadInput(f"--created-after ({created_after.isoformat()}) is later than "
+                       f"--created-before ({created_before.isoformat()})")
     name = _job(box, job).name if job is not None else None
-    page = box.admin.page_executions(name, status=status, limit=limit, after=after,
-                                     organization_id=organization_id)
+    page = box.admin.page_executions(
+        name, status=status, limit=limit, after=after, organization_id=organization_id,
+        unique_key=key, error_contains=error, created_after=created_after,
+        created_before=created_before)
     if as_json:
         print_json(page.to_dict())
         return
     out = console()
     out.print(executions_table(page, more=after is not None))
+    filters = _filters(key=key, error=error, created_after=created_after,
+                       created_before=created_before)
+    if filters:
+        out.print(f"matching {filters}", soft_wrap=True)
     if page.next_cursor:
         out.print(f"next page: add --after {page.next_cursor}", soft_wrap=True)
 
@@ -255,16 +364,44 @@ def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
 @outbox.command("trigger")
 @click.argument("job")
 @click.option("--payload", default=None, help="The payload as a JSON object (queue jobs).")
+@click.option("--delay", default=None, type=Seconds(), metavar="SECONDS",
+              help="Run it this many seconds from now (queue jobs).")
+@click.option("--at", "at", default=None, type=AwareTime(), metavar="TIME",
+              help="Run it at TIME, ISO 8601 with its timezone: 2026-12-04T18:30:00+01:00 "
+                   "(queue jobs).")
+@click.option("--key", default=None,
+              help="Its unique key: while an active execution of the job holds it, that "
+                   "one's id is printed and nothing is written (queue jobs).")
+@click.option("--priority", default=None, type=click.Choice(PRIORITIES, case_sensitive=False),
+              help="Its priority instead of the job's (queue jobs).")
 @json_option
 @admin_command
-def trigger_command(box: Outbox, job: str, payload: str | None, as_json: bool) -> None:
-    """Create one execution of JOB now (a queue job needs --payload, a cron job takes none)."""
+def trigger_command(box: Outbox, job: str, payload: str | None, delay: float | None,
+                    at: datetime | None, key: str | None, priority: str | None,
+                    as_json: bool) -> None:
+    """Create one execution of JOB now, or later with --delay / --at (a queue job needs
+    --payload, a cron job takes none)."""
     data = _parse_payload(payload)
+    if delay is not None and at is not None:
+        raise BadInput("pass --delay or --at, not both")
+    key = _checked_text("--key", key, MAX_LENGTHS["unique_key"])
     spec = _job(box, job)
+    given = [name for name, value in (("--delay", delay), ("--at", at), ("--key", key),
+                                      ("--priority", priority)) if value is not None]
+    if given and spec.mode == "cron":
+        raise BadInput(f"{', '.join(given)}: only for queue jobs; cron job {spec.name!r} is "
+                       f"triggered now, as its ticks run")
     if data is None and spec.mode == "queue":
         raise BadInput(f"job {spec.name!r} needs a payload: pass --payload '<JSON object>'")
-    execution_id = box.admin.trigger(spec.name, data, triggered_by=TRIGGERED_BY,
-                                     triggered_by_name=_user())
+    if given:
+        execution_id = box.push_many(
+            spec, [data], keys=[key], priority=priority, triggered_by=TRIGGERED_BY,
+            triggered_by_name=_who(), index_items=False,
+            delay=timedelta(seconds=delay) if delay is not None else None, scheduled_at=at,
+        )[0]
+    else:
+        execution_id = box.admin.trigger(spec.name, data, triggered_by=TRIGGERED_BY,
+                                         triggered_by_name=_who())
     box.flush(timedelta(seconds=10))
     if as_json:
         print_json({"id": str(execution_id), "job_name": spec.name})
@@ -279,7 +416,7 @@ def trigger_command(box: Outbox, job: str, payload: str | None, as_json: bool) -
 def retry_command(box: Outbox, execution_id: str, as_json: bool) -> None:
     """Retry a failed or cancelled execution (a new one, same payload, key and priority)."""
     new_id = box.admin.retry(_execution_id(execution_id), triggered_by=TRIGGERED_BY,
-                             triggered_by_name=_user())
+                             triggered_by_name=_who())
     box.flush(timedelta(seconds=10))
     if as_json:
         print_json({"id": str(new_id), "retried": execution_id})
@@ -294,7 +431,7 @@ def retry_command(box: Outbox, execution_id: str, as_json: bool) -> None:
 def cancel_command(box: Outbox, execution_id: str, as_json: bool) -> None:
     """Cancel a pending, scheduled or running execution."""
     view = box.admin.cancel(_execution_id(execution_id), cancelled_by=TRIGGERED_BY,
-                            cancelled_by_name=_user())
+                            cancelled_by_name=_who())
     if as_json:
         print_json(view.to_dict())
         return
@@ -441,6 +578,12 @@ def _parse_payload(payload: str | None) -> Any:
         return json.loads(payload)
     except json.JSONDecodeError as exc:
         raise BadInput(f"--payload is not valid JSON: {exc}") from None
+
+
+def _filters(**given: str | datetime | None) -> str:
+    """``key=k, error=e, created_after=...``: the filters given, for the line after a table."""
+    return ", ".join(f"{name}={value.isoformat() if isinstance(value, datetime) else value!r}"
+                     for name, value in given.items() if value is not None)
 
 
 def _execution_id(value: str) -> UUID:

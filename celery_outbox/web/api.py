@@ -42,7 +42,9 @@ principal's name."""
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     described = {400: "Bad input (names the parameter)", 401: "Not authenticated",
                  403: "Not allowed (read-only principal, or a cross-site request)",
-                 404: "No such job or execution (or another tenant's)",
+                 404: "No such job or execution (or another tenant's); a succeeded "
+                      "execution of a job keeping only errors (record=\"errors\", the "
+                      "default for queue jobs) or none is not kept: its id answers 404",
                  409: "The execution's status forbids the action",
                  422: "Invalid field (named in errors)", 503: "The database failed"}
     return {c: {"model": ErrorOut, "description": described[c]} for c in codes}
