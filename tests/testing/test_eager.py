@@ -115,7 +115,8 @@ def test_a_retry_runs_when_its_backoff_is_over(shop: Shop) -> None:
 
 def test_a_delayed_push_cancelled_meanwhile_does_not_run(shop: Shop) -> None:
     shop.app.conf.task_always_eager = True
-    execution_id = shop.job.push({"n": 4}, delay=timedelta(milliseconds=200))
+    # 1 s: the cancel must come before the eta, on a loaded machine too
+    execution_id = shop.job.push({"n": 4}, delay=timedelta(seconds=1))
     assert shop.job.cancel(execution_id)
     wait_for(lambda: shop.outbox.inline_dispatcher.pending == 0, "the timer fired")
     assert shop.runs == []
