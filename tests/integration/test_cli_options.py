@@ -231,3 +231,11 @@ def test_retry_and_cancel_record_cli_user_at_host(cli_app: ModuleType) -> None:
     assert (view.cancelled_by, view.cancelled_by_name) == ("cli", WHO)
     shown = invoke(cli_app, "show", new_id)
     assert WHO in shown.stdout
+
+
+def test_overdue_after_takes_seconds_as_delay_does(cli_app: ModuleType) -> None:
+    for value in ("nan", "-1", "1e20"):
+        line = bad_input(invoke(cli_app, "status", "--overdue-after", value))
+        assert line.startswith("Error: Invalid value for '--overdue-after': must be a number "
+                               "of seconds"), line
+    assert invoke(cli_app, "status", "--overdue-after", "30").exit_code == 0
