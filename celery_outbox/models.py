@@ -96,8 +96,8 @@ class EncodedJson(dict[str, Any]):
 
 @dataclass(frozen=True)
 class Tables:
-    """The tables of one outbox: ``executions``, ``cron_ticks``, ``trim_marks`` and
-    ``loop_runs``."""
+    """The tables of one outbox: ``executions``, ``cron_ticks``, ``trim_marks``,
+    ``loop_runs`` and ``revoked_sessions``."""
 
     executions: Table
     cron_ticks: Table
@@ -107,10 +107,13 @@ class Tables:
     """The trim's watermark per (job, finished status): ``<table>_trim``."""
     loop_runs: Table
     """When the sweep and the trim last ran, on any host: ``<table>_loop``."""
+    revoked_sessions: Table
+    """The dashboard's sessions ended before they expire: ``<table>_revoked_sessions``."""
 
     def all(self) -> list[Table]:
         """Every table, in creation order (``create_all`` / ``drop_all`` sort them again)."""
-        return [self.executions, self.cron_ticks, self.trim_marks, self.loop_runs]
+        return [self.executions, self.cron_ticks, self.trim_marks, self.loop_runs,
+                self.revoked_sessions]
 
 
 TENANTED = "organization_id IS NOT NULL"
@@ -240,7 +243,8 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     trim_marks = _trim_marks(metadata, executions)
     return Tables(executions=executions, cron_ticks=cron_ticks,
                   active_key_where=active_key_where, trim_marks=trim_marks,
-                  loop_runs=loop_runs_table(metadata, name))
+                  loop_runs=loop_runs_table(metadata, name),
+                  revoked_sessions=revoked_sessions_table(metadata, name))
 
 
 LOOP_TASKS = ("sweep", "trim")
@@ -267,6 +271,23 @@ def loop_runs_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
         Column("last_error", Text(), nullable=True),
         CheckConstraint(f"task IN ({', '.join(repr(t) for t in LOOP_TASKS)})",
                         name=f"ck_{loop}_task"),
+    )
+
+
+def revoked_sessions_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
+    """``<table>_revoked_sessions``: the dashboard's login sessions ended (a logout) before
+    they expire, so every process and host serving the dashboard refuses them.
+
+    ``session_id``: the SHA-256 of the session cookie's signature (never the cookie);
+    ``expires_at``: when the session would have ended (a row past it is deleted at the next
+    revocation); ``revoked_at``: when it was ended.
+    """
+    return Table(
+        f"{name}_revoked_sessions",
+        metadata,
+        Column("session_id", String(64), primary_key=True),
+        Column("expires_at", UTCDateTime(), nullable=False),
+        Column("revoked_at", UTCDateTime(), nullable=False),
     )
 
 

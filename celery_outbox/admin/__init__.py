@@ -233,6 +233,18 @@ class OutboxAdmin:
             loop=self.loop_health_or_none(now),
         )
 
+    def revoke_session(self, session_id: str, expires_at: datetime, now: datetime) -> None:
+        """End the dashboard session ``session_id`` (the web app's id of a session cookie)
+        for every process and host reading this database, until ``expires_at`` (then the
+        session has ended anyway, and the next revocation deletes its row). Raises
+        :class:`StorageError`."""
+        self.store.revoke_session(session_id, expires_at, now)
+
+    def session_revoked(self, session_id: str) -> bool:
+        """Whether :meth:`revoke_session` ended ``session_id``. Raises
+        :class:`StorageError`."""
+        return self.store.session_revoked(session_id)
+
     def loop_health_or_none(self, now: datetime | None = None) -> tuple[LoopHealth, ...]:
         """:meth:`loop_health`, or nothing (logged) when ``<table>_loop`` cannot be read (a
         database not migrated to it yet, a database error): the rest of a status page

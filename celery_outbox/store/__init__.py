@@ -22,6 +22,7 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
 - ``cron``: advance_tick, last_tick
 - ``loop``: record_run, record_failure, loop_runs (when the sweep and the trim last ran)
+- ``sessions``: revoke_session, session_revoked (the dashboard's sessions ended early)
 - ``admin``: cancel, get, status_of, job_stats, status_summary, list_executions
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
   recent_failures, matching_ids, count_matching (the reads of the HTTP API and the CLI's
@@ -36,6 +37,7 @@ from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
 from celery_outbox.store.loop import LoopRun, LoopStore
 from celery_outbox.store.push import NewExecution, PushStore, new_ids
+from celery_outbox.store.sessions import SessionStore
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
 from celery_outbox.store.trim import TrimStore
 from celery_outbox.store.watermark import FINISHED, Key, TrimFresh, TrimMark, TrimStep, advance_trim
@@ -68,7 +70,7 @@ __all__ = [
 
 class ExecutionStore(
     PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
-    LoopStore,
+    LoopStore, SessionStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

@@ -32,7 +32,7 @@ from celery_outbox.errors import (
     StorageError,
 )
 from celery_outbox.web import api, pages
-from celery_outbox.web.auth import Auth, Principal, Resolver, TooManyAttempts
+from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal, Resolver, TooManyAttempts
 from celery_outbox.web.models import ErrorOut, FieldError
 
 if TYPE_CHECKING:
@@ -169,7 +169,8 @@ def cross_site(request: Request, auth: Auth | None) -> str | None:
         return f"Sec-Fetch-Site is {site!r}"
     origin = request.headers.get("origin")
     if origin is not None:
-        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+        scheme = auth.scheme(request) if auth is not None else request.url.scheme
+        own = f"{scheme}://{request.headers.get('host', '')}"
         trusted = tuple(auth.trusted_origins) if auth is not None else ()
         if origin.rstrip("/") != own and origin.rstrip("/") not in trusted:
             return f"Origin {origin!r} is not this site ({own})"
@@ -210,9 +211,13 @@ def _install_guard(app: FastAPI) -> None:
             who, how = ANONYMOUS, "anonymous"
         else:
             try:
-                who, how = await run_in_threadpool(auth.authenticate, request)
+                who, how = await run_in_threadpool(_identify, app, auth, request)
             except TooManyAttempts as exc:
                 return too_many(request, exc)
+            except StorageError as exc:  # a revoked session unknown: never let it in
+                logger.error("%s %s: reading the revoked sessions: %s", request.method,
+                             relative_path(request), exc)
+                return _error(request, 503, "the database failed; the server's log says why")
         if who is None:
             return _unauthenticated(request)
         if (request.method in UNSAFE and how == "session"
@@ -221,6 +226,19 @@ def _install_guard(app: FastAPI) -> None:
                           "action needs an Origin or Sec-Fetch-Site header")
         request.state.principal = who
         return await call_next(request)  # type: ignore[no-any-return]
+
+
+def _identify(app: FastAPI, auth: Auth, request: Request) -> tuple[Principal | None, str]:
+    """``auth.authenticate``, and for a session cookie whether a logout on any host ended
+    it (``<table>_revoked_sessions``: one primary-key read per request, never cached, so a
+    revocation holds at once everywhere). Raises StorageError when that cannot be read."""
+    who, how = auth.authenticate(request)
+    if who is not None and how == "session":
+        found = auth.session_id(request.cookies.get(SESSION_COOKIE, ""))
+        outbox: Outbox = app.state.outbox
+        if found is None or outbox.admin.session_revoked(found[0]):
+            return None, ""
+    return who, how
 
 
 def _unauthenticated(request: Request) -> Response:

@@ -15,8 +15,14 @@ and :func:`hash_secret` work without the ``web`` extra (e.g. in settings modules
   once; beyond either, :class:`TooManyAttempts` (the app answers 429 with ``Retry-After``)
   without hashing, so a flood of bad credentials costs the server almost nothing.
 - Sessions (the dashboard's login form) are a signed cookie (HMAC-SHA256 with
-  ``secret_key``), ``HttpOnly`` and ``SameSite=Strict``, naming the user; the user's access
-  is looked up on every request, so removing a user ends their sessions.
+  ``secret_key``), ``HttpOnly`` and ``SameSite=Strict`` (``Secure`` over HTTPS, as a
+  trusted proxy says it), naming the user; the user's access is looked up on every request,
+  so removing a user ends their sessions. A logout ends the session everywhere: the web
+  app records its :meth:`Auth.session_id` in the database, which every request carrying the
+  cookie reads.
+- ``trusted_proxies``: the addresses of the reverse proxies in front of the dashboard; from
+  them (and only them) ``Forwarded`` / ``X-Forwarded-Proto`` / ``X-Forwarded-For`` say the
+  scheme and the client's address (:meth:`Auth.scheme`, :meth:`Auth.client_address`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import base64
 import functools
 import hashlib
 import hmac
+import ipaddress
 import json
 import math
 import os
@@ -279,7 +286,11 @@ class Auth:
     ``trusted_origins``: extra ``scheme://host[:port]`` origins allowed to send actions
     (e.g. the public address in front of a proxy that rewrites Host). ``login_limits``: how
     many password checks run (:class:`LoginLimits`: failed attempts per user and address,
-    concurrent hashing).
+    concurrent hashing). ``trusted_proxies``: addresses or networks (``"10.0.0.5"``,
+    ``"10.0.0.0/24"``) of the reverse proxies in front of the dashboard, whose
+    ``Forwarded`` / ``X-Forwarded-Proto`` / ``X-Forwarded-For`` headers are believed (the
+    session cookie is ``Secure`` when they say ``https``); from any other peer they are
+    ignored.
     """
 
     users: Iterable[User] = ()
@@ -289,11 +300,14 @@ class Auth:
     session_max_age: int = 8 * 3600
     trusted_origins: Iterable[str] = ()
     login_limits: LoginLimits = field(default_factory=LoginLimits)
+    trusted_proxies: Iterable[str] = ()
     _users: dict[str, User] = field(init=False, repr=False)
     _tokens: tuple[Token, ...] = field(init=False, repr=False)
     _cache: dict[str, tuple[float, Principal]] = field(init=False, repr=False)
     _revoked: dict[str, float] = field(init=False, repr=False)
     _throttle: _Throttle = field(init=False, repr=False)
+    _proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
+        init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._users = {u.name: u for u in self.users}
@@ -307,12 +321,15 @@ class Auth:
             raise ConfigurationError(f"login_limits must be a LoginLimits, got "
                                      f"{self.login_limits!r}")
         self._throttle = _Throttle(self.login_limits)
+        self._proxies = _networks(self.trusted_proxies)
+        self.trusted_proxies = tuple(str(n) for n in self._proxies)
 
     @classmethod
     def from_settings(cls, conf: Mapping[str, Any]) -> Auth:
         """Users and tokens from ``app.conf``: ``outbox_web_users`` and ``outbox_web_tokens``
         (lists of dicts with :class:`User` / :class:`Token` fields), ``outbox_web_secret_key``,
-        ``outbox_web_trusted_origins``. Raises ConfigurationError naming a bad entry."""
+        ``outbox_web_trusted_origins``, ``outbox_web_trusted_proxies``. Raises
+        ConfigurationError naming a bad entry."""
         def build(kind: type[Any], key: str) -> list[Any]:
             entries = conf.get(key) or ()
             try:
@@ -322,7 +339,8 @@ class Auth:
         return cls(users=build(User, "outbox_web_users"),
                    tokens=build(Token, "outbox_web_tokens"),
                    secret_key=conf.get("outbox_web_secret_key"),
-                   trusted_origins=conf.get("outbox_web_trusted_origins") or ())
+                   trusted_origins=conf.get("outbox_web_trusted_origins") or (),
+                   trusted_proxies=conf.get("outbox_web_trusted_proxies") or ())
 
     @property
     def configured(self) -> bool:
@@ -379,10 +397,56 @@ class Auth:
             return None
         return self.login(name, password, address)
 
-    def client_address(self, request: Any) -> str | None:
-        """The address a request comes from (the server's peer), None when it names none."""
+    def _peer(self, request: Any) -> str | None:
         client = getattr(request, "client", None)
         return str(client[0]) if client else None
+
+    def _trusted(self, address: str | None) -> bool:
+        if not address or not self._proxies:
+            return False
+        try:
+            ip = ipaddress.ip_address(address.strip().strip("[]").partition("%")[0])
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in network for network in self._proxies)
+
+    def _forwarded(self, request: Any, key: str, legacy: str) -> list[str]:
+        """The values of ``key`` (``proto``, ``for``) in ``Forwarded``, else of the
+        ``legacy`` header (``X-Forwarded-Proto``, ``X-Forwarded-For``), nearest proxy last;
+        none unless the peer is a trusted proxy."""
+        if not self._trusted(self._peer(request)):
+            return []
+        headers = request.headers
+        if headers.get("forwarded"):
+            found = []
+            for element in headers["forwarded"].split(","):
+                for pair in element.split(";"):
+                    name, _, value = pair.strip().partition("=")
+                    if name.strip().lower() == key:
+                        found.append(value.strip().strip('"'))
+            return found
+        return [v.strip() for v in headers.get(legacy, "").split(",") if v.strip()]
+
+    def scheme(self, request: Any) -> str:
+        """``https`` or ``http``: the request's own, or what a trusted proxy says it
+        received (the nearest proxy's word)."""
+        said = self._forwarded(request, "proto", "x-forwarded-proto")
+        if said and said[-1].lower() in ("http", "https"):
+            return said[-1].lower()
+        return str(request.url.scheme)
+
+    def client_address(self, request: Any) -> str | None:
+        """The address a request comes from: the server's peer, or, when that is a trusted
+        proxy, the nearest address the proxies name that is not one of them. None when the
+        server names no peer."""
+        peer = self._peer(request)
+        for hop in reversed(self._forwarded(request, "for", "x-forwarded-for")):
+            hop = _bare_address(hop)
+            if not self._trusted(hop):
+                return hop
+        return peer
 
     def login(self, name: str, password: str, address: str | None = None) -> Principal | None:
         """The user's principal when ``password`` is theirs, else None. Raises
@@ -411,7 +475,10 @@ class Auth:
 
     def session_cookie(self, principal: Principal) -> str:
         """A signed session value for ``principal`` (valid ``session_max_age`` seconds)."""
-        body = json.dumps({"u": principal.name, "exp": int(time.time()) + self.session_max_age})
+        # A nonce: two logins of one user in the same second are two sessions (a logout
+        # ends its own only).
+        body = json.dumps({"u": principal.name, "exp": int(time.time()) + self.session_max_age,
+                           "n": secrets.token_urlsafe(12)})
         payload = base64.urlsafe_b64encode(body.encode()).decode()
         return f"{payload}.{self._sign(payload)}"
 
@@ -432,10 +499,32 @@ class Auth:
         user = self._users.get(str(data.get("u")))
         return user.principal() if user is not None else None
 
+    def session_id(self, cookie: str) -> tuple[str, float] | None:
+        """``(id, expires)`` of a signed, unexpired session cookie (the id: the SHA-256 of
+        its signature, what the database keeps of a revoked session; ``expires``: a Unix
+        time), else None."""
+        if not self._signed_unexpired(cookie):
+            return None
+        payload, _, signature = cookie.partition(".")
+        data = json.loads(base64.urlsafe_b64decode(payload))
+        return hashlib.sha256(signature.encode()).hexdigest(), float(data["exp"])
+
+    def _signed_unexpired(self, cookie: str) -> bool:
+        payload, _, signature = cookie.partition(".")
+        if not cookie.isascii() or not hmac.compare_digest(self._sign(payload), signature):
+            return False
+        try:
+            data = json.loads(base64.urlsafe_b64decode(payload))
+        except ValueError:
+            return False
+        return isinstance(data, dict) and isinstance(data.get("exp"), int) \
+            and data["exp"] >= time.time()
+
     def revoke_session(self, cookie: str) -> None:
-        """End the session ``cookie`` names (logging out): from now on this process treats
-        it as no session, though it has not expired. Kept in memory until it expires; other
-        processes serving the dashboard still accept it."""
+        """End the session ``cookie`` names (logging out) in this process: from now on it
+        treats it as no session, though it has not expired (kept in memory until it
+        expires). The web app records it in the database too (:meth:`session_id`), for
+        every other process and host."""
         if self.session_principal(cookie) is None:
             return
         payload, _, signature = cookie.partition(".")
@@ -449,6 +538,34 @@ class Auth:
     def _sign(self, payload: str) -> str:
         key = str(self.secret_key).encode()
         return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+def _bare_address(value: str) -> str:
+    """An address as a proxy wrote it, without brackets or port (``[2001:db8::1]:4711``,
+    ``192.0.2.1:80``); anything else (``unknown``, an obfuscated name) as it is."""
+    value = value.strip().strip('"')
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    if value.count(":") == 1:
+        return value.partition(":")[0]
+    return value
+
+
+def _networks(given: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
+                                              ...]:
+    """Each address or network of ``trusted_proxies``; ConfigurationError naming it for a
+    single string or anything else."""
+    if isinstance(given, str):
+        raise ConfigurationError(f"trusted_proxies must be a list of addresses, got the string "
+                                 f"{given!r} (write [{given!r}])")
+    out = []
+    for entry in given:
+        try:
+            out.append(ipaddress.ip_network(str(entry).strip(), strict=False))
+        except ValueError:
+            raise ConfigurationError(f"trusted_proxies: {entry!r} is not an IP address or "
+                                     f"network (e.g. '10.0.0.5', '10.0.0.0/24')") from None
+    return tuple(out)
 
 
 def _origins(given: Iterable[str]) -> tuple[str, ...]:

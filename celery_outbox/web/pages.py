@@ -8,7 +8,7 @@ marked live refresh their tables every few seconds while visible.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -188,7 +188,7 @@ async def login(request: Request) -> Response:
     assert auth is not None
     response.set_cookie(SESSION_COOKIE, auth.session_cookie(who), max_age=auth.session_max_age,
                         path=base or "/", httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+                        secure=auth.scheme(request) == "https")
     return response
 
 
@@ -198,6 +198,12 @@ def logout(request: Request) -> Response:
     cookie = request.cookies.get(SESSION_COOKIE)
     if auth is not None and cookie:
         auth.revoke_session(cookie)  # a copy of the cookie (stolen, cached) ends too
+        found = auth.session_id(cookie)
+        if found is not None:  # ... on every process and host (StorageError: 503, kept)
+            session_id, expires = found
+            request.app.state.outbox.admin.revoke_session(
+                session_id, datetime.fromtimestamp(expires, timezone.utc),
+                datetime.now(timezone.utc))
     base = _base(request)
     response = RedirectResponse(base + "/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=base or "/")

@@ -359,7 +359,7 @@ def test_create_schema_is_idempotent(cli_app: ModuleType, cli_env: dict[str, str
     assert result.exit_code == 0, result.output
     table = cli_env["OUTBOX_CLI_TABLE"]
     assert data(result.stdout) == {"tables": [table, f"{table}_cron", f"{table}_trim",
-                                              f"{table}_loop"]}
+                                              f"{table}_loop", f"{table}_revoked_sessions"]}
 
 
 def test_without_an_app_or_outbox_exits_with_one_line(cli_app: ModuleType) -> None:

@@ -29,7 +29,8 @@ from tests.conftest import PG_ADMIN_URL
 from tests.procs import ROOT
 
 OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron",
-                 "celery_outbox_executions_trim", "celery_outbox_executions_loop"}
+                 "celery_outbox_executions_trim", "celery_outbox_executions_loop",
+                 "celery_outbox_executions_revoked_sessions"}
 VERSION_TABLE = "celery_outbox_alembic_version"
 
 

@@ -161,6 +161,19 @@ class AnalyzeOutboxTables(_OutboxOperation):
     def forwards(self, vendor: str) -> list[str]:
         return list(analyze_statements(configured_tables(), dialect_for(vendor)))
 
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                          to_state: Any) -> None:
+        # Only the tables that exist at this migration: a table a later migration creates
+        # (the revoked sessions') is absent when an earlier one runs again after a
+        # migration back.
+        connection = schema_editor.connection
+        existing = set(connection.introspection.table_names())
+        tables = configured_tables()
+        wanted = {f"ANALYZE {dialect_for(connection.vendor).identifier_preparer.format_table(t)}"
+                  for t in tables.all() if t.name in existing}
+        self._execute(app_label, schema_editor,
+                      lambda vendor: [sql for sql in self.forwards(vendor) if sql in wanted])
+
     def describe(self) -> str:
         return "Analyze the celery_outbox tables (PostgreSQL)"
 
@@ -182,6 +195,25 @@ class CreateLoopTable(_OutboxOperation):
 
     def describe(self) -> str:
         return "Create the celery_outbox loop table"
+
+
+class CreateRevokedSessionsTable(_OutboxOperation):
+    """Create ``<table>_revoked_sessions`` (the dashboard's sessions ended by a logout)
+    unless it exists: a database migrated by ``0001_initial`` of a later release has it
+    already; reversed, drop it if it exists."""
+
+    def forwards(self, vendor: str) -> list[str]:
+        table = configured_tables().revoked_sessions
+        return [str(CreateTable(table, if_not_exists=True)
+                    .compile(dialect=dialect_for(vendor))).strip()]
+
+    def backwards(self, vendor: str) -> list[str]:
+        table = configured_tables().revoked_sessions
+        return [str(DropTable(table, if_exists=True).compile(dialect=dialect_for(vendor)))
+                .strip()]
+
+    def describe(self) -> str:
+        return "Create the celery_outbox revoked sessions table"
 
 
 def router_allows(alias: str, app_label: str) -> bool:
