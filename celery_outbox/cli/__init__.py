@@ -25,9 +25,10 @@ Exit status, each failure with one line ``Error: ...`` on stderr (without ``--js
   does not fit the job's schema, a queue job triggered without ``--payload``, a payload for a
   cron job, an unknown ``--status``, ``--limit`` outside 1..200, a cursor this command did
   not print, an ID that is no UUID, a ``--delay`` out of range, a ``--at`` or
-  ``--created-after`` / ``--created-before`` that is no ISO 8601 time with a timezone, a
-  ``--key`` / ``--error`` / ``--tenant`` the database cannot compare or longer than its
-  column, an unknown ``--priority``; nothing is written);
+  ``--created-after`` / ``--created-before`` that is no ISO 8601 time with a timezone (or a
+  range whose start is after its end), a ``--key`` / ``--error`` too long or holding what
+  the database cannot compare (a ``--tenant`` too), an unknown ``--priority``, a trigger
+  option given for a cron job; nothing is written);
 - 1, a miss or a refused action: unknown or ambiguous job name (the message lists close
   names or the candidates), unknown execution id, a status that forbids the action
   (``InvalidTransition``), a locked cron job (``JobLocked``), a database error (naming the
