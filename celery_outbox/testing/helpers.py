@@ -14,6 +14,7 @@ production.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import Counter, defaultdict
@@ -61,6 +62,20 @@ _STARTED: weakref.WeakKeyDictionary[Outbox, OutboxTester] = weakref.WeakKeyDicti
 and puts back what it found, so a second one stacked on it would put back the first one's)."""
 
 
+_LOCKED: weakref.WeakSet[Clock | _Recorder] = weakref.WeakSet()
+"""Every clock and recorder of this process: their locks, which the runner's, the
+heartbeat's and a pushing thread take, made anew in a forked child (one held at the fork
+would be held there for ever)."""
+
+
+def _after_fork_in_child() -> None:
+    for each in list(_LOCKED):
+        each._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -83,6 +98,7 @@ class Clock:
 
     def __init__(self, at: datetime | None = None) -> None:
         self._lock = threading.Lock()
+        _LOCKED.add(self)
         self._offset = timedelta(0)
         self._frozen = _aware(at, "Clock(at=...)") if at is not None else None
 
@@ -187,6 +203,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.items: list[DispatchItem] = []
         self._lock = threading.Lock()
+        _LOCKED.add(self)
 
     def dispatch(self, items: Sequence[DispatchItem]) -> None:
         with self._lock:

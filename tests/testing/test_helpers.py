@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -135,3 +136,31 @@ def test_a_second_tester_on_the_same_outbox_is_refused(outbox: Outbox) -> None:
     with OutboxTester(outbox) as third:  # once the first is closed, another may start
         assert outbox.runner.clock is third.clock
     assert outbox._dispatcher is None and outbox.store.db_clock is None
+
+
+def _read_clock(clock: Clock, recorder: Any, pipe: Any) -> None:
+    recorder.dispatch([])
+    pipe.send(clock().year)
+
+
+def test_a_child_forked_while_a_thread_reads_the_clock_can_read_it(outbox: Outbox) -> None:
+    """The runner's, the heartbeat's and a push's threads read the tester's clock (and the
+    committing thread records on its recorder) under their locks: a child forked while one
+    was held must get locks of its own, or its first push hangs."""
+    import multiprocessing
+
+    with OutboxTester(outbox, clock=Clock(at=datetime(2031, 1, 1, tzinfo=timezone.utc))
+                      ) as tester:
+        ours, theirs = multiprocessing.Pipe()
+        with tester.clock._lock, tester._recorder._lock:
+            proc = multiprocessing.get_context("fork").Process(
+                target=_read_clock, args=(tester.clock, tester._recorder, theirs))
+            proc.start()
+        try:
+            assert ours.poll(20), "the forked child hung on the clock's lock"
+            assert ours.recv() == 2031
+        finally:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
