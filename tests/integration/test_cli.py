@@ -552,7 +552,8 @@ def test_a_missing_table_says_to_create_the_schema(cli_env: dict[str, str]) -> N
     env = {**cli_env, "OUTBOX_CLI_TABLE": f"cli_missing_{uuid.uuid4().hex[:8]}"}
     table = env["OUTBOX_CLI_TABLE"]
     database = cli_env["OUTBOX_CLI_DATABASE_URL"].rsplit("/", 1)[1]
-    expected = (f"the outbox tables ({table}, {table}_cron, {table}_trim, {table}_loop) are "
+    expected = (f"the outbox tables ({table}, {table}_cron, {table}_trim, {table}_loop, "
+                f"{table}_revoked_sessions) are "
                 f"missing at "
                 f"127.0.0.1:5432 (database {database}): create them with "
                 f"`celery -A tests.cli_app outbox create-schema` (or run the migrations)")
