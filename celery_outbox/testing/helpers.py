@@ -432,6 +432,8 @@ def _drain(outbox: Outbox, clock: Clock | None, within: timedelta | None,
                 due = [r for r in due if (r.scheduled_at or now) <= first]
         if outbox.joiner is not None:
             _check_visible(outbox, due, max(now, horizon or now))
+        if outbox.engine.dialect.name == "sqlite":
+            _check_writable(outbox, due)
         result.rounds += 1
         groups: dict[str, list[UUID]] = defaultdict(list)
         for row in due:
@@ -457,6 +459,39 @@ _UNCOMMITTED = (
     "The runner claims on the outbox's own connection, as a worker does: it cannot see rows "
     "of a transaction that has not committed (a Django TestCase's never does: use "
     "TransactionTestCase, or pytest-django's transactional_db / django_db(transaction=True)).")
+
+
+WRITE_LOCK_WAIT = 1.0
+"""Seconds :func:`_check_writable` waits for SQLite's write lock."""
+
+
+def _check_writable(outbox: Outbox, due: list[Pushed]) -> None:
+    """Raise AssertionError when another connection holds SQLite's write lock (the test's own
+    Session or Connection, its writes not committed) for :data:`WRITE_LOCK_WAIT`, before the
+    runner's claim waits for it (the busy timeout, twice: the claim, then the release of a
+    claim whose answer was lost)."""
+    import sqlite3
+
+    with outbox.engine.connect() as conn:
+        raw: Any = conn.connection.dbapi_connection
+        if raw.in_transaction:
+            return  # a pooled connection never is: left alone if so
+        (timeout,) = raw.execute("PRAGMA busy_timeout").fetchone()
+        raw.execute(f"PRAGMA busy_timeout = {int(WRITE_LOCK_WAIT * 1000)}")
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("ROLLBACK")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            raise AssertionError(
+                f"drain: {len(due)} execution(s) are due but another connection holds a "
+                "write transaction on the SQLite database (your test's Session or "
+                "Connection, its writes not committed?). The runner claims on the outbox's "
+                "own connection, as a worker does, and would wait for that lock: commit or "
+                "roll it back before drain()") from None
+        finally:
+            raw.execute(f"PRAGMA busy_timeout = {int(timeout)}")
 
 
 def _check_visible(outbox: Outbox, due: list[Pushed], due_by: datetime) -> None:
@@ -587,7 +622,8 @@ class OutboxTester:
         push) without sleeping. Rows of jobs not registered on this outbox are left alone.
 
         Raises AssertionError when due rows cannot be claimed (the outbox's connection
-        cannot see them: a transaction not committed), or when more than ``limit``
+        cannot see them: a transaction not committed; on SQLite, another connection holds
+        a write transaction the claim would wait for), or when more than ``limit``
         executions ran; :class:`~celery_outbox.StorageError` when the database fails.
         """
         return _drain(self.outbox, self.clock, within, limit)

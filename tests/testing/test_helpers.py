@@ -164,3 +164,32 @@ def test_a_child_forked_while_a_thread_reads_the_clock_can_read_it(outbox: Outbo
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
+
+
+def test_drain_names_a_sqlite_write_transaction_left_open(outbox: Outbox,
+                                                         forever: OutboxJob[Item]) -> None:
+    """drain() inside the test's own write transaction on SQLite (a Session that flushed a
+    row, not yet committed): the runner's claim, on the outbox's own connection as a
+    worker's, waits on that lock. Before, it waited out SQLite's busy timeout twice (the
+    claim, then the release of a claim whose answer was lost: a minute) and said "database
+    is locked"; now it says why at once."""
+    import time
+
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    if outbox.engine.dialect.name != "sqlite":
+        pytest.skip("SQLite's database-wide write lock")
+    with OutboxTester(outbox) as tester:
+        forever.push({"n": 1})
+        with outbox.engine.begin() as conn:
+            conn.execute(text("CREATE TABLE orders_left_open (id INTEGER PRIMARY KEY)"))
+        with Session(outbox.engine) as session:
+            session.execute(text("INSERT INTO orders_left_open (id) VALUES (1)"))  # not committed
+            began = time.monotonic()
+            with pytest.raises(AssertionError, match="write transaction"):
+                tester.drain()
+            assert time.monotonic() - began < 10
+            session.rollback()
+        with pytest.raises(AssertionError, match="more than limit=2"):
+            tester.drain(limit=2)  # the lock gone, the runner runs (a job pushing itself)
