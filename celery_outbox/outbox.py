@@ -465,15 +465,18 @@ class Outbox:
             joined = self.joiner()
         else:
             results = self.store.insert_alone(rows, key_wait=self.config.key_wait)
-            items = self._to_dispatch(rows, results, now)
+            dispatcher = self.dispatcher  # read once per push: eager mode may change
+            items = self._to_dispatch(rows, results, now, dispatcher)
             if pushing is None:
-                self.dispatcher.dispatch(items)
+                dispatcher.dispatch(items)
             else:
-                Dispatch(self.dispatcher, items, self.tables.executions, pushing.own)()
+                Dispatch(dispatcher, items, self.tables.executions, pushing.own)()
             return [execution_id for execution_id, _ in results]
         with joined as tx:
             results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now), pushing)
+            dispatcher = self.dispatcher  # read once per push: eager mode may change
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now, dispatcher),
+                                     dispatcher, pushing)
         return [execution_id for execution_id, _ in results]
 
     async def apush_many(
@@ -534,7 +537,7 @@ class Outbox:
                               pushing.traceparent if pushing is not None else None)
         if caller is None:
             return await self._apush_alone(rows, now, pushing)
-        dispatcher = self.dispatcher
+        dispatcher = self.dispatcher  # read once per push: eager mode may change
         if dispatcher is not self._prepared:  # its first call prepares the broker client:
             await asyncio.to_thread(getattr(dispatcher, "prepare", lambda: None))  # not here
             self._prepared = dispatcher
@@ -550,7 +553,8 @@ class Outbox:
                              "finished (its row may be written, its dispatch is not "
                              "queued); roll the transaction back")
             raise
-        self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now), pushing)
+        self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now, dispatcher),
+                                 dispatcher, pushing)
         return [execution_id for execution_id, _ in results]
 
     async def _apush_alone(self, rows: list[NewExecution], now: datetime,
@@ -593,18 +597,20 @@ class Outbox:
             raise _Cancelled
         with self.store.transaction() as tx:
             results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now), pushing)
+            dispatcher = self.dispatcher  # read once per push: eager mode may change
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now, dispatcher),
+                                     dispatcher, pushing)
             if not gate.enter_commit():
                 raise _Cancelled
         return [execution_id for execution_id, _ in results]
 
     def _dispatch_on_commit(self, tx: Transaction | AsyncTransaction,
-                            items: list[DispatchItem],
+                            items: list[DispatchItem], dispatcher: Dispatcher,
                             pushing: tracing.Pushing | None = None) -> None:
-        """Dispatch ``items`` after the outermost commit of the caller's transaction ``tx``
-        (traced as a child of the push's span ``pushing``, when given)."""
+        """Hand ``items`` to ``dispatcher`` after the outermost commit of the caller's
+        transaction ``tx`` (traced as a child of the push's span ``pushing``, when given)."""
         if items:
-            tx.after_commit(Dispatch(self.dispatcher, items, self.tables.executions,
+            tx.after_commit(Dispatch(dispatcher, items, self.tables.executions,
                                      pushing.own if pushing is not None else None))
 
     def _new_rows(
@@ -672,23 +678,21 @@ class Outbox:
         return rows
 
     def _to_dispatch(
-        self, rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime
+        self, rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime,
+        dispatcher: Dispatcher,
     ) -> list[DispatchItem]:
         """What a push dispatches: its inserted rows, but those scheduled beyond
         ``max_eta`` (the sweep stages them), unless the dispatcher is the inline one (eager
         mode: its timer runs each when due, as no sweep may run)."""
         if signals.jobs_pushed.receivers:  # looked at each time: a receiver connected later
             _signal_pushed(rows, results)
-        inline: bool | None = None
+        inline = isinstance(dispatcher, InlineDispatcher)
         items = []
         for row, (_, inserted) in zip(rows, results, strict=True):
             if not inserted:
                 continue
-            if row.dispatched_at is None:
-                if inline is None:
-                    inline = isinstance(self.dispatcher, InlineDispatcher)
-                if not inline:
-                    continue
+            if row.dispatched_at is None and not inline:
+                continue
             items.append(DispatchItem(row.id, row.job_name, row.priority, row.scheduled_at))
         return items
 

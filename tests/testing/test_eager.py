@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
-from celery_outbox.dispatch import CeleryDispatcher
+from celery_outbox.dispatch import CeleryDispatcher, DispatchItem
 from celery_outbox.testing import assert_pushed
 from tests.testing.conftest import ROOT, run
 
@@ -207,3 +207,36 @@ def test_the_process_exits_after_the_runs_that_began(database: tuple[str, str],
         outbox.runner.heartbeat.stop()
         outbox.drop_schema()
         outbox.engine.dispose()
+
+
+def test_one_push_reads_eager_mode_once(shop: Shop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager mode may be set or unset while a push runs (another thread, a test's setting
+    override): a push decides its dispatcher once. Before, it read the setting twice: which
+    rows to dispatch (those beyond ``max_eta`` too, for the inline dispatcher) and where to,
+    so a flip between them sent Celery a row beyond ``max_eta`` (the message the sweep
+    sends again once staged) or left the inline dispatcher without one."""
+    seen: list[DispatchItem] = []
+
+    class Celerys:
+        def dispatch(self, items: list[DispatchItem]) -> None:
+            seen.extend(items)
+
+        def flush(self, timeout: timedelta) -> bool:
+            return True
+
+    monkeypatch.setattr(shop.outbox, "_celery_dispatcher", Celerys())
+    reads = iter([True, False] * 10)  # eager at the first read, not at the second
+
+    class Conf:
+        @property
+        def task_always_eager(self) -> bool:
+            return next(reads)
+
+    monkeypatch.setattr(shop.app, "_conf", Conf(), raising=False)
+    monkeypatch.setattr(type(shop.app), "conf", property(lambda app: app._conf))
+    assert shop.outbox.config.max_eta is not None
+    with Session(shop.outbox.engine) as session, session.begin():
+        shop.job.push({"n": 7}, session=session,
+                      delay=shop.outbox.config.max_eta + timedelta(hours=1))
+    assert seen == []  # beyond max_eta: never Celery's
+    assert shop.outbox.inline_dispatcher.pending == 1  # eager, as read once
