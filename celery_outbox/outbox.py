@@ -314,7 +314,8 @@ class Outbox:
                      lambda: Outbox.of(app).trim())
 
     def _install_cron(self) -> None:
-        self.ticker = CronTicker(self.store, self.registry, self.config, lambda: self.dispatcher)
+        self.ticker = CronTicker(self.store, self.registry, self.config, lambda: self.dispatcher,
+                                 self._now)
         app = self.app
         install_cron_task(app, lambda job_name: Outbox.of(app).ticker.fire(job_name))
         for spec in self.registry:

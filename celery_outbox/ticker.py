@@ -115,11 +115,15 @@ class CronTicker:
         registry: JobRegistry,
         config: OutboxConfig,
         dispatcher: Callable[[], Dispatcher],
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self.store = store
         self.registry = registry
         self.config = config
         self.dispatcher = dispatcher
+        self.clock = clock
+        """The now an execution is created and a tick recorded at (the outbox's: a push's
+        clock, a test's :class:`~celery_outbox.testing.Clock` when installed)."""
         self.schedules: dict[str, CronSchedule] = {}
         self.decided: dict[str, datetime] = {}
         """Per job, a tick this process knows the database holds (it only moves forward)."""
@@ -202,7 +206,7 @@ class CronTicker:
     def _spend(self, spec: JobSpec, tick: datetime) -> None:
         """cron tick without an execution (a late tick): record it as decided."""
         with self.store.transaction() as tx:
-            self.store.advance_tick(tx, spec.name, tick, datetime.now(timezone.utc))
+            self.store.advance_tick(tx, spec.name, tick, self.clock())
 
     def trigger(
         self,
@@ -229,7 +233,7 @@ class CronTicker:
     ) -> TickResult:
         """advance the tick (when given) + insert the execution, in ONE transaction; then
         dispatch it. The insert's key dedup is the lock."""
-        now = datetime.now(timezone.utc)
+        now = self.clock()
         row = NewExecution.create(
             spec.name, None, now, priority=int(spec.priority),
             max_attempts=spec.retry.max_attempts, unique_key=LOCK_KEY if spec.lock else None,

@@ -193,3 +193,24 @@ def test_drain_names_a_sqlite_write_transaction_left_open(outbox: Outbox,
             session.rollback()
         with pytest.raises(AssertionError, match="more than limit=2"):
             tester.drain(limit=2)  # the lock gone, the runner runs (a job pushing itself)
+
+
+def test_a_cron_tick_is_written_at_the_clocks_now(outbox: Outbox) -> None:
+    """A tick's execution is created and dispatched at the clock's now, as a push is: before,
+    at the system's time, so a tester's clock ahead of it found the tick's dispatch stale at
+    the next sweep (redispatched, logged as a lost message) and its ``created_at`` in
+    another time."""
+    from celery_outbox import outbox_job
+
+    @outbox_job(name="helpers.nightly", cron="0 3 * * *", registry=outbox.registry)
+    def nightly(ctx: JobContext[None]) -> None:
+        return None
+
+    outbox._install_cron()  # the job was declared after Outbox(app): its beat entry now
+    at = datetime(2031, 1, 1, 3, 0, 30, tzinfo=timezone.utc)
+    with OutboxTester(outbox, clock=Clock(at=at)) as tester:
+        assert tester.tick(nightly).outcome.name == "CREATED"
+        [row] = tester.pushed(nightly)
+        assert row.created_at == at
+        assert tester.sweep().redispatched == 0
+        assert len(tester.dispatched) == 1
