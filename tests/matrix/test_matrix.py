@@ -33,6 +33,10 @@ NOT_REACHED: dict[str, str] = {
     "status_of": "a read no path's step runs",
     "table_gauges": "the metrics' read (no path); one that fails answers table_scrape_ok 0 "
                     "(tests/metrics/test_table.py)",
+    "revoke_session": "the dashboard's logout (no path; tests/web/test_sessions.py)",
+    "session_revoked": "the dashboard's session check (no path; one that fails answers 503, "
+                       "tests/web/test_sessions.py)",
+    "purge_revoked_sessions": "the dashboard's logout (no path; tests/web/test_sessions.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path
 reaches fails :func:`test_every_query_is_reached` until a path runs it or it is listed."""

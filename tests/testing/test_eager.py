@@ -155,7 +155,7 @@ def test_delayed_pushes_wait_on_one_thread_not_one_each(shop: Shop) -> None:
 
 
 EXITING = """
-import sys, time
+import sys, threading, time
 from datetime import timedelta
 from pathlib import Path
 from celery import Celery
@@ -168,16 +168,21 @@ class Item(BaseModel):
 app = Celery("eager-exit", broker="memory://")
 app.conf.task_always_eager = True
 registry = JobRegistry()
+began = threading.Semaphore(0)
+marks = Path(sys.argv[3])
 
 @outbox_job(name="eager.slow", schema=Item, registry=registry, record="all")
 def slow(ctx):
-    time.sleep(0.5)
-    print("ran", ctx.payload.n, flush=True)
+    began.release()
+    time.sleep(0.5)  # the run goes on while the process exits
+    (marks / f"ran-{ctx.payload.n}").touch()
 
 outbox = Outbox(app, database_url=sys.argv[1], registry=registry, table_name=sys.argv[2])
 for n in range(3):
     slow.push({"n": n}, delay=timedelta(milliseconds=100 + n))
-time.sleep(0.3)  # their runs have begun
+for _ in range(3):
+    if not began.acquire(timeout=30):
+        sys.exit("the delayed runs did not begin within 30 s")
 print("exiting", flush=True)
 """
 
@@ -195,11 +200,13 @@ def test_the_process_exits_after_the_runs_that_began(database: tuple[str, str],
     script = tmp_path / "exiting.py"
     script.write_text(EXITING)
     try:
-        done = run([str(script), database[1], table], {"PYTHONPATH": str(ROOT)}, tmp_path,
-                   timeout=60)
-        assert done.returncode == 0
-        assert sorted(done.stdout.split("exiting")[1].split()) == [
-            "0", "1", "2", "ran", "ran", "ran"]
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        done = run([str(script), database[1], table, str(marks)], {"PYTHONPATH": str(ROOT)},
+                   tmp_path, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "exiting" in done.stdout
+        assert sorted(p.name for p in marks.iterdir()) == ["ran-0", "ran-1", "ran-2"]
         with outbox.engine.connect() as conn:
             statuses = conn.exec_driver_sql(f"SELECT status FROM {table}").scalars().all()
         assert statuses == ["succeeded"] * 3
