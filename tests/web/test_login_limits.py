@@ -190,5 +190,6 @@ def test_a_flood_of_bad_credentials_starves_no_valid_request(web_outbox: Outbox,
                 flood.wait(10)
         answered = json.loads(out.strip().splitlines()[-1])
         took.sort()
-        assert took[len(took) // 2] < 0.1 and took[-1] < 0.75, took  # before: up to 2.4 s
+        # Before: every one behind the flood, 2.4 to 4.3 s; bounds with room for a loaded machine.
+        assert took[len(took) // 2] < 0.5 and took[-1] < 2.0, took
         assert 429 in answered, answered
