@@ -8,17 +8,22 @@ worker would run them, so a retry from the dashboard has run when the request re
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
 from celery_outbox.web import Auth, LoginLimits, Token, User, create_app, hash_secret
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.conftest import make_outbox as make_outbox
+from tests.procs import wait_for
 
 PASSWORDS = {"ops": "ops-secret-1", "viewer": "viewer-secret-2", "acme-ops": "acme-secret-3",
              "globex-ops": "globex-secret-4"}
@@ -94,3 +99,26 @@ def client(web_outbox: Outbox, auth: Auth) -> Iterator[TestClient]:
 
 def bearer(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """``app`` on a real uvicorn server in a thread; yields its base URL; stops it after."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 20, "uvicorn to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "uvicorn did not stop"

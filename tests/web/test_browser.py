@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,14 +22,13 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-import uvicorn
 
 from celery_outbox import Outbox, OutboxJob
 from celery_outbox.web import Auth, create_app
 from tests.conftest import CI
 from tests.integration.fakes import RecordingDispatcher
 from tests.procs import wait_for
-from tests.web.conftest import PASSWORDS, Switch
+from tests.web.conftest import PASSWORDS, Switch, free_port, serve
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -43,27 +41,7 @@ Jobs = dict[str, OutboxJob[Any]]
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-@contextmanager
-def serve(app: Any) -> Iterator[str]:
-    """``app`` on a real uvicorn server in a thread; yields its base URL; stops it after."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, 20, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(20)
-        assert not thread.is_alive(), "uvicorn did not stop"
 
 
 @contextmanager

@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.pool import NullPool
 
 from celery_outbox import Outbox, OutboxJob
 from celery_outbox.web import Principal, create_app
 from tests.procs import wait_for
+from tests.web.conftest import serve
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 
@@ -44,28 +42,7 @@ BOUND = 2.0
 milliseconds; the bound leaves room for a loaded machine, far below "until the read ends")."""
 
 
-def free_port() -> int:
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def serve(app: Any) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, name="uvicorn-flight", daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, 20, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive(), "uvicorn did not stop"
 
 
 def resolver(request: Any) -> Principal | None:
