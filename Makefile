@@ -10,7 +10,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lint,docs]"
 	touch $@
 
-.PHONY: example test lint docs bench bench-web bench-peers faults chaos soak extras
+.PHONY: example test lint docs bench bench-web bench-peers faults chaos soak extras long
 # `make example DASHBOARD=1`: afterwards, keep the dashboard running on the run's data.
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
@@ -64,6 +64,12 @@ bench-web: $(BIN)/.installed
 soak: $(BIN)/.installed
 	OUTBOX_SOAK_STARTED=$$(date +%s.%N) OUTBOX_SOAK_MINUTES=$(MINUTES) CI=true \
 		$(BIN)/python -m pytest tests/model -q -s -p no:logging
+
+# The default suite with the variants it leaves out (tests/conftest.py `variants`): beat's
+# RedBeat and django-celery-beat schedulers, warm shutdown on gevent and eventlet, a longer
+# bounded chaos run.
+long: $(BIN)/.installed
+	OUTBOX_TEST_LONG=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Every extra (core, redis, amqp, web, async, django) installed into a fresh venv of its own,
 # then a real worker from that venv runs a job (`make test` runs core and redis only).

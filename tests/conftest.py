@@ -21,6 +21,14 @@ from urllib.parse import urlsplit
 import pytest
 
 CI = bool(os.environ.get("CI"))
+LONG = os.environ.get("OUTBOX_TEST_LONG") == "1"
+"""``make long``: the variants the default suite leaves out (each test keeps one variant in it,
+so no path goes untested on a change; the others are not collected, so nothing is skipped)."""
+
+
+def variants(default: tuple[str, ...], more: tuple[str, ...]) -> tuple[str, ...]:
+    """The parameters of a test: ``default`` in every run, ``more`` too under ``make long``."""
+    return default + more if LONG else default
 # Rich sizes the CLI's tables to the terminal; under pytest (and its xdist workers) there is
 # none, so give every test the same width whatever runs them.
 os.environ.setdefault("COLUMNS", "200")

@@ -23,16 +23,20 @@ from celery_outbox.shutdown import SHUTDOWN
 from tests.chaos import app as chaos_app
 from tests.chaos.app import DOUBLES, RUNS, Work
 from tests.chaos.run import SKEWS, Chaos, Plan, chaos, free_port
+from tests.conftest import LONG
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 SEED = 8
+DURATION = 40.0 if LONG else 25.0
+"""Seconds of faults: the default suite's bound (about 8 faults), longer under ``make long``;
+``make chaos`` runs as long as asked."""
 
 
 def test_chaos_run_loses_nothing_and_runs_no_attempt_twice(
     pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    plan = Plan(executions=300, seed=SEED, duration=40.0, fault_every=3.0,
+    plan = Plan(executions=300, seed=SEED, duration=DURATION, fault_every=3.0,
                 pools=("prefork", "prefork-mtpc:window", "threads:window", "gevent"),
                 skews=SKEWS)
 

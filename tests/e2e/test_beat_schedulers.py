@@ -36,6 +36,7 @@ from celery_outbox.states import Status
 from celery_outbox.store import NewExecution
 from celery_outbox.ticker import ENTRY_PREFIX
 from tests import procs
+from tests.conftest import variants
 from tests.e2e.beat_app import CRON_JOB, KEPT_JOB, PING_TASK, QUEUE_JOB, build
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -70,7 +71,7 @@ def migrate(env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
 
 
-@pytest.mark.parametrize("scheduler", ["persistent", "redbeat", "django"])
+@pytest.mark.parametrize("scheduler", variants(("persistent",), ("redbeat", "django")))
 def test_beat_runs_the_sweep_the_trim_and_the_cron_tick(
     scheduler: str, pg_url: str, redis_url: str, tmp_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ from sqlalchemy import select
 from celery_outbox import Outbox
 from celery_outbox.states import Status
 from tests import procs
+from tests.conftest import variants
 from tests.e2e.lifecycle_app import (
     BEGUN,
     LEASE,
@@ -212,7 +213,7 @@ def hold_on(life: Life, execution_id: UUID, holder: str, seconds: float) -> None
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("pool", ["threads", "gevent", "eventlet"])
+@pytest.mark.parametrize("pool", variants(("threads",), ("gevent", "eventlet")))
 def test_warm_shutdown_keeps_a_row_whose_handler_ignores_the_cancel_until_it_returns(
     life: Life, pool: str
 ) -> None:
