@@ -185,7 +185,7 @@ class Outbox:
     @property
     def dispatcher(self) -> Dispatcher:
         """How this outbox's ids reach a worker: the ``dispatcher`` given to it; else, while
-        the app's ``task_always_eager`` is set (read at each dispatch, so setting it after
+        the app's ``task_always_eager`` is set (read once by each push, so setting it after
         the Outbox was made takes effect), :attr:`inline_dispatcher`, which runs them in
         this process as a worker would; else Celery (the outbox's one
         :class:`CeleryDispatcher`)."""
