@@ -103,9 +103,8 @@ async def test_nested_first_savepoint_rollback_then_commit(aoutbox, receipt, rec
     assert count(aoutbox) == 1
 
 
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"], indirect=True)  # a backend to kill
 async def test_connection_error_mid_push(aoutbox, receipt, recording, aengine, driver):
-    if driver == "aiosqlite":
-        pytest.skip("pg only")
     from celery_outbox.errors import StorageError
     async with AsyncSession(aengine) as session:
         await session.begin()

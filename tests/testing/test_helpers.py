@@ -166,6 +166,7 @@ def test_a_child_forked_while_a_thread_reads_the_clock_can_read_it(outbox: Outbo
                 proc.join(5)
 
 
+@pytest.mark.parametrize("database", ["sqlite"], indirect=True)  # SQLite's database-wide lock
 def test_drain_names_a_sqlite_write_transaction_left_open(outbox: Outbox,
                                                          forever: OutboxJob[Item]) -> None:
     """drain() inside the test's own write transaction on SQLite (a Session that flushed a
@@ -178,8 +179,6 @@ def test_drain_names_a_sqlite_write_transaction_left_open(outbox: Outbox,
     from sqlalchemy import text
     from sqlalchemy.orm import Session
 
-    if outbox.engine.dialect.name != "sqlite":
-        pytest.skip("SQLite's database-wide write lock")
     with OutboxTester(outbox) as tester:
         forever.push({"n": 1})
         with outbox.engine.begin() as conn:
