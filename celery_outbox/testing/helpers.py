@@ -20,7 +20,7 @@ import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -186,7 +186,7 @@ class DrainResult:
     rounds: int = 0
     by_job: dict[str, Counter[str]] = field(default_factory=dict)
 
-    _FIELDS = ("claimed", "succeeded", "retried", "failed", "lost", "cancelled")
+    _FIELDS = tuple(f.name for f in fields(RunResult))
 
     def add(self, job_name: str, run: RunResult) -> None:
         counts = self.by_job.setdefault(job_name, Counter())

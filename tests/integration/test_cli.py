@@ -43,11 +43,11 @@ def cli_env(pg_url: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def cli_app(cli_env: dict[str, str]) -> Iterator[ModuleType]:
-    """tests.cli_app imported with this module's database and table; schema created."""
+def loaded_cli_app(env: dict[str, str]) -> Iterator[ModuleType]:
+    """tests.cli_app imported anew with ``env`` set (its database and table), its schema
+    created; dropped, and the module forgotten, after."""
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in cli_env.items():
+        for key, value in env.items():
             mp.setenv(key, value)
         sys.modules.pop("tests.cli_app", None)
         module = importlib.import_module("tests.cli_app")
@@ -56,6 +56,12 @@ def cli_app(cli_env: dict[str, str]) -> Iterator[ModuleType]:
     module.outbox.drop_schema()
     module.outbox.engine.dispose()
     sys.modules.pop("tests.cli_app", None)
+
+
+@pytest.fixture(scope="module")
+def cli_app(cli_env: dict[str, str]) -> Iterator[ModuleType]:
+    """tests.cli_app imported with this module's database and table; schema created."""
+    yield from loaded_cli_app(cli_env)
 
 
 def celery(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -10,9 +10,7 @@ writes nothing.
 from __future__ import annotations
 
 import getpass
-import importlib
 import socket
-import sys
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -22,7 +20,14 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from tests.integration.test_cli import bad_input, data, invoke, json_error, one_line_error
+from tests.integration.test_cli import (
+    bad_input,
+    data,
+    invoke,
+    json_error,
+    loaded_cli_app,
+    one_line_error,
+)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -33,16 +38,8 @@ def cli_app(request: pytest.FixtureRequest,
         url = request.getfixturevalue("pg_url")
     else:
         url = f"sqlite:///{tmp_path_factory.mktemp('cli-options')}/outbox.sqlite3"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OUTBOX_CLI_DATABASE_URL", url)
-        mp.setenv("OUTBOX_CLI_TABLE", f"clio_{uuid.uuid4().hex[:10]}")
-        sys.modules.pop("tests.cli_app", None)
-        module = importlib.import_module("tests.cli_app")
-    module.outbox.create_schema()
-    yield module
-    module.outbox.drop_schema()
-    module.outbox.engine.dispose()
-    sys.modules.pop("tests.cli_app", None)
+    yield from loaded_cli_app({"OUTBOX_CLI_DATABASE_URL": url,
+                               "OUTBOX_CLI_TABLE": f"clio_{uuid.uuid4().hex[:10]}"})
 
 
 def rows(cli_app: ModuleType) -> int:
