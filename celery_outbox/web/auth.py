@@ -41,6 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -190,7 +191,7 @@ class LoginLimits:
     """How many password checks an :class:`Auth` runs.
 
     ``attempts``: failed attempts allowed at once per user name (known or not) and per client
-    address; each refills at ``attempts`` per ``window`` seconds, so a guesser gets
+    address; each refills at ``attempts`` per ``window`` (a timedelta), so a guesser gets
     ``attempts`` per ``window`` after its burst. ``hashing_slots``: PBKDF2 checks running at
     once in the process; one more is refused at once (never queued), so a flood from many
     addresses takes at most that many cores and never the server's threads. ``max_keys``:
@@ -198,7 +199,7 @@ class LoginLimits:
     """
 
     attempts: int = 10
-    window: float = 60.0
+    window: timedelta = timedelta(minutes=1)
     hashing_slots: int = 2
     max_keys: int = 10_000
 
@@ -206,8 +207,8 @@ class LoginLimits:
         if self.attempts < 1 or self.hashing_slots < 1 or self.max_keys < 1:
             raise ConfigurationError(f"LoginLimits: attempts, hashing_slots and max_keys must "
                                      f"be at least 1, got {self}")
-        if not self.window > 0:
-            raise ConfigurationError(f"LoginLimits: window must be > 0 seconds, got "
+        if not isinstance(self.window, timedelta) or self.window <= timedelta(0):
+            raise ConfigurationError(f"LoginLimits: window must be a positive timedelta, got "
                                      f"{self.window!r}")
 
 
@@ -220,7 +221,7 @@ class _Throttle:
     def __init__(self, limits: LoginLimits, clock: Callable[[], float] = time.monotonic):
         self.limits = limits
         self.clock = clock
-        self.rate = limits.attempts / limits.window  # tokens per second
+        self.rate = limits.attempts / limits.window.total_seconds()  # tokens per second
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(limits.hashing_slots)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -36,7 +37,7 @@ def limited_auth(attempts: int) -> Auth:
     return Auth(users=[User("ops", password_hash=hash_secret(PASSWORDS["ops"]), access="operate"),
                        User("viewer", password_hash=hash_secret(PASSWORDS["viewer"]))],
                 tokens=[Token("ci", token_hash=hash_secret(TOKEN, kind="token"))],
-                login_limits=LoginLimits(attempts=attempts, window=60))
+                login_limits=LoginLimits(attempts=attempts, window=timedelta(minutes=1)))
 
 
 @sqlite_only
@@ -108,7 +109,9 @@ def test_bad_limits_are_refused_at_setup() -> None:
     with pytest.raises(ConfigurationError, match="attempts"):
         LoginLimits(attempts=0)
     with pytest.raises(ConfigurationError, match="window"):
-        LoginLimits(window=0)
+        LoginLimits(window=timedelta(0))
+    with pytest.raises(ConfigurationError, match="window"):
+        LoginLimits(window=60)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="login_limits"):
         Auth(login_limits={"attempts": 3})  # type: ignore[arg-type]
 
