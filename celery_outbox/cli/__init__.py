@@ -9,8 +9,8 @@ passes it in click's context (``ctx.obj.app``); the Outbox is the one installed 
 Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB] [--status S]
 [--limit N] [--after CURSOR] [--organization-id/--tenant ORG] [--key KEY] [--error TEXT]
 [--created-after TIME] [--created-before TIME]``, ``show ID``, ``trigger JOB
-[--payload JSON] [--delay SECONDS | --at TIME] [--key KEY] [--priority NAME]``, ``retry ID``,
-``cancel ID``, ``sweep``, ``trim``, ``create-schema``,
+[--payload JSON] [--delay-seconds SECONDS | --at TIME] [--key KEY] [--priority NAME]``,
+``retry ID``, ``cancel ID``, ``sweep``, ``trim``, ``create-schema``,
 ``web [--host H] [--port N] [--no-auth]`` (the dashboard and HTTP API, extra ``web``),
 ``metrics [--host H] [--port N]`` (Prometheus, extra ``metrics``), ``hash-secret
 [--token]``. A JOB is a job's full name or a short one naming one job only (``receipt`` for
@@ -24,7 +24,7 @@ Exit status, each failure with one line ``Error: ...`` on stderr (without ``--js
 - 2, bad input: an unknown option or a malformed value (``--payload`` that is not JSON or
   does not fit the job's schema, a queue job triggered without ``--payload``, a payload for a
   cron job, an unknown ``--status``, ``--limit`` outside 1..200, a cursor this command did
-  not print, an ID that is no UUID, a ``--delay`` out of range, a ``--at`` or
+  not print, an ID that is no UUID, a ``--delay-seconds`` out of range, a ``--at`` or
   ``--created-after`` / ``--created-before`` that is no ISO 8601 time with a timezone (or a
   range whose start is after its end), a ``--key`` / ``--error`` too long or holding what
   the database cannot compare (a ``--tenant`` too), an unknown ``--priority``, a trigger
@@ -197,7 +197,7 @@ def _who() -> str:
 
 class Seconds(_FloatParam):
     """A duration in seconds, as the CLI's durations are given (``--overdue-after``,
-    ``--delay``): a finite number from 0 to :data:`~celery_outbox.config.MAX_DURATION`."""
+    ``--delay-seconds``): a finite number from 0 to :data:`~celery_outbox.config.MAX_DURATION`."""
 
     name = "seconds"
 
@@ -365,7 +365,7 @@ def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
 @outbox.command("trigger")
 @click.argument("job")
 @click.option("--payload", default=None, help="The payload as a JSON object (queue jobs).")
-@click.option("--delay", default=None, type=Seconds(), metavar="SECONDS",
+@click.option("--delay-seconds", "delay", default=None, type=Seconds(), metavar="SECONDS",
               help="Run it this many seconds from now (queue jobs).")
 @click.option("--at", "at", default=None, type=AwareTime(), metavar="TIME",
               help="Run it at TIME, ISO 8601 with its timezone: 2026-12-04T18:30:00+01:00 "
@@ -380,14 +380,14 @@ def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
 def trigger_command(box: Outbox, job: str, payload: str | None, delay: float | None,
                     at: datetime | None, key: str | None, priority: str | None,
                     as_json: bool) -> None:
-    """Create one execution of JOB now, or later with --delay / --at (a queue job needs
+    """Create one execution of JOB now, or later with --delay-seconds / --at (a queue job needs
     --payload, a cron job takes none)."""
     data = _parse_payload(payload)
     if delay is not None and at is not None:
-        raise BadInput("pass --delay or --at, not both")
+        raise BadInput("pass --delay-seconds or --at, not both")
     key = _checked_text("--key", key, MAX_LENGTHS["unique_key"])
     spec = _job(box, job)
-    given = [name for name, value in (("--delay", delay), ("--at", at), ("--key", key),
+    given = [name for name, value in (("--delay-seconds", delay), ("--at", at), ("--key", key),
                                       ("--priority", priority)) if value is not None]
     if given and spec.mode == "cron":
         raise BadInput(f"{', '.join(given)}: only for queue jobs; cron job {spec.name!r} is "

@@ -1,4 +1,4 @@
-"""The CLI's trigger options (``--delay``, ``--at``, ``--key``, ``--priority``), the filters
+"""The CLI's trigger options (``--delay-seconds``, ``--at``, ``--key``, ``--priority``), the filters
 of ``executions`` (``--key``, ``--error``, ``--tenant``, ``--created-after`` /
 ``--created-before``), who an action records (``cli:<user>@<host>``) and what ``show`` says
 of a succeeded execution that was not kept, on SQLite and PostgreSQL.
@@ -78,12 +78,12 @@ def test_show_of_a_succeeded_execution_that_was_not_kept_says_why(cli_app: Modul
     assert message == line.removeprefix("Error: ")
 
 
-# -- B: trigger --delay, --at, --key, --priority -------------------------------------------------
+# -- B: trigger --delay-seconds, --at, --key, --priority ------------------------------------
 
 
 def test_trigger_later_with_a_key_and_a_priority(cli_app: ModuleType) -> None:
     before = datetime.now(timezone.utc)
-    delayed = trigger(cli_app, "--delay", "90", "--key", "order-1", "--priority", "LOW")
+    delayed = trigger(cli_app, "--delay-seconds", "90", "--key", "order-1", "--priority", "LOW")
     view = cli_app.outbox.admin.get_execution(delayed["id"])
     assert (view.status, view.unique_key, view.priority) == ("scheduled", "order-1", "low")
     assert view.scheduled_at is not None
@@ -103,7 +103,7 @@ def test_trigger_later_with_a_key_and_a_priority(cli_app: ModuleType) -> None:
     zulu = trigger(cli_app, "--at", "2031-05-06T05:08:09Z")
     assert cli_app.outbox.admin.get_execution(zulu["id"]).scheduled_at == view.scheduled_at
 
-    now = trigger(cli_app, "--delay", "0", "--priority", "high")
+    now = trigger(cli_app, "--delay-seconds", "0", "--priority", "high")
     assert cli_app.outbox.admin.get_execution(now["id"]).status == "pending"
 
     line = invoke(cli_app, "trigger", "cli.greet", "--payload", '{"name": "Bo"}',
@@ -111,19 +111,23 @@ def test_trigger_later_with_a_key_and_a_priority(cli_app: ModuleType) -> None:
     assert line.exit_code == 0 and line.stdout.startswith("triggered cli.greet: execution ")
 
 
+DELAY = "Invalid value for '--delay-seconds':"
+
+
 @pytest.mark.parametrize(("args", "says"), [
-    (["--delay", "-1"], "Invalid value for '--delay': must be a number of seconds from 0 to "),
-    (["--delay", "nan"], "Invalid value for '--delay': must be a number of seconds"),
-    (["--delay", "inf"], "Invalid value for '--delay': must be a number of seconds"),
-    (["--delay", "1e20"], "Invalid value for '--delay': must be a number of seconds"),
-    (["--delay", "soon"], "Invalid value for '--delay': 'soon' is not a number of seconds"),
+    (["--delay-seconds", "-1"], f"{DELAY} must be a number of seconds from 0 to "),
+    (["--delay-seconds", "nan"], f"{DELAY} must be a number of seconds"),
+    (["--delay-seconds", "inf"], f"{DELAY} must be a number of seconds"),
+    (["--delay-seconds", "1e20"], f"{DELAY} must be a number of seconds"),
+    (["--delay-seconds", "soon"], f"{DELAY} 'soon' is not a number of seconds"),
     (["--at", "2031-05-06T07:08:09"],
      "Invalid value for '--at': '2031-05-06T07:08:09' has no timezone: add its offset"),
     (["--at", "2031-05-06"], "Invalid value for '--at': '2031-05-06' has no timezone"),
     (["--at", "tomorrow"], "Invalid value for '--at': 'tomorrow' is not an ISO 8601 time"),
     (["--at", "9999-12-31T23:00-05:00"], "Invalid value for '--at': '9999-12-31T23:00-05:00' "
                                          "is out of range in UTC"),
-    (["--delay", "5", "--at", "2031-05-06T07:08:09Z"], "pass --delay or --at, not both"),
+    (["--delay-seconds", "5", "--at", "2031-05-06T07:08:09Z"],
+     "pass --delay-seconds or --at, not both"),
     (["--priority", "urgent"], "Invalid value for '--priority': 'urgent' is not one of "
                                "'critical', 'high', 'normal', 'low'"),
     (["--key", "k" * 256], "--key must be at most 255 characters, got 256"),
@@ -146,9 +150,10 @@ def test_bad_trigger_options_are_refused_naming_the_option(
 
 def test_trigger_options_are_for_queue_jobs_only(cli_app: ModuleType) -> None:
     count = rows(cli_app)
-    assert bad_input(invoke(cli_app, "trigger", "cli.nightly", "--delay", "5", "--key", "k")) == (
-        "Error: --delay, --key: only for queue jobs; cron job 'cli.nightly' is triggered now, "
-        "as its ticks run")
+    refused = bad_input(invoke(cli_app, "trigger", "cli.nightly", "--delay-seconds", "5",
+                               "--key", "k"))
+    assert refused == ("Error: --delay-seconds, --key: only for queue jobs; cron job "
+                       "'cli.nightly' is triggered now, as its ticks run")
     assert rows(cli_app) == count
 
 
