@@ -514,7 +514,9 @@ def web_command(box: Outbox, host: str, port: int, no_auth: bool, log_level: str
         app = create_app(box, auth=auth)
     click.echo(f"celery_outbox web: serving http://{_hostport(host, port)}/ "
                f"(API: /api/v1, OpenAPI: /openapi.json)", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    # proxy_headers=False: the app alone decides which peer's X-Forwarded-* to believe
+    # (Auth.trusted_proxies); uvicorn's default would believe any from 127.0.0.1.
+    uvicorn.run(app, host=host, port=port, log_level=log_level, proxy_headers=False)
 
 
 @outbox.command("metrics")

@@ -204,12 +204,19 @@ class LoginLimits:
     max_keys: int = 10_000
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.hashing_slots < 1 or self.max_keys < 1:
+        counts = (self.attempts, self.hashing_slots, self.max_keys)
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in counts):
             raise ConfigurationError(f"LoginLimits: attempts, hashing_slots and max_keys must "
-                                     f"be at least 1, got {self}")
+                                     f"be ints of at least 1, got {self}")
         if not isinstance(self.window, timedelta) or self.window <= timedelta(0):
             raise ConfigurationError(f"LoginLimits: window must be a positive timedelta, got "
                                      f"{self.window!r}")
+
+
+PROXY_HEADERS = ("x-forwarded", "forwarded")
+"""The header families :attr:`Auth.proxy_headers` names."""
+RETRY_AFTER_MAX = 86_400
+"""Seconds: the longest ``Retry-After`` a refused login is told (a day)."""
 
 
 class _Throttle:
@@ -240,7 +247,7 @@ class _Throttle:
                 wait = max((1 - level) / self.rate for level in short.values())
                 what = " and ".join(key.partition(":")[0] for key in short)
                 raise TooManyAttempts(f"too many failed logins for this {what}",
-                                      max(1, math.ceil(wait)))
+                                      max(1, min(RETRY_AFTER_MAX, math.ceil(wait))))
             for key, level in levels.items():
                 self._buckets[key] = (level - 1, now)
                 self._buckets.move_to_end(key)
@@ -258,11 +265,10 @@ class _Throttle:
     def check(self, keys: list[str], verify: Callable[[], bool]) -> bool:
         """``verify()`` (a password check) within the limits: TooManyAttempts when a bucket
         is empty or every hashing slot busy; a success gives its tokens back."""
-        self.take(keys)
-        if not self._slots.acquire(blocking=False):
-            self.give_back(keys)  # refused for load, not for this user's guesses
+        if not self._slots.acquire(blocking=False):  # refused for load: no bucket touched
             raise TooManyAttempts("every password check slot is busy", 1)
         try:
+            self.take(keys)
             ok = verify()
         finally:
             self._slots.release()
@@ -289,9 +295,12 @@ class Auth:
     many password checks run (:class:`LoginLimits`: failed attempts per user and address,
     concurrent hashing). ``trusted_proxies``: addresses or networks (``"10.0.0.5"``,
     ``"10.0.0.0/24"``) of the reverse proxies in front of the dashboard, whose
-    ``Forwarded`` / ``X-Forwarded-Proto`` / ``X-Forwarded-For`` headers are believed (the
-    session cookie is ``Secure`` when they say ``https``); from any other peer they are
-    ignored.
+    ``proxy_headers`` are believed (the session cookie is ``Secure`` when they say
+    ``https``); from any other peer they are ignored. ``proxy_headers``: which headers those
+    proxies write, ``"x-forwarded"`` (``X-Forwarded-For`` / ``X-Forwarded-Proto``: nginx,
+    HAProxy, most load balancers; the default) or ``"forwarded"`` (RFC 7239); only that
+    family is read, every line of it, so a client's own header of the other family, which a
+    proxy passes through untouched, is never taken for the proxy's.
     """
 
     users: Iterable[User] = ()
@@ -302,6 +311,7 @@ class Auth:
     trusted_origins: Iterable[str] = ()
     login_limits: LoginLimits = field(default_factory=LoginLimits)
     trusted_proxies: Iterable[str] = ()
+    proxy_headers: str = "x-forwarded"
     _users: dict[str, User] = field(init=False, repr=False)
     _tokens: tuple[Token, ...] = field(init=False, repr=False)
     _cache: dict[str, tuple[float, Principal]] = field(init=False, repr=False)
@@ -324,12 +334,16 @@ class Auth:
         self._throttle = _Throttle(self.login_limits)
         self._proxies = _networks(self.trusted_proxies)
         self.trusted_proxies = tuple(str(n) for n in self._proxies)
+        if self.proxy_headers not in PROXY_HEADERS:
+            raise ConfigurationError(f"proxy_headers must be one of {', '.join(PROXY_HEADERS)}, "
+                                     f"got {self.proxy_headers!r}")
 
     @classmethod
     def from_settings(cls, conf: Mapping[str, Any]) -> Auth:
         """Users and tokens from ``app.conf``: ``outbox_web_users`` and ``outbox_web_tokens``
         (lists of dicts with :class:`User` / :class:`Token` fields), ``outbox_web_secret_key``,
-        ``outbox_web_trusted_origins``, ``outbox_web_trusted_proxies``. Raises
+        ``outbox_web_trusted_origins``, ``outbox_web_trusted_proxies``,
+        ``outbox_web_proxy_headers``. Raises
         ConfigurationError naming a bad entry."""
         def build(kind: type[Any], key: str) -> list[Any]:
             entries = conf.get(key) or ()
@@ -341,7 +355,8 @@ class Auth:
                    tokens=build(Token, "outbox_web_tokens"),
                    secret_key=conf.get("outbox_web_secret_key"),
                    trusted_origins=conf.get("outbox_web_trusted_origins") or (),
-                   trusted_proxies=conf.get("outbox_web_trusted_proxies") or ())
+                   trusted_proxies=conf.get("outbox_web_trusted_proxies") or (),
+                   proxy_headers=conf.get("outbox_web_proxy_headers") or "x-forwarded")
 
     @property
     def configured(self) -> bool:
@@ -414,21 +429,22 @@ class Auth:
         return any(ip in network for network in self._proxies)
 
     def _forwarded(self, request: Any, key: str, legacy: str) -> list[str]:
-        """The values of ``key`` (``proto``, ``for``) in ``Forwarded``, else of the
-        ``legacy`` header (``X-Forwarded-Proto``, ``X-Forwarded-For``), nearest proxy last;
-        none unless the peer is a trusted proxy."""
+        """The values of ``key`` (``proto``, ``for``) in ``Forwarded`` when ``proxy_headers``
+        is ``"forwarded"``, else of the ``legacy`` header (``X-Forwarded-Proto``,
+        ``X-Forwarded-For``), every line of it in order, nearest proxy last; none unless the
+        peer is a trusted proxy."""
         if not self._trusted(self._peer(request)):
             return []
         headers = request.headers
-        if headers.get("forwarded"):
+        if self.proxy_headers == "forwarded":
             found = []
-            for element in headers["forwarded"].split(","):
+            for element in ",".join(headers.getlist("forwarded")).split(","):
                 for pair in element.split(";"):
                     name, _, value = pair.strip().partition("=")
                     if name.strip().lower() == key:
                         found.append(value.strip().strip('"'))
             return found
-        return [v.strip() for v in headers.get(legacy, "").split(",") if v.strip()]
+        return [v.strip() for v in ",".join(headers.getlist(legacy)).split(",") if v.strip()]
 
     def scheme(self, request: Any) -> str:
         """``https`` or ``http``: the request's own, or what a trusted proxy says it
@@ -443,8 +459,10 @@ class Auth:
         proxy, the nearest address the proxies name that is not one of them. None when the
         server names no peer."""
         peer = self._peer(request)
-        for hop in reversed(self._forwarded(request, "for", "x-forwarded-for")):
-            hop = _bare_address(hop)
+        for said in reversed(self._forwarded(request, "for", "x-forwarded-for")):
+            hop = _ip(_bare_address(said))
+            if hop is None:
+                return peer  # not an address (unknown, obfuscated, garbage): the peer's word
             if not self._trusted(hop):
                 return hop
         return peer
@@ -453,7 +471,7 @@ class Auth:
         """The user's principal when ``password`` is theirs, else None. Raises
         :class:`TooManyAttempts` (before any hashing) past the :class:`LoginLimits` of
         ``name`` or of ``address`` (the client's, when known)."""
-        keys = [f"user:{name}"] + ([f"address:{address}"] if address else [])
+        keys = [f"user:{name}"] + ([f"address:{_bucket_of(address)}"] if address else [])
         user = self._users.get(name)
         found: list[Principal] = []
 
@@ -552,6 +570,26 @@ def _bare_address(value: str) -> str:
     return value
 
 
+def _ip(value: str) -> str | None:
+    """``value`` as an IP address in its normal form, or None when it is none."""
+    try:
+        return str(ipaddress.ip_address(value.partition("%")[0]))
+    except ValueError:
+        return None
+
+
+def _bucket_of(address: str) -> str:
+    """The login limits' key of a client address: an IPv6 address by its /64 (one host
+    holds a whole /64: counted per address, it would get a fresh bucket per guess)."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return address[:64]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else ip)
+
+
 def _networks(given: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network,
                                               ...]:
     """Each address or network of ``trusted_proxies``; ConfigurationError naming it for a
@@ -559,6 +597,8 @@ def _networks(given: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.I
     if isinstance(given, str):
         raise ConfigurationError(f"trusted_proxies must be a list of addresses, got the string "
                                  f"{given!r} (write [{given!r}])")
+    if not isinstance(given, Iterable):
+        raise ConfigurationError(f"trusted_proxies must be a list of addresses, got {given!r}")
     out = []
     for entry in given:
         try:

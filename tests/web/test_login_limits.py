@@ -22,9 +22,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from celery_outbox import ConfigurationError, Outbox
-from celery_outbox.web import Auth, LoginLimits, Token, User, create_app, hash_secret
-from tests.web.conftest import PASSWORDS, TOKEN
-from tests.web.test_browser import serve
+from celery_outbox.web import (
+    Auth,
+    LoginLimits,
+    Token,
+    TooManyAttempts,
+    User,
+    create_app,
+    hash_secret,
+)
+from tests.web.conftest import PASSWORDS, TOKEN, serve
 
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
@@ -196,3 +203,42 @@ def test_a_flood_of_bad_credentials_starves_no_valid_request(web_outbox: Outbox,
         # Before: every one behind the flood, 2.4 to 4.3 s; bounds with room for a loaded machine.
         assert took[len(took) // 2] < 0.5 and took[-1] < 2.0, took
         assert 429 in answered, answered
+
+
+def test_an_ipv6_client_is_counted_by_its_64_and_a_busy_slot_touches_no_bucket() -> None:
+    """A host holds a whole IPv6 /64: counted per address, each guess would find a fresh
+    bucket. And a login refused because every hashing slot is busy takes no token and adds
+    no bucket: before, such cheap refusals filled the remembered buckets until a locked
+    user's was forgotten, and its guesses allowed again."""
+    from celery_outbox.web.auth import RETRY_AFTER_MAX, _Throttle
+
+    auth = Auth(users=[User("ops", password_hash=hash_secret(PASSWORDS["ops"]))],
+                login_limits=LoginLimits(attempts=2))
+    for i in range(2):
+        assert auth.login(f"guess{i}", "x", address=f"2001:db8::{i + 1}") is None
+    with pytest.raises(TooManyAttempts, match="address"):
+        auth.login("guess9", "x", address="2001:db8::ffff")
+    assert auth.login("ops", PASSWORDS["ops"], address="2001:db8:1::1") is not None
+
+    throttle = _Throttle(LoginLimits(attempts=1, hashing_slots=1, max_keys=3))
+    assert throttle.check(["user:ops"], lambda: False) is False  # ops is now locked
+    throttle._slots.acquire()  # every slot busy (a flood's checks)
+    for i in range(10):
+        with pytest.raises(TooManyAttempts, match="slot"):
+            throttle.check([f"user:u{i}", f"address:10.0.0.{i}"], lambda: True)
+    throttle._slots.release()
+    with pytest.raises(TooManyAttempts, match="user"):
+        throttle.check(["user:ops"], lambda: True)  # still locked: nothing was forgotten
+
+    slow = _Throttle(LoginLimits(attempts=1, window=timedelta.max))
+    slow.check(["user:ops"], lambda: False)
+    with pytest.raises(TooManyAttempts) as refused:
+        slow.check(["user:ops"], lambda: False)
+    assert refused.value.retry_after == RETRY_AFTER_MAX
+
+
+@pytest.mark.parametrize("bad", [{"attempts": "5"}, {"attempts": 1.5}, {"hashing_slots": None},
+                                 {"max_keys": True}])
+def test_limits_that_are_no_ints_are_refused_naming_them(bad: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError, match="attempts, hashing_slots and max_keys"):
+        LoginLimits(**bad)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.datastructures import Headers
 
 from celery_outbox import ConfigurationError, Outbox, StorageError
 from celery_outbox.web import Auth, LoginLimits, User, create_app, hash_secret
@@ -92,7 +93,13 @@ def test_the_cookie_is_secure_when_a_trusted_proxy_says_https_only(web_outbox: O
         return "secure" in flags
 
     assert secure(log_in(proxy, **{"X-Forwarded-Proto": "https"}))
-    assert secure(log_in(proxy, Forwarded='for=198.51.100.7;proto=https'))
+    # The proxies write X-Forwarded-* (the default): a Forwarded header is a client's own,
+    # passed through; with proxy_headers="forwarded" it is the proxy's, and X-Forwarded-* not.
+    assert not secure(log_in(proxy, Forwarded='for=198.51.100.7;proto=https'))
+    rfc = TestClient(create_app(web_outbox, auth=process_auth(
+        trusted_proxies=["10.0.0.1"], proxy_headers="forwarded")), client=("10.0.0.1", 5000))
+    assert secure(log_in(rfc, Forwarded='for=198.51.100.7;proto=https'))
+    assert not secure(log_in(rfc, **{"X-Forwarded-Proto": "https"}))
     assert secure(TestClient(app, client=("fd00::5", 1)).post(
         "/login", data={"username": "ops", "password": PASSWORDS["ops"]},
         headers={"X-Forwarded-Proto": "https"}, follow_redirects=False))
@@ -122,16 +129,33 @@ def test_the_client_address_is_the_proxys_word_only_from_a_trusted_proxy() -> No
 
     auth = process_auth(trusted_proxies=["10.0.0.0/24"])
 
-    def request(peer: str, **headers: str) -> Any:
-        return SimpleNamespace(client=(peer, 1), headers={k.lower().replace("_", "-"): v
-                                                          for k, v in headers.items()})
+    def request(peer: str, *lines: tuple[str, str], **headers: str) -> Any:
+        raw = [(k.lower().replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
+        raw += [(k.lower().encode(), v.encode()) for k, v in lines]
+        return SimpleNamespace(client=(peer, 1), headers=Headers(raw=raw))
 
     forwarded = {"X_Forwarded_For": "6.6.6.6, 198.51.100.7, 10.0.0.8"}
     assert auth.client_address(request("10.0.0.1", **forwarded)) == "198.51.100.7"
     assert auth.client_address(request("203.0.113.9", **forwarded)) == "203.0.113.9"
-    assert auth.client_address(
+    # Every line, in order: a proxy that adds its own line after the client's is read last.
+    assert auth.client_address(request("10.0.0.1", ("X-Forwarded-For", "6.6.6.6"),
+                                       ("X-Forwarded-For", "198.51.100.7"))) == "198.51.100.7"
+    # The family the proxies write only: a client's Forwarded passed through is not read.
+    assert auth.client_address(request("10.0.0.1", Forwarded="for=6.6.6.6",
+                                       X_Forwarded_For="198.51.100.7")) == "198.51.100.7"
+    # A hop that is no address (empty, unknown, garbage) is the peer's word, never a key.
+    assert auth.client_address(request("10.0.0.1", X_Forwarded_For="unknown")) == "10.0.0.1"
+    assert auth.client_address(request("10.0.0.1", X_Forwarded_For=" , x" * 50)) == "10.0.0.1"
+    rfc = process_auth(trusted_proxies=["10.0.0.0/24"], proxy_headers="forwarded")
+    assert rfc.client_address(
         request("10.0.0.1", Forwarded='for="[2001:db8::1]";proto=https')) == "2001:db8::1"
+    assert rfc.client_address(request("10.0.0.1", Forwarded="for=")) == "10.0.0.1"
     assert auth.client_address(request("10.0.0.1")) == "10.0.0.1"
+    with pytest.raises(ConfigurationError, match="proxy_headers"):
+        Auth(proxy_headers="x-real-ip")
+    for bad in (None, 5):
+        with pytest.raises(ConfigurationError, match="trusted_proxies"):
+            Auth(trusted_proxies=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="trusted_proxies"):
         Auth(trusted_proxies="10.0.0.1")
     with pytest.raises(ConfigurationError, match="not an IP address"):
