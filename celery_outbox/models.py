@@ -109,11 +109,13 @@ class Tables:
     """When the sweep and the trim last ran, on any host: ``<table>_loop``."""
     revoked_sessions: Table
     """The dashboard's sessions ended before they expire: ``<table>_revoked_sessions``."""
+    pauses: Table
+    """The jobs and queues an operator paused: ``<table>_pauses``."""
 
     def all(self) -> list[Table]:
         """Every table, in creation order (``create_all`` / ``drop_all`` sort them again)."""
         return [self.executions, self.cron_ticks, self.trim_marks, self.loop_runs,
-                self.revoked_sessions]
+                self.revoked_sessions, self.pauses]
 
 
 TENANTED = "organization_id IS NOT NULL"
@@ -168,6 +170,7 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("cancelled_by_name", String(200), nullable=True),
         Column("retry_of", Uuid(), nullable=True),
         Column("traceparent", String(TRACEPARENT_LENGTH), nullable=True),
+        Column("attempts", JSONType, nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),
@@ -244,7 +247,8 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     return Tables(executions=executions, cron_ticks=cron_ticks,
                   active_key_where=active_key_where, trim_marks=trim_marks,
                   loop_runs=loop_runs_table(metadata, name),
-                  revoked_sessions=revoked_sessions_table(metadata, name))
+                  revoked_sessions=revoked_sessions_table(metadata, name),
+                  pauses=pauses_table(metadata, name))
 
 
 LOOP_TASKS = ("sweep", "trim")
@@ -288,6 +292,31 @@ def revoked_sessions_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tab
         Column("session_id", String(64), primary_key=True),
         Column("expires_at", UTCDateTime(), nullable=False),
         Column("revoked_at", UTCDateTime(), nullable=False),
+    )
+
+
+PAUSE_KINDS = ("job", "queue")
+"""What an operator may pause: a job (by name) or a queue (by Celery queue name)."""
+
+
+def pauses_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
+    """``<table>_pauses``: one row per paused job or queue, read by every claim.
+
+    ``kind``: ``job`` or ``queue``; ``name``: the job's name or the Celery queue's;
+    ``paused_at``: the database's time of the pause; ``paused_by`` / ``paused_by_name``: who
+    paused it (as an action's ``triggered_by``). Resuming deletes the row.
+    """
+    pauses = f"{name}_pauses"
+    return Table(
+        pauses,
+        metadata,
+        Column("kind", String(8), primary_key=True),
+        Column("name", String(200), primary_key=True),
+        Column("paused_at", UTCDateTime(), nullable=False),
+        Column("paused_by", String(200), nullable=True),
+        Column("paused_by_name", String(200), nullable=True),
+        CheckConstraint(f"kind IN ({', '.join(repr(k) for k in PAUSE_KINDS)})",
+                        name=f"ck_{pauses}_kind"),
     )
 
 

@@ -30,7 +30,7 @@ from tests.procs import ROOT
 
 OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron",
                  "celery_outbox_executions_trim", "celery_outbox_executions_loop",
-                 "celery_outbox_executions_revoked_sessions"}
+                 "celery_outbox_executions_revoked_sessions", "celery_outbox_executions_pauses"}
 VERSION_TABLE = "celery_outbox_alembic_version"
 
 

@@ -178,42 +178,48 @@ class AnalyzeOutboxTables(_OutboxOperation):
         return "Analyze the celery_outbox tables (PostgreSQL)"
 
 
-class CreateLoopTable(_OutboxOperation):
-    """Create ``<table>_loop`` (the maintenance loop's last runs) unless it exists: a
-    database migrated by ``0001_initial`` of a later release has it already; reversed, drop
-    it if it exists."""
-
-    def forwards(self, vendor: str) -> list[str]:
-        table = configured_tables().loop_runs
-        return [str(CreateTable(table, if_not_exists=True)
-                    .compile(dialect=dialect_for(vendor))).strip()]
-
-    def backwards(self, vendor: str) -> list[str]:
-        table = configured_tables().loop_runs
-        return [str(DropTable(table, if_exists=True).compile(dialect=dialect_for(vendor)))
-                .strip()]
-
-    def describe(self) -> str:
-        return "Create the celery_outbox loop table"
-
-
-class CreateRevokedSessionsTable(_OutboxOperation):
-    """Create ``<table>_revoked_sessions`` (the dashboard's sessions ended by a logout)
+class _CreateSideTable(_OutboxOperation):
+    """Create one of the outbox's side tables (``table``: the :class:`Tables` attribute)
     unless it exists: a database migrated by ``0001_initial`` of a later release has it
     already; reversed, drop it if it exists."""
 
+    table = ""
+    what = ""
+
     def forwards(self, vendor: str) -> list[str]:
-        table = configured_tables().revoked_sessions
+        table = getattr(configured_tables(), self.table)
         return [str(CreateTable(table, if_not_exists=True)
                     .compile(dialect=dialect_for(vendor))).strip()]
 
     def backwards(self, vendor: str) -> list[str]:
-        table = configured_tables().revoked_sessions
+        table = getattr(configured_tables(), self.table)
         return [str(DropTable(table, if_exists=True).compile(dialect=dialect_for(vendor)))
                 .strip()]
 
     def describe(self) -> str:
-        return "Create the celery_outbox revoked sessions table"
+        return f"Create the celery_outbox {self.what} table"
+
+
+class CreateLoopTable(_CreateSideTable):
+    """Create ``<table>_loop`` (the maintenance loop's last runs) unless it exists."""
+
+    table = "loop_runs"
+    what = "loop"
+
+
+class CreateRevokedSessionsTable(_CreateSideTable):
+    """Create ``<table>_revoked_sessions`` (the dashboard's sessions ended by a logout)
+    unless it exists."""
+
+    table = "revoked_sessions"
+    what = "revoked sessions"
+
+
+class CreatePausesTable(_CreateSideTable):
+    """Create ``<table>_pauses`` (the jobs and queues an operator paused) unless it exists."""
+
+    table = "pauses"
+    what = "pauses"
 
 
 def router_allows(alias: str, app_label: str) -> bool:
@@ -223,10 +229,12 @@ def router_allows(alias: str, app_label: str) -> bool:
     return bool(router.allow_migrate(alias, app_label))
 
 
-class AddTraceparentColumn(_OutboxOperation):
-    """Add ``<table>.traceparent`` (the pushing code's W3C trace context, VARCHAR(55),
+class _AddExecutionsColumn(_OutboxOperation):
+    """Add the executions table's ``column`` (its type as the current model declares it,
     nullable) unless the table has it already (a database whose ``0001_initial`` ran with a
     release that creates it); reversed, drop it."""
+
+    column = ""
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
                           to_state: Any) -> None:
@@ -237,17 +245,34 @@ class AddTraceparentColumn(_OutboxOperation):
         with connection.cursor() as cursor:
             columns = {c.name for c in connection.introspection.get_table_description(
                 cursor, table)}
-        if "traceparent" not in columns:
+        if self.column not in columns:
             for sql in self.forwards(connection.vendor):
                 schema_editor.execute(sql, params=())
 
     def forwards(self, vendor: str) -> list[str]:
-        table = dialect_for(vendor).identifier_preparer.quote(configured_tables().executions.name)
-        return [f"ALTER TABLE {table} ADD COLUMN traceparent VARCHAR(55) NULL"]
+        dialect = dialect_for(vendor)
+        executions = configured_tables().executions
+        table = dialect.identifier_preparer.quote(executions.name)
+        kind = executions.c[self.column].type.compile(dialect=dialect)
+        return [f"ALTER TABLE {table} ADD COLUMN {self.column} {kind} NULL"]
 
     def backwards(self, vendor: str) -> list[str]:
         table = dialect_for(vendor).identifier_preparer.quote(configured_tables().executions.name)
-        return [f"ALTER TABLE {table} DROP COLUMN traceparent"]
+        return [f"ALTER TABLE {table} DROP COLUMN {self.column}"]
 
     def describe(self) -> str:
-        return "Add the celery_outbox executions' traceparent column"
+        return f"Add the celery_outbox executions' {self.column} column"
+
+
+class AddTraceparentColumn(_AddExecutionsColumn):
+    """Add ``<table>.traceparent`` (the pushing code's W3C trace context, VARCHAR(55),
+    nullable) unless the table has it already."""
+
+    column = "traceparent"
+
+
+class AddAttemptsColumn(_AddExecutionsColumn):
+    """Add ``<table>.attempts`` (the execution's earlier attempts, JSON, nullable) unless
+    the table has it already."""
+
+    column = "attempts"
