@@ -13,7 +13,7 @@ The trim's watermarks (``<table>_trim``) come with triggers on the outbox table
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import (
@@ -111,11 +111,13 @@ class Tables:
     """The dashboard's sessions ended before they expire: ``<table>_revoked_sessions``."""
     pauses: Table
     """The jobs and queues an operator paused: ``<table>_pauses``."""
+    stats: Table
+    """The dashboard's charts, per minute: ``<table>_stats`` (:func:`stats_table`)."""
 
     def all(self) -> list[Table]:
         """Every table, in creation order (``create_all`` / ``drop_all`` sort them again)."""
         return [self.executions, self.cron_ticks, self.trim_marks, self.loop_runs,
-                self.revoked_sessions, self.pauses]
+                self.revoked_sessions, self.pauses, self.stats]
 
 
 TENANTED = "organization_id IS NOT NULL"
@@ -248,7 +250,8 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
                   active_key_where=active_key_where, trim_marks=trim_marks,
                   loop_runs=loop_runs_table(metadata, name),
                   revoked_sessions=revoked_sessions_table(metadata, name),
-                  pauses=pauses_table(metadata, name))
+                  pauses=pauses_table(metadata, name),
+                  stats=stats_table(metadata, name))
 
 
 LOOP_TASKS = ("sweep", "trim")
@@ -318,6 +321,54 @@ def pauses_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
         CheckConstraint(f"kind IN ({', '.join(repr(k) for k in PAUSE_KINDS)})",
                         name=f"ck_{pauses}_kind"),
     )
+
+
+STATS_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                                    30.0, 60.0, 300.0, 900.0, 3600.0)
+"""Seconds: the upper edges of the stats table's histogram buckets (a log scale). Bucket ``i``
+(``wait_<i>``, ``run_<i>``) counts durations above edge ``i - 1`` up to edge ``i``; the last
+bucket (``i = len(STATS_BUCKETS)``) counts those above the last edge."""
+STATS_OUTCOMES = ("succeeded", "failed", "retried", "cancelled")
+"""The stats table's outcome counts: attempts whose outcome a worker wrote."""
+STATS_BACKLOG = ("pending", "scheduled", "running")
+"""The stats table's backlog columns: active rows by status, as the sweep counted them."""
+STATS_KEEP = timedelta(days=7)
+"""How long the stats table keeps a minute's rows: the trim deletes older ones."""
+
+
+def stats_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
+    """``<table>_stats``: what the dashboard's charts read, one row per (``minute``,
+    ``job_name``, ``organization_id``, ``worker``).
+
+    ``minute``: minutes since the Unix epoch (UTC); ``organization_id``: ``''`` for rows of no
+    tenant. A worker's rows (``worker`` = its ``host:pid:nonce``) hold the outcomes its
+    process wrote in that minute (:data:`STATS_OUTCOMES`) and histograms of their wait (due ->
+    start) and run (start -> outcome) times (``wait_<i>``, ``run_<i>``: counts per bucket of
+    :data:`STATS_BUCKETS`); each worker writes absolute values to its own rows, so workers
+    never contend, and readers sum over workers. The sweep's rows (``worker = ''``) hold the
+    backlog it counted (:data:`STATS_BACKLOG`), one row per (job, tenant) with active rows,
+    and a marker row (``job_name = ''``, every count 0) for every minute it counted in.
+    ``updated_at``: the database's time of the last write. The trim deletes rows older than
+    ``STATS_KEEP`` (7 days).
+    """
+    stats = f"{name}_stats"
+    counts = [*STATS_OUTCOMES,
+              *(f"wait_{i}" for i in range(len(STATS_BUCKETS) + 1)),
+              *(f"run_{i}" for i in range(len(STATS_BUCKETS) + 1)),
+              *STATS_BACKLOG]
+    table = Table(
+        stats,
+        metadata,
+        Column("minute", Integer(), primary_key=True, autoincrement=False),
+        Column("job_name", String(MAX_LENGTHS["job_name"]), primary_key=True),
+        Column("organization_id", String(MAX_LENGTHS["organization_id"]), primary_key=True),
+        Column("worker", String(200), primary_key=True),
+        *(Column(c, Integer(), nullable=False, server_default=text("0")) for c in counts),
+        Column("updated_at", UTCDateTime(), nullable=False),
+    )
+    # A tenant's charts, rates and workers: its rows by minute, never the other tenants'.
+    Index(f"ix_{stats}_org", table.c.organization_id, table.c.minute)
+    return table
 
 
 def _trim_marks(metadata: MetaData, executions: Table) -> Table:

@@ -222,6 +222,21 @@ class CreatePausesTable(_CreateSideTable):
     what = "pauses"
 
 
+class CreateStatsTable(_CreateSideTable):
+    """Create ``<table>_stats`` (the dashboard's per-minute charts) and its index unless they
+    exist."""
+
+    table = "stats"
+    what = "stats"
+
+    def forwards(self, vendor: str) -> list[str]:
+        table = configured_tables().stats
+        dialect = dialect_for(vendor)
+        return [*super().forwards(vendor),
+                *(str(CreateIndex(index, if_not_exists=True).compile(dialect=dialect)).strip()
+                  for index in sorted(table.indexes, key=lambda i: str(i.name)))]
+
+
 def router_allows(alias: str, app_label: str) -> bool:
     """Whether Django's database routers let ``app_label`` migrate on ``alias``."""
     from django.db import router
