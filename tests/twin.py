@@ -40,7 +40,8 @@ from celery_outbox.outcomes import (
     Write,
     deletes,
 )
-from celery_outbox.queries.clauses import who
+from celery_outbox.queries.attempts import HISTORY_LIMIT, history_error
+from celery_outbox.queries.clauses import storable, who
 from celery_outbox.states import ACTIVE, Status
 from celery_outbox.store import (
     Claimed,
@@ -121,6 +122,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self.rows: dict[UUID, dict[str, Any]] = {}
         self.ticks: dict[str, datetime] = {}
+        self.paused: set[tuple[str, str | None]] = set()
+        """The pauses, as ``(kind, name)``: ``("job", name)`` or ``("queue", name)``."""
         self.calls: list[str] = []
         self._faults: list[_Fault] = []
         self._joined: dict[int, tuple[object, MemoryTransaction]] = {}
@@ -255,12 +258,15 @@ class MemoryStore:
         return new.id, True
 
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime | None,
-              lease: timedelta) -> list[Claimed]:
+              lease: timedelta, *, queue: str | None = None) -> list[Claimed]:
         """claim: pending (or scheduled and due) -> running, attempt + 1; started_at = now on
         the first of ``ids`` only; the lease runs out ``lease`` after ``now`` (None: the
-        database's clock). The claimed rows in ``ids`` order."""
+        database's clock); nothing while the job or ``queue`` is in :attr:`paused`. The
+        claimed rows in ``ids`` order."""
         with self._op("claim"):
             now = self._at(now)
+            if ("job", job_name) in self.paused or ("queue", queue) in self.paused:
+                return []
             lease_until = now + lease
             got: dict[UUID, Claimed] = {}
             for i in dict.fromkeys(ids):
@@ -294,7 +300,7 @@ class MemoryStore:
         with self._op("finish"):
             row = self._held(fence)
             if row is not None:
-                self._write(row, _outcome_values(outcome, now))
+                self._write(row, _outcome_values(outcome, now, row=row))
             return Finished(row is not None, None if start is None else self._start(start, now))
 
     def start_many(self, fences: Sequence[Fence], now: datetime, *,
@@ -312,7 +318,7 @@ class MemoryStore:
             for w in writes:
                 row = self._held(w.fence)
                 if row is not None:
-                    self._write(row, _outcome_values(w.outcome, w.now))
+                    self._write(row, _outcome_values(w.outcome, w.now, row=row))
                 hits.append(row is not None)
             if starts:
                 return FinishedMany(hits, None, [self._start(f, now) for f in starts])
@@ -446,9 +452,11 @@ class MemoryStore:
                 lease_expires_at=None, updated_at=now, dispatched_at=now)
         elif verdict.run_at is not None:
             values = _outcome_values(Retrying(verdict.run_at, verdict.error,
-                                              dispatched=verdict.dispatched), now, logs=False)
+                                              dispatched=verdict.dispatched), now, logs=False,
+                                     row=r, lost=True)
         else:
-            values = _outcome_values(Failed(verdict.error, keep=verdict.keep), now, logs=False)
+            values = _outcome_values(Failed(verdict.error, keep=verdict.keep), now, logs=False,
+                                     row=r, lost=True)
         self._write(r, values)
         return True
 
@@ -579,14 +587,35 @@ def _pick(cls: type[T], row: dict[str, Any]) -> T:
     return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
 
 
-def _outcome_values(outcome: Outcome, now: datetime, *,
-                    logs: bool = True) -> dict[str, Any] | None:
+def _iso(when: datetime | None) -> str | None:
+    """A time as a history record holds it (microseconds, UTC, ``Z``)."""
+    return None if when is None else f"{when.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%S.%fZ}"
+
+
+def appended(row: dict[str, Any], now: datetime, outcome: str, error: str) -> list[Any]:
+    """``row``'s ``attempts`` with its current attempt appended, ended at ``now`` in
+    ``outcome`` (as the real store's statements append it: bounded, the error cut)."""
+    history = list(row["attempts"]) if isinstance(row["attempts"], list) else []
+    if len(history) >= HISTORY_LIMIT:
+        history = history[1:]
+    return [*history, {"attempt": row["attempt"], "started_at": _iso(row["started_at"]),
+                       "finished_at": _iso(now), "worker": row["claimed_by"],
+                       "outcome": outcome, "error": history_error(storable(error))}]
+
+
+def _outcome_values(outcome: Outcome, now: datetime, *, logs: bool = True,
+                    row: dict[str, Any], lost: bool = False) -> dict[str, Any] | None:
     """The columns an outcome write sets (``logs``: the rescuer's leave that column); None:
-    the row is deleted."""
+    the row is deleted. ``lost``: the rescuer's, whose retry and failure append the attempt
+    to the history as lost (the runner's retry appends it as retried)."""
     kept = {"logs": outcome.logs} if logs else {}
     if deletes(outcome):
         return None
+    if lost:
+        kept["attempts"] = appended(row, now, "lost", getattr(outcome, "error", ""))
     if isinstance(outcome, Retrying):
+        if not lost:
+            kept["attempts"] = appended(row, now, "retried", outcome.error)
         return {"status": _SCHEDULED, "scheduled_at": outcome.run_at, "updated_at": now,
                 "claimed_by": None, "lease_expires_at": None, "last_error": outcome.error,
                 "dispatched_at": now if outcome.dispatched else None, **kept}

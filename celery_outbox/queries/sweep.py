@@ -13,7 +13,8 @@ from uuid import UUID
 
 from sqlalchemy import Integer, Table, and_, bindparam, delete, or_, select, update
 
-from celery_outbox.outcomes import Fence
+from celery_outbox.outcomes import Fence, OutcomeName
+from celery_outbox.queries.attempts import append_attempt, history_error
 from celery_outbox.queries.base import Query, Row, named, rowcount, rows
 from celery_outbox.queries.clauses import fence_params, fenced_bound, storable
 from celery_outbox.states import Status
@@ -174,9 +175,16 @@ def rescue_release(t: Table, row: Expired, now: datetime) -> Query[int]:
     return rowcount("rescue_release", _rescue_release(t), {**_fence(row), "now": now})
 
 
+def _lost(t: Table) -> Any:
+    """The rescued attempt appended to the history: outcome ``lost``, ended at ``now``."""
+    return append_attempt(t, finished_at=_now(t), outcome=OutcomeName.LOST.value,
+                          error=bindparam("attempt_error", type_=t.c.last_error.type))
+
+
 @cache
 def _rescue_retry(t: Table) -> Any:
     return update(t).where(_rescue_guard(t)).values(
+        attempts=_lost(t),
         status=Status.SCHEDULED.value,
         scheduled_at=bindparam("run_at", type_=t.c.scheduled_at.type),
         claimed_by=None, lease_expires_at=None,
@@ -185,27 +193,32 @@ def _rescue_retry(t: Table) -> Any:
     )
 
 
-@named("rescue: an expired row into a retry (running -> scheduled)")
+@named("rescue: an expired row into a retry (running -> scheduled), the attempt appended "
+       "to its history as lost")
 def rescue_retry(t: Table, row: Expired, now: datetime, *, run_at: datetime, error: str,
                  dispatched: bool) -> Query[int]:
+    error = storable(error)
     return rowcount("rescue_retry", _rescue_retry(t), {
-        **_fence(row), "now": now, "run_at": run_at, "error": storable(error),
-        "dispatch_at": now if dispatched else None})
+        **_fence(row), "now": now, "run_at": run_at, "error": error,
+        "attempt_error": history_error(error), "dispatch_at": now if dispatched else None})
 
 
 @cache
 def _rescue_fail(t: Table) -> Any:
     now = _now(t)
     return update(t).where(_rescue_guard(t)).values(
+        attempts=_lost(t),
         status=Status.FAILED.value, finished_at=now, updated_at=now, lease_expires_at=None,
         last_error=bindparam("error", type_=t.c.last_error.type),
     )
 
 
-@named("rescue: an expired row failed (running -> failed)")
+@named("rescue: an expired row failed (running -> failed), the attempt appended to its "
+       "history as lost")
 def rescue_fail(t: Table, row: Expired, now: datetime, *, error: str) -> Query[int]:
-    return rowcount("rescue_fail", _rescue_fail(t),
-                    {**_fence(row), "now": now, "error": storable(error)})
+    error = storable(error)
+    return rowcount("rescue_fail", _rescue_fail(t), {**_fence(row), "now": now, "error": error,
+                                                     "attempt_error": history_error(error)})
 
 
 @cache

@@ -41,6 +41,7 @@ from celery_outbox.outcomes import (
     Retrying,
     deletes,
 )
+from celery_outbox.queries.attempts import append_attempt, history_error
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
 from celery_outbox.queries.clauses import (
     fence_params,
@@ -240,7 +241,11 @@ def _outcome_statement(t: Table, kind: OutcomeName | None) -> Any:
         values: dict[str, Any] = {"status": Status.SUCCEEDED.value, "finished_at": now,
                                   "lease_expires_at": None}
     elif kind is OutcomeName.RETRIED:
-        values = {"status": Status.SCHEDULED.value,
+        # The attempt ending here joins the history; the row's columns become the next's.
+        history = append_attempt(t, finished_at=now, outcome=OutcomeName.RETRIED.value,
+                                 error=bindparam("o_attempt_error", type_=t.c.last_error.type))
+        values = {"attempts": history,
+                  "status": Status.SCHEDULED.value,
                   "scheduled_at": bindparam("o_run_at", type_=t.c.scheduled_at.type),
                   "claimed_by": None, "lease_expires_at": None,
                   "last_error": bindparam("o_error", type_=t.c.last_error.type),
@@ -262,7 +267,9 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, 
         return params
     params.update(o_now=now, o_logs=storable(outcome.logs))
     if isinstance(outcome, Retrying):
-        params.update(o_run_at=outcome.run_at, o_error=storable(outcome.error),
+        error = storable(outcome.error)
+        params.update(o_run_at=outcome.run_at, o_error=error,
+                      o_attempt_error=history_error(error),
                       o_dispatched_at=now if outcome.dispatched else None)
     elif isinstance(outcome, Failed):
         params.update(o_error=storable(outcome.error))

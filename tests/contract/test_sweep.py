@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -126,20 +127,30 @@ def expired(row_id: uuid.UUID, attempt: int = 1, started: bool = True) -> Expire
     return Expired(row_id, JOB, "w1", attempt, 3, 1, T0 if started else None, "org-1")
 
 
+
+
+def _lost(error: str) -> dict[str, Any]:
+    """The history record of the rescued attempt (w1's first, begun at T0)."""
+    return {"attempt": 1, "started_at": f"{T0:%Y-%m-%dT%H:%M:%S.%fZ}",
+            "finished_at": f"{RESCUE_AT:%Y-%m-%dT%H:%M:%S.%fZ}", "worker": "w1",
+            "outcome": "lost", "error": error}
+
+
 VERDICTS = {
     "retry": (RescueVerdict("lease expired", run_at=RUN_AT), {
         "status": "scheduled", "scheduled_at": RUN_AT, "claimed_by": None,
         "lease_expires_at": None, "last_error": "lease expired", "updated_at": RESCUE_AT,
-        "dispatched_at": None,
+        "dispatched_at": None, "attempts": [_lost("lease expired")],
     }),
     "retry_dispatched": (RescueVerdict("lease expired", run_at=RUN_AT, dispatched=True), {
         "status": "scheduled", "scheduled_at": RUN_AT, "claimed_by": None,
         "lease_expires_at": None, "last_error": "lease expired", "updated_at": RESCUE_AT,
-        "dispatched_at": RESCUE_AT,
+        "dispatched_at": RESCUE_AT, "attempts": [_lost("lease expired")],
     }),
     "fail": (RescueVerdict("lease expired: no retries left"), {
         "status": "failed", "finished_at": RESCUE_AT, "updated_at": RESCUE_AT,
         "lease_expires_at": None, "last_error": "lease expired: no retries left",
+        "attempts": [_lost("lease expired: no retries left")],
     }),
     "fail_not_kept": (RescueVerdict("lease expired", keep=False), None),
 }

@@ -142,6 +142,14 @@ def test_start_guard_misses_write_nothing(store: ExecutionStore, miss: str) -> N
 
 # -- finish: each outcome ---------------------------------------------------------------------
 
+def _record(error: str, attempt: int = 1, worker: str = "w1", outcome: str = "retried",
+            started: datetime = T0, finished: datetime = LATER) -> dict[str, Any]:
+    """One record of the history, as the retry's statement appends it."""
+    return {"attempt": attempt, "started_at": f"{started:%Y-%m-%dT%H:%M:%S.%fZ}",
+            "finished_at": f"{finished:%Y-%m-%dT%H:%M:%S.%fZ}", "worker": worker,
+            "outcome": outcome, "error": error}
+
+
 OUTCOMES: dict[str, tuple[Outcome, dict[str, Any] | None]] = {
     "succeeded": (Succeeded(keep=True, logs=LOGS), {
         "status": "succeeded", "finished_at": LATER, "updated_at": LATER,
@@ -151,12 +159,12 @@ OUTCOMES: dict[str, tuple[Outcome, dict[str, Any] | None]] = {
     "retrying_dispatched": (Retrying(RUN_AT, "ValueError: x", LOGS, dispatched=True), {
         "status": "scheduled", "scheduled_at": RUN_AT, "updated_at": LATER,
         "claimed_by": None, "lease_expires_at": None, "last_error": "ValueError: x",
-        "logs": LOGS, "dispatched_at": LATER,
+        "logs": LOGS, "dispatched_at": LATER, "attempts": [_record("ValueError: x")],
     }),
     "retrying": (Retrying(RUN_AT, "ValueError: x"), {
         "status": "scheduled", "scheduled_at": RUN_AT, "updated_at": LATER,
         "claimed_by": None, "lease_expires_at": None, "last_error": "ValueError: x",
-        "dispatched_at": None,
+        "dispatched_at": None, "attempts": [_record("ValueError: x")],
     }),
     "failed": (Failed("boom\nTraceback", LOGS), {
         "status": "failed", "finished_at": LATER, "updated_at": LATER,
@@ -385,7 +393,8 @@ def test_a_retried_row_is_claimed_again_when_due(store: ExecutionStore) -> None:
     [second] = store.claim([row.id], JOB, "w2", RUN_AT, LEASE)
     assert second.attempt == 2
     assert_row(store, row.id, whole=True, **claimed(
-        row, "w2", RUN_AT, attempt=2, scheduled_at=RUN_AT, last_error="x", dispatched_at=None))
+        row, "w2", RUN_AT, attempt=2, scheduled_at=RUN_AT, last_error="x", dispatched_at=None,
+        attempts=[_record("x")]))
 
 
 # -- heartbeat --------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ NOT_REACHED: dict[str, str] = {
     "session_revoked": "the dashboard's session check (no path; one that fails answers 503, "
                        "tests/web/test_sessions.py)",
     "purge_revoked_sessions": "the dashboard's logout (no path; tests/web/test_sessions.py)",
+    "lineage": "an execution's detail (no path; tests/integration/test_attempts.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path
 reaches fails :func:`test_every_query_is_reached` until a path runs it or it is listed."""
