@@ -29,6 +29,7 @@ from celery_outbox.web.models import (
     ExecutionPageOut,
     FailureGroupOut,
     FailuresOut,
+    IsoTime,
     JobsOut,
     PrincipalOut,
     TriggerIn,
@@ -158,8 +159,8 @@ def executions(
     status: Annotated[list[Status] | None, Query(description="Only these statuses")] = None,
     key: Annotated[str | None, Query(max_length=255, description="This unique key")] = None,
     tenant: Annotated[str | None, Query(max_length=64, description="This organization")] = None,
-    created_after: Annotated[datetime | None, Query(description="ISO 8601; naive: UTC")] = None,
-    created_before: Annotated[datetime | None, Query(description="ISO 8601; naive: UTC")] = None,
+    created_after: Annotated[IsoTime | None, Query(description="ISO 8601; naive: UTC")] = None,
+    created_before: Annotated[IsoTime | None, Query(description="ISO 8601; naive: UTC")] = None,
     error: Annotated[str | None, Query(max_length=500, description="Error text holds")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
@@ -224,7 +225,7 @@ def cancel(execution_id: UUID, who: Operator, board: Board) -> ActionOut:
 @router.get("/failures", response_model=FailuresOut, responses=READ, tags=["executions"])
 def failures(
     who: Who, board: Board,
-    since_seconds: Annotated[float, Query(gt=0, le=366 * 86400)] = 86400,
+    since_seconds: Annotated[float, Query(ge=1e-6, le=366 * 86400)] = 86400,
     job: Annotated[list[str] | None, Query(description="Only these jobs")] = None,
 ) -> FailuresOut:
     """Recent failures grouped by job and error type, the largest group first."""

@@ -88,7 +88,61 @@ def build(
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_guard(app)
     _install_errors(app)
+    _install_document(app, auth)
     return app
+
+
+def _install_document(app: FastAPI, auth: Auth | None) -> None:
+    """``/openapi.json`` says how to authenticate (the ways ``auth`` configures:
+    ``basic`` for users, ``bearer`` for tokens, the login's ``session`` cookie; a resolver's
+    own way is the host application's to document) and what every operation may answer
+    besides its own codes: 401 with ``WWW-Authenticate``, 403 (a no-auth dashboard asked by
+    another host, a cross-site action), 429 with ``Retry-After`` (a Basic password check
+    refused by the login limits), 503 (the revoked sessions unreadable)."""
+    plain = app.openapi
+
+    def document() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _described(plain(), auth)
+        return app.openapi_schema
+
+    app.openapi = document  # type: ignore[method-assign]
+
+
+def _described(doc: dict[str, Any], auth: Auth | None) -> dict[str, Any]:
+    schemes: dict[str, dict[str, str]] = {}
+    if auth is not None and auth.has_users:
+        schemes["basic"] = {"type": "http", "scheme": "basic"}
+    if auth is not None and auth.has_tokens:
+        schemes["bearer"] = {"type": "http", "scheme": "bearer"}
+    if "basic" in schemes:
+        schemes["session"] = {"type": "apiKey", "in": "cookie", "name": SESSION_COOKIE}
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+    extra: dict[str, dict[str, Any]] = {
+        "403": {"description": "Not allowed (read-only principal, a cross-site request, or "
+                               "no authentication configured and a Host or peer that is not "
+                               "loopback)", "content": error},
+        "503": {"description": "The database failed", "content": error},
+    }
+    if auth is not None:
+        extra["401"] = {"description": "Not authenticated", "content": error, "headers": {
+            "WWW-Authenticate": {"description": "The Basic realm", "schema": {
+                "type": "string"}}}}
+    if "basic" in schemes:
+        extra["429"] = {"description": "Too many failed password checks (per user name and "
+                                       "client address), or every check slot busy",
+                        "content": error, "headers": {"Retry-After": {
+                            "description": "Whole seconds to wait",
+                            "schema": {"type": "integer", "minimum": 1}}}}
+    for item in doc.get("paths", {}).values():
+        for operation in item.values():
+            responses = operation.setdefault("responses", {})
+            for code, response in extra.items():
+                responses[code] = {**responses.get(code, {}), **response}
+    if schemes:
+        doc.setdefault("components", {})["securitySchemes"] = schemes
+        doc["security"] = [{name: []} for name in schemes]
+    return doc
 
 
 def _install_metrics(app: FastAPI, outbox: Outbox) -> None:
@@ -338,7 +392,9 @@ def _install_errors(app: FastAPI) -> None:
             detail = f"no such path: {relative_path(request)}"
         if exc.status_code == 405:
             detail = f"method {request.method} is not allowed on {relative_path(request)}"
-        return _error(request, exc.status_code, detail)
+        response = _error(request, exc.status_code, detail)
+        response.headers.update(exc.headers or {})  # a 405's Allow: the path's methods
+        return response
 
 
 __all__ = ["FROM_SETTINGS", "build"]

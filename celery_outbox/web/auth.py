@@ -363,6 +363,16 @@ class Auth:
         """True when at least one way in exists."""
         return bool(self._users or self._tokens or self.resolver)
 
+    @property
+    def has_users(self) -> bool:
+        """True when HTTP Basic and the login form may let someone in."""
+        return bool(self._users)
+
+    @property
+    def has_tokens(self) -> bool:
+        """True when a bearer token may let someone in."""
+        return bool(self._tokens)
+
     def user(self, name: str) -> User | None:
         return self._users.get(name)
 

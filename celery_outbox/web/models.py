@@ -6,14 +6,32 @@ Times are ISO 8601 in UTC; durations are seconds in fields named ``*_seconds``; 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from celery_outbox.admin import ExecutionDetail, ExecutionView, LogEntry
 from celery_outbox.dashboard import BulkResult, FailureGroup, JobOverview, Overview
 from celery_outbox.states import Status
+
+
+def _not_a_number(value: Any) -> Any:
+    """An ISO 8601 time only: pydantic would take a number (or a text of one) as a Unix time,
+    so ``created_before=20261204`` meant a day of 1970."""
+    if isinstance(value, (int, float)):
+        raise ValueError("must be an ISO 8601 time (e.g. 2026-12-04T10:00:00Z), not a number")
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError("must be an ISO 8601 time (e.g. 2026-12-04T10:00:00Z), not a number")
+    return value
+
+
+IsoTime = Annotated[datetime, BeforeValidator(_not_a_number)]
+"""A time given as ISO 8601 (without an offset: UTC); a number answers 422 naming the field."""
 
 
 class FieldError(BaseModel):
@@ -267,8 +285,8 @@ class BulkIn(BaseModel):
     status: list[Status] | None = Field(None, min_length=1)
     key: str | None = Field(None, max_length=255)
     tenant: str | None = Field(None, max_length=64)
-    created_after: datetime | None = None
-    created_before: datetime | None = None
+    created_after: IsoTime | None = None
+    created_before: IsoTime | None = None
     error: str | None = Field(None, max_length=500)
     dry_run: bool = True
 
