@@ -14,7 +14,8 @@ what a screen shared by many people needs:
   pages (an opaque cursor; no OFFSET, no cap on how far one pages).
 - :meth:`Dashboard.failures`: the recent failures grouped by job and error type.
 - actions scoped to a tenant: :meth:`execution`, :meth:`retry`, :meth:`cancel`,
-  :meth:`bulk`; a row of another tenant is :class:`ExecutionNotFound`, as if absent.
+  :meth:`bulk` (retry, cancel or delete, with a dry run that counts what it would do);
+  a row of another tenant is :class:`ExecutionNotFound`, as if absent.
   Each action sends :data:`celery_outbox.signals.admin_action` naming who did it.
 
 Misses raise what the admin raises (:class:`ExecutionNotFound`, :class:`JobNotRegistered`,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -55,10 +57,12 @@ from celery_outbox.errors import (
 )
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
-from celery_outbox.states import ACTIVE, RETRYABLE, Status
+from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, Status
 from celery_outbox.store import ExecutionQuery
 
 __all__ = [
+    "BULK_ACTIONS",
+    "BULK_MAX",
     "BulkResult",
     "Dashboard",
     "ExecutionPage",
@@ -73,6 +77,9 @@ MAX_PAGE = 500
 """The most executions one page holds."""
 BULK_MAX = 1000
 """The most executions one bulk action touches (a dry run counts up to this too)."""
+BULK_ACTIONS: dict[str, frozenset[Status]] = {
+    "retry": frozenset(RETRYABLE), "cancel": frozenset(ACTIVE), "delete": frozenset(TERMINAL)}
+"""The bulk actions and the statuses each applies to (a delete: finished rows only)."""
 HOUR_BUCKETS = 12
 """The last hour's outcomes come in this many buckets (5 minutes each)."""
 
@@ -164,7 +171,10 @@ class BulkResult:
     retry, that no earlier retry retries already (at most :data:`BULK_MAX`; ``more`` says
     others match beyond it). ``done``: the ids acted on (for
     retry: the new executions' ids), empty on a dry run; ``skipped``: matched ids whose
-    status changed meanwhile.
+    status changed meanwhile (for a delete: the rows no longer there or no longer finished).
+    ``ineligible``: on a dry run, how many other executions the filter selects that the
+    action skips (their status does not allow it; for a retry, retried already); 0 when
+    ``more`` (not counted beyond :data:`BULK_MAX`).
     """
 
     action: str
@@ -173,6 +183,7 @@ class BulkResult:
     more: bool
     done: tuple[UUID, ...] = ()
     skipped: tuple[UUID, ...] = ()
+    ineligible: int = 0
 
 
 @dataclass
@@ -340,16 +351,23 @@ class Dashboard:
         next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
         return ExecutionPage(tuple(_execution_view(r) for r in rows), next_cursor)
 
+    def count(self, query: ExecutionQuery, cap: int = BULK_MAX + 1) -> int:
+        """How many executions match ``query``, counting at most ``cap`` (``cap``: "at
+        least"; the cost follows ``cap``, never the table). Raises as :meth:`executions`."""
+        return self.store.count_matching(self._check(query), cap)
+
     def execution(
         self, execution_id: UUID | str, organization_id: str | None = None
     ) -> ExecutionDetail:
-        """One execution in full; :class:`ExecutionNotFound` when it does not exist or, with
+        """One execution in full, with its attempts and lineage (``retry_of`` /
+        ``retried_by``, each only when the reader may see that row: of ``organization_id``
+        when given); :class:`ExecutionNotFound` when it does not exist or, with
         ``organization_id``, belongs to another tenant."""
         execution_id = _uuid(execution_id)
         row = self.store.get_visible(execution_id, organization_id)
         if row is None:
             raise self.admin.not_found(execution_id)
-        return _execution_detail(row)
+        return _execution_detail(row, self.store.lineage(execution_id, organization_id))
 
     def failures(
         self,
@@ -387,20 +405,42 @@ class Dashboard:
 
     def trigger(
         self, job_name: str, payload: Any, *, by: str, by_name: str,
-        organization_id: str | None = None,
+        organization_id: str | None = None, delay: timedelta | None = None,
+        scheduled_at: datetime | None = None, key: str | None = None,
+        priority: str | None = None,
     ) -> UUID:
         """Create one execution of the job ``job_name`` names (full, or a short name naming
         one job only: :meth:`OutboxAdmin.find_job`) now (admin ``trigger``); a tenant's
-        trigger makes an execution of that tenant. Sends ``admin_action``."""
+        trigger makes an execution of that tenant. Sends ``admin_action``.
+
+        A queue job's execution may also be given, as the CLI's ``trigger`` takes them,
+        ``delay`` (a ``timedelta``) or ``scheduled_at`` (an aware time; not both), its unique
+        ``key`` (while an active execution holds it, that one's id is returned and nothing
+        is written) and a ``priority`` name instead of the job's. ConfigurationError naming
+        the field for these given to a cron job, or both times."""
         spec = self.admin.find_job(job_name)
+        given = [name for name, value in (("delay", delay), ("scheduled_at", scheduled_at),
+                                          ("key", key), ("priority", priority))
+                 if value is not None]
+        if given and spec.mode == "cron":
+            raise ConfigurationError(
+                f"{given[0]}: only for queue jobs; cron job {spec.name!r} is triggered now, "
+                f"as its ticks run", field=given[0])
+        if delay is not None and scheduled_at is not None:
+            raise ConfigurationError("scheduled_at: give a delay or a time, not both",
+                                     field="scheduled_at")
         if organization_id is not None and spec.mode == "cron":
             raise ConfigurationError(
                 f"job {spec.name!r} is a cron job: its executions belong to no tenant, so a "
                 f"tenant ({organization_id!r}) cannot trigger it")
-        if organization_id is not None and payload is not None:
-            new_id = self.admin.outbox.push_many(
-                spec, [payload], triggered_by=by, triggered_by_name=by_name,
-                organization_id=organization_id, index_items=False,
+        if given or (organization_id is not None and payload is not None):
+            # The Outbox's push_many takes a delay or a time too (the admin's Facade names
+            # only what the admin itself passes).
+            when: dict[str, Any] = {"delay": delay, "scheduled_at": scheduled_at}
+            new_id: UUID = self.admin.outbox.push_many(
+                spec, [payload], keys=[key], priority=priority, triggered_by=by,
+                triggered_by_name=by_name, organization_id=organization_id,
+                index_items=False, **when,
             )[0]
         else:
             new_id = self.admin.trigger(spec.name, payload, triggered_by=by,
@@ -442,29 +482,51 @@ class Dashboard:
     def bulk(
         self, action: str, query: ExecutionQuery, *, dry_run: bool, by: str, by_name: str,
     ) -> BulkResult:
-        """Retry (``action="retry"``) or cancel (``"cancel"``) every execution matching
-        ``query`` whose status allows it, newest first, at most :data:`BULK_MAX`.
+        """Retry (``action="retry"``), cancel (``"cancel"``) or delete (``"delete"``: finished
+        rows only) every execution matching ``query`` whose status allows it, newest first,
+        at most :data:`BULK_MAX` (``query.ids``: the executions picked by id, as filtered).
 
-        ``dry_run``: count only, write nothing. The query's ``organization_id`` scopes it.
+        ``dry_run``: count only, write nothing; it also counts the executions the filter
+        selects that the action would skip (``ineligible``). The query's ``organization_id``
+        scopes it. Its cost follows the rows matched (at most :data:`BULK_MAX` + 1 read per
+        count), never the table. Repeating a bulk action changes nothing more: a retried
+        execution is not retried again, a cancelled one is not active, a deleted one is gone.
         Raises :class:`ConfigurationError` naming an unknown ``action``.
         """
-        allowed = {"retry": RETRYABLE, "cancel": ACTIVE}.get(action)
+        allowed = BULK_ACTIONS.get(action)
         if allowed is None:
-            raise ConfigurationError(f"action must be 'retry' or 'cancel', got {action!r}")
+            raise ConfigurationError(f"action must be one of {', '.join(BULK_ACTIONS)}, got "
+                                     f"{action!r}", field="action")
         query = self._check(query)
         wanted = set(query.statuses) & allowed if query.statuses is not None else set(allowed)
-        if not wanted:
-            return BulkResult(action, dry_run, 0, False)
-        scoped = dataclasses.replace(
-            query, statuses=tuple(sorted(wanted, key=lambda s: s.value)))
-        # A retried execution is not selected again: a second "retry all" retries nothing twice.
-        ids = self.store.matching_ids(scoped, BULK_MAX + 1, unretried=action == "retry")
-        more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
+        ids: list[UUID] = []
+        more = False
+        if wanted:
+            scoped = dataclasses.replace(
+                query, statuses=tuple(sorted(wanted, key=lambda s: s.value)))
+            # A retried execution is not selected again: a second "retry all" retries nothing
+            # twice.
+            ids = self.store.matching_ids(scoped, BULK_MAX + 1, unretried=action == "retry")
+            more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
         if dry_run:
-            return BulkResult(action, True, len(ids), more)
+            ineligible = 0
+            if not more:
+                total = self.store.count_matching(query, BULK_MAX + 1)
+                ineligible = max(total - len(ids), 0)
+            return BulkResult(action, True, len(ids), more, ineligible=ineligible)
+        if not ids:
+            return BulkResult(action, False, 0, more)
+        org = query.organization_id
+        if action == "delete":
+            gone = self.store.bulk_delete(ids, org)
+            deleted = {execution_id for execution_id, _ in gone}
+            for execution_id, job_name in gone:
+                _signal(job_name, "delete", execution_id, None, by_name, org)
+            return BulkResult(action, False, len(ids), more,
+                              tuple(i for i in ids if i in deleted),
+                              tuple(i for i in ids if i not in deleted))
         done: list[UUID] = []
         skipped: list[UUID] = []
-        org = query.organization_id
         for execution_id in ids:
             try:
                 if action == "retry":
@@ -484,6 +546,7 @@ class Dashboard:
         # A full name or a short one naming one job only, as the CLI and the trigger take it.
         jobs = (tuple(dict.fromkeys(self.registry.find(name).name for name in query.job_names))
                 if query.job_names is not None else None)
+        self._check_picks(query)
         for label, text in (("key", query.unique_key), ("tenant", query.organization_id),
                             ("error", query.error_contains)):
             what = unstorable(text) if text is not None else None
@@ -499,6 +562,29 @@ class Dashboard:
                 f"({before.isoformat()})")
         statuses = tuple(dict.fromkeys(query.statuses)) if query.statuses is not None else None
         return dataclasses.replace(query, job_names=jobs, statuses=statuses)
+
+
+    def _check_picks(self, query: ExecutionQuery) -> None:
+        """``query.ids`` at most :data:`BULK_MAX`; ``query.payload_contains`` a JSON object the
+        database can hold, on PostgreSQL only. ConfigurationError naming ``ids`` or
+        ``payload``."""
+        if query.ids is not None and len(query.ids) > BULK_MAX:
+            raise ConfigurationError(f"ids: at most {BULK_MAX} executions at once, got "
+                                     f"{len(query.ids)}", field="ids")
+        wanted = query.payload_contains
+        if wanted is None:
+            return
+        if not isinstance(wanted, dict):
+            raise ConfigurationError(f"payload must be a JSON object, got "
+                                     f"{type(wanted).__name__}", field="payload")
+        if self.store.dialect != "postgresql":
+            raise ConfigurationError(
+                "payload: matching what a payload contains needs PostgreSQL (jsonb @>); "
+                "this outbox's database is " + str(self.store.dialect), field="payload")
+        what = unstorable(json.dumps(wanted, ensure_ascii=False, default=str))
+        if what is not None:
+            raise ConfigurationError(f"payload cannot be matched: it holds {what}",
+                                     field="payload")
 
 
 def _utc_time(label: str, value: datetime | None) -> None:

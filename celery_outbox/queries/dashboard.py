@@ -18,7 +18,7 @@ rows' range, merged: a page reads what it shows (plus one row per part), not a b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cache, lru_cache
 from typing import Any
@@ -30,6 +30,7 @@ from sqlalchemy import (
     Table,
     bindparam,
     cast,
+    delete,
     exists,
     false,
     func,
@@ -54,6 +55,10 @@ class ExecutionQuery:
     - ``created_after`` / ``created_before``: ``created_after <= created_at < created_before``
       (aware datetimes).
     - ``error_contains``: the last error holds this text (case-insensitive).
+    - ``ids``: only these executions (a bulk action over rows picked on a page).
+    - ``payload_contains``: the payload contains this JSON object (PostgreSQL's jsonb
+      ``@>``: ``{"order": {"id": 7}}`` matches a payload holding at least that); SQLite
+      cannot match it (the dashboard refuses it there, naming ``payload``).
     """
 
     job_names: tuple[str, ...] | None = None
@@ -63,6 +68,8 @@ class ExecutionQuery:
     created_after: datetime | None = None
     created_before: datetime | None = None
     error_contains: str | None = None
+    ids: tuple[UUID, ...] | None = None
+    payload_contains: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -238,7 +245,8 @@ class _Shape:
 def _shape(q: ExecutionQuery, after: Cursor | None) -> _Shape:
     filters = tuple(name for name, value in (
         ("key", q.unique_key), ("org", q.organization_id), ("after", q.created_after),
-        ("before", q.created_before), ("error", q.error_contains or None))
+        ("before", q.created_before), ("error", q.error_contains or None),
+        ("ids", q.ids), ("payload", q.payload_contains))
         if value is not None)
     jobs = tuple(dict.fromkeys(q.job_names)) if q.job_names is not None else None
     chosen = set(q.statuses) if q.statuses is not None else set(Status)
@@ -252,6 +260,10 @@ def _params(q: ExecutionQuery, after: Cursor | None, limit: int) -> dict[str, An
                               "f_before": q.created_before}
     if q.error_contains:
         params["f_error"] = "%" + _escape_like(q.error_contains) + "%"
+    if q.ids is not None:
+        params["f_ids"] = list(q.ids)
+    if q.payload_contains is not None:
+        params["f_payload"] = q.payload_contains
     if after is not None:
         params.update(c_at=after.created_at, c_id=after.id)
     return {k: v for k, v in params.items() if v is not None}
@@ -275,6 +287,12 @@ def _filters(t: Table, dialect: str, shape: _Shape) -> list[Any]:
             where.append(t.c.last_error.ilike(pattern, escape="\\"))
         else:  # SQLite's LIKE is case-insensitive for ASCII already
             where.append(t.c.last_error.like(pattern, escape="\\"))
+    if "ids" in shape.filters:  # each an index probe of the primary key
+        where.append(t.c.id.in_(bindparam("f_ids", expanding=True, type_=t.c.id.type)))
+    if "payload" in shape.filters:
+        if dialect != "postgresql":  # the dashboard refuses it first, naming the field
+            raise ValueError("payload containment needs PostgreSQL (jsonb @>)")
+        where.append(t.c.payload.op("@>")(bindparam("f_payload", type_=t.c.payload.type)))
     if shape.after:  # a row comparison: an index condition of the ranges below
         where.append(tuple_(t.c.created_at, t.c.id) < tuple_(
             bindparam("c_at", type_=t.c.created_at.type), bindparam("c_id", type_=t.c.id.type)))
@@ -393,3 +411,26 @@ def matching_ids(t: Table, dialect: str, q: ExecutionQuery, limit: int, *,
                  unretried: bool) -> Query[list[UUID]]:
     stmt = _newest_first(t, dialect, _shape(q, None), True, unretried)
     return rows("matching_ids", stmt, _first_column, _params(q, None, limit))
+
+
+@cache
+def _bulk_delete(t: Table, dialect: str, scoped: bool) -> Any:
+    ids = bindparam("ids", expanding=True, type_=t.c.id.type)
+    finished = side_of(t, dialect, sorted(TERMINAL, key=lambda s: s.value))
+    stmt = delete(t).where(t.c.id.in_(ids), *finished)
+    return _scoped(t, stmt, scoped).returning(t.c.id, t.c.job_name)
+
+
+def _deleted(row: Row) -> tuple[UUID, str]:
+    execution_id, job_name = row.values()
+    return execution_id, str(job_name)
+
+
+@named("dashboard: delete the finished rows among these ids (a bulk delete), answering "
+       "the ids deleted and their jobs")
+def bulk_delete(t: Table, dialect: str, execution_ids: Sequence[UUID],
+                organization_id: str | None) -> Query[list[tuple[UUID, str]]]:
+    """Only rows whose status is terminal (and, with ``organization_id``, of that tenant)
+    are deleted: a row that became active again meanwhile, or another tenant's, is left."""
+    return rows("bulk_delete", _bulk_delete(t, dialect, organization_id is not None),
+                _deleted, {"ids": list(execution_ids), **_tenant(organization_id)})

@@ -1,8 +1,9 @@
 """dashboard: the reads behind the HTTP API and its pages (capped counts, keyset pages).
 
-No transition here: every method reads. Each one takes the tenant (``organization_id``) as a
-filter of its own statement, so a tenant's caller can never read another tenant's rows.
-Times are aware UTC datetimes passed in by the caller. The statements are in
+No transition here: every method reads, but :meth:`DashboardStore.bulk_delete`. Each one
+takes the tenant (``organization_id``) as a filter of its own statement, so a tenant's
+caller can never read another tenant's rows. Times are aware UTC datetimes passed in by
+the caller. The statements are in
 :mod:`celery_outbox.queries.dashboard`.
 """
 
@@ -130,6 +131,17 @@ class DashboardStore(StoreBase):
         by the unique index on ``retry_of``)."""
         return self.executor.run(reads.matching_ids(self.t, self.dialect, q, limit,
                                                     unretried=unretried))
+
+    def bulk_delete(self, execution_ids: Sequence[UUID],
+                    organization_id: str | None) -> list[tuple[UUID, str]]:
+        """Delete the rows among ``execution_ids`` whose status is terminal (and, with
+        ``organization_id``, that belong to that tenant) in ONE statement (primary-key
+        probes); answers ``(id, job_name)`` of each row deleted. The one write of this
+        module: a bulk delete from the dashboard."""
+        if not execution_ids:
+            return []
+        return self.executor.run(reads.bulk_delete(self.t, self.dialect, execution_ids,
+                                                   organization_id))
 
 
 __all__ = ["Cursor", "DashboardStore", "ExecutionQuery"]

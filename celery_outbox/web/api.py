@@ -8,14 +8,16 @@ another tenant's execution answers 404 as if it did not exist.
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
-from celery_outbox.dashboard import Dashboard, ExecutionQuery, Overview
+from celery_outbox.dashboard import BULK_ACTIONS, Dashboard, ExecutionQuery, Overview
 from celery_outbox.errors import ExecutionNotFound
 from celery_outbox.states import Status
 from celery_outbox.web.auth import Principal
@@ -88,7 +90,8 @@ def utc(value: datetime | None) -> datetime | None:
 def scoped_query(
     who: Principal, job: list[str] | None, status: list[Status] | None, key: str | None,
     tenant: str | None, created_after: datetime | None, created_before: datetime | None,
-    error: str | None,
+    error: str | None, *, ids: list[UUID] | None = None,
+    payload: dict[str, Any] | None = None,
 ) -> ExecutionQuery | None:
     """The filter as the store reads it, the principal's tenant forced in; None when the
     filter asks for another tenant than the principal's (nothing can match)."""
@@ -101,6 +104,7 @@ def scoped_query(
         job_names=tuple(job) if job else None, statuses=tuple(status) if status else None,
         unique_key=key, organization_id=org, created_after=utc(created_after),
         created_before=utc(created_before), error_contains=error or None,
+        ids=tuple(ids) if ids is not None else None, payload_contains=payload,
     )
 
 
@@ -164,9 +168,15 @@ def executions(
     error: Annotated[str | None, Query(max_length=500, description="Error text holds")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
+    payload: Annotated[str | None, Query(
+        max_length=2000, description="The payload contains this JSON object (PostgreSQL "
+                                     "only: jsonb @>), e.g. {\"order_id\": 7}")] = None,
 ) -> ExecutionPageOut:
-    """Executions across jobs, newest first, one keyset page at a time."""
-    query = scoped_query(who, job, status, key, tenant, created_after, created_before, error)
+    """Executions across jobs, newest first, one keyset page at a time. ``payload``: a JSON
+    object the payload contains (422 naming ``query.payload`` when it is not one; 400 on
+    SQLite, which cannot match it)."""
+    query = scoped_query(who, job, status, key, tenant, created_after, created_before, error,
+                         payload=json_object_param(payload, ("query", "payload")))
     if query is None:
         return ExecutionPageOut(items=[], next_cursor=None)
     page = board.executions(query, cursor, limit)
@@ -177,14 +187,17 @@ def executions(
 @router.post("/executions/bulk/{action}", response_model=BulkOut, responses=ACT,
              tags=["actions"])
 def bulk(action: str, body: BulkIn, who: Operator, board: Board) -> BulkOut:
-    """Retry (``action=retry``) or cancel (``action=cancel``) every execution the filter
-    selects whose status allows it, newest first, at most 1,000; ``dry_run`` (the default)
-    only counts them. A retry skips executions retried already (a second click retries
-    nothing twice)."""
-    if action not in ("retry", "cancel"):
-        raise HTTPException(404, f"no bulk action {action!r}: use 'retry' or 'cancel'")
+    """Retry (``action=retry``), cancel (``action=cancel``) or delete (``action=delete``:
+    finished executions only) every execution the filter selects (``ids``: only those)
+    whose status allows it, newest first, at most 1,000; ``dry_run`` (the default) only
+    counts them, and the others it would skip (``ineligible``). A retry skips executions
+    retried already (a second click retries nothing twice); a second cancel or delete finds
+    nothing left to do."""
+    if action not in BULK_ACTIONS:
+        raise HTTPException(404, f"no bulk action {action!r}: use one of "
+                                 f"{', '.join(BULK_ACTIONS)}")
     query = scoped_query(who, body.job, body.status, body.key, body.tenant, body.created_after,
-                         body.created_before, body.error)
+                         body.created_before, body.error, ids=body.ids, payload=body.payload)
     if query is None:
         return BulkOut(action=action, dry_run=body.dry_run,  # type: ignore[arg-type]
                        matched=0, more=False, done=[], skipped=[])
@@ -232,6 +245,22 @@ def failures(
     groups = board.failures(timedelta(seconds=since_seconds), who.organization_id, job)
     return FailuresOut(since_seconds=since_seconds,
                        groups=[FailureGroupOut.of(g) for g in groups])
+
+
+def json_object_param(text: str | None, loc: tuple[str, ...]) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object (None for None or blank); anything else raises
+    :class:`RequestValidationError` naming ``loc`` (a 422 naming the field)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError as exc:
+        raise RequestValidationError([{"loc": loc, "msg": f"not JSON: {exc}",
+                                       "type": "json_invalid"}]) from None
+    if not isinstance(found, dict):
+        raise RequestValidationError([{"loc": loc, "msg": "must be a JSON object ({...}), "
+                                       f"got {type(found).__name__}", "type": "dict_type"}])
+    return found
 
 
 def _status_of(board: Dashboard, execution_id: UUID, who: Principal) -> Status | None:

@@ -11,18 +11,38 @@ import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
+from uuid import UUID
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from celery_outbox.dashboard import Dashboard
-from celery_outbox.errors import ConfigurationError, ExecutionNotFound
-from celery_outbox.states import Status
-from celery_outbox.web.api import scoped_query, shared_overview
+from celery_outbox.config import MAX_DURATION
+from celery_outbox.dashboard import BULK_ACTIONS, BULK_MAX, BulkResult, Dashboard, ExecutionQuery
+from celery_outbox.errors import (
+    ConfigurationError,
+    ExecutionNotFound,
+    JobLocked,
+    JobNameAmbiguous,
+    JobNotRegistered,
+    OutboxError,
+    PayloadInvalid,
+)
+from celery_outbox.states import Priority, Status
+from celery_outbox.web.api import WHO, scoped_query, shared_overview
 from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal, TooManyAttempts
+from celery_outbox.web.forms import (
+    FORM_MAX_BYTES,
+    FormField,
+    attach,
+    model_errors,
+    read_form,
+    read_payload,
+    schema_fields,
+    show_errors,
+)
 
 LATE_AFTER = timedelta(minutes=5)
 """The overview shows an oldest pending age beyond this in red (any age in amber)."""
@@ -55,8 +75,22 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
 
+def _took(value: timedelta | None) -> str:
+    """A run or wait time: ``"230 ms"``, ``"1.52 s"``, then as :func:`_age`; ``"-"`` for
+    None."""
+    if value is None:
+        return "-"
+    ms = value.total_seconds() * 1000
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s"
+    return _age(value)
+
+
 templates.env.filters["age"] = _age
 templates.env.filters["when"] = _when
+templates.env.filters["took"] = _took
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
@@ -94,27 +128,34 @@ async def overview(request: Request) -> Response:
 def executions(request: Request) -> Response:
     who: Principal = request.state.principal
     params = request.query_params
-    form = {k: params.get(k, "") for k in ("job", "status", "key", "tenant", "created_after",
-                                            "created_before", "error")}
-    try:
-        query = scoped_query(
-            who, [form["job"]] if form["job"] else None,
-            [Status(form["status"])] if form["status"] else None, form["key"] or None,
-            form["tenant"] or None, _time(form["created_after"], "created_after"),
-            _time(form["created_before"], "created_before"), form["error"] or None)
-    except ValueError as exc:
-        return error_page(request, 400, str(exc))
-    items: tuple[Any, ...] = ()
-    next_url = None
-    if query is not None:
-        page = _board(request).executions(query, params.get("cursor") or None, 50)
-        items = page.items
-        if page.next_cursor:
-            kept = {k: v for k, v in form.items() if v}
-            next_url = f"?{urlencode({**kept, 'cursor': page.next_cursor})}"
+    form = {k: params.get(k, "") for k in SEARCH_FIELDS}
+    jump = _jump(request, who, form["id"].strip())
+    if jump is not None:
+        return jump
     jobs = sorted(spec.name for spec in _board(request).registry)
+    try:
+        query = search_query(who, form)
+        items: tuple[Any, ...] = ()
+        next_url = None
+        matching = 0
+        if query is not None:
+            page = _board(request).executions(query, params.get("cursor") or None, 50)
+            items = page.items
+            if page.next_cursor:
+                kept = {k: v for k, v in form.items() if v}
+                next_url = f"?{urlencode({**kept, 'cursor': page.next_cursor})}"
+            if who.can_operate:
+                matching = _board(request).count(query)
+    except ValueError as exc:  # a field the search cannot take (ConfigurationError too)
+        if isinstance(exc, OutboxError) and not isinstance(exc, ConfigurationError):
+            raise  # an unknown job: 404, naming it
+        return render(request, "executions.html", status_code=400, items=(), form=form,
+                      next_url=None, jobs=jobs, statuses=[s.value for s in Status],
+                      search_error=" ".join(str(exc).split()), matching=0,
+                      bulk_max=BULK_MAX)
     return render(request, "executions.html", items=items, form=form, next_url=next_url,
-                  jobs=jobs, statuses=[s.value for s in Status])
+                  jobs=jobs, statuses=[s.value for s in Status], search_error="",
+                  matching=matching, bulk_max=BULK_MAX)
 
 
 @router.get("/executions/{execution_id}", response_class=HTMLResponse)
@@ -221,6 +262,256 @@ def _time(value: str, name: str) -> datetime | None:
 
 def _json(value: Any) -> str:
     return json.dumps(value, indent=2, default=str)
+
+
+# -- search and bulk actions ------------------------------------------------------------------
+
+SEARCH_FIELDS = ("id", "job", "status", "key", "tenant", "created_after", "created_before",
+                 "error", "payload")
+"""The executions page's search fields (query parameters), carried by its bulk form too."""
+SKIPPED_WHY = {"retry": "not failed or cancelled, or retried already",
+               "cancel": "not pending, scheduled or running",
+               "delete": "not finished (succeeded, failed or cancelled)"}
+"""Why a bulk action's dry run skips an execution the filter selects, per action."""
+DONE_WORDS = {"retry": ("retry", "retried"), "cancel": ("cancel", "cancelled"),
+              "delete": ("delete", "deleted")}
+
+
+def search_query(who: Principal, form: dict[str, str]) -> ExecutionQuery | None:
+    """The executions page's search as the dashboard reads it (the principal's tenant forced
+    in; None: nothing can match). ValueError naming a field the search cannot take."""
+    payload: dict[str, Any] | None = None
+    text = form.get("payload", "").strip()
+    if text:
+        try:
+            found = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"payload: not JSON: {exc}") from None
+        if not isinstance(found, dict):
+            raise ValueError(f"payload: must be a JSON object ({{...}}), got "
+                             f"{type(found).__name__}")
+        payload = found
+    try:
+        status = [Status(form["status"])] if form.get("status") else None
+    except ValueError:
+        raise ValueError(f"status: no status {form['status']!r}") from None
+    return scoped_query(
+        who, [form["job"]] if form.get("job") else None, status, form.get("key") or None,
+        form.get("tenant") or None, _time(form.get("created_after", ""), "created_after"),
+        _time(form.get("created_before", ""), "created_before"), form.get("error") or None,
+        payload=payload)
+
+
+def _jump(request: Request, who: Principal, text: str) -> Response | None:
+    """A search by an exact execution id: its page (a redirect) when visible; else the
+    executions page saying no such execution; None when no id was searched for."""
+    if not text:
+        return None
+    try:
+        execution_id = UUID(text)
+    except ValueError:
+        return error_page(request, 400, f"id: not an execution id (a UUID): {text!r}")
+    try:
+        _board(request).execution(execution_id, who.organization_id)
+    except ExecutionNotFound as exc:
+        return error_page(request, 404, str(exc))
+    return RedirectResponse(f"{_base(request)}/executions/{execution_id}", status_code=303)
+
+
+async def _read_form(request: Request) -> dict[str, list[str]]:
+    """The posted form, at most :data:`FORM_MAX_BYTES` read; ValueError beyond it."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > FORM_MAX_BYTES:
+            raise ValueError(f"form: larger than {FORM_MAX_BYTES} bytes")
+    return read_form(bytes(raw))
+
+
+def _bulk_query(who: Principal, form: dict[str, list[str]]) -> ExecutionQuery | None:
+    """What a bulk form selects: the picked ids (``scope=ids``) or the search's filter
+    (``scope=all``), scoped to the principal's tenant. ValueError naming a field."""
+    scope = (form.get("scope") or ["ids"])[0]
+    one = {k: (form.get(k) or [""])[0] for k in SEARCH_FIELDS}
+    if scope == "ids":
+        picked = [v for v in form.get("id", []) if v.strip()]
+        if not picked:
+            raise ValueError("id: pick at least one execution (or choose all matching)")
+        if len(picked) > BULK_MAX:
+            raise ValueError(f"id: at most {BULK_MAX} executions at once, got {len(picked)}")
+        try:
+            ids = list(dict.fromkeys(UUID(v.strip()) for v in picked))
+        except ValueError:
+            raise ValueError("id: not an execution id (a UUID)") from None
+        return scoped_query(who, None, None, None, None, None, None, None, ids=ids)
+    if scope != "all":
+        raise ValueError(f"scope: 'ids' or 'all', got {scope!r}")
+    return search_query(who, one)
+
+
+@router.post("/executions/bulk", response_class=HTMLResponse)
+async def bulk_action(request: Request) -> Response:
+    """A bulk action from the executions page, in two steps: ``step=preview`` (a dry run:
+    what it would do, and a confirm button carrying the same selection), then
+    ``step=confirm``. A selection of all matching is pinned to the rows created up to the
+    preview, so a repeated confirmation changes nothing more (and says so)."""
+    who: Principal = request.state.principal
+    if not who.can_operate:
+        return error_page(request, 403, f"{who.name!r} has read access: actions need "
+                                        f"operate access")
+    try:
+        form = await _read_form(request)
+    except ValueError as exc:
+        return error_page(request, 400, str(exc))
+    action = (form.get("action") or [""])[0]
+    step = (form.get("step") or ["preview"])[0]
+    if action not in BULK_ACTIONS:
+        return error_page(request, 400, f"action: one of {', '.join(BULK_ACTIONS)}, got "
+                                        f"{action!r}")
+    if step not in ("preview", "confirm"):
+        return error_page(request, 400, f"step: 'preview' or 'confirm', got {step!r}")
+    if step == "preview" and (form.get("scope") or ["ids"])[0] == "all":
+        pinned = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=1)
+        given = (form.get("created_before") or [""])[0]
+        try:
+            before = _time(given, "created_before")
+        except ValueError as exc:
+            return error_page(request, 400, str(exc))
+        if before is None or (before if before.tzinfo else before.replace(
+                tzinfo=timezone.utc)) > pinned:
+            form["created_before"] = [pinned.isoformat()]
+    try:
+        query = _bulk_query(who, form)
+        board = _board(request)
+        if query is None:
+            result = BulkResult(action, step == "preview", 0, False)
+        else:
+            result = await run_in_threadpool(
+                board.bulk, action, query, dry_run=step == "preview", by=WHO,
+                by_name=who.name)
+    except (ValueError, ConfigurationError, JobNotRegistered, JobNameAmbiguous) as exc:
+        return error_page(request, 400, " ".join(str(exc).split()))
+    carried = [(k, v) for k in ("scope", *SEARCH_FIELDS) for v in form.get(k, []) if v]
+    back = {k: v[0] for k in SEARCH_FIELDS if (v := form.get(k)) and v[0] and k != "id"}
+    expected = (form.get("expected") or [""])[0]
+    return render(request, "bulk.html", action=action, result=result, carried=carried,
+                  verb=DONE_WORDS[action], why=SKIPPED_WHY[action], bulk_max=BULK_MAX,
+                  expected=int(expected) if expected.isdigit() else 0,
+                  back_url=f"{_base(request)}/executions?{urlencode(back)}")
+
+
+# -- trigger form ---------------------------------------------------------------------------
+
+EXTRA_FIELDS = ("delay_seconds", "at", "key", "priority")
+"""A queue job's trigger form fields beside its payload's (the CLI trigger's options)."""
+PRIORITIES = [p.label for p in Priority]
+
+
+def _trigger_page(request: Request, spec: Any, fields: list[FormField],
+                  extra: dict[str, str], errors: dict[str, str], problem: str = "",
+                  status_code: int = 200) -> Response:
+    return render(request, "trigger.html", status_code=status_code, spec=spec,
+                  fields=fields, extra=extra, errors=errors, problem=problem,
+                  priorities=PRIORITIES,
+                  action_url=f"{_base(request)}/jobs/{quote(spec.name, safe='')}/trigger")
+
+
+def _find_spec(request: Request, job_name: str) -> Any:
+    return _board(request).admin.find_job(job_name)
+
+
+@router.get("/jobs/{job_name}/trigger", response_class=HTMLResponse)
+def trigger_form(request: Request, job_name: str) -> Response:
+    """The trigger form of one job: its payload model's fields, and for a queue job the
+    delay or time, key and priority."""
+    who: Principal = request.state.principal
+    if not who.can_operate:
+        return error_page(request, 403, f"{who.name!r} has read access: actions need "
+                                        f"operate access")
+    try:
+        spec = _find_spec(request, job_name)
+    except (JobNotRegistered, JobNameAmbiguous) as exc:
+        return error_page(request, 404 if isinstance(exc, JobNotRegistered) else 400,
+                          " ".join(str(exc).split()))
+    fields = schema_fields(spec.schema) if spec.mode == "queue" else []
+    return _trigger_page(request, spec, fields, dict.fromkeys(EXTRA_FIELDS, ""), {})
+
+
+@router.post("/jobs/{job_name}/trigger", response_class=HTMLResponse)
+async def trigger_submit(request: Request, job_name: str) -> Response:
+    """The trigger form posted: the payload validated by the job's model (each error shown
+    once, next to its field); on success, the new execution's page."""
+    who: Principal = request.state.principal
+    if not who.can_operate:
+        return error_page(request, 403, f"{who.name!r} has read access: actions need "
+                                        f"operate access")
+    try:
+        spec = _find_spec(request, job_name)
+        form = await _read_form(request)
+    except (JobNotRegistered, JobNameAmbiguous, ValueError) as exc:
+        return error_page(request, 404 if isinstance(exc, JobNotRegistered) else 400,
+                          " ".join(str(exc).split()))
+    fields = schema_fields(spec.schema) if spec.mode == "queue" else []
+    extra = {k: (form.get(k) or [""])[0].strip() for k in EXTRA_FIELDS}
+    errors: dict[str, str] = {}
+    payload: Any = read_payload(fields, form) if spec.mode == "queue" else None
+    options = _trigger_options(extra, errors)
+    if errors or any(f.error for f in fields):  # every error at once: the model's too
+        problem = model_errors(fields, spec.schema, payload) if fields else ""
+        return _trigger_page(request, spec, fields, extra, errors, problem, status_code=422)
+    try:
+        new_id = await run_in_threadpool(
+            _board(request).trigger, spec.name, payload, by=WHO, by_name=who.name,
+            organization_id=who.organization_id, **options)
+    except PayloadInvalid as exc:
+        problem = show_errors(fields, exc.errors)
+        return _trigger_page(request, spec, fields, extra, errors, problem, status_code=422)
+    except (ConfigurationError, JobLocked) as exc:
+        name = {"delay": "delay_seconds", "scheduled_at": "at"}.get(
+            getattr(exc, "field", None) or "", getattr(exc, "field", None) or "")
+        text = " ".join(str(exc).split())
+        if name in EXTRA_FIELDS and spec.mode == "queue":
+            errors[name] = text
+            return _trigger_page(request, spec, fields, extra, errors, status_code=422)
+        if name and attach(fields, name, text):
+            return _trigger_page(request, spec, fields, extra, errors, status_code=422)
+        return _trigger_page(request, spec, fields, extra, errors, text,
+                             status_code=409 if isinstance(exc, JobLocked) else 422)
+    return RedirectResponse(f"{_base(request)}/executions/{new_id}", status_code=303)
+
+
+def _trigger_options(extra: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
+    """The delay, time, key and priority a trigger form gives (the CLI trigger's options);
+    a value it cannot take goes to ``errors`` under its field's name."""
+    options: dict[str, Any] = {}
+    if extra["delay_seconds"]:
+        try:
+            seconds = float(extra["delay_seconds"])
+            if not 0 <= seconds <= MAX_DURATION.total_seconds():
+                raise ValueError
+            options["delay"] = timedelta(seconds=seconds)
+        except (ValueError, OverflowError):
+            errors["delay_seconds"] = (f"a number of seconds from 0 to "
+                                       f"{MAX_DURATION.total_seconds():.0f}")
+    if extra["at"]:
+        try:
+            at = datetime.fromisoformat(extra["at"])
+            if at.tzinfo is None:
+                at = at.replace(tzinfo=timezone.utc)  # the form says: without an offset, UTC
+            at.astimezone(timezone.utc)
+            options["scheduled_at"] = at
+        except (ValueError, OverflowError):
+            errors["at"] = "an ISO 8601 time (2026-12-04T18:30:00+01:00; no offset: UTC)"
+    if "delay" in options and "scheduled_at" in options:
+        errors["at"] = "give a delay or a time, not both"
+    if extra["key"]:
+        options["key"] = extra["key"]
+    if extra["priority"]:
+        if extra["priority"] not in PRIORITIES:
+            errors["priority"] = f"one of {', '.join(PRIORITIES)}"
+        else:
+            options["priority"] = extra["priority"]
+    return options
 
 
 __all__ = ["error_page", "login_page", "router"]

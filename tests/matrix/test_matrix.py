@@ -30,6 +30,7 @@ NOT_REACHED: dict[str, str] = {
     "get_visible": "the dashboard's reads (no path)",
     "recent_failures": "the dashboard's reads (no path)",
     "matching_ids": "the dashboard's reads (no path)",
+    "bulk_delete": "the dashboard's bulk delete (no path; tests/web/test_bulk_pages.py)",
     "status_of": "a read no path's step runs",
     "table_gauges": "the metrics' read (no path); one that fails answers table_scrape_ok 0 "
                     "(tests/metrics/test_table.py)",
@@ -37,6 +38,9 @@ NOT_REACHED: dict[str, str] = {
     "session_revoked": "the dashboard's session check (no path; one that fails answers 503, "
                        "tests/web/test_sessions.py)",
     "purge_revoked_sessions": "the dashboard's logout (no path; tests/web/test_sessions.py)",
+    "add_pause": "the admin's pause (no path; tests/integration/test_pauses.py, the e2e "
+                 "tests/e2e/test_pause.py)",
+    "remove_pause": "the admin's resume (no path; tests/integration/test_pauses.py)",
     "lineage": "an execution's detail (no path; tests/integration/test_attempts.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path

@@ -198,7 +198,7 @@ def test_bad_input_answers_4xx_naming_the_thing(
         ("GET", f"/api/v1/executions/{MISSING}", {}, 404, MISSING),
         ("POST", f"/api/v1/executions/{active}/retry", {}, 409, "its status is scheduled"),
         ("POST", f"/api/v1/executions/{done}/cancel", {}, 409, "its status is failed"),
-        ("POST", "/api/v1/executions/bulk/delete", {"json": {}}, 404, "'delete'"),
+        ("POST", "/api/v1/executions/bulk/purge", {"json": {}}, 404, "'purge'"),
         ("POST", "/api/v1/executions/bulk/retry", {"json": {"status": ["x"]}}, 422,
          "body.status"),
         ("GET", "/api/v1/failures", {"params": {"since_seconds": -1}}, 422,
@@ -399,7 +399,7 @@ def test_bulk_retry_counts_on_a_dry_run_then_retries_what_matched(
     dry = client.post("/api/v1/executions/bulk/retry", json={"job": ["shop.receipt"]},
                       headers=bearer())
     assert dry.json() == {"action": "retry", "dry_run": True, "matched": 3, "more": False,
-                          "done": [], "skipped": []}
+                          "done": [], "skipped": [], "ineligible": 1}
     assert rows(web_outbox) == 4
     real = client.post("/api/v1/executions/bulk/retry",
                        json={"error": "smtp", "dry_run": False}, headers=bearer()).json()

@@ -13,15 +13,25 @@
     box.hidden = false;
   }
 
+  // A 4xx body's message: its field errors, each once (the detail repeats them), else
+  // the detail.
+  function problem(data, fallback) {
+    const seen = [];
+    (data.errors || []).forEach((e) => {
+      const line = e.field + ": " + e.message;
+      if (seen.indexOf(line) < 0) seen.push(line);
+    });
+    return seen.length ? seen.join("; ") : (data.detail || fallback);
+  }
+
   async function act(button) {
-    if (!window.confirm(button.dataset.confirm || "Are you sure?")) return;
-    let body = null;
     if (button.dataset.action === "trigger" && button.dataset.kind === "queue") {
-      const text = window.prompt("Payload (a JSON object):", "{}");
-      if (text === null) return;
-      try { body = JSON.stringify({ payload: JSON.parse(text) }); }
-      catch (e) { flash("The payload is not JSON: " + e.message, false); return; }
+      // A queue job's payload comes from its trigger form (built from the job's schema).
+      window.location.href = button.dataset.url.replace("/api/v1/jobs/", "/jobs/");
+      return;
     }
+    if (!window.confirm(button.dataset.confirm || "Are you sure?")) return;
+    const body = null;
     button.disabled = true;
     try {
       const response = await fetch(button.dataset.url, {
@@ -31,8 +41,7 @@
       });
       const data = await response.json().catch(() => ({}));
       if (!response.ok) {
-        const fields = (data.errors || []).map((e) => e.field + ": " + e.message).join("; ");
-        flash((data.detail || response.statusText) + (fields ? " (" + fields + ")" : ""), false);
+        flash(problem(data, response.statusText), false);
         return;
       }
       if (data.new_execution_id) {
@@ -52,8 +61,50 @@
     if (button) { event.preventDefault(); act(button); }
   });
 
+  // Bulk selection on the executions page: "select all on this page", the count picked;
+  // picking a row chooses "the selected" over "all matching".
+  function picks() { return Array.from(document.querySelectorAll("input.pick")); }
+  function counted() {
+    const shown = document.getElementById("picked");
+    const n = picks().filter((p) => p.checked).length;
+    if (shown) shown.textContent = String(n);
+    const page = document.getElementById("pick-page");
+    if (page) page.checked = n > 0 && n === picks().length;
+    return n;
+  }
+  document.addEventListener("change", (event) => {
+    const target = event.target;
+    if (target.id === "pick-page") {
+      picks().forEach((p) => { p.checked = target.checked; });
+    }
+    if (target.id === "pick-page" || target.classList.contains("pick")) {
+      const scope = document.querySelector("#bulk input[name=scope][value=ids]");
+      if (counted() > 0 && scope) scope.checked = true;
+    }
+  });
+
+  // A form marked data-once (a bulk confirmation, a trigger) is sent once: a double click
+  // sends nothing more (the server would change nothing more anyway, and say so).
+  document.addEventListener("submit", (event) => {
+    const form = event.target;
+    if (!form.matches("form[data-once], form#bulk")) return;
+    if (form.dataset.sent) { event.preventDefault(); return; }
+    form.dataset.sent = "1";
+    // Disabled after the form's data is taken (a disabled submitter would not be sent).
+    setTimeout(() => form.querySelectorAll("button[type=submit]")
+      .forEach((b) => { b.disabled = true; }), 0);
+  });
+  window.addEventListener("pageshow", () => {  // back to a page kept by the browser
+    document.querySelectorAll("form[data-sent]").forEach((form) => {
+      delete form.dataset.sent;
+      form.querySelectorAll("button[type=submit]").forEach((b) => { b.disabled = false; });
+    });
+    counted();
+  });
+
   async function refresh() {
     if (document.hidden || !document.querySelector("[data-live]")) return;
+    if (picks().some((p) => p.checked)) return;  // never drop what the operator picked
     try {
       const response = await fetch(window.location.href, { credentials: "same-origin" });
       if (!response.ok) return;
