@@ -359,13 +359,15 @@ class Dashboard:
     def execution(
         self, execution_id: UUID | str, organization_id: str | None = None
     ) -> ExecutionDetail:
-        """One execution in full; :class:`ExecutionNotFound` when it does not exist or, with
+        """One execution in full, with its attempts and lineage (``retry_of`` /
+        ``retried_by``, each only when the reader may see that row: of ``organization_id``
+        when given); :class:`ExecutionNotFound` when it does not exist or, with
         ``organization_id``, belongs to another tenant."""
         execution_id = _uuid(execution_id)
         row = self.store.get_visible(execution_id, organization_id)
         if row is None:
             raise self.admin.not_found(execution_id)
-        return _execution_detail(row)
+        return _execution_detail(row, self.store.lineage(execution_id, organization_id))
 
     def failures(
         self,

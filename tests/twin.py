@@ -528,6 +528,22 @@ class MemoryStore:
         row = self.rows.get(execution_id)
         return None if row is None else dict(row)
 
+    def lineage(self, execution_id: UUID,
+                organization_id: str | None = None) -> tuple[UUID | None, UUID | None]:
+        """``(retry_of, retried_by)`` of one row, each None when none or another tenant's."""
+        with self._lock:
+            row = self.rows.get(execution_id)
+
+            def visible(r: dict[str, Any] | None) -> UUID | None:
+                if r is None or (organization_id is not None
+                                 and r["organization_id"] != organization_id):
+                    return None
+                return UUID(str(r["id"]))
+
+            of = self.rows.get(row["retry_of"]) if row and row["retry_of"] else None
+            by = next((r for r in self.rows.values() if r["retry_of"] == execution_id), None)
+            return visible(of), visible(by)
+
     def status_of(self, execution_id: UUID) -> str | None:
         row = self.rows.get(execution_id)
         return None if row is None else str(row["status"])

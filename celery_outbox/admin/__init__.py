@@ -26,6 +26,7 @@ from uuid import UUID
 
 from celery_outbox.admin.views import (
     LATE_AFTER_INTERVALS,
+    AttemptView,
     ExecutionDetail,
     ExecutionListing,
     ExecutionView,
@@ -64,6 +65,7 @@ __all__ = [
     "COUNT_CAP",
     "LATE_AFTER_INTERVALS",
     "MAX_LIMIT",
+    "AttemptView",
     "ExecutionDetail",
     "ExecutionListing",
     "ExecutionView",
@@ -350,7 +352,8 @@ class OutboxAdmin:
         )
 
     def get_execution(self, execution_id: UUID | str) -> ExecutionDetail:
-        """One execution with its payload, captured logs and error traceback.
+        """One execution with its payload, captured logs, error traceback, its attempts
+        (oldest first) and its lineage (``retry_of`` / ``retried_by``): two reads by key.
 
         Raises :class:`ExecutionNotFound` when no row has that id (or it is no UUID).
         """
@@ -358,7 +361,7 @@ class OutboxAdmin:
         row = self.store.get(execution_id)
         if row is None:
             raise self.not_found(execution_id)
-        return _execution_detail(row)
+        return _execution_detail(row, self.store.lineage(execution_id))
 
     def not_found(self, execution_id: UUID) -> ExecutionNotFound:
         """The :class:`ExecutionNotFound` of an id no row has: its message says why (a

@@ -114,6 +114,32 @@ class ExecutionView(_View):
     can_cancel: bool
     retry_of: UUID | None
     """The execution this one retries (an admin retry made it), else None."""
+    run_time: timedelta | None
+    """``finished_at - started_at`` (its latest attempt's run), None until it finished."""
+    wait_time: timedelta | None
+    """``started_at - created_at`` (from its creation to its latest attempt's start), None
+    until an attempt started."""
+
+
+@dataclass(frozen=True)
+class AttemptView(_View):
+    """One attempt of an execution (:attr:`ExecutionDetail.attempts`).
+
+    ``attempt``: its number (1 the first); ``started_at`` / ``finished_at``: aware UTC, None
+    when unknown or not over; ``duration``: their difference; ``worker``: the ``claimed_by``
+    of the claim that ran it (``host:pid:nonce/claim``); ``outcome``: ``retried``,
+    ``failed``, ``succeeded``, ``cancelled``, ``lost`` (its lease ran out and the sweep's
+    rescuer ended it), or ``running`` (the attempt in progress); ``error``: its error's text
+    with traceback (a record of an earlier attempt keeps at most 8,000 characters of it).
+    """
+
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration: timedelta | None
+    worker: str | None
+    outcome: str
+    error: str | None
 
 
 @dataclass(frozen=True)
@@ -121,6 +147,12 @@ class ExecutionDetail(ExecutionView):
     """One execution in full: :class:`ExecutionView` plus its payload, the last error's full
     text with traceback (``traceback``), the logs captured by its latest attempt, and the
     worker fields (``claimed_by``, ``lease_expires_at``, ``dispatched_at``, ``updated_at``).
+
+    ``attempts``: its attempts, oldest first: the earlier ones the row's history holds (at
+    most the last 25) and its latest from the row's own columns (none while it waits for its
+    next attempt). ``retry_of`` / ``retried_by``: the execution this one retries, and the
+    one an admin retry of this one made (at most one), each None when there is none or it
+    is not visible to the reader (another tenant's).
     """
 
     payload: Any
@@ -130,6 +162,8 @@ class ExecutionDetail(ExecutionView):
     lease_expires_at: datetime | None
     dispatched_at: datetime | None
     updated_at: datetime
+    attempts: tuple[AttemptView, ...] = ()
+    retried_by: UUID | None = None
 
 
 @dataclass(frozen=True)
@@ -251,19 +285,38 @@ def _execution_fields(row: dict[str, Any]) -> dict[str, Any]:
         "cancelled_by": row["cancelled_by"], "cancelled_by_name": row["cancelled_by_name"],
         "can_retry": can_retry(status), "can_cancel": can_cancel(status),
         "retry_of": row.get("retry_of"),
+        "run_time": _between(row["started_at"], row["finished_at"]),
+        "wait_time": _between(row["created_at"], row["started_at"]),
     }
+
+
+def _between(start: datetime | None, end: datetime | None) -> timedelta | None:
+    """``end - start`` when both are known and in that order, else None."""
+    if start is None or end is None or end < start:
+        return None
+    return end - start
 
 
 def _execution_view(row: dict[str, Any]) -> ExecutionView:
     return ExecutionView(**_execution_fields(row))
 
 
-def _execution_detail(row: dict[str, Any]) -> ExecutionDetail:
+def _execution_detail(
+    row: dict[str, Any], lineage: tuple[UUID | None, UUID | None] | None = None,
+) -> ExecutionDetail:
+    """The detail of ``row``; ``lineage``: ``(retry_of, retried_by)`` as the reader may see
+    them (None: the row's own ``retry_of``, no ``retried_by``)."""
     # A row written before its text was checked (a payload with a lone surrogate on SQLite)
     # is shown with U+FFFD in place of what no JSON answer can carry.
     logs = storable(row["logs"]) or ()
+    fields = _execution_fields(row)
+    retried_by = None
+    if lineage is not None:
+        fields["retry_of"], retried_by = lineage
     return ExecutionDetail(
-        **_execution_fields(row),
+        **fields,
+        attempts=attempt_views(row),
+        retried_by=retried_by,
         payload=storable(row["payload"]),
         traceback=storable(row["last_error"]),
         logs=tuple(_log_entry(e) for e in logs if isinstance(e, dict)),
@@ -272,6 +325,57 @@ def _execution_detail(row: dict[str, Any]) -> ExecutionDetail:
         dispatched_at=row["dispatched_at"],
         updated_at=row["updated_at"],
     )
+
+
+def attempt_views(row: dict[str, Any]) -> tuple[AttemptView, ...]:
+    """The attempts of ``row`` (its columns, ``attempts`` among them), oldest first: each
+    record of its history, then its latest attempt from its own columns unless the history
+    already holds it (a retry or a rescue wrote it there) or none began (pending, or
+    scheduled for its next attempt)."""
+    history = [_attempt_record(r) for r in row.get("attempts") or ()
+               if isinstance(r, dict)] if isinstance(row.get("attempts"), list) else []
+    views = [v for v in history if v is not None]
+    last = views[-1].attempt if views else 0
+    status = Status(row["status"])
+    began = row["started_at"] is not None or status is Status.RUNNING
+    if (row["attempt"] > last and began
+            and status not in (Status.PENDING, Status.SCHEDULED)):
+        finished = row["finished_at"] if status is not Status.RUNNING else None
+        views.append(AttemptView(
+            attempt=row["attempt"], started_at=row["started_at"], finished_at=finished,
+            duration=_between(row["started_at"], finished), worker=row["claimed_by"],
+            outcome=status.value,
+            error=storable(row["last_error"]) if status is Status.FAILED else None))
+    return tuple(views)
+
+
+def _attempt_record(record: dict[str, Any]) -> AttemptView | None:
+    """One record of the history; None when it is no record (no attempt number)."""
+    number = record.get("attempt")
+    if not isinstance(number, int):
+        return None
+    started, finished = _time(record.get("started_at")), _time(record.get("finished_at"))
+    worker, error = record.get("worker"), record.get("error")
+    return AttemptView(
+        attempt=number, started_at=started, finished_at=finished,
+        duration=_between(started, finished),
+        worker=storable(worker) if isinstance(worker, str) else None,
+        outcome=str(record.get("outcome") or "unknown"),
+        error=storable(error) if isinstance(error, str) else None)
+
+
+def _time(value: Any) -> datetime | None:
+    """An ISO 8601 time of a history record as an aware UTC datetime (None: none or not a
+    time)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc)
 
 
 def _log_entry(entry: dict[str, Any]) -> LogEntry:

@@ -354,12 +354,17 @@ def executions_command(box: Outbox, job: str | None, status: str | None, limit: 
 @json_option
 @admin_command
 def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
-    """One execution with its payload, captured logs and error traceback."""
+    """One execution with its payload, captured logs, error traceback, its lineage (the
+    execution it retries, the one retrying it) and its attempts (oldest first: start, end,
+    duration, worker, outcome, error)."""
+    from celery_outbox.cli.attempts import print_attempts
+
     detail = box.admin.get_execution(_execution_id(execution_id))
     if as_json:
         print_json(detail.to_dict())
         return
     print_detail(detail)
+    print_attempts(detail)
 
 
 @outbox.command("trigger")

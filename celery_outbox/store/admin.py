@@ -10,6 +10,7 @@ from uuid import UUID
 
 from celery_outbox.logfields import execution_fields
 from celery_outbox.queries import admin as q
+from celery_outbox.queries import attempts as attempts_q
 from celery_outbox.states import Status
 from celery_outbox.store.base import StoreBase, log
 
@@ -70,6 +71,14 @@ class AdminStore(StoreBase):
     def get(self, execution_id: UUID) -> dict[str, Any] | None:
         """Read one row as a dict of its columns, or None."""
         return self.executor.run(q.get_row(self.t, execution_id))
+
+    def lineage(self, execution_id: UUID,
+                organization_id: str | None = None) -> tuple[UUID | None, UUID | None]:
+        """Read ``(retry_of, retried_by)`` of one row: the execution it retries and the one
+        retrying it (an admin retry; the unique index on ``retry_of``), in ONE statement;
+        each None when there is none or, with ``organization_id``, it is another tenant's."""
+        found = self.executor.run(attempts_q.lineage(self.t, execution_id, organization_id))
+        return found if found is not None else (None, None)
 
     def status_of(self, execution_id: UUID) -> str | None:
         """Read one row's status, or None when there is no such row."""

@@ -5,13 +5,13 @@ Times are ISO 8601 in UTC; durations are seconds in fields named ``*_seconds``; 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from celery_outbox.admin import ExecutionDetail, ExecutionView, LogEntry
+from celery_outbox.admin import AttemptView, ExecutionDetail, ExecutionView, LogEntry
 from celery_outbox.dashboard import BulkResult, FailureGroup, JobOverview, Overview
 from celery_outbox.states import Status
 
@@ -139,8 +139,16 @@ class JobsOut(BaseModel):
                          for h in o.loop])
 
 
+def _ms(value: timedelta | None) -> int | None:
+    """A duration in whole milliseconds (None stays None)."""
+    return None if value is None else round(value.total_seconds() * 1000)
+
+
 class ExecutionOut(BaseModel):
-    """One execution as a list shows it; ``error`` is the last error's first line."""
+    """One execution as a list shows it; ``error`` is the last error's first line.
+    ``run_time_ms``: from its latest attempt's start to its end (null until it finished);
+    ``wait_time_ms``: from its creation to its latest attempt's start (null until one
+    started)."""
 
     id: UUID
     job_name: str
@@ -161,10 +169,43 @@ class ExecutionOut(BaseModel):
     cancelled_by_name: str | None
     can_retry: bool
     can_cancel: bool
+    run_time_ms: int | None = Field(
+        None, description="Started to finished, in milliseconds (null until it finished)")
+    wait_time_ms: int | None = Field(
+        None, description="Created to started, in milliseconds (null until it started)")
 
     @classmethod
     def of(cls, v: ExecutionView) -> ExecutionOut:
-        return cls(**{name: getattr(v, name) for name in ExecutionOut.model_fields})
+        return cls(**_view_fields(v))
+
+
+def _view_fields(v: ExecutionView) -> dict[str, Any]:
+    """The fields of :class:`ExecutionOut` from a view: its own, and the durations in ms."""
+    fields = {name: getattr(v, name) for name in ExecutionOut.model_fields
+              if name not in ("run_time_ms", "wait_time_ms")}
+    return {**fields, "run_time_ms": _ms(v.run_time), "wait_time_ms": _ms(v.wait_time)}
+
+
+class AttemptOut(BaseModel):
+    """One attempt of an execution, oldest first: its number, start and end (null when
+    unknown or not over), ``duration_ms``, the ``worker`` that ran it (its claim's
+    ``claimed_by``), its ``outcome`` (``retried``, ``failed``, ``succeeded``, ``cancelled``,
+    ``lost``: its lease ran out and the sweep ended it, or ``running``) and its error's text
+    with traceback (an earlier attempt's: at most 8,000 characters)."""
+
+    attempt: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_ms: int | None
+    worker: str | None
+    outcome: str
+    error: str | None
+
+    @classmethod
+    def of(cls, a: AttemptView) -> AttemptOut:
+        return cls(attempt=a.attempt, started_at=a.started_at, finished_at=a.finished_at,
+                   duration_ms=_ms(a.duration), worker=a.worker, outcome=a.outcome,
+                   error=a.error)
 
 
 class LogOut(BaseModel):
@@ -191,7 +232,10 @@ class TimelineOut(BaseModel):
 
 class ExecutionDetailOut(ExecutionOut):
     """One execution in full: payload, timeline, the last error's traceback, the logs its
-    latest attempt captured, and the actions its status allows."""
+    latest attempt captured, its attempts (oldest first: the last 25 earlier ones and the
+    latest), its lineage (``retry_of``: the execution it retries; ``retried_by``: the one
+    retrying it; each null when none, or another tenant's), and the actions its status
+    allows."""
 
     payload: Any
     traceback: str | None
@@ -202,10 +246,13 @@ class ExecutionDetailOut(ExecutionOut):
     updated_at: datetime
     timeline: TimelineOut
     actions: list[Literal["retry", "cancel"]]
+    attempts: list[AttemptOut] = Field(default_factory=list)
+    retry_of: UUID | None = None
+    retried_by: UUID | None = None
 
     @classmethod
     def of(cls, d: ExecutionDetail) -> ExecutionDetailOut:  # type: ignore[override]
-        base = {name: getattr(d, name) for name in ExecutionOut.model_fields}
+        base = _view_fields(d)
         actions: list[Literal["retry", "cancel"]] = []
         if d.can_retry:
             actions.append("retry")
@@ -219,7 +266,8 @@ class ExecutionDetailOut(ExecutionOut):
             timeline=TimelineOut(created_at=d.created_at, scheduled_at=d.scheduled_at,
                                  dispatched_at=d.dispatched_at, started_at=d.started_at,
                                  finished_at=d.finished_at, updated_at=d.updated_at),
-            actions=actions,
+            actions=actions, attempts=[AttemptOut.of(a) for a in d.attempts],
+            retry_of=d.retry_of, retried_by=d.retried_by,
         )
 
 

@@ -75,8 +75,22 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
 
+def _took(value: timedelta | None) -> str:
+    """A run or wait time: ``"230 ms"``, ``"1.52 s"``, then as :func:`_age`; ``"-"`` for
+    None."""
+    if value is None:
+        return "-"
+    ms = value.total_seconds() * 1000
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s"
+    return _age(value)
+
+
 templates.env.filters["age"] = _age
 templates.env.filters["when"] = _when
+templates.env.filters["took"] = _took
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
