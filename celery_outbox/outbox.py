@@ -68,6 +68,7 @@ from celery_outbox.models import (
 )
 from celery_outbox.queries.clauses import storable, unstorable
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
+from celery_outbox.rollup import Rollup
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain, cooperative_broker_waits
 from celery_outbox.states import Priority
@@ -154,6 +155,7 @@ class Outbox:
         self.store = ExecutionStore(self.engine, self.tables)
         self.registry = registry if registry is not None else default_registry
         self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher)
+        self.runner.rollup = Rollup(self.store, lambda: self.runner.worker_id)
         self._dispatcher: Dispatcher | None = dispatcher
         # Made now, not at first use: two threads' first pushes at once made one each.
         self._celery_dispatcher = CeleryDispatcher(
@@ -240,6 +242,12 @@ class Outbox:
         celery_signals.worker_ready.disconnect(self._check_loop_soon)
         self.drain.disconnect()
         self.runner.heartbeat.retire()  # a handler of this one running now keeps its lease
+        count_stats, last_stats = self._stats_receivers
+        celery_signals.worker_init.disconnect(count_stats)
+        celery_signals.worker_process_shutdown.disconnect(last_stats)
+        celery_signals.worker_shutdown.disconnect(last_stats)
+        if self.runner.rollup is not None:
+            self.runner.rollup.close()
         self.inline_dispatcher.cancel()  # its eager timers: the successor's sweep runs those
         for job_name in self.ticker.schedules:
             self.app.conf.beat_schedule.pop(ENTRY_PREFIX + job_name, None)
@@ -257,6 +265,21 @@ class Outbox:
         celery_signals.worker_init.connect(limits.on_worker_init, weak=False)
         self._after_fork = after_fork
         celery_signals.worker_ready.connect(self._check_loop_soon, weak=False)
+        # The dashboard's stats: counted once a worker starts (a prefork child inherits it),
+        # what is left written as a process of the worker ends.
+        rollup = self.runner.rollup
+        assert rollup is not None
+
+        def count_stats(**_: Any) -> None:
+            rollup.enable()
+
+        def last_stats(**_: Any) -> None:
+            rollup.close()
+
+        celery_signals.worker_init.connect(count_stats, weak=False)
+        celery_signals.worker_process_shutdown.connect(last_stats, weak=False)
+        celery_signals.worker_shutdown.connect(last_stats, weak=False)
+        self._stats_receivers = (count_stats, last_stats)
         # A gevent worker whose broker is down must not stand still between reconnect tries
         # (its heartbeat with it): see shutdown.cooperative_broker_waits.
         cooperative_broker_waits()
@@ -339,14 +362,32 @@ class Outbox:
         :class:`StorageError` when the database fails.
         """
         moment = check_now(now) if now is not None else None
-        return self._recorded("sweep", lambda: self.sweeper.run_once(moment))
+        return self._recorded("sweep", lambda: self._with_stats(
+            lambda: self.sweeper.run_once(moment), "backlog",
+            lambda: self.store.snapshot_backlog(moment or self._now())))
 
     def trim(self, now: datetime | None = None) -> TrimResult:
         """One trim: per job, delete finished rows beyond the newest keep_succeeded /
         keep_failed / keep_cancelled (a job's ``keep`` overrides). Returns the counts
         (``deleted``, ``jobs``)."""
         moment = check_now(now) if now is not None else self._now()
-        return self._recorded("trim", lambda: self.trimmer.run_once(moment))
+        return self._recorded("trim", lambda: self._with_stats(
+            lambda: self.trimmer.run_once(moment), "trim",
+            lambda: self.store.trim_stats(moment)))
+
+    @staticmethod
+    def _with_stats(run: Callable[[], R], what: str, stats: Callable[[], object]) -> R:
+        """``run()``, then ``stats()``: the dashboard's stats table kept by the loop (the
+        sweep counts the backlog of its minute, the trim deletes old minutes). A failure of
+        ``stats()`` is logged, never the run's (a database not yet migrated to the stats
+        table still sweeps and trims)."""
+        result = run()
+        try:
+            stats()
+        except Exception as exc:
+            log.warning("celery_outbox: the %s of the stats table failed: %s", what,
+                        " ".join(str(exc).split())[:300])
+        return result
 
     def _recorded(self, task: str, run: Callable[[], R]) -> R:
         """``run()``, then its run recorded in ``<table>_loop`` (when it ended, how long it

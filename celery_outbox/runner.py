@@ -53,6 +53,7 @@ from celery_outbox.errors import (
 )
 from celery_outbox.heartbeat import Heartbeat
 from celery_outbox.inflight import InFlight
+from celery_outbox.rollup import Rollup
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logfields import execution_fields, guarded, of_row
 from celery_outbox.logs import LogCapture
@@ -103,6 +104,8 @@ class _Decided:
     on_hit: Callable[[], None] | None = None
     """What follows a write that hit (a retry's dispatch, a cancel's log and signal)."""
     ended: datetime | None = None
+    began: datetime | None = None
+    """When its handler was about to begin (the runner's clock): the stats' run and wait."""
     """When the outcome was decided (its ``finished_at``); set by :meth:`Runner._isolated`."""
     at: float = field(default_factory=time.monotonic)
     release: bool = False
@@ -475,9 +478,13 @@ class _Outcomes:
             if d.release and self.runner._release_stopped(spec.name, d.fence):
                 continue
             self.runner._confirm_stop(d.fence, d.row)
+        rollup = self.runner.rollup
         for d in held:
             hit = d.outcome if hits.get(d.fence) else None
             counts[OutcomeName.LOST if hit is None else hit.name] += 1
+            if hit is not None and rollup is not None:  # in memory: never a statement
+                rollup.record(spec.name, d.row.organization_id, hit.name.value,
+                              d.row.scheduled_at or d.row.created_at, d.began, d.ended)
             if hit is not None and d.on_hit is not None:
                 d.on_hit()
             self.runner.inflight.remove([d.fence])  # written: the drain no longer waits for it
@@ -517,6 +524,9 @@ class Runner:
         self._retries = _Retries()
         self._plans: dict[str, _Plan] = {}
         self._helpers = _Helpers()
+        self.rollup: Rollup | None = None
+        """Counts this process's written outcomes for the dashboard's charts (the Outbox's,
+        enabled in a Celery worker); None: nothing counted."""
 
     @property
     def worker_id(self) -> str:
@@ -932,6 +942,7 @@ class Runner:
                 processing.close(exc)
             raise
         decided.ended = self.clock()
+        decided.began = began
         self.inflight.decided(fence)
         if processing is not None:
             failed: str | None = getattr(decided.outcome, "error", None)

@@ -64,6 +64,7 @@ __all__ = [
     "sessions",
     "single",
     "stats",
+    "stats",
     "sweep",
     "trim",
     "worker",

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
+from celery_outbox.admin.stats import Charts, JobBacklog, QueueView, StatsReader, queue_views
 from celery_outbox.dashboard import BULK_ACTIONS, Dashboard, ExecutionQuery, Overview
 from celery_outbox.errors import ExecutionNotFound
 from celery_outbox.states import Status
@@ -36,6 +37,7 @@ from celery_outbox.web.models import (
     PrincipalOut,
     TriggerIn,
 )
+from celery_outbox.web.stats_models import ChartsOut, QueuesOut, WorkersOut
 
 WHO = "web"
 """``triggered_by`` / ``cancelled_by`` of what the dashboard writes; ``*_name`` is the
@@ -261,6 +263,80 @@ def json_object_param(text: str | None, loc: tuple[str, ...]) -> dict[str, Any] 
         raise RequestValidationError([{"loc": loc, "msg": "must be a JSON object ({...}), "
                                        f"got {type(found).__name__}", "type": "dict_type"}])
     return found
+
+
+# -- the charts and the workers & queues view ------------------------------------------------
+
+Window = Literal["15m", "1h", "6h", "24h"]
+"""The charts' windows (:data:`celery_outbox.admin.stats.WINDOWS`)."""
+
+
+def stats_reader(board: Dashboard) -> StatsReader:
+    """The charts' and the workers view's reads, on the dashboard's store."""
+    return StatsReader(board.admin.store)
+
+
+def chart_job(board: Dashboard, job: str | None) -> str | None:
+    """``job`` (a full or short job name) as its full name; None or blank: every job. An
+    unknown name raises :class:`JobNotRegistered` (404), an ambiguous one
+    :class:`JobNameAmbiguous` (400), each naming ``query.job``."""
+    return board.admin.find_job(job).name if job and job.strip() else None
+
+
+def read_charts(board: Dashboard, who: Principal, window: str, job: str | None) -> Charts:
+    """The charts of ``window`` for ``job`` (None: every job), of the principal's tenant."""
+    return stats_reader(board).charts(window, chart_job(board, job), who.organization_id,
+                                      datetime.now(timezone.utc))
+
+
+async def read_queues(request: Request, board: Dashboard,
+                      who: Principal) -> tuple[Overview, list[QueueView]]:
+    """The overview (shared, cached) and every queue of the registered jobs with its jobs'
+    backlog and rates, of the principal's tenant; a job without a queue of its own is in
+    the app's default queue."""
+    overview = await shared_overview(board, who.organization_id)
+    rates = await run_in_threadpool(stats_reader(board).rates, who.organization_id,
+                                    datetime.now(timezone.utc))
+    default = str(request.app.state.outbox.app.conf.task_default_queue or "celery")
+    jobs = [JobBacklog(j.name, j.queue or default, j.counts, j.capped, j.oldest_pending_age)
+            for j in overview.jobs]
+    return overview, queue_views(jobs, rates)
+
+
+@router.get("/charts", response_model=ChartsOut, responses=READ, tags=["stats"])
+def charts(
+    who: Who, board: Board,
+    window: Annotated[Window, Query(description="15m, 1h, 6h or 24h")] = "1h",
+    job: Annotated[str | None, Query(max_length=200,
+                                     description="Only this job (full or short name)")] = None,
+) -> ChartsOut:
+    """The dashboard's charts over ``window``, one point per 1 (15m, 1h), 5 (6h) or 15 (24h)
+    minutes, oldest first: succeeded and failed per minute (from the workers' stats, which
+    count the succeeded executions a job does not keep too), wait (due -> start) and run
+    (start -> outcome) percentiles p50 / p95 / p99 in seconds, and the backlog by status as
+    the sweep counted it (nulls: no count in that slot). A tenant's principal reads its own
+    rows only."""
+    return ChartsOut.of(read_charts(board, who, window, job))
+
+
+@router.get("/workers", response_model=WorkersOut, responses=READ, tags=["stats"])
+def workers(who: Who, board: Board) -> WorkersOut:
+    """The worker processes holding running executions now (``claimed_by``'s host and pid,
+    how many, the oldest start, the last heartbeat, the soonest lease), and, for a principal
+    of every tenant, those that wrote stats within the hour, holding none or not (their last
+    write). A tenant's principal sees only the workers holding its executions."""
+    return WorkersOut.of(stats_reader(board).workers(who.organization_id,
+                                                     datetime.now(timezone.utc)))
+
+
+@router.get("/queues", response_model=QueuesOut, responses=READ, tags=["stats"])
+async def queues(request: Request, who: Who, board: Board) -> QueuesOut:
+    """Every Celery queue of the registered jobs: per queue and per job the backlog (pending,
+    scheduled, running; capped counts as the overview's), the oldest pending age, and
+    succeeded per minute over the last 5 and 60 minutes (from the workers' stats). A tenant's
+    principal reads its own rows only."""
+    overview, found = await read_queues(request, board, who)
+    return QueuesOut.of(overview.generated_at, overview.count_cap, found)
 
 
 def _status_of(board: Dashboard, execution_id: UUID, who: Principal) -> Status | None:

@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
+from celery_outbox.admin.stats import WINDOWS
 from celery_outbox.config import MAX_DURATION
 from celery_outbox.dashboard import BULK_ACTIONS, BULK_MAX, BulkResult, Dashboard, ExecutionQuery
 from celery_outbox.errors import (
@@ -31,8 +32,16 @@ from celery_outbox.errors import (
     PayloadInvalid,
 )
 from celery_outbox.states import Priority, Status
-from celery_outbox.web.api import WHO, scoped_query, shared_overview
+from celery_outbox.web.api import (
+    WHO,
+    read_charts,
+    read_queues,
+    scoped_query,
+    shared_overview,
+    stats_reader,
+)
 from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal, TooManyAttempts
+from celery_outbox.web.charts import Series, line_chart, seconds
 from celery_outbox.web.forms import (
     FORM_MAX_BYTES,
     FormField,
@@ -249,6 +258,65 @@ def logout(request: Request) -> Response:
     response = RedirectResponse(base + "/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=base or "/")
     return response
+
+
+# -- the charts and the workers & queues view ------------------------------------------------
+
+
+def _secs(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+@router.get("/charts", response_class=HTMLResponse)
+def charts(request: Request) -> Response:
+    """The charts of a window (``window``: 15m, 1h, 6h, 24h) for one job (``job``) or all,
+    as inline SVG rendered here."""
+    who: Principal = request.state.principal
+    window = request.query_params.get("window", "1h")
+    if window not in WINDOWS:
+        return error_page(request, 400, f"window: one of {', '.join(WINDOWS)}, got {window!r}")
+    board = _board(request)
+    data = read_charts(board, who, window, request.query_params.get("job") or None)
+    slots = [p.start for p in data.points]
+    svgs = [
+        line_chart("Throughput: executions per minute", slots, [
+            Series("succeeded / min", "s-ok", [p.succeeded_per_minute for p in data.points]),
+            Series("failed / min", "s-ko", [p.failed_per_minute for p in data.points])],
+            y_label="per minute", chart_id="chart-throughput"),
+        line_chart("Wait time (due to start): p50, p95, p99", slots, [
+            Series(name, css, [_secs(p.wait[i]) for p in data.points])
+            for i, (name, css) in enumerate(PERCENTILES)],
+            y_label="wait", y_format=seconds, chart_id="chart-wait"),
+        line_chart("Run time (start to outcome): p50, p95, p99", slots, [
+            Series(name, css, [_secs(p.run[i]) for p in data.points])
+            for i, (name, css) in enumerate(PERCENTILES)],
+            y_label="run time", y_format=seconds, chart_id="chart-run"),
+        line_chart("Backlog by status", slots, [
+            Series("pending", "s-pending", [b.pending for b in data.backlog]),
+            Series("scheduled", "s-scheduled", [b.scheduled for b in data.backlog]),
+            Series("running", "s-running", [b.running for b in data.backlog])],
+            y_label="executions", chart_id="chart-backlog"),
+    ]
+    jobs = sorted(spec.name for spec in board.registry)
+    return render(request, "charts.html", data=data, svgs=svgs, windows=list(WINDOWS),
+                  window=window, job=data.job_name or "", jobs=jobs)
+
+
+PERCENTILES = (("p50", "s-p50"), ("p95", "s-p95"), ("p99", "s-p99"))
+"""The percentile lines of the wait and run charts: legend name, class."""
+
+
+@router.get("/workers", response_class=HTMLResponse)
+async def workers(request: Request) -> Response:
+    """Which workers hold which executions now, which wrote stats recently, and each
+    queue's and job's backlog and rates."""
+    who: Principal = request.state.principal
+    board = _board(request)
+    found = await run_in_threadpool(stats_reader(board).workers, who.organization_id,
+                                    datetime.now(timezone.utc))
+    overview, queues = await read_queues(request, board, who)
+    return render(request, "workers.html", workers=found, queues=queues,
+                  count_cap=overview.count_cap, late_after=LATE_AFTER.total_seconds())
 
 
 def _time(value: str, name: str) -> datetime | None:

@@ -45,6 +45,7 @@ from celery_outbox.errors import (
     InvalidTransition,
     StorageError,
 )
+from celery_outbox.queries.attempts import HISTORY_LIMIT
 from celery_outbox.runner import Runner
 from celery_outbox.shutdown import Drain
 from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, TRANSITIONS, Status
@@ -976,10 +977,28 @@ class OutboxMachine(RuleBasedStateMachine):
             assert 0 <= r["attempt"] <= r["max_attempts"], f"attempt out of range: {r}"
             if r["status"] == Status.RUNNING.value:
                 assert r["lease_expires_at"] is not None, f"running without a lease: {r}"
+            self.check_history(r)
         self.stats.transitions.update(self.model.transitions)
         self.model.transitions.clear()
         self.stats.states.add(tuple(sorted(
             (r.job[-1], str(r.status), r.attempt) for r in self.model.rows.values())))
+
+    @staticmethod
+    def check_history(r: dict[str, Any]) -> None:
+        """The row's history holds its earlier attempts: bounded, numbered in order, each
+        ended in a retry or lost; none is the attempt running now. Its length is
+        ``attempt - 1`` (bounded) while an attempt runs or once the runner ended the last
+        one, ``attempt`` once a retry or the rescuer ended it, less by the begun attempts
+        handed back (kept, not recorded)."""
+        history = r["attempts"] or []
+        numbers = [x["attempt"] for x in history]
+        assert len(history) <= min(HISTORY_LIMIT, r["attempt"]), f"history too long: {r}"
+        assert numbers == sorted(set(numbers)), f"history out of order: {numbers}"
+        newest = r["attempt"] - 1 if r["status"] == Status.RUNNING.value else r["attempt"]
+        assert all(1 <= n <= newest for n in numbers), f"history {numbers} of {r}"
+        assert {x["outcome"] for x in history} <= {"retried", "lost"}, history
+        if r["status"] == Status.SCHEDULED.value and r["attempt"] > 0:
+            assert numbers and numbers[-1] == r["attempt"], f"retry not recorded: {r}"
 
     def check_rows(self, table: dict[UUID, dict[str, Any]]) -> None:
         unknown = set(table) - set(self.model.rows)
