@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from celery_outbox.dashboard import Dashboard
 from celery_outbox.errors import (
@@ -31,7 +32,7 @@ from celery_outbox.errors import (
     PayloadInvalid,
     StorageError,
 )
-from celery_outbox.web import api, pages
+from celery_outbox.web import api, pages, pauses
 from celery_outbox.web.auth import SESSION_COOKIE, Auth, Principal, Resolver, TooManyAttempts
 from celery_outbox.web.models import ErrorOut, FieldError
 
@@ -82,14 +83,41 @@ def build(
     app.state.dashboard = Dashboard(outbox.admin, count_cap=count_cap, cache_for=cache_for)
     app.state.title = title
     app.include_router(api.router)
+    app.include_router(pauses.api)
     if outbox.config.metrics if metrics is None else metrics:
         _install_metrics(app, outbox)
     app.include_router(pages.router)
+    app.include_router(pauses.pages)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     _install_guard(app)
     _install_errors(app)
     _install_document(app, auth)
+    app.add_middleware(HeadAsGet)  # the outermost: the guard sees a GET
     return app
+
+
+class HeadAsGet:
+    """``HEAD`` answered as the ``GET`` of the same URL without its body (the headers, the
+    ``Content-Length`` of the body not sent): a server that answers GET must answer HEAD
+    (RFC 9110, 9.1), and FastAPI's routes take GET only (uptime probes got 405)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        # A copy: the server reads its own scope's method to leave the body out too.
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 def _install_document(app: FastAPI, auth: Auth | None) -> None:
@@ -183,10 +211,15 @@ CONTENT_SECURITY_POLICY = "; ".join((
 or style (the templates have none: the overview's bars are classes), no ``eval``; ``data:``
 images for Swagger UI's icons."""
 FRAMING = {"X-Frame-Options": "SAMEORIGIN", "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-           "X-Content-Type-Options": "nosniff"}
+           "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 """On every response: the CSP above, and no other origin may frame the pages (clickjacking
 of the action buttons: a page on another port or subdomain is the same *site*, so the
-SameSite=Strict login cookie goes into its frame, as cached Basic credentials do)."""
+SameSite=Strict login cookie goes into its frame, as cached Basic credentials do); no
+sniffing of a content type; no URL of the dashboard (execution ids, filters) sent to
+another origin as a Referer."""
+NOT_STORED = {"Cache-Control": "no-store"}
+"""On every response but the package's static assets: no cache (the browser's, a proxy's)
+keeps a page or an API answer, which a logout or another user of the browser would find."""
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
@@ -234,8 +267,11 @@ def cross_site(request: Request, auth: Auth | None) -> str | None:
 def _install_guard(app: FastAPI) -> None:
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
+        asset = relative_path(request).startswith(OPEN_PREFIX)  # before a Mount moves it
         response = await _guarded(request, call_next)
         response.headers.update(FRAMING)
+        if not asset:
+            response.headers.update(NOT_STORED)
         return response
 
     async def _guarded(request: Request, call_next: Any) -> Response:

@@ -256,7 +256,10 @@ def logout(request: Request) -> Response:
                 datetime.now(timezone.utc))
     base = _base(request)
     response = RedirectResponse(base + "/login", status_code=303)
-    response.delete_cookie(SESSION_COOKIE, path=base or "/")
+    # Removed with the flags it was set with (a cookie's removal is a Set-Cookie too).
+    scheme = auth.scheme(request) if auth is not None else request.url.scheme
+    response.delete_cookie(SESSION_COOKIE, path=base or "/", secure=scheme == "https",
+                           httponly=True, samesite="strict")
     return response
 
 
