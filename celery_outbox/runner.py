@@ -67,6 +67,7 @@ from celery_outbox.outcomes import (
     Write,
 )
 from celery_outbox.registry import JobRegistry, JobSpec
+from celery_outbox.rollup import Rollup
 from celery_outbox.states import Status
 from celery_outbox.store import Claimed, Fence
 from celery_outbox.store.protocol import WorkerStore
