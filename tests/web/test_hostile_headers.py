@@ -7,12 +7,15 @@ new route or form cannot lose it unnoticed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from celery_outbox import Outbox
-from celery_outbox.web import Auth, api, create_app, pages
+from celery_outbox.web import Auth, create_app
 from tests.web.conftest import PASSWORDS, READ_TOKEN, bearer
 
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -139,21 +142,30 @@ def test_the_login_redirects_only_to_a_path_of_the_dashboard(client: TestClient)
     assert r.headers["location"] == "/executions?status=failed"
 
 
-def post_routes() -> list[str]:
-    """Every POST path of the pages and the API (new ones included), concrete."""
+def post_routes(app: Any) -> list[str]:
+    """Every POST path the app routes (pages and API, new routers included), concrete."""
+    def walk(routes: list[Any], prefix: str) -> Iterator[str]:
+        for route in routes:
+            included = getattr(route, "original_router", None)  # FastAPI's include_router
+            if included is not None:
+                yield from walk(included.routes, prefix + route.include_context.prefix)
+            elif isinstance(route, APIRoute) and "POST" in route.methods:
+                yield prefix + route.path
+
+    concrete = {"{execution_id}": "00000000-0000-4000-8000-000000000000",
+                "{job_name}": "shop.receipt", "{action}": "retry", "{queue_name}": "celery"}
     paths = []
-    for route in [*pages.router.routes, *api.router.routes]:
-        if isinstance(route, APIRoute) and "POST" in route.methods:
-            paths.append(route.path.replace("{execution_id}",
-                                            "00000000-0000-4000-8000-000000000000")
-                         .replace("{job_name}", "shop.receipt").replace("{action}", "retry"))
+    for path in walk(app.routes, ""):
+        for name, value in concrete.items():
+            path = path.replace(name, value)
+        paths.append(path)
     return paths
 
 
 @sqlite_only
 def test_every_post_refuses_a_cross_site_request(client: TestClient,
                                                  web_outbox: Outbox) -> None:
-    paths = post_routes()
+    paths = post_routes(client.app)
     assert {"/login", "/logout", "/api/v1/executions/bulk/retry"} <= set(paths), paths
     cookie = log_in(client)
     for path in paths:
