@@ -53,7 +53,6 @@ from celery_outbox.errors import (
 )
 from celery_outbox.heartbeat import Heartbeat
 from celery_outbox.inflight import InFlight
-from celery_outbox.rollup import Rollup
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logfields import execution_fields, guarded, of_row
 from celery_outbox.logs import LogCapture

@@ -64,7 +64,6 @@ __all__ = [
     "sessions",
     "single",
     "stats",
-    "stats",
     "sweep",
     "trim",
     "worker",

@@ -24,7 +24,6 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``loop``: record_run, record_failure, loop_runs (when the sweep and the trim last ran)
 - ``sessions``: revoke_session, session_revoked (the dashboard's sessions ended early)
 - ``stats``: write_stats, snapshot_backlog, trim_stats and the charts' reads (``<table>_stats``)
-- ``stats``: write_stats, snapshot_backlog, trim_stats and the charts' reads (``<table>_stats``)
 - ``admin``: cancel, get, status_of, job_stats, status_summary, list_executions
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
   recent_failures, matching_ids, count_matching (the reads of the HTTP API and the CLI's
@@ -40,7 +39,6 @@ from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
 from celery_outbox.store.loop import LoopRun, LoopStore
 from celery_outbox.store.push import NewExecution, PushStore, new_ids
 from celery_outbox.store.sessions import SessionStore
-from celery_outbox.store.stats import StatsStore
 from celery_outbox.store.stats import StatsStore
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
 from celery_outbox.store.trim import TrimStore
