@@ -116,7 +116,8 @@ def generic_plan(side: Side, k: int) -> tuple[str, list[str]]:
     with engine.connect() as conn:
         ids = list(conn.execute(text(
             f"SELECT id FROM {side.table} WHERE status = 'pending' LIMIT {k}")).scalars())
-        query = claim_rows(t, "postgresql", ids, JOB, "bench:plan", None, LEASE)
+        query = claim_rows(t, "postgresql", ids, JOB, "bench:plan", None, LEASE,
+                           pauses=side.box.tables.pauses)
 
         def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
                     executemany: bool) -> None:

@@ -154,7 +154,8 @@ class Outbox:
         self.tables = TABLES if name == DEFAULT_TABLE else build_tables(MetaData(), name)
         self.store = ExecutionStore(self.engine, self.tables)
         self.registry = registry if registry is not None else default_registry
-        self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher)
+        self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher,
+                             queue_of=self.queue_of)
         self.runner.rollup = Rollup(self.store, lambda: self.runner.worker_id)
         self._dispatcher: Dispatcher | None = dispatcher
         # Made now, not at first use: two threads' first pushes at once made one each.
@@ -176,6 +177,16 @@ class Outbox:
         self._install_maintenance()
         self._install_cron()
         _outboxes[app] = self
+
+    def queue_of(self, spec: JobSpec) -> str:
+        """The Celery queue ``spec``'s messages go to: its own ``queue``, else the app's
+        ``task_default_queue``; what a queue's pause names (:meth:`OutboxAdmin.pause`)."""
+        return spec.queue or str(self.app.conf.task_default_queue)
+
+    def resumed(self, job_names: Sequence[str]) -> int:
+        """After a resume of ``job_names``: their due rows dispatched at once (see
+        :meth:`~celery_outbox.maintenance.Sweeper.resumed`); how many. Raises StorageError."""
+        return self.sweeper.resumed(job_names)
 
     def _now(self) -> datetime:
         """The now of a push, a cancel and a trim: the runner's clock (a test's, see
@@ -328,7 +339,7 @@ class Outbox:
 
     def _install_maintenance(self) -> None:
         self.sweeper = Sweeper.create(self.store, self.registry, self.config,
-                                      lambda: self.dispatcher)
+                                      lambda: self.dispatcher, self.queue_of)
         self.trimmer = Trimmer(self.store, self.registry, TrimmerConfig.from_outbox(self.config))
         self.drain = Drain(self.runner, self.config.drain_timeout)
         self.drain.connect()
@@ -338,7 +349,7 @@ class Outbox:
 
     def _install_cron(self) -> None:
         self.ticker = CronTicker(self.store, self.registry, self.config, lambda: self.dispatcher,
-                                 self._now)
+                                 self._now, self.queue_of)
         app = self.app
         install_cron_task(app, lambda job_name: Outbox.of(app).ticker.fire(job_name))
         for spec in self.registry:

@@ -86,6 +86,9 @@ class TickOutcome(str, enum.Enum):
     """The tick is older than the catch-up window: skipped (and spent in the database)."""
     UNAVAILABLE = "unavailable"
     """The database could not decide (unreachable, locked): skipped, never run blindly."""
+    PAUSED = "paused"
+    """The job, or its queue, is paused: skipped (the tick is spent, no execution made), so
+    a paused cron job piles up no runs to do at its resume."""
 
 
 @dataclass(frozen=True)
@@ -116,12 +119,15 @@ class CronTicker:
         config: OutboxConfig,
         dispatcher: Callable[[], Dispatcher],
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        queue_of: Callable[[JobSpec], str | None] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.config = config
         self.dispatcher = dispatcher
         self.clock = clock
+        self.queue_of: Callable[[JobSpec], str | None] = queue_of or _own_queue
+        """A job's Celery queue, whose pause holds its ticks too."""
         """The now an execution is created and a tick recorded at (the outbox's: a push's
         clock, a test's :class:`~celery_outbox.testing.Clock` when installed)."""
         self.schedules: dict[str, CronSchedule] = {}
@@ -192,6 +198,13 @@ class CronTicker:
                     "too", job_name, _local(tick, schedule), _short(late), self.window, missed)
                 self._spend(spec, tick)
                 return TickResult(job_name, tick, TickOutcome.LATE)
+            pause = self.store.pause_of(job_name, self.queue_of(spec))
+            if pause is not None:
+                log.info("celery_outbox: cron job %s: tick %s skipped: %s %s is paused (since "
+                         "%s by %s)", job_name, _local(tick, schedule), pause.kind,
+                         pause.name, pause.paused_at.isoformat(), pause.paused_by_name or "?")
+                self._spend(spec, tick)
+                return TickResult(job_name, tick, TickOutcome.PAUSED)
             if missed:
                 log.warning(
                     "celery_outbox: cron job %s: %d missed tick(s) since %s skipped; the "
@@ -254,6 +267,10 @@ class CronTicker:
         log.info("celery_outbox: cron job %s: %s -> execution %s", spec.name, what, row.id,
                  extra=execution_fields(row.id, spec.name, 0))
         return TickResult(spec.name, tick, TickOutcome.CREATED, row.id)
+
+
+def _own_queue(spec: JobSpec) -> str | None:
+    return spec.queue
 
 
 def install(app: Celery, fire: Callable[[str], Any]) -> Any:

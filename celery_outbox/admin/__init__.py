@@ -24,6 +24,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from uuid import UUID
 
+from celery_outbox.admin.pauses import PAUSE_KINDS, Pause, PauseAction, PauseAdmin
 from celery_outbox.admin.views import (
     LATE_AFTER_INTERVALS,
     AttemptView,
@@ -65,6 +66,7 @@ __all__ = [
     "COUNT_CAP",
     "LATE_AFTER_INTERVALS",
     "MAX_LIMIT",
+    "PAUSE_KINDS",
     "AttemptView",
     "ExecutionDetail",
     "ExecutionListing",
@@ -75,6 +77,8 @@ __all__ = [
     "LoopHealth",
     "OutboxAdmin",
     "OutboxStatus",
+    "Pause",
+    "PauseAction",
     "decode_cursor",
     "encode_cursor",
 ]
@@ -137,12 +141,14 @@ def _in_thread(
     return twin
 
 
-class OutboxAdmin:
+class OutboxAdmin(PauseAdmin):
     """The admin service of one :class:`~celery_outbox.Outbox` (``outbox.admin``).
 
     Each method has an async twin for an event loop (``await admin.alist_executions(...)``,
     ``apage_executions``, ``aget_execution``, ``alist_jobs``, ``astatus``, ``atrigger``,
-    ``aretry``, ``acancel``) that runs it in a worker thread.
+    ``aretry``, ``acancel``, ``apause``, ``aresume``, ``alist_pauses``) that runs it in a
+    worker thread. Pausing a job or a queue: :meth:`pause`, :meth:`resume`,
+    :meth:`list_pauses` (:mod:`celery_outbox.admin.pauses`).
     """
 
     def __init__(self, outbox: Facade) -> None:

@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -29,8 +29,9 @@ from celery_outbox.maintenance.service import (
     log,
     wait_published,
 )
-from celery_outbox.registry import JobRegistry
+from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.store import ExecutionStore
+from celery_outbox.store.pauses import paused_jobs
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class RedispatchResult:
     redispatched: int = 0
 
 
+def _own_queue(spec: JobSpec) -> str | None:
+    return spec.queue
+
+
 class Redispatcher:
     """Dispatches again the registry's pending rows last dispatched before ``now - stale_after``.
 
@@ -74,27 +79,51 @@ class Redispatcher:
         registry: JobRegistry,
         dispatcher: Callable[[], Dispatcher],
         config: RedispatcherConfig | None = None,
+        queue_of: Callable[[JobSpec], str | None] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.dispatcher = dispatcher
         self.config = config or RedispatcherConfig()
+        self.queue_of: Callable[[JobSpec], str | None] = queue_of or _own_queue
+        """A job's Celery queue (the Outbox's :meth:`~celery_outbox.Outbox.queue_of`)."""
 
-    def run_once(self, now: datetime) -> RedispatchResult:
-        """Redispatch every row stale at ``now`` (aware), in batches; their count."""
+    def run_once(self, now: datetime, *, job_names: Sequence[str] | None = None,
+                 resumed: bool = False) -> RedispatchResult:
+        """Redispatch every row stale at ``now`` (aware), in batches; their count.
+
+        The rows of a paused job, or of a job whose queue is paused (``<table>_pauses``,
+        read once per run), are left out: a claim would refuse them, so sending them again
+        every ``stale_after`` would only churn; the resume dispatches them at once
+        (``resumed=True``: every pending row of ``job_names``, however recently dispatched).
+        ``job_names``: only these jobs (default: the registry's, less the paused ones).
+        """
         check_now(now)
-        names = [spec.name for spec in self.registry]
+        names = list(job_names) if job_names is not None else self.unpaused()
         size = self.config.batch_size
-        stale_before = now - self.config.stale_after
+        stale_before = now if resumed else now - self.config.stale_after
         sent = 0
         for batch in batches(lambda: self.store.redispatch(
             now, job_names=names, stale_before=stale_before, limit=size,
         ), size):
             dispatch(self.dispatcher(), batch)
             sent += len(batch)
-        if sent:
+        if sent and resumed:
+            wait_published(self.dispatcher(), "resume")
+            log.info("celery_outbox: resumed: dispatched %d pending execution(s) of %s", sent,
+                     ", ".join(names))
+        elif sent:
             wait_published(self.dispatcher(), "redispatcher")
             log.warning("celery_outbox: dispatched again %d pending execution(s) whose last "
                         "dispatch was more than %s ago (message lost or broker down)",
                         sent, self.config.stale_after)
         return RedispatchResult(redispatched=sent)
+
+    def unpaused(self) -> list[str]:
+        """The registry's jobs that no pause holds (one read of the pauses)."""
+        pauses = self.store.pauses()
+        specs = list(self.registry)
+        if not pauses:
+            return [spec.name for spec in specs]
+        held = paused_jobs(pauses, [(spec.name, self.queue_of(spec)) for spec in specs])
+        return [spec.name for spec in specs if spec.name not in held]

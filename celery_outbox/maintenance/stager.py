@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -80,14 +80,22 @@ class Stager:
         self.dispatcher = dispatcher
         self.config = config or StagerConfig()
 
-    def run_once(self, now: datetime) -> StageResult:
-        """Stage and dispatch every row due at ``now`` (aware), in batches; their counts."""
+    def run_once(self, now: datetime, *, job_names: Sequence[str] | None = None,
+                 resumed: bool = False) -> StageResult:
+        """Stage and dispatch every row due at ``now`` (aware), in batches; their counts.
+
+        A paused job's rows are staged too (scheduled -> pending, one message each, which
+        the claim refuses while the pause lasts). ``job_names``: only these jobs (default:
+        the registry's); ``resumed``: a resume's, also the rows whose eta message came
+        while paused (refused), however recently they went out."""
         check_now(now)
-        names = [spec.name for spec in self.registry]
+        names = list(job_names) if job_names is not None else [spec.name
+                                                                for spec in self.registry]
         size = self.config.batch_size
         staged = 0
+        stale_before = now if resumed else now - self.config.stale_after
         for batch in batches(lambda: self.store.stage(
-            now, job_names=names, stale_before=now - self.config.stale_after, limit=size,
+            now, job_names=names, stale_before=stale_before, limit=size,
         ), size):
             dispatch(self.dispatcher(), batch)
             staged += len(batch)

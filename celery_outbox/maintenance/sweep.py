@@ -8,7 +8,7 @@ pass, and the pass waits for those publishes before it returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -23,7 +23,7 @@ from celery_outbox.maintenance.redispatcher import (
 from celery_outbox.maintenance.rescuer import Rescuer, RescuerConfig, RescueResult
 from celery_outbox.maintenance.service import check_now, log
 from celery_outbox.maintenance.stager import Stager, StagerConfig, StageResult
-from celery_outbox.registry import JobRegistry
+from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.store import ExecutionStore
 
 
@@ -57,14 +57,29 @@ class Sweeper:
         registry: JobRegistry,
         config: OutboxConfig,
         dispatcher: Callable[[], Dispatcher],
+        queue_of: Callable[[JobSpec], str | None] | None = None,
     ) -> Sweeper:
-        """The three services of one outbox, configured from its settings."""
+        """The three services of one outbox, configured from its settings (``queue_of``: a
+        job's Celery queue, whose pause the redispatcher obeys)."""
         return cls(
             Stager(store, registry, dispatcher, StagerConfig.from_outbox(config)),
             Rescuer(store, registry, dispatcher, RescuerConfig.from_outbox(config)),
-            Redispatcher(store, registry, dispatcher, RedispatcherConfig.from_outbox(config)),
+            Redispatcher(store, registry, dispatcher, RedispatcherConfig.from_outbox(config),
+                         queue_of),
             store.db_now,
         )
+
+    def resumed(self, job_names: Sequence[str], now: datetime | None = None) -> int:
+        """After a resume: stage the due scheduled rows of ``job_names`` and dispatch their
+        pending rows at once, whenever they last went out (their messages came while paused
+        and were refused); the number of executions dispatched. ``now``: aware (None: the
+        database's time). Raises StorageError."""
+        if not job_names:
+            return 0
+        now = check_now(now) if now is not None else self.db_now()
+        staged = self.stager.run_once(now, job_names=job_names, resumed=True).staged
+        return staged + self.redispatcher.run_once(now, job_names=job_names,
+                                                   resumed=True).redispatched
 
     def run_once(self, now: datetime | None = None) -> SweepResult:
         """One pass at ``now`` (an aware datetime; None: the database's time, read once, so

@@ -52,17 +52,20 @@ from celery_outbox.queries.clauses import (
     who,
 )
 from celery_outbox.queries.clock import db_after, db_due_by, db_now, lease_param
+from celery_outbox.queries.pauses import not_paused
 from celery_outbox.states import Status
 
 
 @cache
-def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
+def _claim_statement(t: Table, p: Table, dialect: str, db_clock: bool) -> Any:
     """The claim with bound parameters only: the ids as one array on PostgreSQL (``= ANY``,
     one statement for any number of ids), an expanding ``IN`` elsewhere; the rows found by
     their ids alone, the job and the statuses tested on them after
-    (:func:`~celery_outbox.queries.clauses.filtered`). ``db_clock``: its now and lease end
-    are the database's (:mod:`celery_outbox.queries.clock`), else the bound ``c_now`` and
-    ``c_lease``."""
+    (:func:`~celery_outbox.queries.clauses.filtered`); nothing when the job (``c_job``) or
+    its queue (``c_queue``) is paused in ``p`` (the pauses' table:
+    :func:`~celery_outbox.queries.pauses.not_paused`, two primary-key probes evaluated once).
+    ``db_clock``: its now and lease end are the database's
+    (:mod:`celery_outbox.queries.clock`), else the bound ``c_now`` and ``c_lease``."""
     if db_clock:
         now, lease_until = db_now(dialect), db_after(dialect, "c_lease")
         due_by = db_due_by(dialect)
@@ -83,6 +86,8 @@ def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
                     and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= due_by),
                 ),
             ),
+            not_paused(p, bindparam("c_job", type_=t.c.job_name.type),
+                       bindparam("c_queue", type_=p.c.name.type)),
         )
         .values(
             status=Status.RUNNING.value,
@@ -101,22 +106,24 @@ def _claim_statement(t: Table, dialect: str, db_clock: bool) -> Any:
     )
 
 
-@named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set",
-       hot=True)
+@named("claim: pending (or scheduled and due) -> running, attempt + 1, lease set; none "
+       "while the job or its queue is paused", hot=True)
 def claim_rows(
     t: Table, dialect: str, ids: Sequence[UUID], job_name: str, worker: str,
-    now: datetime | None, lease: timedelta,
+    now: datetime | None, lease: timedelta, *, pauses: Table, queue: str | None = None,
 ) -> Query[list[Row]]:
     """One UPDATE ... RETURNING for all ``ids`` (at least one); ``started_at = now`` on the
-    first only; the lease runs out ``lease`` after ``now`` (None: the database's clock)."""
+    first only; the lease runs out ``lease`` after ``now`` (None: the database's clock). No
+    row while ``pauses`` (the pauses' table) holds the job or ``queue`` (the job's Celery
+    queue; None: no queue's pause applies)."""
     params: dict[str, Any] = {"c_ids": list(ids), "c_job": job_name, "c_by": worker,
-                              "c_first": ids[0]}
+                              "c_first": ids[0], "c_queue": queue}
     if now is None:
         params["c_lease"] = lease_param(dialect, lease)
     else:
         params.update(c_now=now, c_lease=now + lease)
-    return rows("claim_rows", _claim_statement(t, dialect, now is None), params=params,
-                prepared=dialect == "postgresql")
+    return rows("claim_rows", _claim_statement(t, pauses, dialect, now is None),
+                params=params, prepared=dialect == "postgresql")
 
 
 @cache

@@ -23,6 +23,7 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``cron``: advance_tick, last_tick
 - ``loop``: record_run, record_failure, loop_runs (when the sweep and the trim last ran)
 - ``sessions``: revoke_session, session_revoked (the dashboard's sessions ended early)
+- ``pauses``: pause, resume, pauses, pause_of (the jobs and queues paused; Pause)
 - ``stats``: write_stats, snapshot_backlog, trim_stats and the charts' reads (``<table>_stats``)
 - ``admin``: cancel, get, status_of, job_stats, status_summary, list_executions
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
@@ -37,6 +38,7 @@ from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
 from celery_outbox.store.loop import LoopRun, LoopStore
+from celery_outbox.store.pauses import PAUSE_KINDS, Pause, PauseStore
 from celery_outbox.store.push import NewExecution, PushStore, new_ids
 from celery_outbox.store.sessions import SessionStore
 from celery_outbox.store.stats import StatsStore
@@ -47,6 +49,7 @@ from celery_outbox.store.worker import Claimed, Renewed, WorkerStore
 
 __all__ = [
     "FINISHED",
+    "PAUSE_KINDS",
     "SUPPORTED_DIALECTS",
     "Claimed",
     "Cursor",
@@ -59,6 +62,7 @@ __all__ = [
     "Key",
     "LoopRun",
     "NewExecution",
+    "Pause",
     "Renewed",
     "RescueVerdict",
     "StatusCount",
@@ -72,7 +76,7 @@ __all__ = [
 
 class ExecutionStore(
     PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
-    StatsStore, LoopStore, SessionStore,
+    StatsStore, LoopStore, SessionStore, PauseStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

@@ -78,10 +78,16 @@ class WorkerStore(StoreBase):
         worker: str,
         now: datetime | None,
         lease: timedelta,
+        *,
+        queue: str | None = None,
     ) -> list[Claimed]:
         """claim: pending (or scheduled and due) -> running, attempt + 1, lease set.
 
-        Guard: status pending, or scheduled with ``scheduled_at <= now``; ``job_name`` matches.
+        Guard: status pending, or scheduled with ``scheduled_at <= now``; ``job_name`` matches;
+        neither the job nor ``queue`` (the job's Celery queue; None: no queue's pause
+        applies) is paused (``<table>_pauses``, read in the same statement: a claim that
+        begins after a pause committed claims nothing of it; the rows stay as they were, no
+        attempt spent).
         ``worker`` becomes ``claimed_by``, the fence of every later write with the attempt: it
         must be unique per claim (the runner's :meth:`~celery_outbox.runner.Runner.claim_token`),
         since a hand-back lowers the attempt again and a reused token would let the old claim's
@@ -99,7 +105,8 @@ class WorkerStore(StoreBase):
         if not ids:
             return []
         found = self.executor.run(
-            claim_rows(self.t, self.dialect, ids, job_name, worker, now, lease))
+            claim_rows(self.t, self.dialect, ids, job_name, worker, now, lease,
+                       pauses=self.tables.pauses, queue=queue))
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
 

@@ -36,6 +36,7 @@ from celery_outbox.queries import Query, Shape, execute
 from celery_outbox.registry import JobSpec, default_registry
 from celery_outbox.runner import RunResult
 from celery_outbox.states import Status
+from celery_outbox.store.pauses import paused_jobs
 from celery_outbox.ticker import TickResult
 
 if TYPE_CHECKING:
@@ -418,8 +419,9 @@ def _drain(outbox: Outbox, clock: Clock | None, within: timedelta | None,
     chunk = outbox.config.dispatch_chunk_size
     while True:
         now = now_of()
+        held = _paused(outbox)
         due = [r for r in _read(outbox, due_by=max(now, horizon or now))
-               if r.job_name in outbox.registry]
+               if r.job_name in outbox.registry and r.job_name not in held]
         if not due:
             return result
         if horizon is not None:
@@ -614,7 +616,9 @@ class OutboxTester:
         """Run every due execution through the real runner, inline in this thread, until
         none is due; the counts of what ran.
 
-        Due: pending, or scheduled at or before the clock's now. Each round reads what is
+        Due: pending, or scheduled at or before the clock's now, of a job no pause holds
+        (a paused job's rows, or its queue's, are left pending as a worker leaves them,
+        until :meth:`~celery_outbox.admin.OutboxAdmin.resume`). Each round reads what is
         due (by priority, then age) and runs it as a worker runs a message (claim, handler,
         outcome write); what those runs make due (a retry due at once, a handler's push)
         runs in the next round. ``within`` (a timedelta): also run what comes due within
@@ -662,6 +666,16 @@ class OutboxTester:
                           ) -> None:
         """:func:`assert_not_pushed` on this tester's outbox."""
         assert_not_pushed(job, payload=payload, status=status, outbox=self.outbox)
+
+
+def _paused(outbox: Outbox) -> set[str]:
+    """The registered jobs a pause holds (their own or their queue's): drain leaves their
+    rows as a worker's claim would, pending until the resume."""
+    pauses = outbox.store.pauses()
+    if not pauses:
+        return set()
+    return paused_jobs(pauses, [(spec.name, outbox.queue_of(spec))
+                                for spec in outbox.registry])
 
 
 def _has_tables(outbox: Outbox) -> bool:

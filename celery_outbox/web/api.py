@@ -134,10 +134,17 @@ def me(who: Who) -> PrincipalOut:
 @router.get("/jobs", response_model=JobsOut, responses=READ, tags=["jobs"])
 async def jobs(who: Who, board: Board) -> JobsOut:
     """Every registered job: kind, schedule and next tick, retry, timeout, counts per status
-    (capped at ``count_cap``), oldest pending age, last run, the last hour's outcomes.
-    Shared by every viewer of the same tenant for a few seconds."""
-    return JobsOut.of(await shared_overview(board, who.organization_id),
-                      operator=who.organization_id is None)
+    (capped at ``count_cap``), oldest pending age, last run, the last hour's outcomes
+    (shared by every viewer of the same tenant for a few seconds), and ``paused``: the pause
+    holding it (read at each request), null while it runs."""
+    from celery_outbox.web.pauses import state  # its routes import this module
+
+    out = JobsOut.of(await shared_overview(board, who.organization_id),
+                     operator=who.organization_id is None)
+    _, held = await run_in_threadpool(state, board.admin, who.organization_id is None)
+    for job in out.jobs:
+        job.paused = held.get(job.name)
+    return out
 
 
 @router.post("/jobs/{job_name}/trigger", response_model=ActionOut, status_code=201,

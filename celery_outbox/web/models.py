@@ -61,8 +61,21 @@ class BucketOut(BaseModel):
     failed: int
 
 
+class PauseOut(BaseModel):
+    """A pause of a job or a queue: since when (the database's time) and by whom
+    (``paused_by``: ``web`` or ``cli``; ``paused_by_name``: the user; both null for a
+    tenant's principal)."""
+
+    kind: Literal["job", "queue"]
+    name: str
+    paused_at: datetime
+    paused_by: str | None
+    paused_by_name: str | None
+
+
 class JobOut(BaseModel):
-    """One job on the overview; ``counts`` per status stop at the overview's ``count_cap``."""
+    """One job on the overview; ``counts`` per status stop at the overview's ``count_cap``;
+    ``paused``: the pause that holds it (its own or its queue's), null while it runs."""
 
     name: str
     kind: Literal["queue", "cron"]
@@ -85,6 +98,7 @@ class JobOut(BaseModel):
     recent_failed: int
     last_hour: list[BucketOut]
     parallel: int
+    paused: PauseOut | None = None
 
     @classmethod
     def of(cls, j: JobOverview) -> JobOut:

@@ -129,8 +129,11 @@ async def overview(request: Request) -> Response:
     who: Principal = request.state.principal
     data = await shared_overview(_board(request), who.organization_id)
     peak = max((b.succeeded + b.failed for j in data.jobs for b in j.last_hour), default=0)
+    from celery_outbox.web.pauses import overview_state  # its routes import the pages
+
     return render(request, "overview.html", overview=data, peak=max(peak, 1),
-                  statuses=[s.value for s in Status], late_after=LATE_AFTER.total_seconds())
+                  statuses=[s.value for s in Status], late_after=LATE_AFTER.total_seconds(),
+                  **await overview_state(request))
 
 
 @router.get("/executions", response_class=HTMLResponse)

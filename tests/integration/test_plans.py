@@ -77,7 +77,8 @@ def _fences(fences: list[Fence], n: int) -> list[Fence]:
 
 CASES: dict[str, Case] = {
     "claim_rows": lambda ts, ids, fs: [
-        claim_rows(ts.executions, "postgresql", ids[:n], "job", "w", None, LEASE)
+        claim_rows(ts.executions, "postgresql", ids[:n], "job", "w", None, LEASE,
+                   pauses=ts.pauses, queue="q")
         for n in (1, 50)],
     "start_fenced": lambda ts, ids, fs: [start_fenced(ts.executions, fs[0], NOW)],
     "start_unflushed": lambda ts, ids, fs: [start_unflushed(ts.executions, fs[0], NOW)],

@@ -38,6 +38,9 @@ NOT_REACHED: dict[str, str] = {
     "session_revoked": "the dashboard's session check (no path; one that fails answers 503, "
                        "tests/web/test_sessions.py)",
     "purge_revoked_sessions": "the dashboard's logout (no path; tests/web/test_sessions.py)",
+    "add_pause": "the admin's pause (no path; tests/integration/test_pauses.py, the e2e "
+                 "tests/e2e/test_pause.py)",
+    "remove_pause": "the admin's resume (no path; tests/integration/test_pauses.py)",
     "lineage": "an execution's detail (no path; tests/integration/test_attempts.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path

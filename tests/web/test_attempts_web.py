@@ -66,6 +66,11 @@ def test_an_admin_retry_shows_its_lineage_both_ways_with_attempts_and_times(
     assert f'id="retry-of" href="/executions/{old}"' in page
     assert 'id="retried-by"' not in page and "<script>" not in page
 
+    listing = client.get("/executions", auth=("ops", PASSWORDS["ops"])).text
+    assert '<th title="started to finished">run</th>' in listing
+    row = re.search(rf'<tr data-id="{old}">.*?</tr>', listing, re.S)
+    assert row is not None and re.search(r'class="run-time">\d+(\.\d+)? m?s<', row.group())
+
     run = CliRunner().invoke(outbox_group, ["show", str(old)],
                              obj=SimpleNamespace(app=web_outbox.app))
     assert run.exit_code == 0, run.output
