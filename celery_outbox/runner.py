@@ -160,6 +160,8 @@ class _Plan:
     keep_failed: bool
     logger: logging.Logger
     """The application's logger of the job (``celery_outbox.job.<name>``)."""
+    queue: str | None = None
+    """The job's Celery queue, whose pause the claim obeys too (:attr:`Runner.queue_of`)."""
 
 
 class _Retry:
@@ -495,6 +497,11 @@ class _Outcomes:
                                              else hit.status).value)
 
 
+def _own_queue(spec: JobSpec) -> str | None:
+    """The queue ``spec`` names itself (None: Celery's default, unknown here)."""
+    return spec.queue
+
+
 class Runner:
     """Runs executions of registered jobs in this process.
 
@@ -509,12 +516,16 @@ class Runner:
         config: OutboxConfig,
         dispatcher: Callable[[], Dispatcher],
         clock: Callable[[], datetime] = utcnow,
+        queue_of: Callable[[JobSpec], str | None] = _own_queue,
     ) -> None:
         self.store = store
         self.registry = registry
         self.config = config
         self.dispatcher = dispatcher
         self.clock = clock
+        self.queue_of = queue_of
+        """The Celery queue a job's messages go to (the Outbox's: its own ``queue``, else the
+        app's default), read once per job spec; a claim claims nothing while it is paused."""
         self.heartbeat = Heartbeat(store)
         self.inflight = InFlight()
         """The attempts this process holds (shared with the heartbeat's callbacks, the lease
@@ -602,7 +613,8 @@ class Runner:
         plan = self._plan(spec)
         lease = plan.lease
         try:
-            claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(), lease)
+            claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(), lease,
+                                       queue=plan.queue)
         except BaseException:
             self._release_lost_claim(spec, uuids, token, lease)
             raise
@@ -613,7 +625,8 @@ class Runner:
             signals.jobs_claimed.send(sender=spec.name, count=len(claimed))
         if len(claimed) < len(uuids):
             log.debug("celery_outbox: %d of %d id(s) of %r not claimable (already claimed, "
-                      "finished or not due)", len(uuids) - len(claimed), len(uuids), spec.name)
+                      "finished, not due, or the job or its queue %r paused: left as they "
+                      "are)", len(uuids) - len(claimed), len(uuids), spec.name, plan.queue)
         claim = _Claim(spec, token, lease, claimed,
                        [Fence(row.id, token, row.attempt) for row in claimed],
                        [self._context(plan, row, now) for row in claimed],
@@ -632,7 +645,8 @@ class Runner:
         if plan is None or plan.spec is not spec or plan.config is not self.config:
             plan = self._plans[spec.name] = _Plan(
                 spec, self.config, spec.lease(self.config), spec.keep_succeeded_row(self.config),
-                spec.keep_failed_row(), logging.getLogger(f"celery_outbox.job.{spec.name}"))
+                spec.keep_failed_row(), logging.getLogger(f"celery_outbox.job.{spec.name}"),
+                self.queue_of(spec))
         return plan
 
     def _guard(self, claim: _Claim, index: int) -> None:
