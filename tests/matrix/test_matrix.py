@@ -38,6 +38,11 @@ NOT_REACHED: dict[str, str] = {
     "session_revoked": "the dashboard's session check (no path; one that fails answers 503, "
                        "tests/web/test_sessions.py)",
     "purge_revoked_sessions": "the dashboard's logout (no path; tests/web/test_sessions.py)",
+    "stats_series": "the dashboard's charts (no path; tests/integration/test_stats.py)",
+    "stats_backlog": "the dashboard's charts (no path; tests/integration/test_stats.py)",
+    "stats_rates": "the dashboard's queues view (no path; tests/integration/test_stats.py)",
+    "stats_workers": "the dashboard's workers view (no path; tests/integration/test_stats.py)",
+    "running_holders": "the dashboard's workers view (no path; tests/integration/test_stats.py)",
     "add_pause": "the admin's pause (no path; tests/integration/test_pauses.py, the e2e "
                  "tests/e2e/test_pause.py)",
     "remove_pause": "the admin's resume (no path; tests/integration/test_pauses.py)",
