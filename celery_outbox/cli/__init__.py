@@ -8,7 +8,8 @@ passes it in click's context (``ctx.obj.app``); the Outbox is the one installed 
 
 Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB] [--status S]
 [--limit N] [--after CURSOR] [--organization-id/--tenant ORG] [--key KEY] [--error TEXT]
-[--created-after TIME] [--created-before TIME]``, ``show ID``, ``trigger JOB
+[--created-after TIME] [--created-before TIME]``, ``show ID``, ``logs ID [--follow]
+[--interval-seconds SECONDS]``, ``trigger JOB
 [--payload JSON] [--delay-seconds SECONDS | --at TIME] [--key KEY] [--priority NAME]``,
 ``retry ID``, ``cancel ID``, ``sweep``, ``trim``, ``create-schema``,
 ``web [--host H] [--port N] [--no-auth]`` (the dashboard and HTTP API, extra ``web``),
@@ -61,7 +62,9 @@ from celery_outbox.cli.output import (
     executions_table,
     jobs_table,
     one_line,
+    piped,
     print_detail,
+    print_grid,
     print_json,
     status_notes,
     status_table,
@@ -278,10 +281,9 @@ def status_command(box: Outbox, overdue_after: float | None, as_json: bool) -> N
     if as_json:
         print_json(status.to_dict())
         return
-    out = console()
-    out.print(status_table(status))
-    for note in status_notes(status, _app_argument()):
-        out.print(note, soft_wrap=True)
+    grid = status_table(status)
+    grid.notes = status_notes(status, _app_argument())
+    print_grid(grid)
 
 
 @outbox.command("jobs")
@@ -293,7 +295,7 @@ def jobs_command(box: Outbox, as_json: bool) -> None:
     if as_json:
         print_json([j.to_dict() for j in jobs])
         return
-    console().print(jobs_table(jobs))
+    print_grid(jobs_table(jobs))
 
 
 @outbox.command("executions")
@@ -340,13 +342,19 @@ def executions_command(box: Outbox, job: str | None, status: str | None, limit: 
         print_json(page.to_dict())
         return
     out = console()
-    out.print(executions_table(page, more=after is not None))
+    grid = executions_table(page, more=after is not None)
     filters = _filters(key=key, error=error, created_after=created_after,
                        created_before=created_before)
     if filters:
-        out.print(f"matching {filters}", soft_wrap=True)
+        grid.notes.append(f"matching {filters}")
+    print_grid(grid, out)
     if page.next_cursor:
-        out.print(f"next page: add --after {page.next_cursor}", soft_wrap=True)
+        hint = f"next page: add --after {page.next_cursor}"
+        if piped(out) or len(hint) <= out.width:
+            out.print(hint, soft_wrap=True, markup=False)
+        else:  # the cursor on a line of its own, never folded: copied whole
+            out.print("next page: add --after", markup=False)
+            out.print(page.next_cursor, soft_wrap=True, markup=False)
 
 
 @outbox.command("show")
@@ -365,6 +373,35 @@ def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
         return
     print_detail(detail)
     print_attempts(detail)
+
+
+@outbox.command("logs")
+@click.argument("execution_id", metavar="ID")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new records while the execution is active, then its final "
+                   "status; exit 0 once it succeeded, 1 once it failed or was cancelled.")
+@click.option("--interval-seconds", "interval", default=1.0, show_default=True,
+              type=click.FloatRange(0.1, 60.0), metavar="SECONDS",
+              help="With --follow: seconds between two reads of the row (0.1..60).")
+@json_option
+@admin_command
+def logs_command(box: Outbox, execution_id: str, follow: bool, interval: float,
+                 as_json: bool) -> None:
+    """The log records captured from ID's handler: time, level, logger, message.
+
+    The worker writes an attempt's records on the row when that attempt ends (retried,
+    failed, succeeded, cancelled), not while it runs, and each attempt's replace the one's
+    before: with --follow each attempt's records appear when it ends, each printed once.
+    """
+    from celery_outbox.cli.logs import Follower, print_logs
+
+    execution = _execution_id(execution_id)
+    if not follow:
+        print_logs(box.admin.get_execution(execution), as_json)
+        return
+    code = Follower(box.admin, execution, interval, as_json).run()
+    if code:
+        click.get_current_context().exit(code)
 
 
 @outbox.command("trigger")

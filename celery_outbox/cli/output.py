@@ -10,26 +10,29 @@ password; a missing table says to create the schema.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Iterable
-from datetime import datetime, timedelta
-from typing import IO, Any
+import weakref
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
+from typing import IO, TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from celery_outbox.admin import (
+from celery_outbox.admin.views import (
     LATE_AFTER_INTERVALS,
     ExecutionDetail,
     ExecutionListing,
     ExecutionView,
     JobView,
+    LogEntry,
     OutboxStatus,
 )
 from celery_outbox.states import Status
+
+if TYPE_CHECKING:  # rich is imported by what prints a table, not by --json or one line
+    from rich.console import Console
 
 
 class CommandError(click.ClickException):
@@ -138,15 +141,47 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps({"ok": True, "data": data}, indent=2, default=str))
 
 
+PIPED_WIDTH = 160
+"""The width of what is printed to no terminal (a pipe, a file) when ``COLUMNS`` is not set:
+rows stay on one line where they can."""
+
+
 def console() -> Console:
+    """A rich console on stdout: the terminal's width (or ``COLUMNS``), else
+    :data:`PIPED_WIDTH`; no highlighting. Imports rich (only the table commands do)."""
+    from rich.console import Console
+
     out = Console(highlight=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
-        out.width = 160  # piped: no terminal to fit, keep rows on one line when possible
+        out.width = PIPED_WIDTH  # no terminal to fit, keep rows on one line when possible
+        _piped.add(out)
     return out
+
+
+_piped: weakref.WeakSet[Console] = weakref.WeakSet()
+
+
+def piped(out: Console) -> bool:
+    """Whether :func:`console` made ``out`` for no terminal and no given width (``COLUMNS``):
+    notes are then printed on one line each, for grep."""
+    return out in _piped
+
+
+def print_line(out: Console, text: str, *, style: str = "") -> None:
+    """``text`` as typed (no markup), wrapped at spaces to the console's width (on one line
+    when :func:`piped`)."""
+    from rich.text import Text
+
+    out.print(Text(text, style=style), soft_wrap=piped(out))
 
 
 def when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%SZ") if value is not None else "-"
+
+
+def when_minute(value: datetime | None) -> str:
+    """``2026-12-04 16:32Z``: :func:`when` without the seconds (a narrow table's)."""
+    return value.strftime("%Y-%m-%d %H:%MZ") if value is not None else "-"
 
 
 def age(value: timedelta | None) -> str:
@@ -162,60 +197,251 @@ def age(value: timedelta | None) -> str:
     return " ".join(shown) or "0s"
 
 
-def _cell(value: object) -> Text:
-    """A table cell as plain text (no rich markup: ``[x]`` in a message stays as typed)."""
+def ago(value: datetime | None, now: datetime) -> str:
+    """``4m 10s ago`` (``value`` before ``now``), ``-`` for None."""
     if value is None:
-        return Text("-")
+        return "-"
+    return f"{age(max(now - value, timedelta(0)))} ago"
+
+
+def _cell(value: object) -> str:
+    """A table cell as plain text (never rich markup: ``[x]`` in a message stays as typed)."""
+    if value is None:
+        return "-"
     if isinstance(value, datetime):
-        return Text(when(value))
+        return when(value)
     if isinstance(value, timedelta):
-        return Text(f"{value.total_seconds():g}s")
-    return Text(str(value))
+        return f"{value.total_seconds():g}s"
+    return str(value)
 
 
-def table(title: str, headers: Iterable[str], rows: Iterable[Iterable[object]]) -> Table:
-    out = Table(title=title, title_justify="left")
-    for header in headers:
-        if header == "id":  # whole, on one line, so it can be copied
-            out.add_column(header, no_wrap=True, min_width=36)
+# -- tables that fit ---------------------------------------------------------------------------
+#
+# A table is laid out for the console's width before rich draws it: each column's width is
+# its widest cell (its header may wrap at its spaces). While the table is wider than the
+# console, the table's steps apply in order: a column's cells get shorter (a time without its
+# seconds, then as an age), or a column is left out (the line after the table names those).
+# An id and a job name are never shortened nor cut: their columns are kept, on one line each.
+# Free text (an error, a key, a cron schedule) wraps at its spaces within its column.
+
+BORDER = 3
+"""What each column adds to a table's width: a border and a space either side."""
+
+SHORT_ID = 8
+"""How many characters of an id are shown in the last resort (the kept columns alone are
+wider than the console); ``show`` and ``--json`` give it whole."""
+
+
+@dataclasses.dataclass
+class Column:
+    """One column of a :class:`Grid`.
+
+    - ``levels``: the cells, longest first; a ``shrink`` step moves to the next list.
+    - ``keep``: never left out nor shortened (an id, a job name): one line per cell.
+    - ``wraps``: free text, wrapped at its spaces (a word longer than the column is folded),
+      ``min_width`` wide at least, given what room is left.
+    """
+
+    header: str
+    levels: list[list[str]]
+    keep: bool = False
+    wraps: bool = False
+    min_width: int = 12
+    level: int = 0
+    legend: str = ""
+    """Said under the table once the column's cells are shorter than its first ones."""
+
+    @property
+    def cells(self) -> list[str]:
+        return self.levels[self.level]
+
+    def natural(self) -> int:
+        """The widest cell (a cell's lines), or the header's longest word."""
+        words = max((len(w) for w in self.header.split()), default=0)
+        lines = [len(line) for cell in self.cells for line in cell.splitlines() or [""]]
+        return max([words, *lines])
+
+    def narrowest(self) -> int:
+        return min(self.natural(), self.min_width) if self.wraps else self.natural()
+
+
+Step = tuple[str, str]
+"""``("shrink", header)``: that column's next, shorter cells; ``("drop", header)``: leave
+that column out."""
+
+
+@dataclasses.dataclass
+class Grid:
+    """A table before it is fitted: its title, columns and narrowing steps (in order)."""
+
+    title: str
+    columns: list[Column]
+    steps: list[Step]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def width(self, columns: list[Column] | None = None) -> int:
+        cols = self.columns if columns is None else columns
+        return sum(c.narrowest() for c in cols) + BORDER * len(cols) + 1
+
+
+@dataclasses.dataclass
+class Fitted:
+    """A :class:`Grid` laid out for ``width`` columns: each column with its width, what was
+    left out, whether ids were shortened."""
+
+    grid: Grid
+    widths: list[int]
+    dropped: list[str]
+    shortened: bool
+    width: int
+
+
+def fit(grid: Grid, width: int) -> Fitted:
+    """Lay ``grid`` out for a console ``width`` characters wide (see above)."""
+    order = list(grid.columns)
+    columns = {c.header: c for c in order}
+    dropped: list[str] = []
+    for kind, header in grid.steps:
+        if grid.width() <= width:
+            break
+        column = columns.get(header)
+        if column is None or not any(c is column for c in grid.columns):
+            continue
+        if kind == "shrink" and column.level + 1 < len(column.levels):
+            column.level += 1
+        elif kind == "drop" and not column.keep:
+            grid.columns.remove(column)
+            dropped.append(header)
+    for header in reversed(list(dropped)):  # one left out early may fit beside the rest now
+        back = [c for c in order if c in grid.columns or c.header == header]
+        if grid.width(back) <= width:
+            grid.columns[:] = back
+            dropped.remove(header)
+    shortened = False
+    if grid.width() > width:
+        for column in grid.columns:  # the last resort: ids shortened, said under the table
+            if column.header == "id":
+                column.levels.append([c[:SHORT_ID] + "\u2026" if len(c) > SHORT_ID + 1 else c
+                                      for c in column.cells])
+                column.level = len(column.levels) - 1
+                shortened = True
+    if grid.width() > width:
+        for column in grid.columns:  # still too wide: a long name folds, never cut
+            if column.keep and column.header != "id":
+                column.wraps, column.min_width = True, 10
+    widths = [c.narrowest() for c in grid.columns]
+    room = width - grid.width()
+    for i, column in enumerate(grid.columns):  # what is left: headers on one line first,
+        if room > 0 and len(column.header) > widths[i]:
+            more = min(room, len(column.header) - widths[i])
+            widths[i] += more
+            room -= more
+    for i, column in enumerate(grid.columns):  # then the wrapping columns' text
+        if column.wraps and room > 0:
+            more = min(room, column.natural() - widths[i])
+            widths[i] += more
+            room -= more
+    return Fitted(grid, widths, dropped, shortened, width)
+
+
+def _header(text: str, width: int) -> str:
+    """``text`` wrapped at its spaces into lines of at most ``width``."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
         else:
-            out.add_column(header, overflow="fold")
-    for row in rows:
-        out.add_row(*(_cell(v) for v in row))
-    return out
+            lines.append(word)
+    return "\n".join(lines)
 
 
-def jobs_table(jobs: list[JobView]) -> Table:
+def print_grid(grid: Grid, out: Console | None = None) -> None:
+    """Print ``grid``'s title, the table fitted to the console's width, the line naming
+    what was left out to fit, then the grid's notes."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out = out if out is not None else console()
+    fitted = fit(grid, out.width)
+    if grid.title:
+        print_line(out, grid.title)
+    table = Table()
+    for column, width in zip(grid.columns, fitted.widths, strict=True):
+        table.add_column(_header(column.header, width), width=width, min_width=width,
+                         max_width=width, no_wrap=not column.wraps,
+                         overflow="fold" if column.wraps else "ellipsis")
+    for row in zip(*(c.cells for c in grid.columns), strict=True):
+        table.add_row(*(Text(cell) for cell in row))
+    out.print(table)
+    if fitted.dropped:
+        print_line(out, f"left out to fit {fitted.width} columns: {', '.join(fitted.dropped)} "
+                        f"(a wider terminal, or --json, shows them)")
+    for column in grid.columns:
+        if column.level and column.legend:
+            print_line(out, column.legend)
+    if fitted.shortened:
+        print_line(out, f"ids shortened to fit {fitted.width} columns: --json, or a wider "
+                        f"terminal, shows them whole")
+    for note in grid.notes:
+        print_line(out, note)
+
+
+def _columns(headers: list[str], rows: list[list[object]]) -> list[Column]:
+    """One column per header, cells as :func:`_cell` writes them."""
+    return [Column(h, [[_cell(row[i]) for row in rows]]) for i, h in enumerate(headers)]
+
+
+def jobs_table(jobs: list[JobView]) -> Grid:
+    """Narrowing: ``last run`` without seconds; then ``timeout``, ``retries``, ``queue``,
+    ``priority``, ``last run``, ``mode`` left out (``job``, ``succeeded``, ``failed`` stay)."""
     def schedule(j: JobView) -> str:
         if j.cron is None:
             return j.mode
         return f"cron {j.cron}" + (f" ({j.timezone})" if j.timezone else "")
 
-    def last(j: JobView) -> str:
-        return f"{when(j.last_run_at)} {j.last_status}" if j.last_run_at else "-"
+    def last(j: JobView, stamp: Callable[[datetime | None], str]) -> str:
+        return f"{stamp(j.last_run_at)} {j.last_status}" if j.last_run_at else "-"
 
-    return table(
-        f"{len(jobs)} job(s)",
-        ["job", "mode", "priority", "retries", "timeout", "queue", "succeeded", "failed",
-         "last run"],
-        ([j.name, schedule(j), j.priority, j.retries, j.timeout, j.queue, j.succeeded,
-          j.failed, last(j)] for j in jobs),
-    )
+    headers = ["job", "mode", "priority", "retries", "timeout", "queue", "succeeded", "failed"]
+    columns = _columns(headers, [[j.name, schedule(j), j.priority, j.retries, j.timeout,
+                                  j.queue, j.succeeded, j.failed] for j in jobs])
+    columns[0].keep = True
+    columns[1].wraps, columns[1].min_width = True, 14  # "cron 0 3 * * *" on one line
+    columns.append(Column("last run", [[last(j, when) for j in jobs],
+                                       [last(j, when_minute) for j in jobs]]))
+    steps: list[Step] = [("shrink", "last run"), ("drop", "timeout"), ("drop", "retries"),
+                         ("drop", "queue"), ("drop", "priority"), ("drop", "last run"),
+                         ("drop", "mode")]
+    return Grid(f"{len(jobs)} job(s)", columns, steps)
 
 
-def status_table(status: OutboxStatus) -> Table:
+def status_table(status: OutboxStatus) -> Grid:
+    """Narrowing: ``overdue`` and ``expired leases`` when every count is 0 (the notes say
+    so), then ``cancelled``, ``succeeded``, ``oldest pending``, ``overdue``, ``expired
+    leases``, ``scheduled`` (before those, a job not registered is marked ``*`` instead of
+    ``(not registered)``); ``job``, ``pending``, ``running``, ``failed`` stay."""
     statuses = [s.value for s in Status]
-    rows = [
-        [j.name if j.registered else f"{j.name} (not registered)",
-         *(f"{j.counts[s]:,}" for s in statuses), age(j.oldest_pending_age),
+    rows: list[list[object]] = [
+        [j.name, *(f"{j.counts[s]:,}" for s in statuses), age(j.oldest_pending_age),
          j.expired_leases, j.overdue]
         for j in status.jobs
     ]
     rows.append(["all jobs", *(f"{status.totals[s]:,}" for s in statuses), "",
                  status.expired_leases, status.overdue])
-    return table(
-        f"outbox status at {when(status.generated_at)}",
-        ["job", *statuses, "oldest pending", "expired leases", "overdue"], rows)
+    columns = _columns(["job", *statuses, "oldest pending", "expired leases", "overdue"], rows)
+    gone = [not j.registered for j in status.jobs] + [False]
+    columns[0] = Column("job", [
+        [f"{n} (not registered)" if g else n for n, g in zip(columns[0].cells, gone, strict=True)],
+        [f"{n} *" if g else n for n, g in zip(columns[0].cells, gone, strict=True)],
+    ], keep=True, legend="*: a job not registered in this app" if any(gone) else "")
+    steps: list[Step] = [("drop", h) for h, n in (("overdue", status.overdue),
+                                                  ("expired leases", status.expired_leases))
+                         if not n]
+    steps.append(("shrink", "job"))  # "(not registered)" as "*"
+    steps += [("drop", h) for h in (Status.CANCELLED.value, Status.SUCCEEDED.value,
+                                    "oldest pending", "overdue", "expired leases",
+                                    Status.SCHEDULED.value)]
+    return Grid(f"outbox status at {when(status.generated_at)}", columns, steps)
 
 
 def status_notes(status: OutboxStatus, app: str | None) -> list[str]:
@@ -288,22 +514,44 @@ def listing_title(page: ExecutionListing, *, more: bool) -> str:
     return f"showing {shown} of {total} {what} {of}{org}, newest first"
 
 
-def executions_table(page: ExecutionListing, *, more: bool) -> Table:
-    """The page as a table; a ``job`` column when it lists every job's executions."""
+def executions_table(page: ExecutionListing, *, more: bool,
+                     now: datetime | None = None) -> Grid:
+    """The page as a table; a ``job`` column when it lists every job's executions.
+
+    Narrowing: ``finished`` and ``created`` without seconds; then ``finished``, ``priority``,
+    ``attempt`` left out, ``created`` as an age (``4m 10s ago``, from ``now``), ``key``,
+    ``created``, ``last error`` left out; ``id``, ``job`` and ``status`` stay (in the last
+    resort, ids shortened to their first 8 characters, said under the table)."""
+    now = now if now is not None else datetime.now(timezone.utc)
+    items = page.items
     every_job = page.job_name is None
-    return table(
-        listing_title(page, more=more),
-        ["id", *(["job"] if every_job else []), "status", "priority", "attempt", "created",
-         "finished", "key", "last error"],
-        ([str(r.id), *([r.job_name] if every_job else []), r.status, r.priority,
-          f"{r.attempt}/{r.max_attempts}", r.created_at, r.finished_at, r.unique_key,
-          _error_cell(r)] for r in page.items),
-    )
+    columns = [Column("id", [[str(r.id) for r in items]], keep=True)]
+    if every_job:
+        columns.append(Column("job", [[r.job_name for r in items]], keep=True))
+    columns += [
+        Column("status", [[r.status for r in items]]),
+        Column("priority", [[r.priority for r in items]]),
+        Column("attempt", [[f"{r.attempt}/{r.max_attempts}" for r in items]]),
+        Column("created", [[when(r.created_at) for r in items],
+                           [when_minute(r.created_at) for r in items],
+                           [ago(r.created_at, now) for r in items]]),
+        Column("finished", [[when(r.finished_at) for r in items],
+                            [when_minute(r.finished_at) for r in items]]),
+        Column("key", [[_cell(r.unique_key) for r in items]], wraps=True, min_width=8),
+        Column("last error", [[_cell(_error_cell(r)) for r in items]], wraps=True,
+               min_width=20),
+    ]
+    columns[2 if every_job else 1].keep = True  # status
+    steps: list[Step] = [("shrink", "finished"), ("shrink", "created"), ("drop", "finished"),
+                         ("drop", "priority"), ("drop", "attempt"), ("shrink", "created"),
+                         ("drop", "key"), ("drop", "created"), ("drop", "last error")]
+    return Grid(listing_title(page, more=more), columns, steps)
 
 
-def print_detail(d: ExecutionDetail) -> None:
-    out = console()
-    fields = [
+def detail_table(d: ExecutionDetail) -> Grid:
+    """The fields of one execution, two columns; the value column as wide as the id and
+    the job name at least (neither is ever cut), free text (the payload) wrapped."""
+    fields: list[tuple[str, object]] = [
         ("id", d.id), ("job", d.job_name), ("status", d.status), ("priority", d.priority),
         ("attempt", f"{d.attempt}/{d.max_attempts}"), ("key", d.unique_key),
         ("organization", d.organization_id), ("created", d.created_at),
@@ -314,14 +562,34 @@ def print_detail(d: ExecutionDetail) -> None:
         ("can retry", d.can_retry), ("can cancel", d.can_cancel),
         ("payload", json.dumps(d.payload, default=str)),
     ]
-    out.print(table(f"execution {d.id}", ["field", "value"], fields))
-    out.print(Text(f"logs ({len(d.logs)} entries):" if d.logs else "logs: none captured",
-                   style="bold"))
+    value = Column("value", [[_cell(v) for _, v in fields]], wraps=True,
+                   min_width=max(len(str(d.id)), len(d.job_name)))
+    return Grid(f"execution {d.id}", [Column("field", [[f for f, _ in fields]], keep=True),
+                                      value], [])
+
+
+def record_lines(entry: LogEntry) -> list[str]:
+    """One captured log record as ``logs`` and ``show`` print it: ``<time> <LEVEL>
+    <logger>: <message>`` (the time to the millisecond, UTC), then its exception text, if
+    any, each line indented by four spaces."""
+    stamp = (entry.time.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+             if entry.time is not None else "-")
+    lines = [f"{stamp} {entry.level:<8} {entry.logger}: {entry.message}"]
+    if entry.exception:
+        lines += ["    " + line for line in entry.exception.rstrip("\n").splitlines()]
+    return lines
+
+
+def print_detail(d: ExecutionDetail) -> None:
+    """``show``: the fields' table, the captured records, the last error's traceback."""
+    out = console()
+    print_grid(detail_table(d), out)
+    print_line(out, f"logs ({len(d.logs)} entries):" if d.logs else "logs: none captured",
+               style="bold")
     for e in d.logs:
-        out.print(Text(f"{when(e.time)} {e.level:<8} {e.logger}: {e.message}"), soft_wrap=True)
-        if e.exception:
-            out.print(Text(e.exception), soft_wrap=True)
+        for line in record_lines(e):
+            print_line(out, line)
     if d.traceback:
         heading = "last error (earlier attempt):" if _earlier_attempt(d.status) else "error:"
-        out.print(Text(heading, style="bold"))
-        out.print(Text(d.traceback), soft_wrap=True)
+        print_line(out, heading, style="bold")
+        print_line(out, d.traceback)
