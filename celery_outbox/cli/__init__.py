@@ -648,3 +648,65 @@ def _print_counts(what: str, result: Any, as_json: bool) -> None:
         click.echo(f"{what}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     else:
         click.echo(f"{what}: {counts}")
+
+
+# -- pause and resume -------------------------------------------------------------------------
+
+
+def _pause_target(job: str | None, queue: str | None) -> tuple[str, str]:
+    """``("job", JOB)`` or ``("queue", NAME)``: exactly one of them given, else BadInput."""
+    if (job is None) == (queue is None):
+        raise BadInput("give a JOB or --queue NAME (one of them)")
+    return ("job", job) if job is not None else ("queue", queue or "")
+
+
+def _print_action(done: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(done.to_dict())
+        return
+    click.echo(done.message)
+
+
+@outbox.command("pause")
+@click.argument("job", required=False)
+@click.option("--queue", default=None, metavar="NAME",
+              help="Pause every job whose messages go to this Celery queue.")
+@json_option
+@admin_command
+def pause_command(box: Outbox, job: str | None, queue: str | None, as_json: bool) -> None:
+    """Pause a job (or --queue NAME): no worker claims its executions from now on; they wait
+    pending, no attempt spent; a paused cron job's ticks are skipped. Pausing a paused job
+    says since when and by whom, and changes nothing."""
+    kind, name = _pause_target(job, queue)
+    _print_action(box.admin.pause(kind, name, by=TRIGGERED_BY, by_name=_who()), as_json)
+
+
+@outbox.command("resume")
+@click.argument("job", required=False)
+@click.option("--queue", default=None, metavar="NAME", help="Resume this Celery queue.")
+@json_option
+@admin_command
+def resume_command(box: Outbox, job: str | None, queue: str | None, as_json: bool) -> None:
+    """Resume a paused job (or --queue NAME): its due executions are dispatched at once."""
+    kind, name = _pause_target(job, queue)
+    done = box.admin.resume(kind, name, by=TRIGGERED_BY, by_name=_who())
+    box.flush(timedelta(seconds=10))
+    _print_action(done, as_json)
+
+
+@outbox.command("pauses")
+@json_option
+@admin_command
+def pauses_command(box: Outbox, as_json: bool) -> None:
+    """List the paused jobs and queues: since when and by whom."""
+    found = box.admin.list_pauses()
+    if as_json:
+        print_json([p.to_dict() for p in found])
+        return
+    if not found:
+        click.echo("nothing is paused")
+        return
+    for p in found:
+        click.echo(f"{p.kind:<5}  {p.name}  paused since "
+                   f"{p.paused_at.isoformat(timespec='seconds')} by "
+                   f"{p.paused_by_name or p.paused_by or 'unknown'}")
