@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -166,10 +168,31 @@ def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker],
             yield s
         finally:
             outbox.flush(timedelta(seconds=5))
-            for proc in started:  # all shut down together; each is then awaited (and killed)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
+            stop_together(started)
     outbox.engine.dispose()
+
+
+STOP_GRACE = 10.0
+"""Seconds the workers of a stack get, together, to exit after their one SIGTERM."""
+
+
+def stop_together(started: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each of ``started`` once, all together, then wait for them to exit (within
+    :data:`STOP_GRACE` in all); ``procs.stop`` then kills whatever is left, by its group.
+
+    One SIGTERM only: ``procs.stop`` sends its own to a process still running, and a second
+    SIGTERM that reached a worker's main process while it was starting its drain left it
+    hung until the SIGKILL (the drain's ``start`` takes a lock the first signal's handler,
+    interrupted, still held), which cost a whole grace period per stack.
+    """
+    for proc in started:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for proc in started:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
 
 
 def wait_ready(worker: Worker, proc: Any) -> None:

@@ -40,7 +40,7 @@ from tests.conftest import variants
 from tests.e2e.beat_app import CRON_JOB, KEPT_JOB, PING_TASK, QUEUE_JOB, build
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
-LEAD = 15.0  # seconds from the test's start to beat's (shifted) minute boundary: covers start-up
+LEAD = 8.0  # seconds from the test's start to beat's (shifted) minute boundary: covers start-up
 ENTRIES = (SWEEP_TASK, TRIM_TASK, ENTRY_PREFIX + CRON_JOB, PING_TASK)
 
 

@@ -1,5 +1,6 @@
-"""A running row another transaction keeps locked past the engine's ``lock_timeout`` (5 s; a
-writer black-holed mid-transaction, a session holding it ``FOR UPDATE``) costs only its own
+"""A running row another transaction keeps locked past the engine's ``lock_timeout`` (5 s as
+shipped, :data:`LOCK_TIMEOUT_MS` here, through the URL's ``options``, so the beats come sooner;
+a writer black-holed mid-transaction, a session holding it ``FOR UPDATE``) costs only its own
 renewal: the batch UPDATE skips it and renews the others (committed), the row's own UPDATE
 then fails on the lock, and the other handlers of the process keep their leases and are
 never told to stop. Found by review: that one failure made the whole beat count as failed
@@ -25,7 +26,10 @@ from tests.integration.fakes import RecordingDispatcher
 
 pytestmark = pytest.mark.postgres
 
-LEASE = timedelta(seconds=15)  # beats every 5 s; the watch tells 12.5 s after a renewal
+LEASE = timedelta(seconds=6)  # beats every 2 s; the watch tells 5 s after a renewal
+LOCK_TIMEOUT_MS = 1000
+"""The engine's ``lock_timeout``: shorter than a beat's interval, as the shipped 5 s is for
+the shipped leases, so each beat's UPDATE of the locked row gives up before the next beat."""
 
 
 def _get(store: Any, execution_id: uuid.UUID) -> dict[str, Any]:
@@ -45,7 +49,8 @@ def test_one_row_locked_elsewhere_never_gets_the_other_handlers_told(pg_url: str
         release.wait(60)
 
     table = f"ob_{uuid.uuid4().hex[:12]}"
-    ob = Outbox(Celery(f"w-{uuid.uuid4().hex[:8]}", broker="memory://"), database_url=pg_url,
+    url = f"{pg_url}?options=-c%20lock_timeout%3D{LOCK_TIMEOUT_MS}"
+    ob = Outbox(Celery(f"w-{uuid.uuid4().hex[:8]}", broker="memory://"), database_url=url,
                 registry=registry, dispatcher=RecordingDispatcher(), table_name=table,
                 lease=LEASE)
     ob.create_schema()
