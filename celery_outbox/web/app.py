@@ -397,6 +397,8 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(OutboxError)
     async def outbox_error(request: Request, exc: OutboxError) -> Response:
         status = next((code for kind, code in STATUS_OF if isinstance(exc, kind)), 400)
+        if isinstance(exc, ConfigurationError) and exc.field in request.path_params:
+            status = 404  # the path names nothing this API has (an unknown queue)
         if isinstance(exc, StorageError):
             # Its text names the database URL, tables and SQL: the log gets it, clients not.
             logger.error("%s %s: %s", request.method, relative_path(request), exc)

@@ -148,7 +148,7 @@ def resume_job(job_name: str, who: Unscoped, board: Board) -> PauseActionOut:
           tags=["pauses"])
 def pause_queue(queue_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     """Pause every job whose messages go to the Celery queue (a job's ``queue``, else the
-    app's default). 400 naming ``path.queue_name`` for a queue no registered job uses."""
+    app's default). 404 naming ``path.queue_name`` for a queue no registered job uses."""
     return action_out(change(board.admin, "pause", "queue", queue_name, who))
 
 

@@ -94,3 +94,14 @@ def test_a_window_shorter_than_a_microsecond_answers_422_naming_since_seconds(
         assert [e["field"] for e in r.json()["errors"]] == ["query.since_seconds"], r.text
     r = client.get("/api/v1/failures", params={"since_seconds": "1e-6"}, headers=bearer())
     assert r.status_code == 200, r.text
+
+
+@sqlite_only
+def test_a_path_naming_no_queue_answers_404_naming_it(client: TestClient) -> None:
+    # Was 400: a request valid by the document (any name) refused as malformed; a path
+    # that names nothing this API has is a 404, as an unknown job is.
+    for action in ("pause", "resume"):
+        r = client.post(f"/api/v1/queues/no-such-queue/{action}", headers=bearer())
+        assert r.status_code == 404, (action, r.text)
+        assert [e["field"] for e in r.json()["errors"]] == ["path.queue_name"], r.text
+        assert "no-such-queue" in r.json()["detail"]

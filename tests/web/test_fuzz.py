@@ -11,23 +11,28 @@ accepted, authentication is enforced (each request replayed without and with wro
 credentials) and nothing answers in more than :data:`MAX_RESPONSE_SECONDS`.
 
 Bounded and repeatable in the default suite (a fixed seed, :data:`EXAMPLES` per operation
-and phase); ``OUTBOX_TEST_LONG=1`` runs :data:`LONG_EXAMPLES`.
+and phase, as the operator token); ``OUTBOX_TEST_LONG=1`` runs :data:`LONG_EXAMPLES`, and
+again as one tenant's user with each object it reads replayed as another tenant's.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
+from schemathesis.core.result import Err
 from schemathesis.engine import events, from_schema
 
 from celery_outbox import Outbox, OutboxJob
 from celery_outbox.web import Auth, create_app
-from tests.conftest import LONG
-from tests.web.conftest import bearer
+from tests.conftest import LONG, variants
+from tests.web.conftest import PASSWORDS, bearer
 
 EXAMPLES = 12
 """Requests per operation and phase in the default suite."""
@@ -60,10 +65,24 @@ SEMANTIC = {
 ``positive_data_acceptance``): each refusal names its field, which the API tests check."""
 
 
-def config(examples: int) -> SchemathesisConfig:
-    """Every phase and every check of the installed schemathesis, deterministic."""
+def basic(user: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()
+
+
+def config(examples: int, tenants: Path | None) -> SchemathesisConfig:
+    """Every phase and every check of the installed schemathesis, deterministic; as the
+    operator token, or (``tenants``: a Web Fuzzing Commons file naming two tenants'
+    users) as ``acme-ops``, each object it reads replayed as ``globex-ops`` (the check
+    ``object_level_authorization``)."""
     operations = [{"include-name": label, "checks": {"positive_data_acceptance": {
         "expected-statuses": POSITIVE + codes}}} for label, codes in SEMANTIC.items()]
+    who: dict[str, Any] = {"headers": bearer()}
+    if tenants is not None:
+        tenants.write_text(json.dumps({"auth": [
+            {"name": name, "fixedHeaders": [{"name": "Authorization", "value": basic(user)}]}
+            for name, user in (("acme", "acme-ops"), ("globex", "globex-ops"))]}))
+        who = {"auth": {"wfc": {"path": str(tenants), "user": "acme",
+                                "peers": ["acme", "globex"]}}}
     return SchemathesisConfig.from_dict({
         "seed": 20261204,
         "cache": {"enabled": False},
@@ -71,17 +90,22 @@ def config(examples: int) -> SchemathesisConfig:
         "phases": {"enabled": True},
         "checks": {"enabled": True, "max_response_time": MAX_RESPONSE_SECONDS},
         "workers": 1,
-        "headers": bearer(),
         "operations": operations,
+        **who,
     })
 
 
-def fuzz(app: Any, examples: int) -> tuple[set[str], list[str], dict[str, set[int]]]:
+def fuzz(app: Any, examples: int, tenants: Path | None = None
+         ) -> tuple[set[str], list[str], dict[str, set[int]]]:
     """The document's operations, each failure found (readable), and the statuses answered
     per operation."""
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config(examples),
-                                            headers=bearer())
-    labels = {result.ok().label for result in schema.get_all_operations()}
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app,
+                                            config=config(examples, tenants), headers=bearer())
+    labels = set()
+    for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            raise result.err()  # an operation the document describes wrongly
+        labels.add(result.ok().label)
     failures: list[str] = []
     statuses: dict[str, set[int]] = defaultdict(set)
     for event in from_schema(schema).execute():
@@ -104,13 +128,18 @@ def fuzz(app: Any, examples: int) -> tuple[set[str], list[str], dict[str, set[in
     return labels, sorted(set(failures)), statuses
 
 
+@pytest.mark.parametrize("who", variants(("operator",), ("tenants",)))
 @pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
 def test_every_operation_passes_every_check(
-    web_outbox: Outbox, jobs: dict[str, OutboxJob[Any]], auth: Auth
+    web_outbox: Outbox, jobs: dict[str, OutboxJob[Any]], auth: Auth, who: str,
+    tmp_path: Path,
 ) -> None:
     jobs["receipt"].push({"order_id": 1})  # a failed execution: retry, bulk actions, failures
+    jobs["receipt"].push({"order_id": 2}, organization_id="acme")
+    jobs["receipt"].push({"order_id": 3}, organization_id="globex")  # never acme-ops's
     app = create_app(web_outbox, auth=auth)
-    labels, failures, statuses = fuzz(app, LONG_EXAMPLES if LONG else EXAMPLES)
+    tenants = tmp_path / "tenants.json" if who == "tenants" else None
+    labels, failures, statuses = fuzz(app, LONG_EXAMPLES if LONG else EXAMPLES, tenants)
     assert labels >= KNOWN, f"operations missing from the document: {KNOWN - labels}"
     assert not failures, f"{len(failures)} failures:\n\n" + "\n\n".join(failures)
     assert set(statuses) >= labels, f"never requested: {labels - set(statuses)}"
