@@ -55,14 +55,23 @@ class Processes:
         self.started.append(proc)
         return proc
 
-    def stop_all(self) -> None:
-        """SIGTERM every live process at once, then wait for (and SIGKILL) each."""
+    def stop_all(self, grace: float = 20.0) -> None:
+        """SIGTERM every live process at once, wait up to ``grace`` seconds in all for them
+        to exit, then SIGKILL what is left of each, by its PID and group.
+
+        One SIGTERM each: ``procs.stop`` sends another to a process still running, and a
+        second SIGTERM that reaches a worker's main process while it starts its drain can
+        leave it hung until the SIGKILL."""
         for proc in self.started:
             if proc.poll() is None:
                 with suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
         for proc in self.started:
-            procs.stop(proc, grace=20)
+            with suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
+        for proc in self.started:
+            procs.stop(proc, grace=0)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

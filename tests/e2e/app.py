@@ -6,6 +6,9 @@ A worker reads its settings from the environment at import:
 - ``OUTBOX_E2E_DB``: the database URL; it holds the outbox table (:data:`TABLE`) and the
   output of the jobs, the :data:`RUNS` table (one row per handler call).
 - ``OUTBOX_E2E_QUEUE``: the queue executions are routed to (``task_default_queue``).
+- ``OUTBOX_E2E_IO_TIMEOUT``, ``OUTBOX_E2E_CONNECT_TIMEOUT`` (seconds, optional): the outbox
+  engine's bounds (``celery_outbox.engine``; 10 s and 5 s as shipped) instead of the shipped
+  ones, for a test of a hung database that need not wait them out.
 
 The test process builds the same app with :func:`build` and pushes through it. Jobs live in a
 registry of their own (:data:`REGISTRY`) so they never mix with jobs other tests declare.
@@ -22,6 +25,7 @@ from pydantic import BaseModel
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, insert
 
 from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
+from celery_outbox import engine as engine_module
 
 TABLE = "e2e_outbox"
 LEASE = timedelta(seconds=3)  # the heartbeat renews it (and hears a cancel) every 1 s
@@ -149,7 +153,21 @@ def build(broker: str, database_url: str, queue: str) -> tuple[Celery, Outbox]:
     return app, outbox
 
 
+ENGINE_BOUNDS = ("IO_TIMEOUT", "CONNECT_TIMEOUT")
+"""The engine's bounds a worker takes from ``OUTBOX_E2E_<name>`` (seconds)."""
+
+
+def bound_engine(environ: dict[str, str]) -> None:
+    """Set the engine bounds ``environ`` names (:data:`ENGINE_BOUNDS`) for the engines made
+    from now on in this process."""
+    for name in ENGINE_BOUNDS:
+        seconds = environ.get(f"OUTBOX_E2E_{name}")
+        if seconds:
+            setattr(engine_module, name, timedelta(seconds=float(seconds)))
+
+
 if os.environ.get("OUTBOX_E2E_BROKER"):
+    bound_engine(dict(os.environ))
     app, outbox = build(
         os.environ["OUTBOX_E2E_BROKER"], os.environ["OUTBOX_E2E_DB"], os.environ["OUTBOX_E2E_QUEUE"]
     )

@@ -1,9 +1,11 @@
-"""A real ``celery worker`` whose PostgreSQL hangs (behind a fault-injecting proxy), with the
-shipped engine defaults: its claim gives up within the engine's bounds instead of holding the
-worker for ever, and once the database answers the worker runs the execution (redispatched by
-the sweep) and new ones. Nothing is lost, nothing runs twice.
+"""A real ``celery worker`` whose PostgreSQL hangs (behind a fault-injecting proxy): its claim
+gives up within the engine's bounds instead of holding the worker for ever, and once the
+database answers the worker runs the execution (redispatched by the sweep) and new ones.
+Nothing is lost, nothing runs twice.
 
-The test process reaches PostgreSQL directly; only the worker goes through the proxy.
+The default suite runs it with shorter bounds (:data:`SHORT`: the same path, in a third of the
+time); ``make long`` with the shipped engine defaults too. The test process reaches PostgreSQL
+directly; only the worker goes through the proxy.
 """
 
 from __future__ import annotations
@@ -19,15 +21,25 @@ from celery import Celery
 from celery_outbox import Outbox
 from celery_outbox.engine import CONNECT_TIMEOUT, IO_TIMEOUT
 from tests import procs
-from tests.conftest import PG_ADDRESS
+from tests.conftest import PG_ADDRESS, variants
 from tests.e2e.app import LEASE, REGISTRY, RUNS, TABLE, Flaky, flaky
 from tests.e2e.harness import Stack, Worker, marker, wait_ready
 from tests.faults import Proxy, proxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-GIVE_UP = (CONNECT_TIMEOUT + IO_TIMEOUT).total_seconds() + 10
-"""Seconds within which a worker's claim on a hung database fails (plus start-up slack)."""
+SHORT = {"IO_TIMEOUT": 2.0, "CONNECT_TIMEOUT": 2.0}
+"""The worker engine's bounds (seconds) in the default suite: ``tests.e2e.app`` reads them
+from ``OUTBOX_E2E_<name>``."""
+SHIPPED = {"IO_TIMEOUT": IO_TIMEOUT.total_seconds(),
+           "CONNECT_TIMEOUT": CONNECT_TIMEOUT.total_seconds()}
+BOUNDS = {"short": SHORT, "shipped": SHIPPED}
+
+
+def give_up(bounds: dict[str, float]) -> float:
+    """Seconds within which a worker's claim on a hung database fails (plus start-up
+    slack)."""
+    return bounds["CONNECT_TIMEOUT"] + bounds["IO_TIMEOUT"] + 10
 RECOVER = 30.0
 """Seconds within which an execution stuck by the hang runs once the database answers: a
 lease (3 s) to expire, a backoff, a sweep, a claim."""
@@ -38,10 +50,17 @@ STALE_AFTER = timedelta(seconds=1)
 row whose message a worker consumed but could not claim one second later, not five minutes."""
 
 
+@pytest.fixture(params=variants(("short",), ("shipped",)))
+def bounds(request: pytest.FixtureRequest) -> dict[str, float]:
+    """The worker engine's bounds: :data:`SHORT`, and the shipped ones under ``make long``."""
+    return BOUNDS[request.param]
+
+
 @pytest.fixture
-def hung_worker(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[Stack, Proxy]]:
-    """A worker (prefork, one child) on Redis whose database is behind a proxy; the test
-    process's own outbox on the same database, reached directly."""
+def hung_worker(pg_url: str, redis_url: str, tmp_path: Path, bounds: dict[str, float]
+                ) -> Iterator[tuple[Stack, Proxy]]:
+    """A worker (prefork, one child) on Redis whose database is behind a proxy, its engine
+    with ``bounds``; the test process's own outbox on the same database, reached directly."""
     queue = f"e2e-hung-db-{uuid.uuid4().hex[:8]}"
     app = Celery("e2e", broker=redis_url, set_as_current=False)
     app.conf.update(task_default_queue=queue, broker_connection_timeout=2)
@@ -52,7 +71,8 @@ def hung_worker(pg_url: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[S
     worker = Worker("hungdb", queue, tmp_path / "worker.log", concurrency=1)
     with proxy(PG_ADDRESS) as db:
         env = {"OUTBOX_E2E_BROKER": redis_url, "OUTBOX_E2E_DB": db.url(pg_url),
-               "OUTBOX_E2E_QUEUE": queue}
+               "OUTBOX_E2E_QUEUE": queue,
+               **{f"OUTBOX_E2E_{name}": str(seconds) for name, seconds in bounds.items()}}
         with procs.celery_worker("tests.e2e.app", env, queues=queue, concurrency=1,
                                  log_path=worker.log,
                                  extra=("-n", f"hungdb-{queue}@%h")) as proc:
@@ -85,9 +105,10 @@ def sweep_until_run(s: Stack, mark: str) -> None:
 
 
 def test_worker_whose_database_hangs_runs_the_job_once_it_answers(
-    hung_worker: tuple[Stack, Proxy],
+    hung_worker: tuple[Stack, Proxy], bounds: dict[str, float],
 ) -> None:
     s, db = hung_worker
+    bound = give_up(bounds)
     [worker] = s.workers
     before = marker()
     flaky.push(Flaky(marker=before, fail_times=0))
@@ -101,7 +122,7 @@ def test_worker_whose_database_hangs_runs_the_job_once_it_answers(
     db.hang()
     during = marker()
     flaky.push(Flaky(marker=during, fail_times=0))
-    procs.wait_for(lambda: failed_claims(worker) >= 1, GIVE_UP, "the claim to fail")
+    procs.wait_for(lambda: failed_claims(worker) >= 1, bound, "the claim to fail")
     db.resume()
     after = marker()
     flaky.push(Flaky(marker=after, fail_times=0))
@@ -114,7 +135,7 @@ def test_worker_whose_database_hangs_runs_the_job_once_it_answers(
     lost = marker()
     flaky.push(Flaky(marker=lost, fail_times=0))
     seen = failed_claims(worker)
-    procs.wait_for(lambda: failed_claims(worker) > seen, GIVE_UP, "the claim to give up")
+    procs.wait_for(lambda: failed_claims(worker) > seen, bound, "the claim to give up")
     sweep_until_run(s, lost)
     for m in (before, during, after, lost):
         assert len(s.runs(m)) == 1, m  # nothing lost, nothing run twice
