@@ -333,6 +333,11 @@ def _identify(app: FastAPI, auth: Auth, request: Request) -> tuple[Principal | N
 
 def _unauthenticated(request: Request) -> Response:
     headers = {"WWW-Authenticate": 'Basic realm="celery_outbox", charset="UTF-8"'}
+    if request.headers.get("sec-fetch-dest") == "empty" or SESSION_COOKIE in request.cookies:
+        # A page's script (a fetch) or the login's browser: no challenge, or the browser
+        # opens its own password dialog, and what is typed there it caches for the origin
+        # and sends with every request after, which no logout ends.
+        headers = {}
     if is_api(request):
         body = ErrorOut(detail="not authenticated: send HTTP Basic credentials or a bearer "
                                "token").model_dump()

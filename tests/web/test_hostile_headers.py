@@ -222,3 +222,24 @@ def test_another_host_header_changes_nothing_the_dashboard_answers(
     with TestClient(create_app(web_outbox, auth=None)) as c:
         for host in ("evil.example", "127.0.0.1.evil.example", "localhost@evil.example"):
             assert c.get("/api/v1/me", headers={"Host": host}).status_code == 403
+
+
+@sqlite_only
+def test_a_page_script_refused_gets_no_basic_challenge(client: TestClient) -> None:
+    # Before: an action button's fetch after the session ended (logout in another tab,
+    # expiry) got WWW-Authenticate: Basic, so the browser opened its own password dialog;
+    # credentials typed there are cached by the browser for the whole origin and sent with
+    # every request after, which no logout can end.
+    cookie = log_in(client)
+    client.post("/logout", headers={"Origin": OWN, **session(cookie)}, follow_redirects=False)
+    for headers in ({"Sec-Fetch-Dest": "empty", "Sec-Fetch-Mode": "same-origin"},
+                    session(cookie)):
+        r = client.post("/api/v1/executions/bulk/retry", json={},
+                        headers={"Origin": OWN, **headers})
+        assert r.status_code == 401 and "www-authenticate" not in r.headers, (headers,
+                                                                               r.headers)
+    r = client.get("/api/v1/me")  # curl, a script: told how to authenticate
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Basic ")
+    r = client.get("/api/v1/me", headers={"Sec-Fetch-Mode": "navigate",
+                                          "Sec-Fetch-Dest": "document"})
+    assert r.headers["www-authenticate"].startswith("Basic ")  # typed in the address bar
