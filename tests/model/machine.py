@@ -250,6 +250,9 @@ class OutboxMachine(RuleBasedStateMachine):
         self.ids: list[Any] = []
         self.id_count = 0
         self.before: dict[UUID, Status | None] = {}
+        self.held_at_pause: dict[str, set[tuple[UUID, int]]] = {}
+        """Per paused job, its rows running (id, attempt) when the pause committed: while
+        paused, no other row of it may be running (no claim after the pause)."""
 
     def clock(self) -> datetime:
         """True time: the database's clock."""
@@ -828,6 +831,32 @@ class OutboxMachine(RuleBasedStateMachine):
                     f"running with an expired lease after the sweep: {r}")
 
     @rule(data=st.data())
+    def pause(self, data: st.DataObject) -> None:
+        """An operator pauses a job (every worker's claim refuses its rows from now on)."""
+        assert self.outbox is not None
+        job = self.draw_job(data).name
+        self.hit("pause")
+        done = self.outbox.admin.pause("job", job, by="model", by_name="operator")
+        assert done.changed == (job not in self.model.paused), done.message
+        if done.changed:
+            self.model.paused.add(job)
+            self.held_at_pause[job] = {
+                (r["id"], r["attempt"]) for r in self.table().values()
+                if r["job_name"] == job and r["status"] == Status.RUNNING.value}
+
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        """An operator resumes a job: its due rows dispatched at once, none lost."""
+        assert self.outbox is not None
+        job = self.draw_job(data).name
+        self.hit("resume")
+        done = self.outbox.admin.resume("job", job, by="model", by_name="operator")
+        assert done.changed == (job in self.model.paused), done.message
+        if done.changed:
+            self.model.resume(job, self.clock_now)
+            self.held_at_pause.pop(job, None)
+
+    @rule(data=st.data())
     def trim(self, data: st.DataObject) -> None:
         self.hit("trim")
         assert self.outbox is not None
@@ -970,6 +999,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.check_overlaps()
         self.check_dispatches()
         self.check_transitions(table)
+        self.check_pauses(table)
         active_keys = Counter((r["job_name"], r["unique_key"]) for r in table.values()
                               if r["unique_key"] and r["status"] in {s.value for s in ACTIVE})
         assert all(n == 1 for n in active_keys.values()), f"two active rows: {active_keys}"
@@ -1031,6 +1061,16 @@ class OutboxMachine(RuleBasedStateMachine):
         if row.status is Status.PENDING:
             want.update(dispatched_at=row.dispatched_at)
         return want
+
+    def check_pauses(self, table: dict[UUID, dict[str, Any]]) -> None:
+        """No claim of a paused job's row after its pause committed: every row of it running
+        was running (at that attempt) when it was paused. Nothing lost after a resume: the
+        table equals the model, whose resume dispatched every pending row of the job
+        (:meth:`check_rows`, :meth:`check_dispatches`)."""
+        for job, held in self.held_at_pause.items():
+            running = {(r["id"], r["attempt"]) for r in table.values()
+                       if r["job_name"] == job and r["status"] == Status.RUNNING.value}
+            assert running <= held, f"claimed while {job} was paused: {running - held}"
 
     def check_begins(self) -> None:
         begun = Counter(self.world.begins)

@@ -101,6 +101,8 @@ class Model:
     readbacks: list[Readback] = field(default_factory=list)
     transitions: dict[str, int] = field(default_factory=dict)
     claim_count: int = 0
+    paused: set[str] = field(default_factory=set)
+    """The jobs paused (``outbox.admin.pause``): no claim of their rows, no redispatch."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -170,6 +172,8 @@ class Model:
         what the lease counts from)."""
         fences: list[MFence] = []
         self.claim_count += 1
+        if job in self.paused:  # refused in the claim's statement: nothing moves
+            return fences
         for i in dict.fromkeys(ids):
             row = self.rows.get(i)
             if row is None or not self.claimable(row, job, now):
@@ -310,8 +314,24 @@ class Model:
             if row.status is Status.RUNNING and row.lease is not None and row.lease < now:
                 self.rescue(row, now)
         for row in self.ordered():
-            if row.status is Status.PENDING and (
+            if row.status is Status.PENDING and row.job not in self.paused and (
                     row.dispatched_at is None or row.dispatched_at < stale_before):
+                self.move(row, "redispatch", Status.PENDING)
+                self.dispatch(row, now)
+
+    def resume(self, job: str, now: datetime) -> None:
+        """The pause of ``job`` gone; its due scheduled rows staged and its pending rows
+        dispatched at once (whenever last dispatched, before ``now``)."""
+        self.paused.discard(job)
+        for row in self.ordered():
+            if (row.job == job and row.status is Status.SCHEDULED
+                    and row.scheduled_at is not None and row.scheduled_at <= now
+                    and (row.dispatched_at is None or row.scheduled_at < now)):
+                self.move(row, "stage", Status.PENDING)
+                self.dispatch(row, now)
+        for row in self.ordered():
+            if row.job == job and row.status is Status.PENDING and (
+                    row.dispatched_at is None or row.dispatched_at < now):
                 self.move(row, "redispatch", Status.PENDING)
                 self.dispatch(row, now)
 
