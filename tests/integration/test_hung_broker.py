@@ -1,7 +1,11 @@
-"""A broker that hangs (accepts, never answers), behind a fault-injecting proxy, with the
-shipped defaults: a push returns at once (publishing is the background thread's business), a
-script that pushes and exits ends within the exit-time flush timeout, and its rows, left
-pending, are dispatched by the sweep once a broker answers. Redis and RabbitMQ.
+"""A broker that hangs (accepts, never answers), behind a fault-injecting proxy: a push
+returns at once (publishing is the background thread's business), the publisher gives up a
+connection that never answers within its publish timeout, a script that pushes and exits ends
+within the exit-time flush timeout, and its rows, left pending, are dispatched by the sweep
+once a broker answers. Redis and RabbitMQ.
+
+The two timeouts are shorter in the default suite (:data:`SHORT`: the same paths, sooner) and
+the shipped ones too under ``make long``.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 
 from celery_outbox import JobRegistry, Outbox, OutboxJob
+from celery_outbox import broker as broker_module
 from celery_outbox.dispatch import EXIT_FLUSH_TIMEOUT, PUBLISH_TIMEOUT
 from celery_outbox.runner import utcnow
-from tests.conftest import AMQP_ADDRESS, REDIS_ADDRESS
+from tests.conftest import AMQP_ADDRESS, REDIS_ADDRESS, variants
 from tests.faults import Proxy, proxy
 from tests.integration.conftest import Order
 from tests.procs import ROOT, stop
@@ -35,18 +40,25 @@ PROMPT = 1.0
 EXIT_MARGIN = 5.0
 """Seconds a script may take to end beyond the exit-time flush timeout (interpreter
 shutdown on a loaded machine)."""
+SHORT = {"publish": timedelta(seconds=2), "exit_flush": timedelta(seconds=2)}
+"""The publisher's timeout on a broker that does not answer (``PUBLISH_TIMEOUT``, 5 s as
+shipped) and the exit-time flush timeout (``EXIT_FLUSH_TIMEOUT``, 10 s) in the default
+suite."""
+SHIPPED = {"publish": PUBLISH_TIMEOUT, "exit_flush": EXIT_FLUSH_TIMEOUT}
 
 SCRIPT = textwrap.dedent(
     """
     import sys
     import time
+    from datetime import timedelta
 
     from celery import Celery
     from pydantic import BaseModel
 
     from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
+    from celery_outbox import dispatch
 
-    broker, database_url, queue, table = sys.argv[1:5]
+    broker, database_url, queue, table, exit_flush = sys.argv[1:6]
     registry = JobRegistry()
 
 
@@ -59,6 +71,7 @@ SCRIPT = textwrap.dedent(
         return None
 
 
+    dispatch.EXIT_FLUSH_TIMEOUT = timedelta(seconds=float(exit_flush))  # read at exit
     app = Celery("hung-broker-script", broker=broker)
     app.conf.task_default_queue = queue
     outbox = Outbox(app, database_url=database_url, registry=registry, table_name=table)
@@ -77,6 +90,13 @@ def broker(request: pytest.FixtureRequest) -> tuple[str, tuple[str, int]]:
     if request.param == "redis":
         return str(request.getfixturevalue("redis_url")), REDIS_ADDRESS
     return str(request.getfixturevalue("amqp_url")), AMQP_ADDRESS
+
+
+@pytest.fixture(params=variants(("short",), ("shipped",)))
+def timeouts(request: pytest.FixtureRequest) -> dict[str, timedelta]:
+    """The publish and exit-flush timeouts: :data:`SHORT`, the shipped ones under
+    ``make long``."""
+    return SHORT if request.param == "short" else SHIPPED
 
 
 @pytest.fixture
@@ -159,16 +179,19 @@ def test_push_returns_at_once_while_the_broker_hangs(
 
 def test_the_publisher_gives_up_a_connection_that_never_answers(
     hung: Proxy, broker: tuple[str, tuple[str, int]], outbox_on: Any,
-    receipt: OutboxJob[Order], queue_name: str,
+    receipt: OutboxJob[Order], queue_name: str, timeouts: dict[str, timedelta],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The publisher's connection is black-holed for ever (new ones would work): the
     publisher must time out and publish on a new connection, not wait for ever."""
+    # read when the publisher's connection is set up
+    monkeypatch.setattr(broker_module, "PUBLISH_TIMEOUT", timeouts["publish"])
     outbox: Outbox = outbox_on(hung.url(broker[0]))
     receipt.push({"order_id": 0})
     assert outbox.flush(timedelta(seconds=10))
     hung.hang_open_connections()
     pushed = [receipt.push({"order_id": n}) for n in range(1, 4)]
-    deadline = (PUBLISH_TIMEOUT * 2 + timedelta(seconds=5)).total_seconds()
+    deadline = (timeouts["publish"] * 2 + timedelta(seconds=5)).total_seconds()
     flushed = outbox.flush(timedelta(seconds=deadline))
     assert flushed  # the publisher timed out the dead connection and published on a new one
     pushed.append(receipt.push({"order_id": 9}))  # and it keeps publishing
@@ -178,14 +201,16 @@ def test_the_publisher_gives_up_a_connection_that_never_answers(
 
 def test_a_script_exits_within_the_flush_timeout_while_the_broker_hangs(
     hung: Proxy, broker: tuple[str, tuple[str, int]], outbox_on: Any, pg_url: str,
-    queue_name: str, table: str, tmp_path: Path,
+    queue_name: str, table: str, tmp_path: Path, timeouts: dict[str, timedelta],
 ) -> None:
+    exit_flush = timeouts["exit_flush"]
     rescuer: Outbox = outbox_on(broker[0])  # creates the table the script writes
     hung.hang()
     script = tmp_path / "push_and_exit.py"
     script.write_text(SCRIPT)
     proc = subprocess.Popen(
-        [sys.executable, str(script), hung.url(broker[0]), pg_url, queue_name, table],
+        [sys.executable, str(script), hung.url(broker[0]), pg_url, queue_name, table,
+         str(exit_flush.total_seconds())],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -198,10 +223,10 @@ def test_a_script_exits_within_the_flush_timeout_while_the_broker_hangs(
                 break
         pushed_at = time.monotonic()
         try:
-            code = proc.wait(EXIT_FLUSH_TIMEOUT.total_seconds() + EXIT_MARGIN)
+            code = proc.wait(exit_flush.total_seconds() + EXIT_MARGIN)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the script still runs {time.monotonic() - pushed_at:.1f} s after "
-                        f"its pushes (flush timeout {EXIT_FLUSH_TIMEOUT})")
+                        f"its pushes (flush timeout {exit_flush})")
         stderr = proc.stderr.read() if proc.stderr is not None else ""
         assert code == 0, stderr
         assert lines[-1] == "exiting", (lines, stderr)
