@@ -26,6 +26,7 @@ from kombu import Exchange, Queue
 from pydantic import BaseModel
 
 from celery_outbox import JobContext, JobRegistry, Outbox, outbox_job
+from celery_outbox import broker as broker_module
 from celery_outbox.dispatch import (
     PUBLISH_TIMEOUT,
     RUN_TASK,
@@ -34,7 +35,7 @@ from celery_outbox.dispatch import (
     TimeLimits,
 )
 from tests import procs
-from tests.conftest import REDIS_ADDRESS
+from tests.conftest import REDIS_ADDRESS, variants
 from tests.faults import proxy
 
 pytestmark = pytest.mark.redis
@@ -364,13 +365,23 @@ def test_a_setting_the_fast_path_does_not_build_keeps_celerys_path(
         client.close()
 
 
+HUNG_PUBLISH_TIMEOUTS = {"short": timedelta(seconds=2), "shipped": PUBLISH_TIMEOUT}
+"""The publish timeout of the hung-Redis test: 2 s in the default suite, the shipped 5 s too
+under ``make long``."""
+
+
+@pytest.mark.parametrize("timeout", variants(("short",), ("shipped",)))
 def test_a_hung_redis_fails_the_fast_publish_within_the_timeout_and_logs_it(
     redis_url: str, queue_name: str, fast_pushes: list[int], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, timeout: str,
 ) -> None:
     """Redis behind a proxy that stops answering (connections accepted, never served): the
     fast path's push times out on its socket, tries once more on a fresh connection, gives
     up within the publish timeout of each try, logs, and leaves the ids to the sweep; once
     Redis answers again, publishing goes on."""
+    publish_timeout = HUNG_PUBLISH_TIMEOUTS[timeout]
+    # read when the publisher's connection (and the fast path's Redis client) is set up
+    monkeypatch.setattr(broker_module, "PUBLISH_TIMEOUT", publish_timeout)
     registry = JobRegistry()
 
     @outbox_job(schema=Payload, name="fast.hung", registry=registry)
@@ -394,7 +405,7 @@ def test_a_hung_redis_fails_the_fast_publish_within_the_timeout_and_logs_it(
             assert dispatcher.publish([lost]) == 0
             took = time.monotonic() - started
             tries = dispatcher.publish_retries + 1
-            assert took < tries * PUBLISH_TIMEOUT.total_seconds() + 3.0, took
+            assert took < tries * publish_timeout.total_seconds() + 3.0, took
             assert fast_pushes == [1, 1]
             assert "could not publish 1 execution(s) of 'fast.hung'" in caplog.text
             assert str(lost.execution_id) in caplog.text
