@@ -33,10 +33,11 @@ from celery_outbox.jobs import OutboxJob
 from celery_outbox.outbox import Outbox
 from celery_outbox.outbox import _validate as validate_payload
 from celery_outbox.queries import Query, Shape, execute
+from celery_outbox.queries.pauses import list_pauses
 from celery_outbox.registry import JobSpec, default_registry
 from celery_outbox.runner import RunResult
 from celery_outbox.states import Status
-from celery_outbox.store.pauses import paused_jobs
+from celery_outbox.store.pauses import Pause, paused_jobs
 from celery_outbox.ticker import TickResult
 
 if TYPE_CHECKING:
@@ -671,7 +672,8 @@ class OutboxTester:
 def _paused(outbox: Outbox) -> set[str]:
     """The registered jobs a pause holds (their own or their queue's): drain leaves their
     rows as a worker's claim would, pending until the resume."""
-    pauses = outbox.store.pauses()
+    with _reading(outbox) as tx:  # a TestCase's connection under Django, as _read
+        pauses = [Pause(**row) for row in tx.run(list_pauses(outbox.tables.pauses))]
     if not pauses:
         return set()
     return paused_jobs(pauses, [(spec.name, outbox.queue_of(spec))
