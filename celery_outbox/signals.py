@@ -23,7 +23,10 @@ filters on it) and these keyword arguments:
   ``"retry"`` or ``"cancel"``; ``execution_id`` the execution acted on (for a trigger, the
   new one), ``new_execution_id`` the execution a trigger or retry created (None for a
   cancel); ``principal`` the name of who did it; ``organization_id`` their tenant or None.
-  Sent in the process serving the request, after the write committed.
+  Sent in the process serving the request, after the write committed. A pause or a resume
+  (``action`` ``"pause"`` / ``"resume"``) is sent with ``sender`` the job's or the queue's
+  name, ``execution_id`` and ``new_execution_id`` None, ``organization_id`` None, and
+  ``kind`` (``"job"`` or ``"queue"``).
 
 Counts, each sent with ``sender`` = the job name and ``count`` (an int >= 1), only when the
 signal has receivers (looked at each time), in the process that did it:
