@@ -22,7 +22,9 @@ from celery_outbox import (
     OutboxJob,
     outbox_job,
 )
+from celery_outbox.executors import SqlAlchemyExecutor
 from celery_outbox.states import Status
+from celery_outbox.store import ExecutionStore
 from celery_outbox.testing import drain
 from celery_outbox.ticker import TickOutcome
 from tests.integration.conftest import MakeOutbox, Order
@@ -189,9 +191,18 @@ def test_claim_direct_and_through_sqlalchemy(pg_url: str, registry: JobRegistry,
     """On PostgreSQL the claim runs on the direct path (prepared, held connection) and,
     with statement listeners, through SQLAlchemy: both refuse a paused job."""
     outbox = make_outbox(pg_url, registry, RecordingDispatcher())
-    ids = receipt.push_many([Order(order_id=i) for i in range(2)])
+    through = ExecutionStore(SqlAlchemyExecutor(outbox.engine, direct=False), outbox.tables)
+    assert outbox.store.executor.direct is not None and through.executor.direct is None
+    ids = receipt.push_many([Order(order_id=i) for i in range(3)])
     outbox.admin.pause("queue", "celery")
-    assert outbox.store.claim(ids, "shop.receipt", "w/1", None, timedelta(seconds=30),
-                              queue="celery") == []
-    assert len(outbox.store.claim(ids, "shop.receipt", "w/2", None, timedelta(seconds=30),
-                                  queue="other")) == 2
+    lease = timedelta(seconds=30)
+    for store in (outbox.store, through):
+        assert store.claim(ids, "shop.receipt", "w/1", None, lease, queue="celery") == []
+    outbox.admin.resume("queue", "celery")
+    outbox.admin.pause("job", "shop.receipt")
+    for store in (outbox.store, through):
+        assert store.claim(ids, "shop.receipt", "w/1", None, lease, queue="celery") == []
+    assert statuses(outbox, "shop.receipt") == {"pending": 3}
+    outbox.admin.resume("job", "shop.receipt")
+    assert len(outbox.store.claim(ids[:1], "shop.receipt", "w/2", None, lease)) == 1
+    assert len(through.claim(ids[1:], "shop.receipt", "w/3", None, lease)) == 2
