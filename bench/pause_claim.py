@@ -16,8 +16,8 @@ import argparse
 import statistics
 import time
 import uuid
-from datetime import timedelta, timezone
 from datetime import datetime as dt
+from datetime import timedelta, timezone
 from typing import Any
 
 from celery import Celery
