@@ -11,7 +11,8 @@ Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB]
 [--created-after TIME] [--created-before TIME]``, ``show ID``, ``logs ID [--follow]
 [--interval-seconds SECONDS]``, ``trigger JOB
 [--payload JSON] [--delay-seconds SECONDS | --at TIME] [--key KEY] [--priority NAME]``,
-``retry ID``, ``cancel ID``, ``sweep``, ``trim``, ``create-schema``,
+``retry ID``, ``cancel ID``, ``pause JOB | --queue NAME``, ``resume JOB | --queue NAME``,
+``pauses``, ``sweep``, ``trim``, ``create-schema``,
 ``web [--host H] [--port N] [--no-auth]`` (the dashboard and HTTP API, extra ``web``),
 ``metrics [--host H] [--port N]`` (Prometheus, extra ``metrics``), ``hash-secret
 [--token]``. A JOB is a job's full name or a short one naming one job only (``receipt`` for
