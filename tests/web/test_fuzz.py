@@ -34,7 +34,7 @@ from celery_outbox.web import Auth, create_app
 from tests.conftest import LONG, variants
 from tests.web.conftest import PASSWORDS, bearer
 
-EXAMPLES = 12
+EXAMPLES = 10
 """Requests per operation and phase in the default suite."""
 LONG_EXAMPLES = 150
 """... under ``OUTBOX_TEST_LONG=1``."""
