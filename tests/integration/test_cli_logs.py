@@ -337,3 +337,36 @@ def test_the_read_only_commands_open_no_broker_connection(env: dict[str, str]) -
     finally:
         listener.close()
         module.outbox.engine.dispose()
+
+
+# -- python -m celery_outbox.cli: the same commands without Celery's command line ---------------
+
+
+def test_python_m_celery_outbox_cli_answers_as_celery_outbox_does_without_celerys_cli(
+    app: ModuleType, env: dict[str, str],
+) -> None:
+    failed = run(app, "logs.boom", "Max")
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "celery_outbox.cli", "-A", MODULE, "logs",
+         str(failed), "--json"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert data(done.stdout) == data(invoke(app, "logs", str(failed), "--json").stdout)
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "celery_outbox.cli" in imported
+    assert not {"celery.bin.celery", "celery.bin.amqp", "rich"} & imported  # nor a plug-in
+
+
+def test_python_m_celery_outbox_cli_names_an_app_it_cannot_load() -> None:
+    missing = subprocess.run(
+        [sys.executable, "-m", "celery_outbox.cli", "-A", "no_such_module", "status"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines()[-1] == (
+        "Error: -A no_such_module: cannot load the Celery app: no module named "
+        "'no_such_module' (see 'python -m celery_outbox.cli --help')")
