@@ -18,6 +18,13 @@ large tenants: ``tenant-small``'s and one of a tenant of no rows. Printed: p50, 
 max in milliseconds, against the target p95 < 100 ms; then the statements each read issued,
 under ``EXPLAIN (ANALYZE, BUFFERS)``, summarised (indexes, sequential scans, time), or in
 full with ``--plans``.
+
+The charts and the workers & queues view read ``<table>_stats`` too: written afresh at every
+run (its minutes are relative to now) with two days of what 3 workers' rollups and the sweep
+would write for these jobs and tenants (``STATS_FILL``: a row per minute, job, tenant and
+worker, the small tenant's every 10 minutes, the sweep's backlog rows, and the sums per job,
+per tenant and of all that each writer adds), about 420,000 rows; the workers view reads the
+table's running rows (2 %: 20,000 at 1,000,000 rows, at most 5,000 of them per read).
 """
 
 from __future__ import annotations
@@ -82,6 +89,61 @@ CROSS JOIN LATERAL (SELECT CASE
 """
 
 
+STATS = f"{TABLE}_stats"
+STATS_FILL = f"""
+INSERT INTO {STATS} (minute, job_name, organization_id, worker, succeeded, failed, retried,
+    cancelled, wait_2, wait_5, wait_9, run_3, run_6, run_10, pending, scheduled, running,
+    updated_at)
+SELECT m.minute, j.job, o.org, w.worker,
+    20 + (m.minute % 17), (m.minute % 5 = 0)::int, (m.minute % 7 = 0)::int, 0,
+    15, 5 + (m.minute % 17), (m.minute % 5 = 0)::int, 18, 2 + (m.minute % 17), 1,
+    0, 0, 0, now()
+FROM generate_series(:now_minute - 2879, :now_minute) AS m(minute)
+CROSS JOIN unnest(CAST(:jobs AS text[])) AS j(job)
+CROSS JOIN unnest(ARRAY['', 'tenant-1', 'tenant-2', 'tenant-3', 'tenant-4',
+                        'tenant-small']) AS o(org)
+CROSS JOIN unnest(ARRAY['bench-1:101:aa', 'bench-2:102:bb', 'bench-3:103:cc']) AS w(worker)
+WHERE o.org <> 'tenant-small' OR (m.minute % 10 = 0 AND w.worker = 'bench-1:101:aa');
+INSERT INTO {STATS} (minute, job_name, organization_id, worker, pending, scheduled, running,
+    updated_at)
+SELECT m.minute, j.job, o.org, '', 5000 + m.minute % 100, 5000, 3300, now()
+FROM generate_series(:now_minute - 2879, :now_minute) AS m(minute)
+CROSS JOIN unnest(CAST(:jobs AS text[])) AS j(job)
+CROSS JOIN unnest(ARRAY['', 'tenant-1', 'tenant-2', 'tenant-3', 'tenant-4']) AS o(org);
+INSERT INTO {STATS} (minute, job_name, organization_id, worker, succeeded, failed, retried,
+    cancelled, wait_2, wait_5, wait_9, run_3, run_6, run_10, pending, scheduled, running,
+    updated_at)
+SELECT minute, CASE WHEN GROUPING(job_name) = 1 THEN '*' ELSE job_name END,
+    CASE WHEN GROUPING(organization_id) = 1 THEN '*' ELSE organization_id END, worker,
+    sum(succeeded), sum(failed), sum(retried), sum(cancelled), sum(wait_2), sum(wait_5),
+    sum(wait_9), sum(run_3), sum(run_6), sum(run_10), sum(pending), sum(scheduled),
+    sum(running), now()
+FROM {STATS}
+GROUP BY minute, worker, GROUPING SETS ((job_name), (organization_id), ());
+"""
+"""Fixture SQL of the benchmark: what the workers' rollups and the sweep would have written
+over the last two days (their own statements are ``write_stats``)."""
+
+
+def fill_stats(outbox: Outbox, database: str) -> None:
+    """``<table>_stats`` written afresh for now (see :data:`STATS_FILL`), then analyzed."""
+    started = time.perf_counter()
+    filler = create_engine(database_url(database))
+    outbox.tables.stats.drop(filler, checkfirst=True)  # as the current release makes it
+    outbox.tables.stats.create(filler)
+    with filler.begin() as conn:
+        for statement in STATS_FILL.strip().split(";\n"):
+            if statement.strip():
+                conn.execute(text(statement), {"now_minute": int(time.time() // 60),
+                                               "jobs": list(JOBS)})
+        count = conn.execute(text(f"SELECT count(*) FROM {STATS}")).scalar()
+    with filler.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"VACUUM ANALYZE {STATS}"))
+    filler.dispose()
+    print(f"  {count:,} stats rows written in {time.perf_counter() - started:.1f} s",
+          flush=True)
+
+
 class Item(BaseModel):
     n: int
 
@@ -126,6 +188,8 @@ def prepare(rows: int, rebuild: bool, database: str) -> Outbox:
             conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
         filler.dispose()
         print(f"  written in {time.perf_counter() - started:.0f} s", flush=True)
+    outbox.create_schema()  # the tables a release added since the rows were written
+    fill_stats(outbox, database)
     return outbox
 
 
@@ -178,6 +242,22 @@ def explain(outbox: Outbox, statements: list[tuple[str, Any]], full: bool) -> li
             if full:
                 lines.append(plan)
     return lines
+
+
+def stats_figures(who: str, client: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """The charts' and the workers & queues view's figures, as ``client``'s principal."""
+    return [
+        (f"{who}charts    GET /api/v1/charts (1h)",
+         lambda: client.get("/api/v1/charts", params={"window": "1h"})),
+        (f"{who}charts    GET /api/v1/charts (24h)",
+         lambda: client.get("/api/v1/charts", params={"window": "24h"})),
+        (f"{who}charts    24h, one job",
+         lambda: client.get("/api/v1/charts", params={"window": "24h", "job": "shop.sync"})),
+        (f"{who}charts    GET /charts (page, 1h)", lambda: client.get("/charts")),
+        (f"{who}workers   GET /api/v1/workers", lambda: client.get("/api/v1/workers")),
+        (f"{who}queues    GET /api/v1/queues", lambda: client.get("/api/v1/queues")),
+        (f"{who}workers   GET /workers (page)", lambda: client.get("/workers")),
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -233,6 +313,7 @@ def main(argv: list[str]) -> int:
         ("detail    GET /executions/{id} (page)",
          lambda: client.get(f"/executions/{rng.choice(sample)}")),
         ("failures  GET /api/v1/failures", lambda: client.get("/api/v1/failures")),
+        *stats_figures("", client),
     ]
     for org, token in TENANT_TOKENS.items():
         tenant = TestClient(app, headers={"Authorization": f"Bearer {token}"})
@@ -247,6 +328,7 @@ def main(argv: list[str]) -> int:
                  "/api/v1/executions", params={"job": "shop.invoice", "status": "failed"})),
             (f"{org}: failures  GET /api/v1/failures",
              lambda tenant=tenant: tenant.get("/api/v1/failures")),
+            *stats_figures(f"{org}: ", tenant),
         ]
     print(f"python {platform.python_version()}, {os.cpu_count()} cores, {args.rows:,} rows, "
           f"{args.requests} requests per figure, target p95 < {TARGET_MS:.0f} ms")

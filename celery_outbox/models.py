@@ -336,39 +336,42 @@ STATS_KEEP = timedelta(days=7)
 """How long the stats table keeps a minute's rows: the trim deletes older ones."""
 
 
+STATS_ALL = "*"
+"""The stats table's ``job_name`` / ``organization_id`` of a row summing every job / every
+tenant (reserved: a job or a tenant named ``*`` is not told apart from it)."""
+
+
 def stats_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
-    """``<table>_stats``: what the dashboard's charts read, one row per (``minute``,
-    ``job_name``, ``organization_id``, ``worker``).
+    """``<table>_stats``: what the dashboard's charts read, one row per (``job_name``,
+    ``organization_id``, ``minute``, ``worker``).
 
     ``minute``: minutes since the Unix epoch (UTC); ``organization_id``: ``''`` for rows of no
     tenant. A worker's rows (``worker`` = its ``host:pid:nonce``) hold the outcomes its
     process wrote in that minute (:data:`STATS_OUTCOMES`) and histograms of their wait (due ->
     start) and run (start -> outcome) times (``wait_<i>``, ``run_<i>``: counts per bucket of
-    :data:`STATS_BUCKETS`); each worker writes absolute values to its own rows, so workers
-    never contend, and readers sum over workers. The sweep's rows (``worker = ''``) hold the
-    backlog it counted (:data:`STATS_BACKLOG`), one row per (job, tenant) with active rows,
-    and a marker row (``job_name = ''``, every count 0) for every minute it counted in.
-    ``updated_at``: the database's time of the last write. The trim deletes rows older than
-    ``STATS_KEEP`` (7 days).
+    :data:`STATS_BUCKETS`), per job and tenant and summed (:data:`STATS_ALL` as the job, the
+    tenant or both), so a read of any scope is one range of the primary key; each worker
+    writes absolute values to its own rows, so workers never contend, and readers sum over
+    workers. The sweep's rows (``worker = ''``) hold the backlog it counted
+    (:data:`STATS_BACKLOG`), alike per job and tenant and summed; its row of every job and
+    tenant is written at each count, zeros too. ``updated_at``: the database's time of the
+    last write. The trim deletes rows older than :data:`STATS_KEEP`.
     """
     stats = f"{name}_stats"
     counts = [*STATS_OUTCOMES,
               *(f"wait_{i}" for i in range(len(STATS_BUCKETS) + 1)),
               *(f"run_{i}" for i in range(len(STATS_BUCKETS) + 1)),
               *STATS_BACKLOG]
-    table = Table(
+    return Table(
         stats,
         metadata,
-        Column("minute", Integer(), primary_key=True, autoincrement=False),
         Column("job_name", String(MAX_LENGTHS["job_name"]), primary_key=True),
         Column("organization_id", String(MAX_LENGTHS["organization_id"]), primary_key=True),
+        Column("minute", Integer(), primary_key=True, autoincrement=False),
         Column("worker", String(200), primary_key=True),
         *(Column(c, Integer(), nullable=False, server_default=text("0")) for c in counts),
         Column("updated_at", UTCDateTime(), nullable=False),
     )
-    # A tenant's charts, rates and workers: its rows by minute, never the other tenants'.
-    Index(f"ix_{stats}_org", table.c.organization_id, table.c.minute)
-    return table
 
 
 def _trim_marks(metadata: MetaData, executions: Table) -> Table:

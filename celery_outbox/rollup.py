@@ -6,7 +6,8 @@ dict entry, two bucket look-ups; never a statement) per (minute, job, tenant): t
 and the wait (due -> start) and run (start -> outcome) times in the log-scale buckets of
 :data:`~celery_outbox.models.STATS_BUCKETS`. A thread of the process writes the minutes that
 changed every :data:`FLUSH_INTERVAL` (``ExecutionStore.write_stats``: one upsert per (minute,
-job, tenant), all in one statement) as absolute values to rows keyed by this process's
+job, tenant) and per (minute, job) and (minute, tenant) summed, all in one statement) as
+absolute values to rows keyed by this process's
 ``worker`` (``host:pid:nonce``): no other process writes them, so workers never contend, a
 failed write is simply written again at the next flush, and readers sum over workers.
 
@@ -27,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from celery_outbox.logfields import guarded
-from celery_outbox.models import STATS_BUCKETS, STATS_OUTCOMES
+from celery_outbox.models import STATS_ALL, STATS_BUCKETS, STATS_OUTCOMES
 
 log = guarded(logging.getLogger(__name__))
 
@@ -55,6 +56,24 @@ class StatsWriter(Protocol):
 def bucket(seconds: float) -> int:
     """The histogram bucket of a duration of ``seconds`` (0 .. len(STATS_BUCKETS))."""
     return bisect_left(STATS_BUCKETS, seconds)
+
+
+def summed(found: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``found`` (stats rows of (job, tenant): ``minute``, ``job_name``,
+    ``organization_id``, ``worker`` and counts) with the rows a flush writes beside them:
+    per (minute, worker) the sums per job, per tenant and of all (``*``). For a writer of
+    its own (a fixture, a backfill) that reads back as the rollup's rows do."""
+    out = [dict(r) for r in found]
+    sums: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in found:
+        for job, org in {(r["job_name"], STATS_ALL), (STATS_ALL, r["organization_id"]),
+                         (STATS_ALL, STATS_ALL)}:
+            key = (r["minute"], r["worker"], job, org)
+            total = sums.setdefault(key, {"minute": r["minute"], "worker": r["worker"],
+                                          "job_name": job, "organization_id": org})
+            for column in _COLUMNS:
+                total[column] = total.get(column, 0) + int(r.get(column, 0))
+    return out + list(sums.values())
 
 
 _ROLLUPS: weakref.WeakSet[Rollup] = weakref.WeakSet()
@@ -143,13 +162,25 @@ class Rollup:
 
     def flush(self) -> int:
         """Write every minute whose counts changed since the last write (absolute values, one
-        statement); the rows written. A write that raises leaves them to write again, and
-        raises (:class:`~celery_outbox.errors.StorageError`)."""
+        statement): its (job, tenant) rows that changed, and its sums per job, per tenant
+        and of all (``*``); the rows written. A write that raises leaves them to write again,
+        and raises (:class:`~celery_outbox.errors.StorageError`)."""
         with self._lock:
             keys = list(self._dirty)
             self._dirty.clear()
-            found = [dict(zip(_COLUMNS, self._counts[k], strict=True)) | {
-                "minute": k[0], "job_name": k[1], "organization_id": k[2]} for k in keys]
+            minutes = {k[0] for k in keys}
+            sums: dict[tuple[int, str, str], list[int]] = {}
+            for (minute, job, org), counts in self._counts.items():
+                if minute not in minutes:
+                    continue
+                for key in {(minute, job, STATS_ALL), (minute, STATS_ALL, org),
+                            (minute, STATS_ALL, STATS_ALL)}:
+                    total = sums.setdefault(key, [0] * _WIDTH)
+                    for i, n in enumerate(counts):
+                        total[i] += n
+            found = [dict(zip(_COLUMNS, values, strict=True)) | {
+                "minute": k[0], "job_name": k[1], "organization_id": k[2]}
+                for k, values in [*((k, self._counts[k]) for k in keys), *sums.items()]]
         if not found:
             return 0
         worker = self.worker()

@@ -295,11 +295,12 @@ class StatsReader:
                       wait=tuple(percentile(all_wait, q) for q in QUANTILES),
                       run=tuple(percentile(all_run, q) for q in QUANTILES))
 
-    def rates(self, organization_id: str | None, now: datetime) -> dict[str, JobRate]:
-        """Each job's :class:`JobRate` as of ``now`` (aware): the minutes before ``now``'s
-        (complete ones). One statement."""
+    def rates(self, jobs: Sequence[str], organization_id: str | None,
+              now: datetime) -> dict[str, JobRate]:
+        """The :class:`JobRate` of each of ``jobs`` with stats, as of ``now`` (aware): the
+        minutes before ``now``'s (complete ones). One statement."""
         until = minute_of(now)
-        found = self.store.stats_rates(until - 60, until - 5, until, organization_id)
+        found = self.store.stats_rates(jobs, until - 60, until - 5, until, organization_id)
         return {r["job_name"]: JobRate(r["job_name"], round(int(r["recent"] or 0) / 5, 3),
                                        round(int(r["succeeded"] or 0) / 60, 3),
                                        int(r["failed"] or 0))

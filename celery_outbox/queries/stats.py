@@ -2,10 +2,12 @@
 worker's rollup and by the sweep, read summed over workers, trimmed by the trim) and the
 running rows' holders.
 
-Every read of ``<table>_stats`` is a range of ``minute`` (the primary key leads with it) or,
-for a tenant, of (``organization_id``, ``minute``) (``ix_<table>_stats_org``): a tenant's read
-costs its own rows. The holders' read walks the running rows only (the partial index of
-running rows by lease), a tenant's filtered on them: as many as the workers run at once.
+Every read of ``<table>_stats`` is one range of its primary key, (``job_name``,
+``organization_id``, ``minute``): a job's or every job's (``*``) rows, a tenant's or every
+tenant's (``*``), over the window's minutes; so it costs the window's minutes times the
+workers, whatever the number of jobs and tenants (the per-job rates: one range per job).
+The holders' read walks the running rows only (the partial index of running rows by lease),
+a tenant's filtered on them: as many as the workers run at once.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ from sqlalchemy import (
     union_all,
 )
 
-from celery_outbox.models import STATS_BACKLOG, STATS_BUCKETS, STATS_OUTCOMES
+from celery_outbox.models import STATS_ALL, STATS_BACKLOG, STATS_BUCKETS, STATS_OUTCOMES
 from celery_outbox.queries.base import Query, Row, execute, named, rowcount, rows
 from celery_outbox.queries.clauses import one_of, upsert
 from celery_outbox.queries.clock import db_now
 from celery_outbox.states import ACTIVE, Status
 
-KEYS = ("minute", "job_name", "organization_id", "worker")
+KEYS = ("job_name", "organization_id", "minute", "worker")
 """The stats table's primary key."""
 BUCKETS = len(STATS_BUCKETS) + 1
 WAITS = tuple(f"wait_{i}" for i in range(BUCKETS))
@@ -42,8 +44,8 @@ RUNS = tuple(f"run_{i}" for i in range(BUCKETS))
 COUNTS = (*STATS_OUTCOMES, *WAITS, *RUNS, *STATS_BACKLOG)
 """Every count column of a stats row, in the table's order."""
 SWEEP = ""
-"""The ``worker`` of the sweep's backlog rows (and ``job_name`` / ``organization_id`` of its
-marker row of a minute)."""
+"""The ``worker`` of the sweep's backlog rows."""
+ALL = STATS_ALL
 
 
 @cache
@@ -92,34 +94,28 @@ def trim_stats(stats: Table, dialect: str, before: int) -> Query[int]:
     return rowcount("trim_stats", _trim(stats), {"st_before": before})
 
 
-def _window(stats: Table, job: bool, org: bool) -> list[Any]:
-    where = [stats.c.minute >= bindparam("st_since", type_=stats.c.minute.type),
-             stats.c.minute < bindparam("st_until", type_=stats.c.minute.type)]
-    if org:
-        where.insert(0, stats.c.organization_id == bindparam("st_org",
-                                                             type_=stats.c.organization_id.type))
-    if job:
-        where.append(stats.c.job_name == bindparam("st_job", type_=stats.c.job_name.type))
-    return where
+def _window(stats: Table) -> list[Any]:
+    """One range of the primary key: ``st_job`` (a job, or ``*``), ``st_org`` (a tenant,
+    ``''`` for none, or ``*``), the minutes ``st_since`` (in) to ``st_until`` (out)."""
+    return [stats.c.job_name == bindparam("st_job", type_=stats.c.job_name.type),
+            stats.c.organization_id == bindparam("st_org", type_=stats.c.organization_id.type),
+            stats.c.minute >= bindparam("st_since", type_=stats.c.minute.type),
+            stats.c.minute < bindparam("st_until", type_=stats.c.minute.type)]
 
 
 @cache
-def _series(stats: Table, dialect: str, job: bool, org: bool) -> Any:
+def _series(stats: Table, dialect: str) -> Any:
     slot = ((stats.c.minute - bindparam("st_since", type_=stats.c.minute.type))
             // bindparam("st_step", type_=stats.c.minute.type)).label("slot")
     sums = [func.sum(stats.c[c]).label(c) for c in (*STATS_OUTCOMES, *WAITS, *RUNS)]
     return (select(slot, *sums)
-            .where(*_window(stats, job, org), stats.c.worker != literal(SWEEP))
+            .where(*_window(stats), stats.c.worker != literal(SWEEP))
             .group_by(slot))
 
 
 def _params(since: int, until: int, job: str | None, org: str | None) -> dict[str, Any]:
-    params: dict[str, Any] = {"st_since": since, "st_until": until}
-    if job is not None:
-        params["st_job"] = job
-    if org is not None:
-        params["st_org"] = org
-    return params
+    return {"st_since": since, "st_until": until, "st_job": ALL if job is None else job,
+            "st_org": ALL if org is None else org}
 
 
 @named("stats: outcomes and wait / run histograms summed over workers, per slot of minutes")
@@ -127,57 +123,60 @@ def stats_series(stats: Table, dialect: str, since: int, until: int, step: int,
                  job: str | None, org: str | None) -> Query[list[Row]]:
     """Rows ``(slot, <outcome>..., wait_<i>..., run_<i>...)`` for the minutes ``since`` (in)
     to ``until`` (out), ``slot`` = (minute - since) // ``step``; only slots with rows. ``job``,
-    ``org`` (``''``: no tenant): only those rows (None: every job, every tenant)."""
+    ``org`` (``''``: no tenant): only those rows (None: the rows of every job, every
+    tenant)."""
     params = _params(since, until, job, org)
     params["st_step"] = step
-    return rows("stats_series", _series(stats, dialect, job is not None, org is not None),
-                None, params)
+    return rows("stats_series", _series(stats, dialect), None, params)
 
 
 @cache
-def _backlog_series(stats: Table, dialect: str, job: bool, org: bool) -> Any:
+def _backlog_series(stats: Table, dialect: str) -> Any:
     counted = (select(stats.c.minute, *(stats.c[c] for c in STATS_BACKLOG))
-               .where(*_window(stats, job, org), stats.c.worker == literal(SWEEP),
-                      stats.c.job_name != literal(SWEEP)))
+               .where(*_window(stats), stats.c.worker == literal(SWEEP)))
+    # The minutes the sweep counted in: its row of every job and tenant, written at each
+    # count (a scope without a row of its own that minute had nothing active: zeros).
     marks = (select(stats.c.minute, *(literal(0).label(c) for c in STATS_BACKLOG))
-             .where(stats.c.organization_id == literal(SWEEP), *_window(stats, False, False),
-                    stats.c.job_name == literal(SWEEP), stats.c.worker == literal(SWEEP)))
+             .where(stats.c.job_name == literal(ALL), stats.c.organization_id == literal(ALL),
+                    *_window(stats)[2:], stats.c.worker == literal(SWEEP)))
     both = union_all(counted, marks).subquery("b")
     return (select(both.c.minute, *(func.sum(both.c[c]).label(c) for c in STATS_BACKLOG))
             .group_by(both.c.minute))
 
 
-@named("stats: the sweep's backlog counts per minute (every minute it counted in, 0s too)")
+@named("stats: the sweep's backlog counts per minute (every minute it counted in)")
 def stats_backlog(stats: Table, dialect: str, since: int, until: int, job: str | None,
                   org: str | None) -> Query[list[Row]]:
     """Rows ``(minute, pending, scheduled, running)``, one per minute the sweep counted in
     between ``since`` (in) and ``until`` (out); ``job`` and ``org`` as :func:`stats_series`."""
-    return rows("stats_backlog",
-                _backlog_series(stats, dialect, job is not None, org is not None), None,
+    return rows("stats_backlog", _backlog_series(stats, dialect), None,
                 _params(since, until, job, org))
 
 
 @cache
-def _rates(stats: Table, dialect: str, org: bool) -> Any:
+def _rates(stats: Table, dialect: str) -> Any:
     recent = bindparam("st_recent", type_=stats.c.minute.type)
     return (select(stats.c.job_name,
                    func.sum(case((stats.c.minute >= recent, stats.c.succeeded), else_=0))
                    .label("recent"),
                    func.sum(stats.c.succeeded).label("succeeded"),
                    func.sum(stats.c.failed).label("failed"))
-            .where(*_window(stats, False, org), stats.c.worker != literal(SWEEP))
+            .where(stats.c.job_name.in_(bindparam("st_jobs", expanding=True)),
+                   *_window(stats)[1:], stats.c.worker != literal(SWEEP))
             .group_by(stats.c.job_name))
 
 
 @named("stats: succeeded (in all and since a recent minute) and failed per job")
-def stats_rates(stats: Table, dialect: str, since: int, recent: int, until: int,
-                org: str | None) -> Query[list[Row]]:
-    """Rows ``(job_name, recent, succeeded, failed)``: sums over the minutes ``since`` (in) to
-    ``until`` (out), ``recent`` only from the minute ``recent`` on; ``org`` as
-    :func:`stats_series`."""
+def stats_rates(stats: Table, dialect: str, jobs: Sequence[str], since: int, recent: int,
+                until: int, org: str | None) -> Query[list[Row]]:
+    """Rows ``(job_name, recent, succeeded, failed)`` of ``jobs`` (one range each): sums over
+    the minutes ``since`` (in) to ``until`` (out), ``recent`` only from the minute ``recent``
+    on; ``org`` as :func:`stats_series`."""
     params = _params(since, until, None, org)
+    del params["st_job"]
     params["st_recent"] = recent
-    return rows("stats_rates", _rates(stats, dialect, org is not None), None, params)
+    params["st_jobs"] = list(jobs)
+    return rows("stats_rates", _rates(stats, dialect), None, params)
 
 
 @cache
@@ -185,16 +184,17 @@ def _workers(stats: Table, dialect: str) -> Any:
     return (select(stats.c.worker, func.max(stats.c.updated_at).label("last_flush_at"),
                    *(func.sum(stats.c[c]).label(c) for c in STATS_OUTCOMES),
                    type_coerce(db_now(dialect), stats.c.updated_at.type).label("db_now"))
-            .where(*_window(stats, False, False), stats.c.worker != literal(SWEEP))
+            .where(*_window(stats), stats.c.worker != literal(SWEEP))
             .group_by(stats.c.worker))
 
 
 @named("stats: the workers that wrote stats rows in a window, their last write and outcomes")
 def stats_workers(stats: Table, dialect: str, since: int, until: int) -> Query[list[Row]]:
     """Rows ``(worker, last_flush_at, <outcome>..., db_now)`` for the minutes ``since`` (in)
-    to ``until`` (out): every worker process's, whatever the tenant."""
+    to ``until`` (out): every worker process's, whatever the tenant (its rows of every job
+    and tenant)."""
     return rows("stats_workers", _workers(stats, dialect), None,
-                {"st_since": since, "st_until": until})
+                _params(since, until, None, None))
 
 
 @cache

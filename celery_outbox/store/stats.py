@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery_outbox.models import STATS_KEEP
+from celery_outbox.models import STATS_BACKLOG, STATS_KEEP
 from celery_outbox.queries import stats as q
 from celery_outbox.queries.base import Row
 from celery_outbox.states import Status
@@ -38,20 +38,26 @@ class StatsStore(StoreBase):
                                             [dict(r) for r in found]))
 
     def snapshot_backlog(self, now: datetime) -> int:
-        """stats backlog -> this minute's (``now``, aware) counts of active rows per (job,
-        tenant, status) written as the sweep's rows (``worker = ''``), with the minute's
-        marker row; counted by one aggregate over the active rows, written by one upsert.
-        Returns the number of (job, tenant) rows written. Raises :class:`StorageError`."""
+        """stats backlog -> this minute's (``now``, aware) counts of active rows written as
+        the sweep's rows (``worker = ''``): per (job, tenant) with active rows, per job and
+        per tenant summed (``*``), and of every job and tenant (always, zeros too: the minute
+        was counted); counted by one aggregate over the active rows, written by one
+        statement. Returns the number of rows written. Raises :class:`StorageError`."""
         minute = minute_of(now)
         found: dict[tuple[str, str], dict[str, Any]] = {}
+
+        def entry(job: str, org: str) -> dict[str, Any]:
+            return found.setdefault((job, org), {
+                "minute": minute, "job_name": job, "organization_id": org,
+                "worker": q.SWEEP, **dict.fromkeys(STATS_BACKLOG, 0)})
+
+        entry(q.ALL, q.ALL)
         for row in self.executor.run(q.backlog_counts(self.t, self.dialect)):
-            key = (row["job_name"], row["organization_id"] or "")
-            entry = found.setdefault(key, {"minute": minute, "job_name": key[0],
-                                           "organization_id": key[1], "worker": q.SWEEP})
-            entry[Status(row["status"]).value] = int(row["n"])
-        marker = {"minute": minute, "job_name": q.SWEEP, "organization_id": q.SWEEP,
-                  "worker": q.SWEEP}
-        self.write_stats([*found.values(), marker])
+            job, org = row["job_name"], row["organization_id"] or ""
+            status, n = Status(row["status"]).value, int(row["n"])
+            for key in {(job, org), (job, q.ALL), (q.ALL, org), (q.ALL, q.ALL)}:
+                entry(*key)[status] += n
+        self.write_stats(list(found.values()))
         return len(found)
 
     def trim_stats(self, now: datetime, keep: timedelta = STATS_KEEP) -> int:
@@ -75,12 +81,14 @@ class StatsStore(StoreBase):
         return self.executor.run(q.stats_backlog(self.tables.stats, self.dialect, since,
                                                  until, job, org))
 
-    def stats_rates(self, since: int, recent: int, until: int,
+    def stats_rates(self, jobs: Sequence[str], since: int, recent: int, until: int,
                     org: str | None = None) -> list[Row]:
-        """Succeeded and failed per job; see :func:`celery_outbox.queries.stats.stats_rates`.
-        Raises :class:`StorageError`."""
-        return self.executor.run(q.stats_rates(self.tables.stats, self.dialect, since, recent,
-                                               until, org))
+        """Succeeded and failed per job of ``jobs`` (none: nothing read); see
+        :func:`celery_outbox.queries.stats.stats_rates`. Raises :class:`StorageError`."""
+        if not jobs:
+            return []
+        return self.executor.run(q.stats_rates(self.tables.stats, self.dialect, jobs, since,
+                                               recent, until, org))
 
     def stats_workers(self, since: int, until: int) -> list[Row]:
         """The workers that wrote stats in the window; see

@@ -302,7 +302,8 @@ async def read_queues(request: Request, board: Dashboard,
     backlog and rates, of the principal's tenant; a job without a queue of its own is in
     the app's default queue."""
     overview = await shared_overview(board, who.organization_id)
-    rates = await run_in_threadpool(stats_reader(board).rates, who.organization_id,
+    rates = await run_in_threadpool(stats_reader(board).rates,
+                                    [j.name for j in overview.jobs], who.organization_id,
                                     datetime.now(timezone.utc))
     default = str(request.app.state.outbox.app.conf.task_default_queue or "celery")
     jobs = [JobBacklog(j.name, j.queue or default, j.counts, j.capped, j.oldest_pending_age)

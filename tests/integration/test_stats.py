@@ -11,7 +11,7 @@ from typing import Any
 from celery_outbox import Outbox, OutboxJob
 from celery_outbox.admin.stats import StatsReader, percentile
 from celery_outbox.models import STATS_BUCKETS
-from celery_outbox.rollup import Rollup, bucket
+from celery_outbox.rollup import Rollup, bucket, summed
 from celery_outbox.store.stats import minute_of
 from tests.integration.conftest import Order
 
@@ -37,9 +37,10 @@ def test_two_workers_sum_and_a_flush_writes_absolute_values(outbox: Outbox) -> N
     b.record("shop.receipt", None, "succeeded", at - timedelta(milliseconds=5), at, at)
     b.record("shop.receipt", None, "retried", None, None, at)
     b.record("shop.receipt", None, "lost", None, None, at)  # not an outcome: not counted
-    assert (a.flush(), b.flush()) == (2, 1)
+    # (job, tenant) rows, and the sums per job, per tenant and of all
+    assert (a.flush(), b.flush()) == (2 + 4, 1 + 3)
     a.record("shop.receipt", None, "succeeded", at, at, at)
-    assert a.flush() == 1  # the minute that changed, its counts as they stand now
+    assert a.flush() == 1 + 4  # the row that changed, its minute's sums as they stand now
     assert a.flush() == 0  # nothing changed since
 
     reader = StatsReader(outbox.store)
@@ -55,9 +56,9 @@ def test_two_workers_sum_and_a_flush_writes_absolute_values(outbox: Outbox) -> N
     assert reader.charts("15m", None, "acme", at).totals["succeeded"] == 0
     assert reader.charts("15m", None, "", at).totals["succeeded"] == 5
     assert reader.charts("15m", "other.job", None, at).totals["succeeded"] == 0
-    rates = reader.rates(None, at + timedelta(minutes=1))
+    rates = reader.rates(["shop.receipt"], None, at + timedelta(minutes=1))
     assert rates["shop.receipt"].per_minute_5m == 1.0  # 5 in the last 5 minutes
-    assert reader.rates("globex", at + timedelta(minutes=1)) == {}
+    assert reader.rates(["shop.receipt"], "globex", at + timedelta(minutes=1)) == {}
     seen = {w.worker: w for w in reader.workers(None, at).workers}
     assert set(seen) == {"host-a:1:aa", "host-b:2:bb"}
     assert (seen["host-a:1:aa"].succeeded, seen["host-a:1:aa"].failed) == (4, 1)
@@ -75,7 +76,7 @@ def test_the_runner_counts_what_it_writes(outbox: Outbox,
     ids = [receipt.push(Order(order_id=i), organization_id="acme" if i else None)
            for i in range(3)]
     assert outbox.runner.run("shop.receipt", ids).succeeded == 3
-    assert stats.flush() == 2  # (minute, job, tenant): acme's and no tenant's
+    assert stats.flush() == 2 + 4  # acme's and no tenant's rows of the job, and the sums
     reader = StatsReader(outbox.store)
     assert reader.charts("15m", None, None, now()).totals["succeeded"] == 3
     assert reader.charts("15m", None, "acme", now()).totals["succeeded"] == 2
@@ -98,8 +99,9 @@ def test_the_sweep_counts_the_backlog_and_the_trim_deletes_old_minutes(
     assert reader.charts("15m", None, "globex", at).backlog[-1].pending == 0
 
     old = at - timedelta(days=8)
-    outbox.store.write_stats([{"minute": minute_of(old), "job_name": "shop.receipt",
-                               "organization_id": "", "worker": "h:1:x", "succeeded": 7}])
+    outbox.store.write_stats(summed([{"minute": minute_of(old), "job_name": "shop.receipt",
+                                      "organization_id": "", "worker": "h:1:x",
+                                      "succeeded": 7}]))
     outbox.trim(at)
     assert reader.charts("15m", None, None, at).backlog[-1].pending == 2  # kept
     assert outbox.store.stats_series(minute_of(old), minute_of(old) + 1, 1) == []

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from celery_outbox import Outbox, OutboxJob
+from celery_outbox.rollup import summed
 from celery_outbox.store.stats import minute_of
 from celery_outbox.web import Auth, create_app
 from tests.integration.fakes import RecordingDispatcher
@@ -52,6 +53,7 @@ def an_hour_of_stats(outbox: Outbox) -> None:
     the sweep's backlog counts of each minute."""
     now = minute_of(datetime.now(timezone.utc))
     found: list[dict[str, Any]] = []
+    swept: list[dict[str, Any]] = []
     for back in range(60):
         minute = now - back
         wave = 1 + math.sin(back / 9)
@@ -63,11 +65,13 @@ def an_hour_of_stats(outbox: Outbox) -> None:
                           "worker": worker, "succeeded": ok, "failed": int(bad),
                           "retried": int(bad), f"wait_{1 + slow * 3}": ok - 1,
                           "wait_10": 1, "run_4": ok - 2, "run_6": 2, "run_9": int(bad)})
-        found.append({"minute": minute, "job_name": "", "organization_id": "", "worker": ""})
-        found.append({"minute": minute, "job_name": "shop.receipt", "organization_id": "",
-                      "worker": "", "pending": round(30 * max(0.0, math.sin(back / 6)) ** 2),
-                      "scheduled": 4 + back % 3, "running": 2 + back % 2})
-    outbox.store.write_stats(found)
+        backlog = {"pending": round(30 * max(0.0, math.sin(back / 6)) ** 2),
+                   "scheduled": 4 + back % 3, "running": 2 + back % 2}
+        swept.extend({"minute": minute, "job_name": job, "organization_id": org,
+                      "worker": "", **backlog}
+                     for job, org in (("shop.receipt", ""), ("shop.receipt", "*"), ("*", ""),
+                                      ("*", "*")))
+    outbox.store.write_stats(summed(found) + swept)
 
 
 def test_the_charts_page_draws_an_hour_of_stats(browser: Any, site: str,

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from celery_outbox import Outbox, OutboxJob
+from celery_outbox.rollup import summed
 from celery_outbox.store.stats import minute_of
 from tests.integration.conftest import Order
 from tests.integration.fakes import RecordingDispatcher
@@ -25,12 +26,12 @@ def seed(outbox: Outbox, receipt: OutboxJob[Order]) -> None:
     acme's executions running under a worker's claim."""
     now = datetime.now(timezone.utc)
     minute = minute_of(now)
-    outbox.store.write_stats([
+    outbox.store.write_stats(summed([
         {"minute": minute, "job_name": "shop.receipt", "organization_id": "acme",
          "worker": "host-a:11:aa", "succeeded": 6, "failed": 1, "wait_3": 6, "run_5": 7},
         {"minute": minute - 1, "job_name": "shop.receipt", "organization_id": "",
          "worker": "host-b:12:bb", "succeeded": 4, "wait_0": 4, "run_2": 4},
-    ])
+    ]))
     outbox.dispatcher = RecordingDispatcher()  # the pushes stay pending: nothing runs them
     try:
         running = receipt.push(Order(order_id=1), organization_id="acme")
