@@ -136,12 +136,13 @@ async def jobs(who: Who, board: Board) -> JobsOut:
     """Every registered job: kind, schedule and next tick, retry, timeout, counts per status
     (capped at ``count_cap``), oldest pending age, last run, the last hour's outcomes
     (shared by every viewer of the same tenant for a few seconds), and ``paused``: the pause
-    holding it (read at each request), null while it runs."""
+    holding it (its own or its queue's), null while it runs."""
     from celery_outbox.web.pauses import state  # its routes import this module
 
     out = JobsOut.of(await shared_overview(board, who.organization_id),
                      operator=who.organization_id is None)
-    _, held = await run_in_threadpool(state, board.admin, who.organization_id is None)
+    _, held = await run_in_threadpool(state, board.admin, who.organization_id is None,
+                                      board.cache_for.total_seconds())
     for job in out.jobs:
         job.paused = held.get(job.name)
     return out

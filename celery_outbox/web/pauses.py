@@ -11,6 +11,9 @@ every principal; a tenant's does not see who paused. Each change sends
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -80,12 +83,50 @@ def unscoped(who: Operator) -> Principal:
 Unscoped = Annotated[Principal, Depends(unscoped)]
 
 
+class _Shared:
+    """The pauses as the overview and the jobs listing show them: one read shared by every
+    viewer for the dashboard's ``cache_for`` (as the overview's counts), forgotten at once
+    by a pause or resume made through this app (its page shows the change)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.read: tuple[float, list[Pause]] | None = None
+
+    def pauses(self, admin: OutboxAdmin, ttl: float) -> list[Pause]:
+        with self.lock:
+            if self.read is not None and time.monotonic() - self.read[0] < ttl:
+                return self.read[1]
+        found = admin.list_pauses()
+        with self.lock:
+            self.read = (time.monotonic(), found)
+        return found
+
+    def forget(self) -> None:
+        with self.lock:
+            self.read = None
+
+
+_SHARED: weakref.WeakKeyDictionary[OutboxAdmin, _Shared] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(admin: OutboxAdmin) -> _Shared:
+    with _SHARED_LOCK:
+        found = _SHARED.get(admin)
+        if found is None:
+            found = _SHARED[admin] = _Shared()
+        return found
+
+
 def change(admin: OutboxAdmin, action: str, kind: str, name: str, who: Principal
            ) -> PauseAction:
     """Pause or resume (``action``) ``kind`` / ``name`` as ``who`` (dashboard user), then
     send ``admin_action``. Raises as :meth:`OutboxAdmin.pause`."""
     do = admin.pause if action == "pause" else admin.resume
-    done = do(kind, name, by=WHO, by_name=who.name)
+    try:
+        done = do(kind, name, by=WHO, by_name=who.name)
+    finally:
+        _shared(admin).forget()
     if done.changed and signals.admin_action.receivers:
         signals.admin_action.send(sender=done.name, action=action, execution_id=None,
                                   new_execution_id=None, principal=who.name,
@@ -100,10 +141,11 @@ def action_out(done: PauseAction) -> PauseActionOut:
                           message=done.message)
 
 
-def state(admin: OutboxAdmin, operator: bool) -> tuple[list[Pause], dict[str, Any]]:
-    """The pauses (one read), and per registered job the pause that holds it (own or its
-    queue's) as :class:`PauseOut`."""
-    pauses = admin.list_pauses()
+def state(admin: OutboxAdmin, operator: bool, ttl: float = 0.0
+          ) -> tuple[list[Pause], dict[str, Any]]:
+    """The pauses (one read, shared for ``ttl`` seconds by every viewer), and per registered
+    job the pause that holds it (own or its queue's) as :class:`PauseOut`."""
+    pauses = _shared(admin).pauses(admin, ttl) if ttl > 0 else admin.list_pauses()
     held = {spec.name: pause_out(admin.pause_of(spec, pauses), operator)
             for spec in admin.registry} if pauses else {}
     return pauses, held
@@ -203,13 +245,19 @@ async def resume_queue_form(request: Request, queue_name: str) -> Response:
     return await _form_action(request, "resume", "queue", queue_name)
 
 
+def ttl(request: Request) -> float:
+    """How long the pauses' read is shared: the dashboard's ``cache_for``, in seconds."""
+    board = request.app.state.dashboard
+    return float(board.cache_for.total_seconds())
+
+
 async def overview_state(request: Request) -> dict[str, Any]:
     """What the overview shows of the pauses: ``paused`` (job name -> PauseOut of the pause
     holding it), ``queues`` (name -> jobs) and ``queue_pauses`` (name -> PauseOut)."""
     who: Principal = request.state.principal
     admin: OutboxAdmin = request.app.state.dashboard.admin
     operator = who.organization_id is None
-    found, held = await run_in_threadpool(state, admin, operator)
+    found, held = await run_in_threadpool(state, admin, operator, ttl(request))
     return {"paused": held, "queues": admin.queues(),
             "queue_pauses": {p.name: pause_out(p, operator) for p in found
                              if p.kind == "queue"}}

@@ -52,6 +52,11 @@ def routes(execution_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
         ("POST", f"/api/v1/executions/{execution_id}/cancel", None),
         ("POST", "/api/v1/executions/bulk/retry", {"dry_run": False}),
         ("POST", "/api/v1/executions/bulk/cancel", {"dry_run": False}),
+        ("GET", "/api/v1/pauses", None),
+        ("POST", "/api/v1/jobs/shop.receipt/pause", None),
+        ("POST", "/api/v1/jobs/shop.receipt/resume", None),
+        ("POST", "/api/v1/queues/celery/pause", None),
+        ("POST", "/api/v1/queues/celery/resume", None),
         ("GET", "/openapi.json", None), ("GET", "/docs", None),
     ]
 
@@ -63,6 +68,7 @@ def test_every_operation_answers_401_without_credentials_and_writes_nothing(
     openapi_paths = set(client.app.openapi()["paths"])  # type: ignore[attr-defined]
     tried = {path.replace(execution_id, "{execution_id}").replace("shop.receipt", "{job_name}")
              .replace("bulk/retry", "bulk/{action}").replace("bulk/cancel", "bulk/{action}")
+             .replace("/queues/celery/", "/queues/{queue_name}/")
              for _, path, _ in routes(execution_id)}
     assert openapi_paths <= tried, f"operations not covered: {openapi_paths - tried}"
     bad = [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic b3BzOndyb25n"},
@@ -430,7 +436,8 @@ def test_the_overview_is_one_shared_read_for_every_viewer(
             assert c.get("/", auth=("ops", PASSWORDS["ops"])).status_code == 200
     finally:
         event.remove(web_outbox.engine, "before_cursor_execute", count)
-    assert 0 < reads <= 5 and len(statements) == reads  # counts, oldest, last, hour, loop
+    # counts, oldest, last, hour, loop; the pauses
+    assert 0 < reads <= 6 and len(statements) == reads
     receipt = next(j for j in first["jobs"] if j["name"] == "shop.receipt")
     assert receipt["counts"] == {"pending": 0, "scheduled": 1, "running": 0, "succeeded": 0,
                                  "failed": 1, "cancelled": 0}
