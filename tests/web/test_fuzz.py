@@ -121,6 +121,11 @@ def fuzz(app: Any, examples: int, tenants: Path | None = None
                     if info is not None:
                         failures.append(f"{event.phase.name} {check.name}: {info.failure.title}"
                                         f"\n{info.failure.message}\n{info.code_sample}")
+        elif isinstance(event, events.PhaseStarted) and isinstance(
+                event.payload, events.StatefulPhasePayload):
+            # The links inferred from the document (GET /jobs's names to a trigger, a
+            # trigger's new id to its detail, retry and cancel): chains were followed.
+            statuses["stateful transitions"].add(event.payload.transitions_selected)
         elif isinstance(event, events.NonFatalError):
             failures.append(f"error in {event.label}: {event.info.format()}")
         elif isinstance(event, events.FatalError):
@@ -143,5 +148,6 @@ def test_every_operation_passes_every_check(
     assert labels >= KNOWN, f"operations missing from the document: {KNOWN - labels}"
     assert not failures, f"{len(failures)} failures:\n\n" + "\n\n".join(failures)
     assert set(statuses) >= labels, f"never requested: {labels - set(statuses)}"
+    assert max(statuses["stateful transitions"]) >= 5, statuses["stateful transitions"]
     for label in READS:
         assert 200 in statuses[label], (label, statuses[label])
