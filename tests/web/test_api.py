@@ -53,6 +53,8 @@ def routes(execution_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
         ("POST", "/api/v1/executions/bulk/retry", {"dry_run": False}),
         ("POST", "/api/v1/executions/bulk/cancel", {"dry_run": False}),
         ("GET", "/api/v1/pauses", None),
+        ("GET", "/api/v1/charts", None), ("GET", "/api/v1/workers", None),
+        ("GET", "/api/v1/queues", None),
         ("POST", "/api/v1/jobs/shop.receipt/pause", None),
         ("POST", "/api/v1/jobs/shop.receipt/resume", None),
         ("POST", "/api/v1/queues/celery/pause", None),
