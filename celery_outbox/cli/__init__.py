@@ -19,7 +19,10 @@ Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB]
 ``shop.jobs.receipt``). ``status``, ``jobs``, ``executions`` and ``show`` print tables for
 people; the others print one line; every one but ``web``, ``metrics`` and ``hash-secret``
 prints JSON with ``--json``: ``{"ok": true, "data": ...}``, and on failure
-``{"ok": false, "error": {"type": ..., "message": ...}}``.
+``{"ok": false, "error": {"type": ..., "message": ...}}``. ``logs ID --follow`` exits 0 once
+the execution succeeded, 1 once it failed or was cancelled, 130 on Ctrl-C
+(:mod:`celery_outbox.cli.logs`). The same group runs without Celery's command line as
+``python -m celery_outbox.cli -A proj ...`` (:mod:`celery_outbox.cli.__main__`).
 
 Exit status, each failure with one line ``Error: ...`` on stderr (without ``--json``):
 

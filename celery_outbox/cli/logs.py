@@ -22,7 +22,7 @@ from uuid import UUID
 
 import click
 
-from celery_outbox.admin import ExecutionDetail, OutboxAdmin
+from celery_outbox.admin import ExecutionDetail, LogEntry, OutboxAdmin
 from celery_outbox.cli.output import print_json, record_lines
 from celery_outbox.errors import ExecutionNotFound, JobNotRegistered
 from celery_outbox.states import TERMINAL, Status
@@ -103,19 +103,19 @@ class Follower:
         if records != self.printed:
             # The same attempt's records grown: the new ones; another attempt's: all of them.
             same = records[:len(self.printed)] == self.printed
-            for record in records[len(self.printed):] if same else records:
-                self.record(record, detail)
+            start = len(self.printed) if same else 0
+            for entry, record in zip(detail.logs[start:], records[start:], strict=True):
+                self.record(entry, record)
             self.printed = records
         state = (detail.status, detail.attempt)
         if state != self.state and Status(detail.status) not in TERMINAL:
             self.status(detail, f"{detail.status}, {_attempt(detail)}")
         self.state = state
 
-    def record(self, record: dict[str, Any], detail: ExecutionDetail) -> None:
+    def record(self, entry: LogEntry, record: dict[str, Any]) -> None:
         if self.as_json:
             self.echo(json.dumps({"record": record}))
             return
-        entry = next(e for e in detail.logs if e.to_dict() == record)
         for line in record_lines(entry):
             self.echo(line)
 
