@@ -37,6 +37,9 @@ FLUSH_INTERVAL = timedelta(seconds=5)
 KEEP_MINUTES = 2
 """Minutes kept in memory once written (a late outcome of the previous minute still counts
 into the row written before)."""
+KEEP_UNWRITTEN = 60
+"""Minutes kept in memory while the writes fail (the database down, or not migrated to the
+stats table yet): older counts are dropped."""
 
 _BUCKETS = len(STATS_BUCKETS) + 1
 _OUTCOME = {name: i for i, name in enumerate(STATS_OUTCOMES)}
@@ -152,13 +155,19 @@ class Rollup:
         self._thread.start()
 
     def _loop(self) -> None:
+        failing = False
         while not self._stop.wait(self.interval.total_seconds()):
             try:
                 self.flush()
             except Exception as exc:  # flush() raises the store's error: tried again later
-                log.warning("celery_outbox: writing the worker's stats failed (%s); trying "
-                            "again in %s s", " ".join(str(exc).split())[:300],
-                            self.interval.total_seconds())
+                # Once at WARNING (a database not migrated yet fails every time), then DEBUG.
+                log.log(logging.DEBUG if failing else logging.WARNING,
+                        "celery_outbox: writing the worker's stats failed (%s); trying again "
+                        "every %s s", " ".join(str(exc).split())[:300],
+                        self.interval.total_seconds())
+                failing = True
+            else:
+                failing = False
 
     def flush(self) -> int:
         """Write every minute whose counts changed since the last write (absolute values, one
@@ -191,6 +200,10 @@ class Rollup:
         except BaseException:
             with self._lock:
                 self._dirty.update(k for k in keys if k in self._counts)
+                newest = max(k[0] for k in self._counts)
+                for k in [k for k in self._counts if k[0] < newest - KEEP_UNWRITTEN]:
+                    del self._counts[k]  # never written: memory stays bounded
+                    self._dirty.discard(k)
             raise
         with self._lock:
             newest = max(k[0] for k in self._counts)

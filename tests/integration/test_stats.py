@@ -8,8 +8,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
+
 from celery_outbox import Outbox, OutboxJob
 from celery_outbox.admin.stats import StatsReader, percentile
+from celery_outbox.errors import StorageError
 from celery_outbox.models import STATS_BUCKETS
 from celery_outbox.rollup import Rollup, bucket, summed
 from celery_outbox.store.stats import minute_of
@@ -135,3 +138,17 @@ def test_percentiles_and_buckets() -> None:
     assert percentile(counts, 0.5) == timedelta(seconds=0.005)
     counts[-1] = 90  # ninety above an hour: the last bucket answers its lower edge
     assert percentile(counts, 0.99) == timedelta(seconds=STATS_BUCKETS[-1])
+
+
+def test_a_failed_flush_is_written_at_the_next(outbox: Outbox) -> None:
+    at = now()
+    a = rollup(outbox, "host-a:1:aa")
+    a.record("shop.receipt", None, "succeeded", at, at, at)
+    outbox.tables.stats.drop(outbox.engine)  # a database not migrated yet
+    with pytest.raises(StorageError):
+        a.flush()
+    outbox.tables.stats.create(outbox.engine)
+    a.record("shop.receipt", None, "failed", at, at, at)
+    assert a.flush() == 1 + 3  # the row, its sums per job, per tenant and of all
+    totals = StatsReader(outbox.store).charts("15m", None, None, at).totals
+    assert (totals["succeeded"], totals["failed"]) == (1, 1)
