@@ -568,6 +568,26 @@ def detail_table(d: ExecutionDetail) -> Grid:
                                       value], [])
 
 
+def attempts_grid(d: ExecutionDetail) -> Grid:
+    """``show``'s attempts (oldest first) as a :class:`Grid`, the cells of
+    :func:`celery_outbox.cli.attempts.attempt_row`: ``#``, ``worker`` (an id) and
+    ``outcome`` stay; ``started`` and ``ended`` lose their date, then ``ended``,
+    ``duration``, ``started`` and ``error`` (wrapped at its spaces) are left out."""
+    from celery_outbox.cli.attempts import HEADERS, attempt_row
+
+    rows = [attempt_row(a) for a in d.attempts]
+    columns = [Column(h, [[row[i] for row in rows]]) for i, h in enumerate(HEADERS)]
+    for column in columns:
+        if column.header in ("started", "ended"):  # "2026-12-04 19:21:58.928" -> the time
+            column.levels.append([c.split(" ", 1)[-1] for c in column.cells])
+        column.keep = column.header in ("#", "worker", "outcome")
+        if column.header == "error":
+            column.wraps, column.min_width = True, 16
+    steps: list[Step] = [("shrink", "started"), ("shrink", "ended"), ("drop", "ended"),
+                         ("drop", "duration"), ("drop", "started"), ("drop", "error")]
+    return Grid("", columns, steps)
+
+
 def record_lines(entry: LogEntry) -> list[str]:
     """One captured log record as ``logs`` and ``show`` print it: ``<time> <LEVEL>
     <logger>: <message>`` (the time to the millisecond, UTC), then its exception text, if

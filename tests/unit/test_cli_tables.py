@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from celery_outbox.admin.views import (
+    AttemptView,
     ExecutionDetail,
     ExecutionListing,
     ExecutionView,
@@ -28,6 +29,7 @@ from celery_outbox.admin.views import (
 )
 from celery_outbox.cli.output import (
     Grid,
+    attempts_grid,
     detail_table,
     executions_table,
     fit,
@@ -181,6 +183,24 @@ def test_show_fits_with_the_id_and_job_name_whole(width: int) -> None:
         lease_expires_at=None, dispatched_at=None, updated_at=NOW)
     lines = render(detail_table(detail), width)
     assert_fits(lines, width, [str(detail.id), detail.job_name])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_shows_attempts_fit_with_each_worker_whole(width: int) -> None:
+    workers = ["worker-host-with-a-long-name:12345:abcdef/0123456789ab", "vm:22947:71be7df7/c9"]
+    attempts = tuple(AttemptView(
+        attempt=n, started_at=NOW + timedelta(seconds=n),
+        finished_at=NOW + timedelta(seconds=n + 2), duration=timedelta(seconds=2),
+        worker=workers[n % 2], outcome="retried" if n < 3 else "failed",
+        error="SMTPServerDisconnected: Connection unexpectedly closed\nTraceback ...")
+        for n in (1, 2, 3))
+    base = view(3, NAMES[1], Status.FAILED)
+    detail = made(ExecutionDetail, **{f.name: getattr(base, f.name)
+                                      for f in dataclasses.fields(base)}, attempts=attempts)
+    lines = render(attempts_grid(detail), width)
+    assert_fits(lines, width, [*workers, "retried", "failed"])
+    if width >= 100:  # the error's first line, wrapped within its column
+        assert "unexpectedly" in "\n".join(lines)
 
 
 def test_the_last_resort_shortens_ids_then_folds_long_names_and_says_so() -> None:
