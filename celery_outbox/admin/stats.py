@@ -310,21 +310,21 @@ class StatsReader:
         """The worker processes holding running executions now (of ``organization_id``'s
         rows only when given), and, for every tenant (None), those that wrote stats within
         :data:`SEEN_FOR` of ``now`` (aware) too, holding none or not. Two statements (one for
-        a tenant); most executions first."""
+        a tenant), each answering a row per worker (and job); most executions first."""
         holders = self.store.running_holders(organization_id, RUNNING_CAP)
         db_now = holders[0]["db_now"] if holders else None
         held: dict[str, dict[str, Any]] = {}
         for r in holders:
-            worker = (r["claimed_by"] or "?").split("/", 1)[0]
-            h = held.setdefault(worker, {"n": 0, "jobs": set(), "started": None, "beat": None,
-                                         "lease": None})
-            h["n"] += 1
+            h = held.setdefault(r["worker"], {"n": 0, "jobs": set(), "started": None,
+                                              "beat": None, "lease": None})
+            h["n"] += int(r["n"])
             h["jobs"].add(r["job_name"])
-            for key, value, pick in (("started", r["started_at"], min),
-                                     ("beat", r["updated_at"], max),
-                                     ("lease", r["lease_expires_at"], min)):
+            for key, value, pick in (("started", r["oldest_started_at"], min),
+                                     ("beat", r["last_update"], max),
+                                     ("lease", r["soonest_lease"], min)):
                 if value is not None:
                     h[key] = value if h[key] is None else pick(h[key], value)
+        running = sum(h["n"] for h in held.values())
         seen: dict[str, Mapping[str, Any]] = {}
         if organization_id is None:
             until = minute_of(now) + 1
@@ -351,5 +351,5 @@ class StatsReader:
                 last_flush_at=s.get("last_flush_at"), last_flush_age=age(s.get("last_flush_at")),
                 succeeded=int(s.get("succeeded") or 0), failed=int(s.get("failed") or 0)))
         views.sort(key=lambda v: (-v.executions, v.host, v.pid or 0, v.worker))
-        return Workers(generated_at=db_now, workers=tuple(views), running=len(holders),
-                       capped=len(holders) >= RUNNING_CAP)
+        return Workers(generated_at=db_now, workers=tuple(views), running=running,
+                       capped=running >= RUNNING_CAP)

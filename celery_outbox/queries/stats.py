@@ -203,19 +203,28 @@ def _holders(t: Table, dialect: str, org: bool) -> Any:
     where = [t.c.status == running]
     if org:
         where.append(t.c.organization_id == bindparam("h_org", type_=t.c.organization_id.type))
-    return (select(t.c.claimed_by, t.c.job_name, t.c.organization_id, t.c.started_at,
-                   t.c.lease_expires_at, t.c.updated_at,
-                   type_coerce(db_now(dialect), t.c.updated_at.type).label("db_now"))
+    held = (select(t.c.claimed_by, t.c.job_name, t.c.started_at, t.c.lease_expires_at,
+                   t.c.updated_at)
             .where(and_(*where))
             .order_by(t.c.lease_expires_at)
-            .limit(bindparam("h_cap", type_=Integer())))
+            .limit(bindparam("h_cap", type_=Integer()))).subquery("h")
+    token = func.coalesce(held.c.claimed_by, literal("?"))
+    # host:pid:nonce of host:pid:nonce/claim
+    worker = (func.split_part(token, "/", 1) if dialect == "postgresql"
+              else func.substr(token, 1, func.instr(token.concat("/"), "/") - 1)).label("worker")
+    return (select(worker, held.c.job_name, func.count().label("n"),
+                   func.min(held.c.started_at).label("oldest_started_at"),
+                   func.max(held.c.updated_at).label("last_update"),
+                   func.min(held.c.lease_expires_at).label("soonest_lease"),
+                   type_coerce(db_now(dialect), t.c.updated_at.type).label("db_now"))
+            .group_by(worker, held.c.job_name))
 
 
-@named("stats: the running rows' holders (claimed_by, job, start, lease), a bounded read")
+@named("stats: the running rows' holders per worker and job (a bounded read, summed)")
 def running_holders(t: Table, dialect: str, org: str | None, cap: int) -> Query[list[Row]]:
-    """Rows ``(claimed_by, job_name, organization_id, started_at, lease_expires_at,
-    updated_at, db_now)`` of at most ``cap`` running rows, the soonest lease first; ``org``:
-    only that tenant's (None: every row)."""
+    """Rows ``(worker, job_name, n, oldest_started_at, last_update, soonest_lease, db_now)``
+    over at most ``cap`` running rows, the soonest leases (``worker``: ``claimed_by`` up to
+    its ``/``); ``org``: only that tenant's rows (None: every row)."""
     params: dict[str, Any] = {"h_cap": cap}
     if org is not None:
         params["h_org"] = org
