@@ -124,16 +124,23 @@ class Drain:
     # -- the drain --------------------------------------------------------------------------
 
     def start(self) -> bool:
-        """Start draining in a background thread, once per process. False if it had begun."""
-        with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's state is not ours
-                self._pid, self._thread, self.expired = os.getpid(), None, False
+        """Start draining in a background thread, once per process. False if it had begun,
+        or if a start is under way (this may run in a signal handler that interrupted that
+        very start: it never waits on the lock, which would wait forever)."""
+        if self._pid != os.getpid():  # a forked child: the parent's state (lock too) is not ours
+            self._lock = threading.Lock()
+            self._pid, self._thread, self.expired = os.getpid(), None, False
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
             if self._thread is not None:
                 return False
             self._thread = threading.Thread(target=self.run, name="celery-outbox-drain",
                                             daemon=True)
             self._thread.start()
             return True
+        finally:
+            self._lock.release()
 
     def wait(self, timeout: timedelta) -> bool:
         """Wait up to ``timeout`` for this process's drain to finish. True when it has (or

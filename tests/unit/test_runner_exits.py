@@ -259,13 +259,13 @@ class LateClaim(MemoryStore):
         self.landed = threading.Event()
 
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime | None,
-              lease: timedelta) -> list[Claimed]:
+              lease: timedelta, *, queue: str | None = None) -> list[Claimed]:
         if self.landed.is_set():
-            return super().claim(ids, job_name, worker, now, lease)
+            return super().claim(ids, job_name, worker, now, lease, queue=queue)
 
         def land() -> None:
             procs.wait_for(lambda: "release_claim" in self.calls, 10, "a release to be tried")
-            super(LateClaim, self).claim(ids, job_name, worker, now, lease)
+            super(LateClaim, self).claim(ids, job_name, worker, now, lease, queue=queue)
             self.landed.set()
 
         threading.Thread(target=land, daemon=True).start()

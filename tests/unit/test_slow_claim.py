@@ -37,8 +37,8 @@ class SlowClaim(MemoryStore):
     """The claim applies at once; its answer arrives only once the lease it wrote ran out."""
 
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now_: datetime | None,
-              lease: timedelta) -> list[Claimed]:
-        got = super().claim(ids, job_name, worker, now_, lease)
+              lease: timedelta, *, queue: str | None = None) -> list[Claimed]:
+        got = super().claim(ids, job_name, worker, now_, lease, queue=queue)
         ends = max(c.lease_expires_at for c in got)
         procs.wait_for(lambda: now() > ends, 10, "the claimed lease to run out")
         return got

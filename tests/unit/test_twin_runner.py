@@ -320,8 +320,8 @@ def test_a_first_row_the_claim_did_not_start_is_not_begun_when_cancelled_before_
     seen = Seen()
     job(registry, seen)
 
-    def cancel_at_claim(ids: Any, *args: Any) -> Any:  # the admin is faster than the start
-        claimed = MemoryStore.claim(store, ids, *args)  # started ids[0], which was gone
+    def cancel_at_claim(ids: Any, *args: Any, **kwargs: Any) -> Any:  # the admin is faster
+        claimed = MemoryStore.claim(store, ids, *args, **kwargs)  # started ids[0], which was gone
         store.cancel(first, T0, by="admin", by_name=None)
         return claimed
 
