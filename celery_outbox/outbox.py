@@ -179,9 +179,27 @@ class Outbox:
         _outboxes[app] = self
 
     def queue_of(self, spec: JobSpec) -> str:
-        """The Celery queue ``spec``'s messages go to: its own ``queue``, else the app's
+        """The Celery queue ``spec``'s messages go to: its own ``queue``, else where the
+        app's router sends the internal task's message for it (``task_routes``: the
+        router is asked as ``apply_async`` asks it, with the task's name, ``(job name,
+        [])`` as its arguments and ``shadow`` the job's name), else the app's
         ``task_default_queue``; what a queue's pause names (:meth:`OutboxAdmin.pause`)."""
-        return spec.queue or str(self.app.conf.task_default_queue)
+        if spec.queue:
+            return spec.queue
+        default = str(self.app.conf.task_default_queue)
+        if not self.app.conf.task_routes:
+            return default
+        try:
+            routed = self.app.amqp.router.route(
+                {"shadow": spec.name}, RUN_TASK, (spec.name, []), {},
+                getattr(self, "run_task", None))
+        except Exception:  # a route naming no known queue: the publish fails, not this
+            log.warning("celery_outbox: job %s: task_routes could not route it; its queue "
+                        "taken as %r", spec.name, default, exc_info=True)
+            return default
+        found = routed.get("queue")
+        name = getattr(found, "name", found)
+        return str(name) if name else default
 
     def resumed(self, job_names: Sequence[str]) -> int:
         """After a resume of ``job_names``: their due rows dispatched at once (see

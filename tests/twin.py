@@ -49,6 +49,7 @@ from celery_outbox.store import (
     Expired,
     JobStats,
     NewExecution,
+    Pause,
     Renewed,
     RescueVerdict,
     StatusCount,
@@ -396,15 +397,23 @@ class MemoryStore:
             status=_PENDING, dispatched_at=now, updated_at=now)
 
     def redispatch(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
-                   limit: int) -> list[Due]:
+                   limit: int, ahead_after: datetime | None = None) -> list[Due]:
         """redispatch: pending rows never dispatched or last dispatched before
-        ``stale_before`` -> dispatched now; highest priority first, then the longest waiting
-        (never dispatched last, as PostgreSQL sorts NULL); at most ``limit``."""
+        ``stale_before`` (or after ``ahead_after``) -> dispatched now; highest priority
+        first, then the longest waiting (never dispatched last, as PostgreSQL sorts NULL); at
+        most ``limit``."""
         return self._move("redispatch", lambda r: (
             r["status"] == _PENDING and r["job_name"] in job_names
-            and (r["dispatched_at"] is None or r["dispatched_at"] < stale_before)),
+            and (r["dispatched_at"] is None or r["dispatched_at"] < stale_before
+                 or (ahead_after is not None and r["dispatched_at"] > ahead_after))),
             lambda r: (r["priority"], r["dispatched_at"] is None, r["dispatched_at"] or now),
             limit, dispatched_at=now, updated_at=now)
+
+    def pauses(self) -> list[Pause]:
+        """Every pause in :attr:`paused`, by kind then name (their time: the epoch)."""
+        with self._op("pauses"):
+            return [Pause(kind, name or "", datetime(1970, 1, 1, tzinfo=timezone.utc))
+                    for kind, name in sorted(self.paused, key=lambda p: (p[0], p[1] or ""))]
 
     def _move(self, name: str, where: Callable[[dict[str, Any]], bool],
               order: Callable[[dict[str, Any]], Any], limit: int, **values: Any) -> list[Due]:

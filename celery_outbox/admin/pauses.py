@@ -129,6 +129,11 @@ class PauseAdmin:
             return spec.name, (spec.name,)
         queues = self.queues()
         if name in queues:
+            longest: int | None = getattr(self.store.tables.pauses.c.name.type, "length", None)
+            if longest is not None and len(name) > longest:
+                raise ConfigurationError(
+                    f"queue_name: a pause holds a queue's name of at most {longest} "
+                    f"characters; queue {name[:40]!r}... is {len(name)} long", field="queue_name")
             return name, queues[name]
         if resuming and self._paused_as(kind, name):
             return name, ()

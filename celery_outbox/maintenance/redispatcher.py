@@ -101,10 +101,14 @@ class Redispatcher:
         check_now(now)
         names = list(job_names) if job_names is not None else self.unpaused()
         size = self.config.batch_size
+        # A resume's: every pending row, whichever host's clock wrote its dispatched_at (one
+        # ahead of the database's too), each once (this run writes dispatched_at = now).
         stale_before = now if resumed else now - self.config.stale_after
+        ahead_after = now if resumed else None
         sent = 0
         for batch in batches(lambda: self.store.redispatch(
             now, job_names=names, stale_before=stale_before, limit=size,
+            ahead_after=ahead_after,
         ), size):
             dispatch(self.dispatcher(), batch)
             sent += len(batch)

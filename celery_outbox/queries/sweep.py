@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import cache
 from typing import Any
 from uuid import UUID
@@ -117,7 +117,8 @@ def _redispatch(t: Table) -> Any:
     pick = _pick(
         t,
         t.c.status == Status.PENDING.value,
-        or_(t.c.dispatched_at.is_(None), t.c.dispatched_at < stale_before),
+        or_(t.c.dispatched_at.is_(None), t.c.dispatched_at < stale_before,
+            t.c.dispatched_at > _now(t, "ahead_after")),
         _jobs(t),
         order_by=(t.c.priority, t.c.dispatched_at),
     )
@@ -128,11 +129,20 @@ def _redispatch(t: Table) -> Any:
     )
 
 
+NEVER_AHEAD = datetime(9999, 12, 31, tzinfo=timezone.utc)
+"""The ``ahead_after`` of a sweep's redispatch: no row counts as dispatched ahead of now."""
+
+
 @named("redispatch: a batch of stale pending rows dispatched again, locked SKIP LOCKED")
 def redispatch_stale(t: Table, now: datetime, job_names: Sequence[str], stale_before: datetime,
-                     limit: int) -> Query[list[Due]]:
+                     limit: int, ahead_after: datetime = NEVER_AHEAD) -> Query[list[Due]]:
+    """Pending rows of ``job_names`` last dispatched before ``stale_before``, never, or
+    after ``ahead_after`` (a resume's: its now, so a row whose ``dispatched_at`` a pushing
+    host's clock ahead of the database's wrote goes too; a row this run wrote has
+    ``dispatched_at = now`` exactly, so the next batch never takes it again)."""
     return rows("redispatch_stale", _redispatch(t), _due, {
-        "now": now, "stale_before": stale_before, "job_names": list(job_names), "limit": limit})
+        "now": now, "stale_before": stale_before, "ahead_after": ahead_after,
+        "job_names": list(job_names), "limit": limit})
 
 
 @cache
