@@ -364,3 +364,46 @@ def test_the_trigger_form_of_a_cron_job_and_its_refusals(
     assert client.post("/jobs/shop.receipt/trigger", headers=bearer(READ_TOKEN),
                        data={"order_id": "1"}).status_code == 403
     assert web_outbox.admin.list_executions("shop.receipt") == []
+
+
+def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [node] if "Scan" in node["Node Type"] else []
+    for child in node.get("Plans", []):
+        found += _scans(child)
+    return found
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_bulk_action_over_picked_ids_reads_those_rows_only(
+    jobs: Jobs, web_outbox: Outbox
+) -> None:
+    """Picked ids are primary-key probes in each of a bulk action's statements (its count,
+    its ids, its delete), whatever the table holds: no scan of a range or of the table."""
+    from sqlalchemy import text
+
+    from celery_outbox.queries import dashboard as reads
+    from tests.integration.test_tenant_plans import _explained
+
+    t = web_outbox.store.t
+    with web_outbox.engine.begin() as c:
+        c.execute(text(
+            f"INSERT INTO {t.name} (id, job_name, status, priority, attempt, max_attempts, "
+            "payload, created_at, updated_at, finished_at) SELECT gen_random_uuid(), "
+            "'shop.receipt', (ARRAY['succeeded','failed','pending'])[1 + i % 3], 2, 1, 1, "
+            "jsonb_build_object('order_id', i), now() - i * interval '1 second', now(), "
+            "CASE WHEN i % 3 < 2 THEN now() END FROM generate_series(1, 30000) i"))
+        c.execute(text(f"ANALYZE {t.name}"))
+        ids = tuple(r[0] for r in c.execute(text(f"SELECT id FROM {t.name} LIMIT 40")))
+    picked = ExecutionQuery(ids=ids)
+    for query in (reads.matching_ids(t, "postgresql", picked, 1001, unretried=True),
+                  reads.count_matching(t, "postgresql", picked, 1001),
+                  reads.bulk_delete(t, "postgresql", ids, None)):
+        scans = [s for s in _scans(_explained(web_outbox.engine, query))
+                 if s.get("Relation Name", t.name) == t.name and "retry_of" not in
+                 s.get("Index Name", "")]
+        assert scans, query.name
+        for scan in scans:
+            assert scan["Node Type"] != "Seq Scan", (query.name, scan)
+            if "Index Name" in scan:
+                assert scan["Index Name"] == f"{t.name}_pkey", (query.name, scan)
+            assert scan["Actual Rows"] <= len(ids), (query.name, scan)
