@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 from uuid import UUID
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
@@ -318,9 +319,22 @@ async def workers(request: Request) -> Response:
     queue's and job's backlog and rates."""
     who: Principal = request.state.principal
     board = _board(request)
-    found = await run_in_threadpool(stats_reader(board).workers, who.organization_id,
-                                    datetime.now(timezone.utc))
-    overview, queues = await read_queues(request, board, who)
+    # The two reads at once: the holders' on a pool thread, the queues' (the shared
+    # overview, then the rates) meanwhile.
+    read: dict[str, Any] = {}
+
+    async def holders() -> None:
+        read["workers"] = await run_in_threadpool(
+            stats_reader(board).workers, who.organization_id, datetime.now(timezone.utc))
+
+    async def by_queue() -> None:
+        read["queues"] = await read_queues(request, board, who)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(holders)
+        group.start_soon(by_queue)
+    found = read["workers"]
+    overview, queues = read["queues"]
     return render(request, "workers.html", workers=found, queues=queues,
                   count_cap=overview.count_cap, late_after=LATE_AFTER.total_seconds())
 
