@@ -259,7 +259,7 @@ def test_every_page_fits_800_px_and_a_phone_with_the_header_across(
     for i in range(4):
         site.jobs["receipt"].push({"order_id": 100 + i}, organization_id="layout")
     paths = ["/", "/executions", "/executions?tenant=layout", f"/executions/{failed}",
-             "/failures", "/jobs/shop.parcel/trigger"]
+             "/failures", "/jobs/shop.parcel/trigger", "/charts", "/workers"]
     for width, height in WIDTHS:
         page, problems = log_in(browser, site, "ops", width, height)
         for path in paths:
