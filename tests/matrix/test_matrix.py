@@ -46,7 +46,6 @@ NOT_REACHED: dict[str, str] = {
     "add_pause": "the admin's pause (no path; tests/integration/test_pauses.py, the e2e "
                  "tests/e2e/test_pause.py)",
     "remove_pause": "the admin's resume (no path; tests/integration/test_pauses.py)",
-    "lineage": "an execution's detail (no path; tests/integration/test_attempts.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path
 reaches fails :func:`test_every_query_is_reached` until a path runs it or it is listed."""
