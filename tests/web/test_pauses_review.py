@@ -32,3 +32,20 @@ def test_a_double_click_pauses_once(client: TestClient, web_outbox: Outbox) -> N
     assert first.json()["changed"] and not again.json()["changed"]
     assert "already paused since" in again.json()["message"]
     assert len(web_outbox.admin.list_pauses()) == 1
+
+
+def test_the_forms_refuse_another_site_and_a_viewer(client: TestClient,
+                                                    web_outbox: Outbox) -> None:
+    for path in ("/jobs/shop.receipt/pause", "/queues/celery/pause"):
+        for origin in ("https://evil.example", "null"):
+            r = client.post(path, headers={"Origin": origin}, follow_redirects=False,
+                            **OPS)  # type: ignore[arg-type]
+            assert r.status_code == 403, (path, origin, r.status_code)
+        r = client.post(path, headers={"Sec-Fetch-Site": "cross-site"},
+                        follow_redirects=False, **OPS)  # type: ignore[arg-type]
+        assert r.status_code == 403, (path, r.status_code)
+        viewer = client.post(path, headers={"Origin": "http://testserver"},
+                             follow_redirects=False,
+                             auth=("viewer", PASSWORDS["viewer"]))
+        assert viewer.status_code == 403, (path, viewer.status_code)
+    assert web_outbox.admin.list_pauses() == []
