@@ -125,8 +125,9 @@ def job_stats(t: Table) -> Query[list[JobCounts]]:
 
 
 def listed_columns(t: Table) -> list[Any]:
-    """A row's columns as lists show them: all but ``payload`` and ``logs``."""
-    return [c for c in t.c if c.name not in ("payload", "logs")]
+    """A row's columns as lists show them: all but ``payload``, ``logs`` and ``attempts``
+    (the history: up to 25 errors of 8,000 characters, read by an execution's detail only)."""
+    return [c for c in t.c if c.name not in ("payload", "logs", "attempts")]
 
 
 @cache

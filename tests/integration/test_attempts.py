@@ -13,6 +13,7 @@ import pytest
 from celery_outbox import JobContext, JobRegistry, Outbox, RetryPolicy, outbox_job
 from celery_outbox.outcomes import Fence
 from celery_outbox.queries.attempts import ERROR_CHARS, HISTORY_LIMIT
+from celery_outbox.store import ExecutionQuery
 from celery_outbox.testing import OutboxTester
 from tests.integration.conftest import MakeOutbox, Order
 
@@ -124,3 +125,8 @@ def test_the_history_keeps_the_last_attempts_and_cuts_long_errors(
     assert len(row["last_error"]) > ERROR_CHARS  # the row's own error is kept whole
     attempts = outbox.admin.get_execution(execution_id).attempts
     assert len(attempts) == HISTORY_LIMIT + 1 and attempts[-1].attempt == HISTORY_LIMIT + 3
+    # A list reads no history (the detail alone does).
+    [listed] = outbox.store.page(ExecutionQuery(), None, 10)
+    assert listed["id"] == execution_id and "attempts" not in listed
+    [view] = outbox.admin.list_executions("t.flaky")
+    assert view.run_time is not None and view.wait_time is not None
