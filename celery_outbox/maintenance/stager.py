@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from celery_outbox.config import OutboxConfig
 from celery_outbox.dispatch import Dispatcher
@@ -62,6 +62,10 @@ class StageResult:
     staged: int = 0
 
 
+_EVERY = datetime(9999, 12, 31, tzinfo=timezone.utc)
+"""A resume's ``stale_before``: no due row's eta message counts as still on its way."""
+
+
 class Stager:
     """Stages due scheduled rows of the registry's jobs, highest priority first.
 
@@ -93,7 +97,10 @@ class Stager:
                                                                 for spec in self.registry]
         size = self.config.batch_size
         staged = 0
-        stale_before = now if resumed else now - self.config.stale_after
+        # A resume's: every due row, its eta message refused while paused, however recently
+        # it went out (one dispatched at this very now too: a frozen test clock's, or a
+        # retry with no backoff). Staged rows are pending: no batch takes one again.
+        stale_before = _EVERY if resumed else now - self.config.stale_after
         for batch in batches(lambda: self.store.stage(
             now, job_names=names, stale_before=stale_before, limit=size,
         ), size):

@@ -9,8 +9,9 @@ import dataclasses
 import queue
 import threading
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
+from uuid import UUID
 
 import pytest
 from sqlalchemy import select
@@ -21,11 +22,13 @@ from celery_outbox import (
     JobRegistry,
     Outbox,
     OutboxJob,
+    RetryPolicy,
     outbox_job,
 )
 from celery_outbox.dispatch import DispatchItem
 from celery_outbox.runner import utcnow
 from celery_outbox.states import Status
+from celery_outbox.ticker import TickOutcome
 from tests import procs
 from tests.integration.conftest import MakeOutbox, Order
 from tests.integration.fakes import RecordingDispatcher
@@ -176,3 +179,111 @@ def test_a_queue_name_longer_than_a_pause_holds_is_refused_naming_it(
         outbox.admin.pause("queue", long)
     assert refused.value.field == "queue_name"
     assert outbox.admin.list_pauses() == []
+
+
+class _Clock:
+    """The database's and the runner's clock, moved by the test (no sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _clocked(outbox: Outbox) -> _Clock:
+    clock = _Clock()
+    outbox.store.db_clock = clock
+    outbox.runner.clock = clock
+    return clock
+
+
+def _row(outbox: Outbox, execution_id: UUID) -> tuple[str, int]:
+    t = outbox.tables.executions
+    with outbox.engine.connect() as conn:
+        found = conn.execute(select(t.c.status, t.c.attempt).where(t.c.id == execution_id)).one()
+    return found.status, found.attempt
+
+
+def test_a_retry_due_while_paused_waits_and_runs_at_the_resume(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    calls: list[int] = []
+
+    @outbox_job(schema=Order, name="shop.flaky", registry=registry,
+                retry=RetryPolicy(retries=2, backoff=timedelta(seconds=5), jitter=False))
+    def flaky(ctx: JobContext[Order]) -> None:
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
+    clock = _clocked(outbox)
+    [row] = flaky.push_many([Order(order_id=1)])
+    assert outbox.runner.run("shop.flaky", [row]).claimed == 1
+    assert _row(outbox, row) == (Status.SCHEDULED.value, 1)
+    outbox.admin.pause("job", "shop.flaky")
+    clock.now += timedelta(seconds=10)  # the retry is due; its eta message comes
+    assert outbox.runner.run("shop.flaky", [row]).claimed == 0
+    outbox.sweeper.run_once()
+    assert _row(outbox, row) == (Status.SCHEDULED.value, 1), "held, no attempt spent"
+    recording.calls.clear()
+    assert outbox.admin.resume("job", "shop.flaky").dispatched == 1
+    assert recording.ids == [row]
+    assert outbox.runner.run("shop.flaky", [row]).succeeded == 1
+    assert calls == [1, 2], "one attempt failed, the next ran after the resume"
+
+
+def test_a_lease_run_out_while_paused_is_rescued_held_and_run_at_the_resume(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    calls: list[int] = []
+
+    @outbox_job(schema=Order, name="shop.lost", registry=registry,
+                retry=RetryPolicy(retries=1, backoff=timedelta(0), jitter=False))
+    def lost(ctx: JobContext[Order]) -> None:
+        calls.append(ctx.attempt)
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
+    clock = _clocked(outbox)
+    [row] = lost.push_many([Order(order_id=1)])
+    # A worker claims it and begins it, then dies: its lease runs out while paused.
+    assert len(outbox.store.claim([row], "shop.lost", "dead:1:x/1", outbox.store.lease_now(),
+                                  timedelta(seconds=30))) == 1
+    outbox.admin.pause("job", "shop.lost")
+    clock.now += timedelta(minutes=5)
+    assert outbox.sweeper.run_once().rescued == 1
+    assert outbox.runner.run("shop.lost", [row]).claimed == 0  # the rescue's message
+    outbox.sweeper.run_once()
+    status, attempt = _row(outbox, row)
+    assert status in (Status.PENDING.value, Status.SCHEDULED.value) and attempt == 1
+    recording.calls.clear()
+    assert outbox.admin.resume("job", "shop.lost").dispatched == 1
+    assert outbox.runner.run("shop.lost", [row]).succeeded == 1
+    assert calls == [2], "the lost attempt spent, the next ran after the resume"
+
+
+def test_a_cron_job_paused_across_ticks_runs_once_at_the_next_tick(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    @outbox_job(cron="*/5 * * * *", name="shop.digest", registry=registry)
+    def digest(ctx: JobContext[Any]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    first = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
+    assert outbox.ticker.fire("shop.digest", now=first).outcome is TickOutcome.CREATED
+    outbox.admin.pause("queue", "celery")
+    for k in range(1, 4):  # three ticks while paused: each spent, none made
+        tick = first + timedelta(minutes=5 * k, seconds=2)
+        assert outbox.ticker.fire("shop.digest", now=tick).outcome is TickOutcome.PAUSED
+    assert outbox.admin.resume("queue", "celery").dispatched == 1  # the first tick's row
+    t = outbox.tables.executions
+    with outbox.engine.connect() as conn:
+        [made] = conn.execute(select(t.c.id).where(t.c.job_name == "shop.digest")).all()
+    assert outbox.runner.run("shop.digest", [made.id]).succeeded == 1  # its lock let go
+    nxt = first + timedelta(minutes=20, seconds=1)
+    assert outbox.ticker.fire("shop.digest", now=nxt).outcome is TickOutcome.CREATED
+    assert outbox.ticker.fire("shop.digest", now=nxt).outcome is TickOutcome.FIRED_ALREADY
+    with outbox.engine.connect() as conn:
+        left = conn.execute(select(t.c.id).where(t.c.job_name == "shop.digest")).all()
+    assert len(left) == 2, "one execution per tick not paused: no pile-up at the resume"

@@ -576,7 +576,7 @@ class OutboxMachine(RuleBasedStateMachine):
         worker = slot.runner.worker_id
         claimable = [i for i in ids if self.model.claimable(self.model.rows[i], job,
                                                              self.lease_base(slot))]
-        if not claimable:
+        if not claimable or job in self.model.paused:  # a paused job's claim takes nothing
             self.idle("run_in_background")
             return
         self.hit("run_in_background")

@@ -321,17 +321,17 @@ class Model:
 
     def resume(self, job: str, now: datetime) -> None:
         """The pause of ``job`` gone; its due scheduled rows staged and its pending rows
-        dispatched at once (whenever last dispatched, before ``now``)."""
+        dispatched at once, whenever last dispatched (also after ``now``: a host's clock
+        ahead of the database's), each once (one dispatched at ``now`` was just sent)."""
         self.paused.discard(job)
         for row in self.ordered():
             if (row.job == job and row.status is Status.SCHEDULED
-                    and row.scheduled_at is not None and row.scheduled_at <= now
-                    and (row.dispatched_at is None or row.scheduled_at < now)):
+                    and row.scheduled_at is not None and row.scheduled_at <= now):
                 self.move(row, "stage", Status.PENDING)
                 self.dispatch(row, now)
         for row in self.ordered():
             if row.job == job and row.status is Status.PENDING and (
-                    row.dispatched_at is None or row.dispatched_at < now):
+                    row.dispatched_at is None or row.dispatched_at != now):
                 self.move(row, "redispatch", Status.PENDING)
                 self.dispatch(row, now)
 
