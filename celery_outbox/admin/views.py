@@ -290,6 +290,20 @@ def _execution_fields(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def took(value: timedelta | None) -> str:
+    """A run, wait or attempt time as people read it (the page and ``outbox show``):
+    ``"230 ms"``, ``"1.52 s"``, ``"3m 05s"``, ``"2h 10m"``; ``"-"`` for None."""
+    if value is None:
+        return "-"
+    ms = value.total_seconds() * 1000
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s"
+    s = int(value.total_seconds())
+    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
+
+
 def _between(start: datetime | None, end: datetime | None) -> timedelta | None:
     """``end - start`` when both are known and in that order, else None."""
     if start is None or end is None or end < start:

@@ -6,10 +6,10 @@ of its error (``--json`` gives each error whole, under ``attempts``).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from celery_outbox.admin.views import AttemptView, ExecutionDetail
+from celery_outbox.admin.views import AttemptView, ExecutionDetail, took
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -25,20 +25,6 @@ def lineage_lines(d: ExecutionDetail) -> list[str]:
     if d.retried_by is not None:
         lines.append(f"retried by {d.retried_by}")
     return lines
-
-
-def took(value: timedelta | None) -> str:
-    """A duration as the table shows it: ``230 ms``, ``1.52 s``, ``3m 05s``; ``-`` for
-    None."""
-    if value is None:
-        return "-"
-    ms = value.total_seconds() * 1000
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.2f} s"
-    s = int(value.total_seconds())
-    return f"{s // 3600}h {s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
 
 
 def _when(value: datetime | None) -> str:

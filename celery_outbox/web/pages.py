@@ -21,6 +21,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from celery_outbox.admin.stats import WINDOWS
+from celery_outbox.admin.views import took
 from celery_outbox.config import MAX_DURATION
 from celery_outbox.dashboard import BULK_ACTIONS, BULK_MAX, BulkResult, Dashboard, ExecutionQuery
 from celery_outbox.errors import (
@@ -85,22 +86,9 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
 
-def _took(value: timedelta | None) -> str:
-    """A run or wait time: ``"230 ms"``, ``"1.52 s"``, then as :func:`_age`; ``"-"`` for
-    None."""
-    if value is None:
-        return "-"
-    ms = value.total_seconds() * 1000
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.2f} s"
-    return _age(value)
-
-
 templates.env.filters["age"] = _age
 templates.env.filters["when"] = _when
-templates.env.filters["took"] = _took
+templates.env.filters["took"] = took
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
@@ -328,15 +316,15 @@ async def workers(request: Request) -> Response:
             stats_reader(board).workers, who.organization_id, datetime.now(timezone.utc))
 
     async def by_queue() -> None:
-        read["queues"] = await read_queues(request, board, who)
+        read["queues"] = await run_in_threadpool(read_queues, request, board, who)
 
     async with anyio.create_task_group() as group:
         group.start_soon(holders)
         group.start_soon(by_queue)
     found = read["workers"]
-    overview, queues = read["queues"]
+    _, queues = read["queues"]
     return render(request, "workers.html", workers=found, queues=queues,
-                  count_cap=overview.count_cap, late_after=LATE_AFTER.total_seconds())
+                  count_cap=board.count_cap, late_after=LATE_AFTER.total_seconds())
 
 
 def _time(value: str, name: str) -> datetime | None:
