@@ -295,6 +295,23 @@ class StatsReader:
                       wait=tuple(percentile(all_wait, q) for q in QUANTILES),
                       run=tuple(percentile(all_run, q) for q in QUANTILES))
 
+    def backlog(self, jobs: Sequence[tuple[str, str]], organization_id: str | None, cap: int,
+                now: datetime) -> list[JobBacklog]:
+        """Each ``(job_name, queue)`` of ``jobs`` with its pending, scheduled and running rows
+        (each count at most ``cap``: ``capped`` lists those that reached it) and its oldest
+        pending row's age at ``now`` (aware). Two statements."""
+        names = [name for name, _ in jobs]
+        counts = self.store.active_counts(names, organization_id, cap)
+        oldest = self.store.oldest_pending(names, organization_id)
+        out = []
+        for name, queue in jobs:
+            mine = {s: counts.get((name, s), 0) for s in STATS_BACKLOG}
+            at = oldest.get(name)
+            out.append(JobBacklog(name, queue, mine,
+                                  tuple(s for s, n in mine.items() if n >= cap),
+                                  None if at is None else max(now - at, timedelta(0))))
+        return out
+
     def rates(self, jobs: Sequence[str], organization_id: str | None,
               now: datetime) -> dict[str, JobRate]:
         """The :class:`JobRate` of each of ``jobs`` with stats, as of ``now`` (aware): the

@@ -32,8 +32,9 @@ from sqlalchemy import (
 
 from celery_outbox.models import STATS_ALL, STATS_BACKLOG, STATS_BUCKETS, STATS_OUTCOMES
 from celery_outbox.queries.base import Query, Row, execute, named, rowcount, rows
-from celery_outbox.queries.clauses import one_of, upsert
+from celery_outbox.queries.clauses import one_of, pair, upsert
 from celery_outbox.queries.clock import db_now
+from celery_outbox.queries.dashboard import _counted, _per_pair, _scoped, _tenant
 from celery_outbox.states import ACTIVE, Status
 
 KEYS = ("job_name", "organization_id", "minute", "worker")
@@ -229,3 +230,25 @@ def running_holders(t: Table, dialect: str, org: str | None, cap: int) -> Query[
     if org is not None:
         params["h_org"] = org
     return rows("running_holders", _holders(t, dialect, org is not None), None, params)
+
+
+@cache
+def _active(t: Table, dialect: str, job_names: tuple[str, ...], scoped: bool) -> Any:
+    def part(name: str, status: Status) -> Any:
+        inner = _scoped(t, select(literal(1)).where(*pair(t, dialect, name, status)), scoped)
+        n = select(func.count()).select_from(
+            inner.limit(bindparam("cap", type_=Integer)).subquery())
+        return select(literal(name), literal(status.value), n.scalar_subquery())
+
+    return _per_pair(job_names, sorted(ACTIVE, key=lambda s: s.value), part)
+
+
+@named("stats: active rows per job and status, each count capped (the queues view)")
+def active_counts(t: Table, dialect: str, job_names: Sequence[str],
+                  organization_id: str | None, cap: int) -> Query[list[tuple[str, str, int]]]:
+    """Rows ``(job_name, status, n)`` of each job's pending, scheduled and running rows,
+    ``n`` at most ``cap``: the overview's capped counts of the active side only (one UNION
+    ALL, each part served by the active rows' partial index)."""
+    return rows("active_counts", _active(t, dialect, tuple(job_names),
+                                         organization_id is not None), _counted,
+                {"cap": cap, **_tenant(organization_id)})

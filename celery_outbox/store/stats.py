@@ -100,3 +100,13 @@ class StatsStore(StoreBase):
         """At most ``cap`` running rows' holders and leases; see
         :func:`celery_outbox.queries.stats.running_holders`. Raises :class:`StorageError`."""
         return self.executor.run(q.running_holders(self.t, self.dialect, org, cap))
+
+    def active_counts(self, job_names: Sequence[str], org: str | None,
+                      cap: int) -> dict[tuple[str, str], int]:
+        """``{(job_name, status): n}`` of the active statuses, each ``n`` at most ``cap``
+        (``cap`` means "at least"); ``org`` None: every tenant. Raises
+        :class:`StorageError`."""
+        if not job_names:
+            return {}
+        return {(job, status): n for job, status, n in self.executor.run(
+            q.active_counts(self.t, self.dialect, job_names, org, cap))}

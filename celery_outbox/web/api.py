@@ -17,7 +17,7 @@ from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
-from celery_outbox.admin.stats import Charts, JobBacklog, QueueView, StatsReader, queue_views
+from celery_outbox.admin.stats import Charts, QueueView, StatsReader, queue_views
 from celery_outbox.dashboard import BULK_ACTIONS, Dashboard, ExecutionQuery, Overview
 from celery_outbox.errors import ExecutionNotFound
 from celery_outbox.states import Status
@@ -297,19 +297,19 @@ def read_charts(board: Dashboard, who: Principal, window: str, job: str | None) 
                                       datetime.now(timezone.utc))
 
 
-async def read_queues(request: Request, board: Dashboard,
-                      who: Principal) -> tuple[Overview, list[QueueView]]:
-    """The overview (shared, cached) and every queue of the registered jobs with its jobs'
-    backlog and rates, of the principal's tenant; a job without a queue of its own is in
-    the app's default queue."""
-    overview = await shared_overview(board, who.organization_id)
-    rates = await run_in_threadpool(stats_reader(board).rates,
-                                    [j.name for j in overview.jobs], who.organization_id,
-                                    datetime.now(timezone.utc))
+def read_queues(request: Request, board: Dashboard,
+                who: Principal) -> tuple[datetime, list[QueueView]]:
+    """When, and every queue of the registered jobs with its jobs' backlog (capped counts as
+    the overview's, oldest pending age) and rates, of the principal's tenant; a job without a
+    queue of its own is in the app's default queue. Four statements."""
+    now = datetime.now(timezone.utc)
     default = str(request.app.state.outbox.app.conf.task_default_queue or "celery")
-    jobs = [JobBacklog(j.name, j.queue or default, j.counts, j.capped, j.oldest_pending_age)
-            for j in overview.jobs]
-    return overview, queue_views(jobs, rates)
+    jobs = [(spec.name, spec.queue or default)
+            for spec in sorted(board.registry, key=lambda s: s.name)]
+    reader = stats_reader(board)
+    found = reader.backlog(jobs, who.organization_id, board.count_cap, now)
+    rates = reader.rates([name for name, _ in jobs], who.organization_id, now)
+    return now, queue_views(found, rates)
 
 
 @router.get("/charts", response_model=ChartsOut, responses=READ, tags=["stats"])
@@ -339,13 +339,13 @@ def workers(who: Who, board: Board) -> WorkersOut:
 
 
 @router.get("/queues", response_model=QueuesOut, responses=READ, tags=["stats"])
-async def queues(request: Request, who: Who, board: Board) -> QueuesOut:
+def queues(request: Request, who: Who, board: Board) -> QueuesOut:
     """Every Celery queue of the registered jobs: per queue and per job the backlog (pending,
     scheduled, running; capped counts as the overview's), the oldest pending age, and
     succeeded per minute over the last 5 and 60 minutes (from the workers' stats). A tenant's
     principal reads its own rows only."""
-    overview, found = await read_queues(request, board, who)
-    return QueuesOut.of(overview.generated_at, overview.count_cap, found)
+    generated_at, found = read_queues(request, board, who)
+    return QueuesOut.of(generated_at, board.count_cap, found)
 
 
 def _status_of(board: Dashboard, execution_id: UUID, who: Principal) -> Status | None:

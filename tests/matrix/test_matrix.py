@@ -43,6 +43,7 @@ NOT_REACHED: dict[str, str] = {
     "stats_rates": "the dashboard's queues view (no path; tests/integration/test_stats.py)",
     "stats_workers": "the dashboard's workers view (no path; tests/integration/test_stats.py)",
     "running_holders": "the dashboard's workers view (no path; tests/integration/test_stats.py)",
+    "active_counts": "the dashboard's queues view (no path; tests/web/test_stats_pages.py)",
     "add_pause": "the admin's pause (no path; tests/integration/test_pauses.py, the e2e "
                  "tests/e2e/test_pause.py)",
     "remove_pause": "the admin's resume (no path; tests/integration/test_pauses.py)",
