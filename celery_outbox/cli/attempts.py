@@ -43,10 +43,8 @@ def attempt_row(a: AttemptView) -> list[str]:
 def print_attempts(d: ExecutionDetail, out: Console | None = None) -> None:
     """Print the lineage lines, then the attempts table (times UTC), or ``attempts: none
     yet``."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from celery_outbox.cli.output import console
+    from celery_outbox.cli.output import attempts_grid, console
+    from celery_outbox.cli.tables import print_grid
 
     out = out if out is not None else console()
     for line in lineage_lines(d):
@@ -58,10 +56,4 @@ def print_attempts(d: ExecutionDetail, out: Console | None = None) -> None:
         return
     out.print(f"attempts ({len(d.attempts)}, times UTC):", markup=False, highlight=False,
               style="bold")
-    table = Table()
-    for header in HEADERS:
-        table.add_column(header, overflow="fold",
-                         no_wrap=header not in ("worker", "error"))
-    for a in d.attempts:
-        table.add_row(*(Text(cell) for cell in attempt_row(a)))
-    out.print(table)
+    print_grid(attempts_grid(d), out)

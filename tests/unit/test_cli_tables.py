@@ -27,6 +27,7 @@ from celery_outbox.admin.views import (
     LogEntry,
     OutboxStatus,
 )
+from celery_outbox.cli.attempts import print_attempts
 from celery_outbox.cli.output import (
     Grid,
     attempts_grid,
@@ -201,6 +202,11 @@ def test_shows_attempts_fit_with_each_worker_whole(width: int) -> None:
     assert_fits(lines, width, [*workers, "retried", "failed"])
     if width >= 100:  # the error's first line, wrapped within its column
         assert "unexpectedly" in "\n".join(lines)
+    # what `outbox show` prints: the same fitted grid under its heading
+    buffer = io.StringIO()
+    print_attempts(detail, Console(file=buffer, width=width, highlight=False,
+                                   color_system=None))
+    assert_fits(buffer.getvalue().splitlines(), width, [*workers, "retried", "failed"])
 
 
 def test_the_last_resort_shortens_ids_then_folds_long_names_and_says_so() -> None:
