@@ -14,7 +14,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from celery_outbox import (
     ConfigurationError,
@@ -287,3 +287,36 @@ def test_a_cron_job_paused_across_ticks_runs_once_at_the_next_tick(
     with outbox.engine.connect() as conn:
         left = conn.execute(select(t.c.id).where(t.c.job_name == "shop.digest")).all()
     assert len(left) == 2, "one execution per tick not paused: no pile-up at the resume"
+
+
+@pytest.mark.postgres
+def test_a_claim_under_way_at_the_pauses_commit_takes_its_rows(
+        pg_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
+        make_outbox: MakeOutbox) -> None:
+    """As the dashboard guide says: a claim statement that began before the pause's commit
+    (here waiting on a row lock) read the pauses as they were then and claims; the next
+    claim takes nothing."""
+    outbox = make_outbox(pg_url, registry, RecordingDispatcher())
+    first, second = receipt.push_many([Order(order_id=1), Order(order_id=2)])
+    t = outbox.tables.executions
+    lease = timedelta(seconds=30)
+    got: list[int] = []
+    with outbox.engine.connect() as locker:
+        locker.execute(select(t.c.id).where(t.c.id == first).with_for_update())
+        claimer = threading.Thread(target=lambda: got.append(len(outbox.store.claim(
+            [first], "shop.receipt", "w:1:a/1", None, lease, queue="celery"))))
+        claimer.start()
+
+        def waiting() -> bool:
+            with outbox.engine.connect() as conn:
+                return bool(conn.execute(text(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE :claim"), {"claim": f"UPDATE {t.name} %"}).first())
+
+        procs.wait_for(waiting, 10, "the claim to wait on the row lock")
+        outbox.admin.pause("job", "shop.receipt")
+        locker.rollback()
+    claimer.join(10)
+    assert got == [1], "the claim under way at the pause's commit took its row"
+    assert outbox.store.claim([second], "shop.receipt", "w:1:a/2", None, lease,
+                              queue="celery") == []
