@@ -46,6 +46,8 @@ class Worker:
     concurrency: int = 2
     events: bool = False
     """Send Celery's task events (``-E``)."""
+    pool: str = "prefork"
+    """The worker's pool (``-P``)."""
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -153,7 +155,7 @@ def stack(broker: str, database_url: str, queue: str, workers: Sequence[Worker],
     with ExitStack() as running:
         started = [
             running.enter_context(procs.celery_worker(
-                app, env, queues=w.queues, concurrency=w.concurrency,
+                app, env, queues=w.queues, concurrency=w.concurrency, pool=w.pool,
                 # node names unique per run: RabbitMQ's pidbox queue is exclusive per name
                 log_path=w.log,
                 extra=("-n", f"{w.name}-{queue}@%h", *(("-E",) if w.events else ())),

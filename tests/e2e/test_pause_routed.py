@@ -1,6 +1,7 @@
 """A queue pause where Celery's ``task_routes`` choose the queue (Redis + PostgreSQL, one
-real worker): the queue the messages really go to is the one paused, the worker refuses
-its jobs' executions (pending, no attempt spent), and the resume runs each once."""
+real worker of the threads pool; the other pause test runs prefork ones): the queue the
+messages really go to is the one paused, the worker refuses its jobs' executions (pending,
+no attempt spent), and the resume runs each once."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ HOLD_SECONDS = 1.0
 @pytest.fixture
 def routed_stack(pg_url: str, redis_url: str, tmp_path: object) -> Iterator[Stack]:
     queue = f"e2e-routed-{uuid.uuid4().hex[:8]}"
-    workers = [Worker("r1", queue, tmp_path / "r1.log")]  # type: ignore[operator]
+    workers = [Worker("r1", queue, tmp_path / "r1.log", pool="threads")]  # type: ignore[operator]
     client = redis.Redis.from_url(redis_url)
     try:
         with stack(redis_url, pg_url, queue, workers, app="tests.e2e.routed_app") as s:
