@@ -173,6 +173,7 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("retry_of", Uuid(), nullable=True),
         Column("traceparent", String(TRACEPARENT_LENGTH), nullable=True),
         Column("attempts", JSONType, nullable=True),
+        Column("snoozes", Integer(), nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),

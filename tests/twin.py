@@ -590,12 +590,12 @@ class MemoryStore:
 
     def list_executions(self, job_name: str, *, status: Status | None,
                         organization_id: str | None, limit: int) -> list[dict[str, Any]]:
-        """A job's rows newest first (created_at, then id), without payload and logs."""
+        """A job's rows newest first (created_at, then id), without payload, logs and attempts."""
         found = [r for r in list(self.rows.values()) if r["job_name"] == job_name
                  and (status is None or r["status"] == status.value)
                  and (organization_id is None or r["organization_id"] == organization_id)]
         found.sort(key=lambda r: (r["created_at"], r["id"]), reverse=True)
-        return [{k: v for k, v in r.items() if k not in ("payload", "logs")}
+        return [{k: v for k, v in r.items() if k not in ("payload", "logs", "attempts")}
                 for r in found[:limit]]
 
     def statuses(self) -> dict[UUID, str]:

@@ -92,9 +92,9 @@ def test_list_executions_newest_first_with_filters(store: ExecutionStore) -> Non
     add(store, job_name=OTHER)
     listed = store.list_executions(JOB, status=None, organization_id=None, limit=10)
     assert [r["id"] for r in listed] == [r.id for r in reversed(rows)]
-    assert set(listed[0]) == set(COLUMNS) - {"payload", "logs"}
+    assert set(listed[0]) == set(COLUMNS) - {"payload", "logs", "attempts"}
     assert listed[0] == {k: v for k, v in pushed(rows[3]).items()
-                         if k not in ("payload", "logs")}
+                         if k not in ("payload", "logs", "attempts")}
     assert [r["id"] for r in store.list_executions(
         JOB, status=Status.PENDING, organization_id="org-1", limit=10)] == [
         rows[3].id, rows[0].id]

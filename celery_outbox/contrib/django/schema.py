@@ -291,3 +291,10 @@ class AddAttemptsColumn(_AddExecutionsColumn):
     the table has it already."""
 
     column = "attempts"
+
+
+class AddSnoozesColumn(_AddExecutionsColumn):
+    """Add ``<table>.snoozes`` (how many times handlers put the execution back for later
+    without spending an attempt; INTEGER, NULL for none) unless the table has it already."""
+
+    column = "snoozes"
