@@ -23,7 +23,7 @@ The charts and the workers & queues view read ``<table>_stats`` too: written afr
 run (its minutes are relative to now) with two days of what 3 workers' rollups and the sweep
 would write for these jobs and tenants (``STATS_FILL``: a row per minute, job, tenant and
 worker, the small tenant's every 10 minutes, the sweep's backlog rows, and the sums per job,
-per tenant and of all that each writer adds), about 420,000 rows; the workers view reads the
+per tenant and of all that each writer adds), about 490,000 rows; the workers view reads the
 table's running rows (2 %: 20,000 at 1,000,000 rows, at most 5,000 of them per read).
 """
 
