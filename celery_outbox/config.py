@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, field_validator
 
+from celery_outbox.encryption import key_problem, split_keys
 from celery_outbox.errors import ConfigurationError
 
 PREFIX = "outbox_"
@@ -77,6 +78,10 @@ class OutboxConfig(BaseModel):
     - ``metrics_interval`` [15 s]: how long the table's gauges (one aggregate statement) are
       reused by every scrape before the statement runs again; > 0.
     - ``metrics_tenants`` [False]: add rows per tenant (a series per ``organization_id``).
+    - ``encryption_keys`` [()]: Fernet keys (a list, or one comma-separated string), newest
+      first, for jobs declared ``encrypted=True`` (:mod:`celery_outbox.encryption`): the
+      first encrypts, every one decrypts. Empty: the environment variable
+      ``CELERY_OUTBOX_ENCRYPTION_KEYS``. Held as ``SecretStr`` (never printed).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,6 +105,7 @@ class OutboxConfig(BaseModel):
     metrics: bool = False
     metrics_interval: timedelta = timedelta(seconds=15)
     metrics_tenants: bool = False
+    encryption_keys: tuple[SecretStr, ...] = ()
 
     @field_validator("stale_after", "lease", "max_eta", "drain_timeout", "cron_catchup",
                      "key_wait")
@@ -124,6 +130,17 @@ class OutboxConfig(BaseModel):
         if not timedelta(0) < value <= MAX_DURATION:
             raise ValueError(f"must be a duration in (0, {MAX_DURATION}]")
         return value
+
+    @field_validator("encryption_keys", mode="before")
+    @classmethod
+    def _keys(cls, value: Any) -> tuple[Any, ...]:
+        keys = split_keys(value)
+        for index, key in enumerate(keys):
+            raw = key.get_secret_value() if isinstance(key, SecretStr) else key
+            problem = key_problem(raw)
+            if problem is not None:  # never the key itself in the message
+                raise ValueError(f"key [{index}] {problem}")
+        return keys
 
     @field_validator("lease")
     @classmethod
@@ -192,6 +209,9 @@ class OutboxConfig(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             name = ".".join(str(p) for p in first["loc"])
+            if name.startswith("encryption_keys"):  # a secret: never its value, nor chained
+                raise ConfigurationError(
+                    f"invalid outbox setting {name!r}: {first['msg']}") from None
             raise ConfigurationError(
                 f"invalid outbox setting {name!r}: {first['msg']} (got {first.get('input')!r})"
             ) from exc

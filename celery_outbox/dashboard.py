@@ -357,17 +357,22 @@ class Dashboard:
         return self.store.count_matching(self._check(query), cap)
 
     def execution(
-        self, execution_id: UUID | str, organization_id: str | None = None
+        self, execution_id: UUID | str, organization_id: str | None = None, *,
+        show_encrypted: bool = False,
     ) -> ExecutionDetail:
         """One execution in full, with its attempts and lineage (``retry_of`` /
         ``retried_by``, each only when the reader may see that row: of ``organization_id``
         when given); :class:`ExecutionNotFound` when it does not exist or, with
-        ``organization_id``, belongs to another tenant."""
+        ``organization_id``, belongs to another tenant. An encrypted payload is
+        ``"encrypted"`` (``payload_encrypted`` set) unless ``show_encrypted`` (the reader
+        may see it: decrypted with the outbox's keys); neither its token nor its plaintext
+        is in the answer otherwise."""
         execution_id = _uuid(execution_id)
         row = self.store.get_visible(execution_id, organization_id)
         if row is None:
             raise self.admin.not_found(execution_id)
-        return _execution_detail(row, self.store.lineage(execution_id, organization_id))
+        return _execution_detail(row, self.store.lineage(execution_id, organization_id),
+                                 self.admin.outbox.keyring if show_encrypted else None)
 
     def failures(
         self,

@@ -39,6 +39,7 @@ from celery_outbox.dispatch import (
     DispatchItem,
     InlineDispatcher,
 )
+from celery_outbox.encryption import Keyring, PayloadUndecryptable, Sealed
 from celery_outbox.engine import begin_before_savepoint, make_engine
 from celery_outbox.errors import (
     ConfigurationError,
@@ -229,6 +230,13 @@ class Outbox:
     @dispatcher.setter
     def dispatcher(self, value: Dispatcher | None) -> None:
         self._dispatcher = value
+
+    @property
+    def keyring(self) -> Keyring:
+        """The encryption keys of this outbox (the runner's: the ``encryption_keys`` setting,
+        else ``$CELERY_OUTBOX_ENCRYPTION_KEYS``): what an ``encrypted=True`` job's push
+        encrypts with and its worker decrypts with (:mod:`celery_outbox.encryption`)."""
+        return self.runner.keyring
 
     @classmethod
     def of(cls, app: Celery) -> Outbox:
@@ -738,8 +746,12 @@ class Outbox:
                 raise ConfigurationError(f"push: key must be a non-empty string, got {key!r}")
             if key is not None:
                 _check_text("key", key, MAX_LENGTHS["unique_key"])
+            if spec.encrypted or isinstance(payload, Sealed):
+                data = self._sealed(spec, payload, index if many else None)
+            else:
+                data = _validate(spec, payload, index if many else None)
             rows.append(NewExecution.create(
-                spec.name, _validate(spec, payload, index if many else None), now,
+                spec.name, data, now,
                 execution_id=ids[index],
                 priority=int(prio), max_attempts=spec.retry.max_attempts, run_at=run_at,
                 max_eta=self.config.max_eta, unique_key=key, organization_id=organization_id,
@@ -747,6 +759,26 @@ class Outbox:
                 traceparent=traceparent,
             ))
         return rows
+
+    def _sealed(self, spec: JobSpec, payload: Any, index: int | None) -> Any:
+        """The stored payload of an encrypted job (``spec.encrypted``): validated, then its
+        envelope (:mod:`celery_outbox.encryption`); a :class:`Sealed` one (an admin retry's
+        copy) as it is. A Sealed payload of a job no longer encrypted is decrypted and
+        validated. Raises ConfigurationError (no key, no cryptography) before anything is
+        written."""
+        keyring = self.keyring
+        if isinstance(payload, Sealed):
+            if spec.encrypted:
+                return payload.envelope
+            try:
+                payload = keyring.decrypt(payload.envelope)
+            except PayloadUndecryptable as exc:
+                raise ConfigurationError(f"job {spec.name!r}: {exc}",
+                                         field="payload") from None
+            return _validate(spec, payload, index)
+        keyring.require(spec.name)
+        data = _validate(spec, payload, index)
+        return None if data is None else keyring.encrypt(data, spec.name)
 
     def _to_dispatch(
         self, rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime,

@@ -7,6 +7,7 @@ the option's name and the allowed values.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import inspect
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,7 +31,7 @@ KEEP_KEYS = ("succeeded", "failed", "cancelled")
 
 OPTIONS = (
     "name", "schema", "cron", "timezone", "retry", "timeout", "priority", "queue", "lock",
-    "record", "keep", "description", "parallel",
+    "record", "keep", "description", "parallel", "encrypted",
 )
 MAX_PARALLEL = 256
 """The most handlers of one message a parallel job runs at once (``parallel=``)."""
@@ -43,7 +44,8 @@ class JobSpec:
     ``timeout`` is a timedelta or None; ``keep`` maps ``"succeeded"`` / ``"failed"`` /
     ``"cancelled"`` to the rows the trim keeps for this job (None: the config's
     ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled``); ``parallel``: how many
-    executions of one message run at once (1: one after the other).
+    executions of one message run at once (1: one after the other); ``encrypted``: the
+    payload is stored encrypted (:mod:`celery_outbox.encryption`).
     """
 
     name: str
@@ -61,6 +63,7 @@ class JobSpec:
     keep: Mapping[str, int] | None = None
     description: str | None = None
     parallel: int = 1
+    encrypted: bool = False
 
     @classmethod
     def create(cls, handler: Callable[..., Any], **options: Any) -> JobSpec:
@@ -70,8 +73,9 @@ class JobSpec:
         longer than the table's ``job_name`` column (200), schema and cron together or
         neither, a bad cron expression or timezone, a negative timeout, an unknown priority
         or record mode, a malformed ``keep``, a ``parallel`` that is no int in
-        1..:data:`MAX_PARALLEL`, or ``parallel`` > 1 on an ``async def`` handler (the worker
-        calls handlers, it awaits none).
+        1..:data:`MAX_PARALLEL`, ``parallel`` > 1 on an ``async def`` handler (the worker
+        calls handlers, it awaits none), or an ``encrypted`` that is no bool or True
+        without the ``cryptography`` package (extra ``encryption``).
         """
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
@@ -144,11 +148,17 @@ class JobSpec:
         if parallel > 1 and inspect.iscoroutinefunction(handler):
             raise bad("parallel", "needs a plain function: the worker calls a handler and "
                       "awaits nothing, so an async def handler would never run")
+        encrypted = options.get("encrypted", False)
+        if not isinstance(encrypted, bool):
+            raise bad("encrypted", f"must be True or False, got {encrypted!r}")
+        if encrypted and not _importable("cryptography"):
+            raise bad("encrypted", "needs the cryptography package: "
+                      "pip install 'celery-outbox[encryption]'")
         return cls(
             name=name, handler=handler, mode=mode, schema=schema, cron=cron, timezone=tz,
             retry=retry, timeout=timeout, priority=priority, queue=queue, lock=lock,
             record=record, keep=keep, description=options.get("description"),
-            parallel=parallel,
+            parallel=parallel, encrypted=encrypted,
         )
 
     def lease(self, config: OutboxConfig) -> timedelta:
@@ -179,6 +189,14 @@ class JobSpec:
 
 def _qualname(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _check_cron(name: str, cron: Any) -> None:

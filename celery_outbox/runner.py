@@ -44,6 +44,7 @@ from celery_outbox import signals, tracing
 from celery_outbox.config import OutboxConfig
 from celery_outbox.context import JobContext, Stop
 from celery_outbox.dispatch import Dispatcher, DispatchItem, InlineDispatcher
+from celery_outbox.encryption import Keyring, PayloadUndecryptable, is_envelope
 from celery_outbox.errors import (
     DoNotRetry,
     ExecutionCancelled,
@@ -535,6 +536,10 @@ class Runner:
         self._retries = _Retries()
         self._plans: dict[str, _Plan] = {}
         self._helpers = _Helpers()
+        self.keyring = Keyring.load(tuple(k.get_secret_value()
+                                          for k in config.encryption_keys))
+        """The encryption keys (the ``encryption_keys`` setting, else the environment's):
+        an encrypted payload is decrypted with them before its job's schema validates it."""
         self.rollup: Rollup | None = None
         """Counts this process's written outcomes for the dashboard's charts (the Outbox's,
         enabled in a Celery worker); None: nothing counted."""
@@ -996,9 +1001,23 @@ class Runner:
 
     def _payload(self, spec: JobSpec, row: Claimed) -> Any:
         assert spec.schema is not None
+        payload = row.payload
+        sealed = spec.encrypted
+        if is_envelope(payload):  # also a job no longer encrypted: its older rows
+            sealed = True
+            try:
+                payload = self.keyring.decrypt(payload)
+            except PayloadUndecryptable as exc:  # no retry can find the key
+                raise DoNotRetry(f"cannot decrypt the payload: {exc}") from None
         try:
-            return spec.schema.model_validate(row.payload)
+            return spec.schema.model_validate(payload)
         except ValidationError as exc:
+            if sealed:  # the error without the values: they are not to be stored in clear
+                fields = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '<payload>'}: {e['msg']}"
+                    for e in exc.errors(include_input=False, include_url=False))
+                raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: "
+                                 f"{fields}") from None
             raise DoNotRetry(f"stored payload no longer matches {spec.schema.__name__}: {exc}")\
                 from exc
 

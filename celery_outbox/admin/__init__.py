@@ -44,6 +44,7 @@ from celery_outbox.admin.views import (
 )
 from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.cron import CronSchedule
+from celery_outbox.encryption import Keyring, Sealed, is_envelope
 from celery_outbox.errors import (
     ConfigurationError,
     ExecutionNotFound,
@@ -102,6 +103,11 @@ class Facade(Protocol):
     store: ExecutionStore
     registry: JobRegistry
     config: OutboxConfig
+
+    @property
+    def keyring(self) -> Keyring:
+        """The encryption keys (what decrypts a payload for a reader who may see it)."""
+        ...
 
     def push_many(
         self, spec: JobSpec, payloads: Sequence[Any], *,
@@ -357,17 +363,22 @@ class OutboxAdmin(PauseAdmin):
             organization_id=organization_id,
         )
 
-    def get_execution(self, execution_id: UUID | str) -> ExecutionDetail:
+    def get_execution(self, execution_id: UUID | str, *,
+                      show_encrypted: bool = False) -> ExecutionDetail:
         """One execution with its payload, captured logs, error traceback, its attempts
         (oldest first) and its lineage (``retry_of`` / ``retried_by``): two reads by key.
 
+        An encrypted payload (``payload_encrypted``) is shown as ``"encrypted"`` unless
+        ``show_encrypted`` (then decrypted with the outbox's keys; ``"encrypted"`` still
+        when they cannot open it).
         Raises :class:`ExecutionNotFound` when no row has that id (or it is no UUID).
         """
         execution_id = _uuid(execution_id)
         row = self.store.get(execution_id)
         if row is None:
             raise self.not_found(execution_id)
-        return _execution_detail(row, self.store.lineage(execution_id))
+        return _execution_detail(row, self.store.lineage(execution_id),
+                                 self.outbox.keyring if show_encrypted else None)
 
     def not_found(self, execution_id: UUID) -> ExecutionNotFound:
         """The :class:`ExecutionNotFound` of an id no row has: its message says why (a
@@ -440,8 +451,11 @@ class OutboxAdmin(PauseAdmin):
                 and lease >= self.store.db_now():
             raise ExecutionStillRunning(execution_id, lease)
         spec = self.registry.get(row["job_name"])
+        payload = row["payload"]
+        if is_envelope(payload):  # copied encrypted as it is: no key needed here
+            payload = Sealed(payload)
         return self.outbox.push_many(
-            spec, [row["payload"]], keys=[row["unique_key"]], priority=row["priority"],
+            spec, [payload], keys=[row["unique_key"]], priority=row["priority"],
             organization_id=row["organization_id"], triggered_by=triggered_by,
             triggered_by_name=triggered_by_name, retry_of=execution_id,
             traceparent=row.get("traceparent"),

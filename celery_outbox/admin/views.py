@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
+from celery_outbox.encryption import Keyring, shown
 from celery_outbox.errors import ConfigurationError
 from celery_outbox.queries.clauses import storable
 from celery_outbox.registry import JobSpec
@@ -164,6 +165,9 @@ class ExecutionDetail(ExecutionView):
     updated_at: datetime
     attempts: tuple[AttemptView, ...] = ()
     retried_by: UUID | None = None
+    payload_encrypted: bool = False
+    """The payload is stored encrypted: ``payload`` is ``"encrypted"`` unless the reader
+    may see it (then decrypted)."""
 
 
 @dataclass(frozen=True)
@@ -317,9 +321,12 @@ def _execution_view(row: dict[str, Any]) -> ExecutionView:
 
 def _execution_detail(
     row: dict[str, Any], lineage: tuple[UUID | None, UUID | None] | None = None,
+    keyring: Keyring | None = None,
 ) -> ExecutionDetail:
     """The detail of ``row``; ``lineage``: ``(retry_of, retried_by)`` as the reader may see
-    them (None: the row's own ``retry_of``, no ``retried_by``)."""
+    them (None: the row's own ``retry_of``, no ``retried_by``); ``keyring``: decrypts an
+    encrypted payload for a reader who may see it (None: shown as ``"encrypted"``)."""
+    payload, encrypted = shown(row["payload"], keyring)
     # A row written before its text was checked (a payload with a lone surrogate on SQLite)
     # is shown with U+FFFD in place of what no JSON answer can carry.
     logs = storable(row["logs"]) or ()
@@ -331,7 +338,8 @@ def _execution_detail(
         **fields,
         attempts=attempt_views(row),
         retried_by=retried_by,
-        payload=storable(row["payload"]),
+        payload=storable(payload),
+        payload_encrypted=encrypted,
         traceback=storable(row["last_error"]),
         logs=tuple(_log_entry(e) for e in logs if isinstance(e, dict)),
         claimed_by=row["claimed_by"],

@@ -363,15 +363,20 @@ def executions_command(box: Outbox, job: str | None, status: str | None, limit: 
 
 @outbox.command("show")
 @click.argument("execution_id", metavar="ID")
+@click.option("--show-encrypted", is_flag=True,
+              help="Decrypt an encrypted payload with the app's keys (encryption_keys, or "
+                   "$CELERY_OUTBOX_ENCRYPTION_KEYS); without it, shown as \"encrypted\".")
 @json_option
 @admin_command
-def show_command(box: Outbox, execution_id: str, as_json: bool) -> None:
+def show_command(box: Outbox, execution_id: str, show_encrypted: bool, as_json: bool) -> None:
     """One execution with its payload, captured logs, error traceback, its lineage (the
     execution it retries, the one retrying it) and its attempts (oldest first: start, end,
-    duration, worker, outcome, error)."""
+    duration, worker, outcome, error). The payload of an encrypted job shows as
+    "encrypted" unless --show-encrypted."""
     from celery_outbox.cli.attempts import print_attempts
 
-    detail = box.admin.get_execution(_execution_id(execution_id))
+    detail = box.admin.get_execution(_execution_id(execution_id),
+                                     show_encrypted=show_encrypted)
     if as_json:
         print_json(detail.to_dict())
         return
@@ -501,6 +506,38 @@ def sweep_command(box: Outbox, as_json: bool) -> None:
 def trim_command(box: Outbox, as_json: bool) -> None:
     """Run one trim now: delete finished rows beyond each job's keep-last-N."""
     _print_counts("trim", box.trim(), as_json)
+
+
+@outbox.command("rotate-keys")
+@click.option("--batch-rows", "batch_size", default=500, show_default=True,
+              type=click.IntRange(1, 10_000),
+              help="Rows read per statement (1..10000).")
+@click.option("--job", "jobs", multiple=True, metavar="NAME",
+              help="Only this encrypted job (a full or short name; repeat for several).")
+@json_option
+@admin_command
+def rotate_keys_command(box: Outbox, batch_size: int, jobs: tuple[str, ...],
+                        as_json: bool) -> None:
+    """Re-encrypt the stored payloads of the encrypted=True jobs with the newest key (the
+    first of encryption_keys, or of $CELERY_OUTBOX_ENCRYPTION_KEYS), in batches; payloads
+    under the newest key already are left (a second run rewrites nothing). Exits 1 when a
+    payload no configured key opens remains (keep the old key until none does)."""
+    from celery_outbox.admin.keys import rotate_keys
+
+    names = [box.admin.find_job(job).name for job in jobs] or None
+    done = rotate_keys(box.store, box.registry, box.keyring, batch_size=batch_size,
+                       job_names=names)
+    if as_json:
+        print_json(done.to_dict())
+    else:
+        click.echo(f"rotate-keys: {done.rotated} re-encrypted, {done.current} already under "
+                   f"the newest key, {done.plain} stored in clear, {done.undecryptable} "
+                   f"undecryptable, {done.changed} changed meanwhile ({done.scanned} rows of "
+                   f"{len(done.jobs)} encrypted job(s), {done.batches} batch(es))")
+    if done.undecryptable:
+        raise CommandError(f"{done.undecryptable} payload(s) could not be decrypted with the "
+                           "configured keys: keep the key that encrypted them among "
+                           "encryption_keys", "PayloadUndecryptable")
 
 
 @outbox.command("create-schema")

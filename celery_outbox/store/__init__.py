@@ -29,6 +29,7 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
   recent_failures, matching_ids, count_matching (the reads of the HTTP API and the CLI's
   pages; ExecutionQuery, Cursor)
+- ``keys``: encrypted_payloads, rewrite_payload (the key rotation of encrypted payloads)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from celery_outbox.store.admin import AdminStore, JobStats, StatusCount
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
+from celery_outbox.store.keys import KeyStore
 from celery_outbox.store.loop import LoopRun, LoopStore
 from celery_outbox.store.pauses import PAUSE_KINDS, Pause, PauseStore
 from celery_outbox.store.push import NewExecution, PushStore, new_ids
@@ -76,7 +78,7 @@ __all__ = [
 
 class ExecutionStore(
     PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
-    StatsStore, LoopStore, SessionStore, PauseStore,
+    StatsStore, LoopStore, SessionStore, PauseStore, KeyStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

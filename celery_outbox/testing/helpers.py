@@ -28,6 +28,7 @@ from uuid import UUID
 from sqlalchemy import and_, bindparam, delete, inspect, or_, select
 
 from celery_outbox.dispatch import Dispatcher, DispatchItem
+from celery_outbox.encryption import PayloadUndecryptable, is_envelope
 from celery_outbox.errors import ConfigurationError, StorageError
 from celery_outbox.jobs import OutboxJob
 from celery_outbox.outbox import Outbox
@@ -149,8 +150,9 @@ class Clock:
 @dataclass(frozen=True)
 class Pushed:
     """One execution row as a test sees it. ``payload`` is the stored JSON (a dict, or None
-    for a job without schema); :attr:`model` the job's schema instance when the job is
-    registered here. Times are aware UTC datetimes."""
+    for a job without schema; an encrypted one decrypted: ``encrypted`` says so);
+    :attr:`model` the job's schema instance when the job is registered here. Times are
+    aware UTC datetimes."""
 
     id: UUID
     job_name: str
@@ -166,6 +168,9 @@ class Pushed:
     finished_at: datetime | None
     last_error: str | None
     model: Any = None
+    encrypted: bool = False
+    """The payload is stored encrypted (an ``encrypted=True`` job): ``payload`` is shown
+    decrypted with the outbox's keys."""
 
     def __str__(self) -> str:
         when = f" at {self.scheduled_at.isoformat()}" if self.scheduled_at else ""
@@ -256,11 +261,16 @@ def _read(outbox: Outbox, job_name: str | None = None,
     for row in found:
         spec = outbox.registry.get(row["job_name"]) if row["job_name"] in outbox.registry \
             else None
+        values = dict(row)
+        encrypted = is_envelope(values["payload"])
+        if encrypted:  # compared decrypted (the token when the keys cannot open it)
+            with suppress(PayloadUndecryptable):
+                values["payload"] = outbox.keyring.decrypt(values["payload"])
         model = None
-        if spec is not None and spec.schema is not None and row["payload"] is not None:
+        if spec is not None and spec.schema is not None and values["payload"] is not None:
             with suppress(Exception):  # a row of an older schema: its payload as stored
-                model = spec.schema.model_validate(row["payload"])
-        out.append(Pushed(**dict(row), model=model))
+                model = spec.schema.model_validate(values["payload"])
+        out.append(Pushed(**values, model=model, encrypted=encrypted))
     return out
 
 

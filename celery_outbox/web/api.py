@@ -220,7 +220,8 @@ def bulk(action: str, body: BulkIn, who: Operator, board: Board) -> BulkOut:
 def execution(execution_id: UUID, who: Who, board: Board) -> ExecutionDetailOut:
     """One execution: payload, attempts, timeline, last error with traceback, captured logs,
     and the actions its status allows."""
-    return ExecutionDetailOut.of(board.execution(execution_id, who.organization_id))
+    return ExecutionDetailOut.of(board.execution(
+        execution_id, who.organization_id, show_encrypted=who.show_encrypted_payloads))
 
 
 @router.post("/executions/{execution_id}/retry", response_model=ActionOut, status_code=201,

@@ -60,12 +60,15 @@ class Principal:
 
     ``access``: ``"read"`` (no actions: trigger, retry and cancel answer 403) or
     ``"operate"``. ``organization_id``: None sees every tenant; a string restricts every read
-    and action to that tenant's executions (others answer 404).
+    and action to that tenant's executions (others answer 404). ``show_encrypted_payloads``:
+    this principal sees the payloads of ``encrypted=True`` jobs decrypted (default False:
+    shown as ``"encrypted"``, never the stored token), whatever its access.
     """
 
     name: str
     access: Access = "read"
     organization_id: str | None = None
+    show_encrypted_payloads: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -74,6 +77,9 @@ class Principal:
         if self.access not in ACCESS_LEVELS:
             raise ConfigurationError(f"Principal {self.name!r}: access must be 'read' or "
                                      f"'operate', got {self.access!r}")
+        if not isinstance(self.show_encrypted_payloads, bool):
+            raise ConfigurationError(f"Principal {self.name!r}: show_encrypted_payloads must "
+                                     f"be True or False, got {self.show_encrypted_payloads!r}")
 
     @property
     def can_operate(self) -> bool:
@@ -135,20 +141,23 @@ def _matches(secret: str, hashed: str | None, env: str | None) -> bool:
 
 @dataclass(frozen=True)
 class User:
-    """An HTTP Basic (and login form) user: ``password_hash`` or ``password_env``."""
+    """An HTTP Basic (and login form) user: ``password_hash`` or ``password_env``;
+    ``access``, ``organization_id``, ``show_encrypted_payloads`` as :class:`Principal`."""
 
     name: str
     password_hash: str | None = None
     password_env: str | None = None
     access: Access = "read"
     organization_id: str | None = None
+    show_encrypted_payloads: bool = False
 
     def __post_init__(self) -> None:
         _check_stored("Password", self.name, self.password_hash, self.password_env)
         self.principal()  # validates name and access
 
     def principal(self) -> Principal:
-        return Principal(self.name, self.access, self.organization_id)
+        return Principal(self.name, self.access, self.organization_id,
+                         self.show_encrypted_payloads)
 
     def check(self, password: str) -> bool:
         """True when ``password`` is this user's (constant-time compare)."""
@@ -157,20 +166,23 @@ class User:
 
 @dataclass(frozen=True)
 class Token:
-    """A bearer token (``Authorization: Bearer <token>``): ``token_hash`` or ``token_env``."""
+    """A bearer token (``Authorization: Bearer <token>``): ``token_hash`` or ``token_env``;
+    ``access``, ``organization_id``, ``show_encrypted_payloads`` as :class:`Principal`."""
 
     name: str
     token_hash: str | None = None
     token_env: str | None = None
     access: Access = "read"
     organization_id: str | None = None
+    show_encrypted_payloads: bool = False
 
     def __post_init__(self) -> None:
         _check_stored("Token", self.name, self.token_hash, self.token_env)
         self.principal()
 
     def principal(self) -> Principal:
-        return Principal(self.name, self.access, self.organization_id)
+        return Principal(self.name, self.access, self.organization_id,
+                         self.show_encrypted_payloads)
 
     def check(self, token: str) -> bool:
         return _matches(token, self.token_hash, self.token_env)

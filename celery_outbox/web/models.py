@@ -263,6 +263,10 @@ class ExecutionDetailOut(ExecutionOut):
     attempts: list[AttemptOut] = Field(default_factory=list)
     retry_of: UUID | None = None
     retried_by: UUID | None = None
+    payload_encrypted: bool = Field(
+        False, description="The payload is stored encrypted (an encrypted=True job): "
+        "`payload` is the string \"encrypted\" unless this principal may see it "
+        "(show_encrypted_payloads), then decrypted")
 
     @classmethod
     def of(cls, d: ExecutionDetail) -> ExecutionDetailOut:  # type: ignore[override]
@@ -282,6 +286,7 @@ class ExecutionDetailOut(ExecutionOut):
                                  finished_at=d.finished_at, updated_at=d.updated_at),
             actions=actions, attempts=[AttemptOut.of(a) for a in d.attempts],
             retry_of=d.retry_of, retried_by=d.retried_by,
+            payload_encrypted=d.payload_encrypted,
         )
 
 

@@ -163,7 +163,8 @@ def executions(request: Request) -> Response:
 def execution(request: Request, execution_id: str) -> Response:
     who: Principal = request.state.principal
     try:
-        detail = _board(request).execution(execution_id, who.organization_id)
+        detail = _board(request).execution(execution_id, who.organization_id,
+                                           show_encrypted=who.show_encrypted_payloads)
     except ExecutionNotFound as exc:
         return error_page(request, 404, str(exc))
     return render(request, "execution.html", e=detail,

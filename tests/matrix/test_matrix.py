@@ -47,6 +47,10 @@ NOT_REACHED: dict[str, str] = {
     "add_pause": "the admin's pause (no path; tests/integration/test_pauses.py, the e2e "
                  "tests/e2e/test_pause.py)",
     "remove_pause": "the admin's resume (no path; tests/integration/test_pauses.py)",
+    "encrypted_payloads": "the key rotation's read (`outbox rotate-keys`, no path; "
+                          "tests/integration/test_encryption.py)",
+    "rewrite_payload": "the key rotation's write, guarded by the token it replaces (no path; "
+                       "tests/integration/test_encryption.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path
 reaches fails :func:`test_every_query_is_reached` until a path runs it or it is listed."""
