@@ -8,11 +8,12 @@ passes it in click's context (``ctx.obj.app``); the Outbox is the one installed 
 
 Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB] [--status S]
 [--limit N] [--after CURSOR] [--organization-id/--tenant ORG] [--key KEY] [--error TEXT]
-[--created-after TIME] [--created-before TIME]``, ``show ID``, ``logs ID [--follow]
-[--interval-seconds SECONDS]``, ``trigger JOB
+[--created-after TIME] [--created-before TIME]``, ``show ID [--show-encrypted]``, ``logs ID
+[--follow] [--interval-seconds SECONDS]``, ``trigger JOB
 [--payload JSON] [--delay-seconds SECONDS | --at TIME] [--key KEY] [--priority NAME]``,
 ``retry ID``, ``cancel ID``, ``pause JOB | --queue NAME``, ``resume JOB | --queue NAME``,
-``pauses``, ``sweep``, ``trim``, ``create-schema``,
+``pauses``, ``sweep``, ``trim``, ``create-schema``, ``rotate-keys [--batch-rows N] [--job
+JOB]`` (encrypted payloads re-encrypted with the newest key),
 ``web [--host H] [--port N] [--no-auth]`` (the dashboard and HTTP API, extra ``web``),
 ``metrics [--host H] [--port N]`` (Prometheus, extra ``metrics``), ``hash-secret
 [--token]``. A JOB is a job's full name or a short one naming one job only (``receipt`` for

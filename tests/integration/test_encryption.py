@@ -12,6 +12,7 @@ the push before anything is written; the admin's and the dashboard's reads show
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 from uuid import UUID
 
@@ -264,3 +265,39 @@ def test_an_encrypted_job_without_schema_validation_leaks_no_values(
     assert box.run_now("pay.changing", [execution_id]).failed == 1
     error = box.admin.get_execution(execution_id).traceback or ""
     assert "number" in error and SECRET not in error and "4111" not in error
+
+
+def test_the_cli_shows_encrypted_unless_asked_and_rotates_keys(
+    db_url: str, registry: JobRegistry, refund: OutboxJob[Card],
+    recording: RecordingDispatcher, make_outbox: MakeOutbox,
+) -> None:
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_outbox.cli import outbox as outbox_group
+
+    old = make_outbox(db_url, registry, recording, encryption_keys=[KEY_A])
+    execution_id = refund.push(card(1))
+    box = make_outbox(db_url, registry, recording, encryption_keys=[KEY_B, KEY_A],
+                      table_name=old.config.table_name)
+
+    def invoke(*args: str) -> Any:
+        return CliRunner().invoke(outbox_group, list(args), obj=SimpleNamespace(app=box.app))
+
+    masked = invoke("show", str(execution_id), "--json")
+    assert masked.exit_code == 0, masked.output
+    data = json.loads(masked.output)["data"]
+    assert (data["payload"], data["payload_encrypted"]) == (MASK, True)
+    assert SECRET not in masked.output and "$encrypted" not in masked.output
+    shown = invoke("show", str(execution_id), "--show-encrypted", "--json")
+    assert json.loads(shown.output)["data"]["payload"] == card(1)
+    rotated = invoke("rotate-keys", "--batch-rows", "1", "--job", "refund", "--json")
+    assert rotated.exit_code == 0, rotated.output
+    counts = json.loads(rotated.output)["data"]
+    assert (counts["rotated"], counts["jobs"]) == (1, ["pay.refund"])
+    again = invoke("rotate-keys")
+    assert again.exit_code == 0 and "0 re-encrypted, 1 already under the newest key" \
+        in again.output
+    not_encrypted = invoke("rotate-keys", "--job", "nope")
+    assert not_encrypted.exit_code != 0
