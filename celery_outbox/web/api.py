@@ -180,11 +180,13 @@ def executions(
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor")] = None,
     payload: Annotated[str | None, Query(
         max_length=2000, description="The payload contains this JSON object (PostgreSQL "
-                                     "only: jsonb @>), e.g. {\"order_id\": 7}")] = None,
+                                     "only: jsonb @>), e.g. {\"order_id\": 7}; an "
+                                     "encrypted payload never matches")] = None,
 ) -> ExecutionPageOut:
     """Executions across jobs, newest first, one keyset page at a time. ``payload``: a JSON
     object the payload contains (422 naming ``query.payload`` when it is not one; 400 on
-    SQLite, which cannot match it)."""
+    SQLite, which cannot match it); the payload of an encrypted job is stored as a token,
+    so it never matches."""
     query = scoped_query(who, job, status, key, tenant, created_after, created_before, error,
                          payload=json_object_param(payload, ("query", "payload")))
     if query is None:
