@@ -1,7 +1,8 @@
 """``python -m example_project``: run the shop's whole flow against a real Celery worker.
 
 1. Start from an empty shop (the demo drops and recreates its tables; on the embedded default
-   it deletes its two SQLite files).
+   it also empties the broker file: both SQLite files stay, so a dashboard still running on
+   them shows the new run). With ``--dashboard``, first check that the port is free.
 2. Start a real worker process (``celery -A example_project worker``), unless ``--no-worker``
    says one is already running (the production way, e.g. on PostgreSQL + Redis).
 3. Place three orders (each pushes ``send_receipt`` in the order's transaction; the first also
@@ -10,7 +11,9 @@
    ``audit.delay()``.
 4. Wait with a progress bar until all of it has happened, stop the worker (by PID), print
    the executions and the orders, and exit 0 only if every order's receipt was sent and every
-   other expectation held.
+   other expectation held. With ``--dashboard``: keep that worker running, seed one failing
+   execution (``send_receipt`` for order 42, which does not exist) and serve the dashboard
+   until Ctrl-C, then stop the worker.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,12 +37,13 @@ from uuid import UUID
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
-from sqlalchemy import func, select
+from sqlalchemy import MetaData, create_engine, delete, func, select
 
 from celery_outbox import ExecutionNotFound, OutboxJob
 from example_project import settings
 from example_project.celery_app import outbox
 from example_project.jobs import (
+    Receipt,
     SalesDay,
     audit,
     build_sales_report,
@@ -52,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOBS: tuple[OutboxJob[object], ...] = (send_receipt, notify_warehouse, build_sales_report)
 CUSTOMERS = (("alice", 2500, True), ("bob", 1200, False), ("carol", 4999, False))
 FINISHED = {"succeeded", "failed", "cancelled"}
+MISSING_ORDER = 42  # --dashboard seeds a receipt for this order, which never exists
 
 
 @dataclass
@@ -70,16 +76,45 @@ class Run:
 
 
 def reset() -> None:
-    """An empty shop: fresh SQLite files on the embedded default, fresh tables everywhere."""
+    """An empty shop: fresh tables everywhere, and no messages left in the embedded broker.
+
+    The SQLite files themselves stay (their tables are dropped and recreated, the broker's
+    messages deleted), so a dashboard still running on them shows the new run's data.
+    """
     if settings.EMBEDDED:
         settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
-        for base in (settings.DATABASE_FILE, settings.BROKER_FILE):
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{base}{suffix}").unlink(missing_ok=True)
+        empty_broker_file()
     outbox.drop_schema()
     metadata.drop_all(outbox.engine)
     outbox.create_schema()
     metadata.create_all(outbox.engine)
+
+
+def empty_broker_file() -> None:
+    """Delete every row of the embedded broker's tables (kombu's ``kombu_message`` and
+    ``kombu_queue``), in place: the file stays."""
+    if not settings.BROKER_FILE.exists():
+        return
+    engine = create_engine(f"sqlite:///{settings.BROKER_FILE}",
+                           connect_args={"timeout": 30})
+    try:
+        tables = MetaData()
+        tables.reflect(engine)
+        with engine.begin() as conn:
+            for table in reversed(tables.sorted_tables):
+                conn.execute(delete(table))
+    finally:
+        engine.dispose()
+
+
+def port_in_use(port: int) -> bool:
+    """True when nothing may listen on ``127.0.0.1:port`` (something already does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def start_worker(log: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -263,10 +298,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long to wait for the worker (default 60)")
     parser.add_argument("--dashboard", action="store_true",
                         help="afterwards, keep the dashboard running on this run's data "
-                             "(http://127.0.0.1:PORT/, loopback only, no login) until Ctrl-C")
+                             "(http://127.0.0.1:PORT/, loopback only, no login) until Ctrl-C, "
+                             "the worker still running behind it, with one seeded failure "
+                             "(send_receipt for order 42)")
     parser.add_argument("--dashboard-port", type=int, default=8000,
                         help="the dashboard's port (default 8000)")
     args = parser.parse_args(argv)
+    if args.dashboard and port_in_use(args.dashboard_port):
+        # Before the flow: a re-run must not reset the data only to fail at the end.
+        print(f"error: --dashboard-port: port {args.dashboard_port} on 127.0.0.1 is already "
+              f"in use (a dashboard still running?); stop it, or pick another port: "
+              f"python -m example_project --dashboard --dashboard-port "
+              f"{args.dashboard_port + 10}", file=sys.stderr)
+        return 2
     console = Console()
     if not console.is_terminal:  # piped or captured: room for the tables
         console = Console(width=120)
@@ -276,42 +320,59 @@ def main(argv: list[str] | None = None) -> int:
     run = Run()
     worker: subprocess.Popen[bytes] | None = None
     log_path = settings.DATA_DIR / "worker.log"  # only when this run starts the worker
-    with contextlib.ExitStack() as files:
+    with contextlib.ExitStack() as stack:
+        if not args.no_worker:
+            worker = start_worker(stack.enter_context(open(log_path, "wb")))
+            stack.callback(stop_worker, worker)  # also after the dashboard, on Ctrl-C
+            console.print(f"worker:   pid {worker.pid}, log {log_path}")
         try:
-            if not args.no_worker:
-                worker = start_worker(files.enter_context(open(log_path, "wb")))
-                console.print(f"worker:   pid {worker.pid}, log {log_path}")
             shop(run)
             done = wait(run, console, args.timeout_seconds,
                         alive=lambda: worker is None or worker.poll() is None)
         finally:
-            if worker is not None:
+            if worker is not None and not args.dashboard:
                 stop_worker(worker)
             outbox.flush(timedelta(seconds=5))
-    show(run, console)
-    if not done:
-        hint = (f"worker log: {log_path}" if worker is not None else
-                f"is a worker running on this database and broker, consuming queue "
-                f"{settings.QUEUE!r}? celery -A example_project worker -Q {settings.QUEUE}; "
-                f"see its own log")
-        print(f"FAILED: not everything happened within {args.timeout_seconds:.0f} s ({hint})")
-    failures = verdict(run)
-    ok = done and not failures
-    if ok:
-        print(f"OK: every order's receipt was sent ({len(run.placed)}/{len(run.placed)})")
-    if args.dashboard:
-        serve_dashboard(args.dashboard_port)
+        show(run, console)
+        if not done:
+            hint = (f"worker log: {log_path}" if worker is not None else
+                    f"is a worker running on this database and broker, consuming queue "
+                    f"{settings.QUEUE!r}? celery -A example_project worker -Q {settings.QUEUE}; "
+                    f"see its own log")
+            print(f"FAILED: not everything happened within {args.timeout_seconds:.0f} s "
+                  f"({hint})")
+        failures = verdict(run)
+        ok = done and not failures
+        if ok:
+            print(f"OK: every order's receipt was sent ({len(run.placed)}/{len(run.placed)})")
+        if args.dashboard:
+            seed_failure()
+            serve_dashboard(args.dashboard_port, worker)
     return 0 if ok else 1
 
 
-def serve_dashboard(port: int) -> None:
-    """The dashboard on the run's data, on loopback without a login, until Ctrl-C."""
+def seed_failure() -> None:
+    """Dashboard mode only: one execution that fails, so the Failures page, an execution's
+    attempts and a Retry have something to show: ``send_receipt`` for order 42, which does
+    not exist (each of its 4 attempts raises ``NoResultFound``, 1 s apart)."""
+    execution_id = send_receipt.push(Receipt(order_id=MISSING_ORDER),
+                                     key=f"receipt-{MISSING_ORDER}")
+    outbox.flush(timedelta(seconds=5))
+    print(f"seeded:   send_receipt for order {MISSING_ORDER} (no such order), execution "
+          f"{execution_id}: fails after 4 attempts (see Failures; Retry it for a lineage)")
+
+
+def serve_dashboard(port: int, worker: subprocess.Popen[bytes] | None) -> None:
+    """The dashboard on the run's data, on loopback without a login, until Ctrl-C; the
+    worker this run started (if any) keeps running behind it, so triggers and retries run."""
     import uvicorn
 
     from celery_outbox.web import create_app
 
-    print(f"dashboard: http://127.0.0.1:{port}/ (loopback only, no login: auth=None); "
-          f"Ctrl-C to stop")
+    behind = (f"worker pid {worker.pid} still running behind it" if worker is not None else
+              "no worker of its own (--no-worker): yours runs what it triggers")
+    print(f"dashboard: http://127.0.0.1:{port}/ (loopback only, no login: auth=None; "
+          f"{behind}); Ctrl-C to stop", flush=True)
     uvicorn.run(create_app(outbox, auth=None), host="127.0.0.1", port=port,
                 log_level="warning")
 

@@ -4,16 +4,21 @@
    database + kombu's SQLAlchemy transport on SQLite, the example starting its own worker.
 2. The production way: PostgreSQL + Redis, ``celery -A example_project worker`` started
    separately, then ``python -m example_project --no-worker``.
+3. ``--dashboard``: the same flow, then the dashboard with the example's worker still running
+   behind it, working off the one failing execution ``--dashboard`` seeds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,3 +126,48 @@ def test_example_runs_on_postgresql_and_redis_with_a_separate_worker(
         client.close()
     assert_all_receipts(code, output)
     assert "receipt for order 3 sent to carol" in worker.text()
+
+
+def test_example_dashboard_keeps_its_worker_and_seeds_one_failure(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "example_project", "--dashboard", "--dashboard-port",
+             str(port)],
+            cwd=procs.ROOT, env=clean_env(SHOP_DATA_DIR=str(tmp_path)), stdout=sink,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    worker_pid = 0
+    try:
+        procs.wait_for(lambda: "dashboard: http://" in out.read_text(errors="replace")
+                       or proc.poll() is not None, 90, "the dashboard line")
+        output = out.read_text(errors="replace")
+        assert LAST in output and "seeded:   send_receipt for order 42" in output, output
+        worker_pid = int(re.search(r"worker:\s+pid (\d+)", output).group(1))  # type: ignore[union-attr]
+        assert f"worker pid {worker_pid} still running behind it" in output
+
+        def failed_receipt() -> object:
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/api/v1/failures", timeout=5) as answer:
+                    groups = json.load(answer)["groups"]
+            except OSError:
+                return None  # uvicorn not listening yet
+            return [g for g in groups if g["job_name"].endswith("send_receipt")]
+
+        # The worker behind the dashboard runs the seeded execution's 4 attempts to a failure.
+        groups = procs.wait_for(failed_receipt, 60, "the seeded failure", interval=0.2)
+        assert groups[0]["error_type"] == "NoResultFound", groups  # type: ignore[index]
+        os.kill(worker_pid, 0)  # still alive while the dashboard serves
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the dashboard stops, then the worker
+        assert proc.wait(30) == 0, out.read_text(errors="replace")
+    finally:
+        procs.stop(proc)
+        if worker_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker_pid, signal.SIGKILL)
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker_pid, 0)
