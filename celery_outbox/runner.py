@@ -32,10 +32,11 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -46,10 +47,13 @@ from celery_outbox.context import JobContext, Stop
 from celery_outbox.dispatch import Dispatcher, DispatchItem, InlineDispatcher
 from celery_outbox.encryption import Keyring, PayloadUndecryptable, is_envelope
 from celery_outbox.errors import (
+    ConfigurationError,
     DoNotRetry,
     ExecutionCancelled,
+    FencedOut,
     JobNotRegistered,
     RetryLater,
+    Snooze,
     StorageError,
 )
 from celery_outbox.heartbeat import Heartbeat
@@ -63,6 +67,7 @@ from celery_outbox.outcomes import (
     Outcome,
     OutcomeName,
     Retrying,
+    Snoozed,
     Succeeded,
     Write,
 )
@@ -71,6 +76,10 @@ from celery_outbox.rollup import Rollup
 from celery_outbox.states import Status
 from celery_outbox.store import Claimed, Fence
 from celery_outbox.store.protocol import WorkerStore
+
+if TYPE_CHECKING:  # the ORM is imported only by a handler that asks for a transaction
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
 
 log = guarded(logging.getLogger(__name__))
 
@@ -83,7 +92,8 @@ def utcnow() -> datetime:
 @dataclass(frozen=True)
 class RunResult:
     """Counts of one :meth:`Runner.run`: claimed, succeeded, retried, failed, lost (fenced out),
-    cancelled (by their own handler, ``ctx.cancel(reason)``)."""
+    cancelled (by their own handler, ``ctx.cancel(reason)``), snoozed (put back for later by
+    their handler, ``ctx.snooze(delay)``, no attempt spent)."""
 
     claimed: int = 0
     succeeded: int = 0
@@ -91,6 +101,7 @@ class RunResult:
     failed: int = 0
     lost: int = 0
     cancelled: int = 0
+    snoozed: int = 0
 
 
 @dataclass
@@ -114,6 +125,9 @@ class _Decided:
     (:meth:`Runner._release_stopped`)."""
     trace: Any = None
     """The handler's span's context, when traced (:mod:`celery_outbox.tracing`)."""
+    written: bool = False
+    """Its outcome is already committed, in the handler's own ``ctx.transaction()``: the
+    runner follows it up (counts, signals, a retry's dispatch) and writes nothing."""
 
 
 @dataclass
@@ -133,11 +147,15 @@ class _Claim:
     begun: int = 0
     """``rows[:begun]`` may have begun; the others never did."""
     never: list[Fence] = field(default_factory=list)
-    """Rows among ``rows[:begun]`` whose handler never began, taken back from a parallel
-    wave that was stopped (:meth:`Runner._run_wave`): handed back by :meth:`Runner._leave`."""
+    """Rows among ``rows[:begun]`` whose handler never began: their start missed (a fence
+    miss, or the job or its queue paused since the claim: :meth:`Runner._guard`), or taken
+    back from a parallel wave that was stopped (:meth:`Runner._run_wave`); handed back at
+    the end of the run (:meth:`Runner._leave` on anything raised)."""
     later: set[Fence] = field(default_factory=set)
     """The fences a retry thread holds now (still heartbeated; it untracks them)."""
     counts: Counter[OutcomeName] = field(default_factory=Counter)
+    queue: str | None = None
+    """The job's Celery queue (:attr:`_Plan.queue`): a start misses while it is paused."""
 
     def result(self) -> RunResult:
         counts = self.counts
@@ -357,9 +375,11 @@ class _Outcomes:
         if held and (window == 0 or time.monotonic() - held[0].at >= window):
             return bool(self.write(claim, start=fence))
         if not held:
-            return self.store.start(fence, self.runner.clock())
+            return self.store.start(fence, self.runner.clock(), job=claim.spec.name,
+                                    queue=claim.queue)
         # Its outcomes held, the start commits without waiting for its flush (PostgreSQL).
-        return self.store.start(fence, self.runner.clock(), flushed=False)
+        return self.store.start(fence, self.runner.clock(), flushed=False,
+                                job=claim.spec.name, queue=claim.queue)
 
     def start_many(self, claim: _Claim, fences: Sequence[Fence]) -> list[bool]:
         """:meth:`start` for the rows of a parallel job's next wave, in one statement; per
@@ -368,7 +388,8 @@ class _Outcomes:
         held = claim.held
         if held and (window == 0 or time.monotonic() - held[0].at >= window):
             return self._write(claim, None, fences)[1]
-        return self.store.start_many(fences, self.runner.clock(), flushed=not held)
+        return self.store.start_many(fences, self.runner.clock(), flushed=not held,
+                                     job=claim.spec.name, queue=claim.queue)
 
     def write(self, claim: _Claim, *, start: Fence | None = None) -> bool | None:
         """Write the outcomes held for ``claim`` and mark ``start`` started in the same round
@@ -382,9 +403,11 @@ class _Outcomes:
         """:meth:`write`, the next row's ``start`` or the next rows' ``starts`` (a parallel
         job's wave, one statement) with the outcomes; whether each start hit."""
         held = claim.held
-        writes = [d for d in held if d.outcome is not None]
+        writes = [d for d in held if d.outcome is not None and not d.written]
+        written = {d.fence: True for d in held if d.written}
         try:
-            hits, started, marked = self._send(writes, start, starts)
+            hits, started, marked = self._send(writes, start, starts, job=claim.spec.name,
+                                               queue=claim.queue)
         except StorageError as exc:
             if not writes:
                 raise  # a start alone failed: not ours to retry, the row is handed back
@@ -393,46 +416,51 @@ class _Outcomes:
                         " without the next row's start" if start is not None
                         else " without the next rows' start" if starts else "",
                         " ".join(str(exc).split())[:300])
-            hits = self._again(claim, writes)
+            hits = self._again(claim, writes) | written
             claim.held = []
             self.settle(claim.spec, held, hits, claim.counts)
-            now = self.runner.clock()
-            return (None if start is None else self.store.start(start, now),
-                    self.store.start_many(starts, now) if starts else [])
+            now, job, queue = self.runner.clock(), claim.spec.name, claim.queue
+            return (None if start is None else self.store.start(start, now, job=job,
+                                                                queue=queue),
+                    self.store.start_many(starts, now, job=job, queue=queue) if starts else [])
         claim.held = []
-        self.settle(claim.spec, held, hits, claim.counts)
+        self.settle(claim.spec, held, hits | written if written else hits, claim.counts)
         return started, marked
 
     def _send(self, writes: Sequence[_Decided], start: Fence | None,
-              starts: Sequence[Fence] = ()
+              starts: Sequence[Fence] = (), *, job: str | None = None,
+              queue: str | None = None
               ) -> tuple[dict[Fence, bool], bool | None, list[bool]]:
         """One statement for one outcome, one transaction for several, ``start`` (or the
         one statement of ``starts``) with them; whether each hit and whether ``start`` (each
-        of ``starts``) was still the claim's."""
+        of ``starts``) was still the claim's, ``job`` and ``queue`` not paused."""
         clock = self.runner.clock
         if not writes:
             if starts:
-                return {}, None, self.store.start_many(starts, clock())
-            return {}, None if start is None else self.store.start(start, clock()), []
+                return {}, None, self.store.start_many(starts, clock(), job=job, queue=queue)
+            return {}, None if start is None else self.store.start(
+                start, clock(), job=job, queue=queue), []
         found = tracing.tracer()
         if found is not None:
             with tracing.Settling(found, [(d.row, _outcome_name(d), d.trace) for d in writes]):
-                return self._write_outcomes(writes, start, starts)
-        return self._write_outcomes(writes, start, starts)
+                return self._write_outcomes(writes, start, starts, job, queue)
+        return self._write_outcomes(writes, start, starts, job, queue)
 
     def _write_outcomes(self, writes: Sequence[_Decided], start: Fence | None,
-               starts: Sequence[Fence] = ()
+               starts: Sequence[Fence] = (), job: str | None = None, queue: str | None = None
                ) -> tuple[dict[Fence, bool], bool | None, list[bool]]:
         """:meth:`_send` of at least one outcome."""
         clock = self.runner.clock
         if len(writes) == 1 and not starts:
             d = writes[0]
             assert d.outcome is not None
-            done = self.store.finish(d.outcome, d.fence, d.ended or clock(), start=start)
+            done = self.store.finish(d.outcome, d.fence, d.ended or clock(), start=start,
+                                     job=job, queue=queue)
             return {d.fence: done.hit}, done.started, []
         many = self.store.finish_many(
             [Write(d.outcome, d.fence, d.ended or clock()) for d in writes
-             if d.outcome is not None], clock(), start=start, starts=starts)
+             if d.outcome is not None], clock(), start=start, starts=starts, job=job,
+            queue=queue)
         return (dict(zip((d.fence for d in writes), many.hits, strict=True)), many.started,
                 many.starts)
 
@@ -498,6 +526,111 @@ class _Outcomes:
                                              else hit.status).value)
 
 
+class Joinable(Protocol):
+    """What a handler's ``ctx.transaction()`` needs of the store: its engine (a Session on a
+    pooled connection of it) and the outcome's fenced write in that Session
+    (:meth:`~celery_outbox.store.ExecutionStore.finish_in`)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    def finish_in(self, caller: Any, outcome: Outcome, fence: Fence,
+                  now: datetime) -> str | None: ...
+
+
+class _Transactional:
+    """One attempt's ``ctx.transaction()``: a Session on the store's engine whose commit
+    also settles the attempt. At the block's normal exit the outcome (succeeded, or what
+    ``ctx.fail`` / ``ctx.retry`` / ``ctx.cancel`` asked for in the block) is decided as the
+    runner decides any (:meth:`Runner._on_success`, ...), written by the same fenced
+    statement in that transaction (``finish_in``), then committed; a miss rolls back and
+    raises :class:`FencedOut` with why. :attr:`settled` is then the decided outcome, written:
+    the runner follows it up and writes nothing.
+
+    Never on the direct path's held autocommit connections: the Session checks a connection
+    out of the engine's pool. The outcome's statement locks the row last, just before the
+    commit: the heartbeat's batch skips it (``SKIP LOCKED``) and its one-row renewal waits
+    for the commit, holding no other row, so the two cannot deadlock; on SQLite the other
+    writers wait for the commit within the engine's busy timeout."""
+
+    def __init__(self, runner: Runner, spec: JobSpec, row: Claimed, ctx: JobContext[Any],
+                 fence: Fence, began: datetime, capture: LogCapture) -> None:
+        self.runner = runner
+        self.spec = spec
+        self.row = row
+        self.ctx = ctx
+        self.fence = fence
+        self.began = began
+        self.capture = capture
+        self.open = False
+        self.asked: tuple[str, Any] | None = None
+        self.settled: _Decided | None = None
+
+    def settle_as(self, kind: str, detail: Any) -> None:
+        """``ctx.fail`` / ``ctx.retry`` inside the block (the last one asked wins)."""
+        if not self.open:
+            raise ConfigurationError(
+                f"ctx.{kind}() settles an outcome inside ctx.transaction() only", field=kind)
+        self.asked = (kind, detail)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        if self.open or self.settled is not None:
+            raise ConfigurationError(
+                "ctx.transaction() is one per attempt: " + (
+                    "one is open already" if self.open else "its outcome is committed"),
+                field="transaction")
+        joinable = self.runner.joinable
+        assert joinable is not None
+        from sqlalchemy.orm import Session  # only here: a worker imports no ORM otherwise
+
+        session = Session(bind=joinable.engine)
+        self.open = True
+        try:
+            try:
+                yield session
+            finally:
+                self.open = False
+            self._commit(joinable, session)
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def _commit(self, joinable: Joinable, session: Session) -> None:
+        ctx, fence = self.ctx, self.fence
+        decided = self._decide()
+        assert decided.outcome is not None
+        now = self.runner.clock()
+        missed = joinable.finish_in(session, decided.outcome, fence, now)
+        if missed is not None:
+            reason = Stop.CANCELLED if missed == Status.CANCELLED.value else Stop.LEASE_LOST
+            session.rollback()
+            ctx._interrupt(reason)
+            log.warning("celery_outbox: %s %s: the outcome of attempt %d in its handler's "
+                        "transaction found the row no longer this attempt's (%s); rolled "
+                        "back", self.spec.name, self.row.id, fence.attempt, reason,
+                        extra=of_row(self.row))
+            raise FencedOut(self.row.id, reason.value)
+        session.commit()
+        decided.written = True
+        decided.ended = now
+        self.settled = decided
+
+    def _decide(self) -> _Decided:
+        """The outcome the block asked for, decided as the runner decides any."""
+        runner, spec, row, ctx, fence = self.runner, self.spec, self.row, self.ctx, self.fence
+        logs = self.capture.entries()
+        if _cancelled_by_handler(ctx):
+            return runner._on_cancel(spec, row, ctx, fence, None, logs, self.began)
+        if self.asked is None:
+            return runner._on_success(spec, row, ctx, fence, self.began, logs)
+        kind, detail = self.asked
+        exc: Exception = DoNotRetry(detail) if kind == "fail" else RetryLater(*detail)
+        return runner._on_error(spec, row, ctx, fence, exc, logs, self.began)
+
+
 def _own_queue(spec: JobSpec) -> str | None:
     """The queue ``spec`` names itself (None: Celery's default, unknown here)."""
     return spec.queue
@@ -536,6 +669,10 @@ class Runner:
         self._retries = _Retries()
         self._plans: dict[str, _Plan] = {}
         self._helpers = _Helpers()
+        self.joinable: Joinable | None = None
+        """The store a handler's ``ctx.transaction()`` opens its Session on and writes its
+        outcome through (the Outbox's :class:`~celery_outbox.store.ExecutionStore`); None:
+        ``ctx.transaction()`` is refused."""
         self.keyring = Keyring.load(tuple(k.get_secret_value()
                                           for k in config.encryption_keys))
         """The encryption keys (the ``encryption_keys`` setting, else the environment's):
@@ -587,6 +724,8 @@ class Runner:
                     claim.begun = index + 1
                     claim.held.append(self._isolated(claim, index))
             self._outcomes.write(claim)
+            never, claim.never = claim.never, []
+            self._hand_back(claim, never)
         except BaseException:
             self._leave(claim)
             raise
@@ -635,7 +774,8 @@ class Runner:
         claim = _Claim(spec, token, lease, claimed,
                        [Fence(row.id, token, row.attempt) for row in claimed],
                        [self._context(plan, row, now) for row in claimed],
-                       first_started=bool(claimed) and claimed[0].id == uuids[0])
+                       first_started=bool(claimed) and claimed[0].id == uuids[0],
+                       queue=plan.queue)
         # Every row held and heartbeated from the claim on, each on its own (renewed, told
         # of its loss, let go), registered once for the message.
         self.inflight.add_many(zip(claim.fences, claim.contexts, strict=True))
@@ -666,7 +806,11 @@ class Runner:
             # its lease run out.
             self._vouch(fence, claim.lease, ctx)
         if (index or not claim.first_started) and not self._outcomes.start(claim, fence):
+            # Cancelled, rescued or handed back meanwhile, or its job or queue paused since
+            # the claim: it never begins, and the end of the run hands it back (fenced: a
+            # row no longer this claim's is left as it is).
             ctx._interrupt(Stop.CANCELLED)
+            claim.never.append(fence)
         if not ctx.cancelled.is_set():
             # Its lease ran low unrenewed while its start was written or the claim answered
             # late: renewed before its handler begins (the watch stops only handlers that
@@ -698,8 +842,9 @@ class Runner:
         if starting:
             marked = self._outcomes.start_many(claim, [fences[i] for i in starting])
             for index, hit in zip(starting, marked, strict=True):
-                if not hit:
+                if not hit:  # as in _guard: never begins, handed back at the end
                     contexts[index]._interrupt(Stop.CANCELLED)
+                    claim.never.append(fences[index])
         for index in wave:
             if not contexts[index].cancelled.is_set():
                 self._vouch(fences[index], claim.lease, contexts[index])
@@ -844,7 +989,9 @@ class Runner:
 
     def _hand_back(self, claim: _Claim, fences: Sequence[Fence]) -> None:
         """release: running -> pending (the attempt not counted, dispatched now) for the rows
-        of ``fences``, claimed by this run and never begun, after the run failed.
+        of ``fences``, claimed by this run and never begun: after the run failed, or at its
+        end for the rows whose start missed (a pause since the claim; fenced, so a row
+        cancelled or rescued meanwhile is left as it is).
 
         When that fails too, a retry thread tries again until it succeeds or a lease has
         passed, the rows meanwhile still heartbeated so the rescuer does not count an
@@ -983,6 +1130,9 @@ class Runner:
             signals.job_begin.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
                                    max_attempts=row.max_attempts,
                                    due_at=row.scheduled_at or row.created_at)
+        tx = _Transactional(self, spec, row, ctx, fence, began, capture) \
+            if self.joinable is not None else None
+        ctx._completion = tx
         try:
             if spec.schema is not None:
                 ctx.payload = self._payload(spec, row)
@@ -992,9 +1142,18 @@ class Runner:
             if not isinstance(exc, Exception):
                 self.inflight.remove([fence])  # no outcome decided: run() leaves (_leave)
                 raise
+            if tx is not None and tx.settled is not None:
+                log.warning("celery_outbox: %s %s raised after its ctx.transaction() committed "
+                            "its outcome; the outcome stands: %s", spec.name, row.id,
+                            describe(exc).splitlines()[0], extra=of_row(row))
+                return tx.settled
             if _cancelled_by_handler(ctx):
                 return self._on_cancel(spec, row, ctx, fence, exc, capture.entries(), began)
+            if isinstance(exc, Snooze):
+                return self._on_snooze(spec, row, ctx, fence, exc, capture.entries())
             return self._on_error(spec, row, ctx, fence, exc, capture.entries(), began)
+        if tx is not None and tx.settled is not None:
+            return tx.settled  # written in the handler's transaction: the runner writes none
         if _cancelled_by_handler(ctx):
             return self._on_cancel(spec, row, ctx, fence, None, capture.entries(), began)
         return self._on_success(spec, row, ctx, fence, began, capture.entries())
@@ -1048,6 +1207,54 @@ class Runner:
             signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
 
         return _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), cancelled)
+
+    def _on_snooze(
+        self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Snooze,
+        logs: list[dict[str, Any]],
+    ) -> _Decided:
+        """The handler snoozed (``ctx.snooze(delay)``, ``raise Snooze(delay)``): running ->
+        scheduled at now + ``delay``, the attempt given back, ``snoozes`` + 1; past the job's
+        ``max_snoozes``, or a delay that cannot be scheduled, the execution fails (no
+        retry: a retry would only snooze again)."""
+        done = row.snoozes or 0
+        delay = exc.delay
+        now = self.clock()
+        refused = ""
+        if done >= spec.max_snoozes:
+            refused = (f"snoozed {done} times; raise max_snoozes (now {spec.max_snoozes}) on "
+                       f"@outbox_job for {spec.name!r} if it should wait longer, or fix "
+                       "what it waits for")
+        else:
+            try:
+                run_at = now + delay
+            except OverflowError:
+                refused = f"snooze delay {delay} cannot be scheduled (past the last date)"
+        if refused:
+            error = f"Snooze: {refused}\n\n{describe(exc)}"
+            signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
+                                   exception=exc, will_retry=False)
+            log.error("celery_outbox: %s %s failed on attempt %d: %s", spec.name, row.id,
+                      row.attempt, refused, extra=of_row(row))
+            return _Decided(fence, row, ctx, Failed(error, logs,
+                                                    keep=self._plan(spec).keep_failed))
+        soon = delay <= self.config.max_eta
+        log.info("celery_outbox: %s %s snoozed on attempt %d (snooze %d of at most %d), "
+                 "runs again in %.1fs%s", spec.name, row.id, row.attempt, done + 1,
+                 spec.max_snoozes, delay.total_seconds(),
+                 f": {exc.reason}" if exc.reason else "", extra=of_row(row))
+
+        def snoozed() -> None:
+            if held:
+                self.dispatcher().dispatch(
+                    [DispatchItem(row.id, spec.name, row.priority, run_at)])
+            if signals.job_snooze.receivers:
+                signals.job_snooze.send(sender=spec.name, execution_id=row.id,
+                                        attempt=row.attempt, delay=delay,
+                                        snoozes=done + 1)
+
+        # As a retry's: the inline dispatcher of eager mode holds any eta.
+        held = soon or isinstance(self.dispatcher(), InlineDispatcher)
+        return _Decided(fence, row, ctx, Snoozed(run_at, logs, dispatched=soon), snoozed)
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,

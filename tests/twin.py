@@ -37,6 +37,7 @@ from celery_outbox.outcomes import (
     FinishedMany,
     Outcome,
     Retrying,
+    Snoozed,
     Write,
     deletes,
 )
@@ -282,38 +283,50 @@ class MemoryStore:
                 got[i] = _pick(Claimed, row)
             return [got[i] for i in ids if i in got]
 
-    def start(self, fence: Fence, now: datetime, *, flushed: bool = True) -> bool:
-        """start: running -> running, started_at = now; fenced; a miss returns False
-        (``flushed``: no WAL here)."""
+    def start(self, fence: Fence, now: datetime, *, flushed: bool = True,
+              job: str | None = None, queue: str | None = None) -> bool:
+        """start: running -> running, started_at = now; fenced; a miss returns False, and so
+        does a start while the job ``job`` or ``queue`` is in :attr:`paused` (``flushed``:
+        no WAL here)."""
         with self._op("start"):
-            return self._start(fence, now)
+            return self._start(fence, now, job, queue)
 
-    def _start(self, fence: Fence, now: datetime) -> bool:
+    def _start(self, fence: Fence, now: datetime, job: str | None = None,
+               queue: str | None = None) -> bool:
+        if (job is not None and ("job", job) in self.paused) \
+                or (queue is not None and ("queue", queue) in self.paused):
+            return False
         row = self._held(fence)
         if row is not None:
             row.update(started_at=now, updated_at=now)
         return row is not None
 
     def finish(self, outcome: Outcome, fence: Fence, now: datetime, *,
-               start: Fence | None = None) -> Finished:
+               start: Fence | None = None, job: str | None = None,
+               queue: str | None = None) -> Finished:
         """running -> the outcome's status (or deleted), fenced; with ``start``, that row is
-        marked started in the same call (``Finished.started``)."""
+        marked started in the same call (``Finished.started``; a miss while ``job`` or
+        ``queue`` is paused)."""
         with self._op("finish"):
             row = self._held(fence)
             if row is not None:
                 self._write(row, _outcome_values(outcome, now, row=row))
-            return Finished(row is not None, None if start is None else self._start(start, now))
+            return Finished(row is not None,
+                            None if start is None else self._start(start, now, job, queue))
 
     def start_many(self, fences: Sequence[Fence], now: datetime, *,
-                   flushed: bool = True) -> list[bool]:
+                   flushed: bool = True, job: str | None = None,
+                   queue: str | None = None) -> list[bool]:
         """start for each fence, in one call; per fence whether it hit."""
         with self._op("start_many"):
-            return [self._start(f, now) for f in fences]
+            return [self._start(f, now, job, queue) for f in fences]
 
     def finish_many(self, writes: Sequence[Write], now: datetime, *,
                     start: Fence | None = None,
-                    starts: Sequence[Fence] = ()) -> FinishedMany:
-        """finish for each write, all or none; ``start`` or ``starts`` marked started."""
+                    starts: Sequence[Fence] = (), job: str | None = None,
+                    queue: str | None = None) -> FinishedMany:
+        """finish for each write, all or none; ``start`` or ``starts`` marked started (a
+        miss while ``job`` or ``queue`` is paused)."""
         with self._op("finish_many"):
             hits: list[bool] = []
             for w in writes:
@@ -322,8 +335,10 @@ class MemoryStore:
                     self._write(row, _outcome_values(w.outcome, w.now, row=row))
                 hits.append(row is not None)
             if starts:
-                return FinishedMany(hits, None, [self._start(f, now) for f in starts])
-            return FinishedMany(hits, None if start is None else self._start(start, now))
+                return FinishedMany(hits, None,
+                                    [self._start(f, now, job, queue) for f in starts])
+            return FinishedMany(hits, None if start is None
+                                else self._start(start, now, job, queue))
 
     def heartbeat(self, worker: str | None, fences: Sequence[Fence], now: datetime | None,
                   lease: timedelta, *, wait_locked: bool = True) -> Renewed:
@@ -638,6 +653,11 @@ def _outcome_values(outcome: Outcome, now: datetime, *, logs: bool = True,
         return None
     if lost:
         kept["attempts"] = appended(row, now, "lost", getattr(outcome, "error", ""))
+    if isinstance(outcome, Snoozed):
+        return {"status": _SCHEDULED, "scheduled_at": outcome.run_at, "updated_at": now,
+                "claimed_by": None, "lease_expires_at": None, "attempt": row["attempt"] - 1,
+                "snoozes": (row["snoozes"] or 0) + 1,
+                "dispatched_at": now if outcome.dispatched else None, **kept}
     if isinstance(outcome, Retrying):
         if not lost:
             kept["attempts"] = appended(row, now, "retried", outcome.error)

@@ -1,5 +1,6 @@
 """The pauses' queries: pause a job or a queue (once), resume it, list the pauses, and the
-claim's refusal of a paused job's rows (:func:`not_paused`, a clause of the claim)."""
+claim's and the start's refusal of a paused job's rows (:func:`not_paused`, a clause of the
+claim and of every start in queries/worker.py)."""
 
 from __future__ import annotations
 

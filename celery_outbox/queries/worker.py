@@ -39,6 +39,7 @@ from celery_outbox.outcomes import (
     Outcome,
     OutcomeName,
     Retrying,
+    Snoozed,
     deletes,
 )
 from celery_outbox.queries.attempts import append_attempt, history_error
@@ -101,7 +102,7 @@ def _claim_statement(t: Table, p: Table, dialect: str, db_clock: bool) -> Any:
         .returning(
             t.c.id, t.c.job_name, t.c.attempt, t.c.max_attempts, t.c.payload, t.c.priority,
             t.c.unique_key, t.c.organization_id, t.c.lease_expires_at, t.c.traceparent,
-            t.c.created_at, t.c.scheduled_at,
+            t.c.created_at, t.c.scheduled_at, t.c.snoozes,
         )
     )
 
@@ -127,17 +128,27 @@ def claim_rows(
 
 
 @cache
-def _start_statement(t: Table) -> Any:
+def _start_statement(t: Table, p: Table) -> Any:
+    """The fenced start, with bound parameters; it misses while the job (``start_job``) or
+    its queue (``start_queue``) is paused in ``p`` (the pauses' table:
+    :func:`~celery_outbox.queries.pauses.not_paused`, as the claim), so no execution of a
+    paused job begins after the pause committed, even one claimed before it."""
     now = bindparam("start_now", type_=t.c.started_at.type)
-    return update(t).where(fenced_bound(t, "start")).values(started_at=now, updated_at=now)
+    return (update(t)
+            .where(fenced_bound(t, "start"),
+                   not_paused(p, bindparam("start_job", type_=p.c.name.type),
+                              bindparam("start_queue", type_=p.c.name.type)))
+            .values(started_at=now, updated_at=now))
 
 
-def _start_params(fence: Fence, now: datetime) -> dict[str, Any]:
-    return {**fence_params(fence, "start"), "start_now": now}
+def _start_params(fence: Fence, now: datetime, job: str | None,
+                  queue: str | None) -> dict[str, Any]:
+    return {**fence_params(fence, "start"), "start_now": now, "start_job": job,
+            "start_queue": queue}
 
 
 @cache
-def _start_unflushed_statement(t: Table) -> Any:
+def _start_unflushed_statement(t: Table, p: Table) -> Any:
     """:func:`_start_statement` whose transaction commits without waiting for its WAL flush:
     ``set_config('synchronous_commit', 'off', true)`` in an uncorrelated scalar subquery of
     the WHERE clause, which PostgreSQL evaluates once (an InitPlan, a one-time filter above
@@ -145,24 +156,28 @@ def _start_unflushed_statement(t: Table) -> Any:
     in the UPDATE's FROM: that is a second FROM element joined to the table by nothing (a
     cartesian product, which SQLAlchemy's linter warns of)."""
     unflushed = select(func.set_config("synchronous_commit", "off", True)).scalar_subquery()
-    return _start_statement(t).where(unflushed.is_not(None))
+    return _start_statement(t, p).where(unflushed.is_not(None))
 
 
 @named("start without waiting for the WAL flush (PostgreSQL): visible at once, lost only "
-       "if the database server crashes right after; fenced", hot=True)
-def start_unflushed(t: Table, fence: Fence, now: datetime) -> Query[int]:
+       "if the database server crashes right after; fenced; none while the job or its "
+       "queue is paused", hot=True)
+def start_unflushed(t: Table, fence: Fence, now: datetime, *, pauses: Table,
+                    job: str | None = None, queue: str | None = None) -> Query[int]:
     """:func:`start_fenced` committing without waiting for its WAL flush; answers the number
-    of rows marked started (1, or 0 on a fence miss)."""
-    return rowcount("start_unflushed", _start_unflushed_statement(t),
-                    _start_params(fence, now), prepared=True)
+    of rows marked started (1, or 0 on a fence miss or a pause)."""
+    return rowcount("start_unflushed", _start_unflushed_statement(t, pauses),
+                    _start_params(fence, now, job, queue), prepared=True)
 
 
-@named("start: running -> running, started_at = now (a later row of a claim), fenced",
-       hot=True)
-def start_fenced(t: Table, fence: Fence, now: datetime) -> Query[int]:
-    """Answers the number of rows marked started (1, or 0 on a fence miss)."""
-    return rowcount("start_fenced", _start_statement(t), _start_params(fence, now),
-                    prepared=True)
+@named("start: running -> running, started_at = now (a later row of a claim), fenced; none "
+       "while the job or its queue is paused", hot=True)
+def start_fenced(t: Table, fence: Fence, now: datetime, *, pauses: Table,
+                 job: str | None = None, queue: str | None = None) -> Query[int]:
+    """Answers the number of rows marked started (1, or 0 on a fence miss, or while
+    ``pauses`` holds ``job`` or ``queue``: None matches no pause)."""
+    return rowcount("start_fenced", _start_statement(t, pauses),
+                    _start_params(fence, now, job, queue), prepared=True)
 
 
 def _fenced_many(t: Table, n: int, prefix: str) -> Any:
@@ -192,12 +207,15 @@ def _fences_params(fences: Sequence[Fence], prefix: str) -> dict[str, Any]:
 
 
 @cache
-def _start_many_statement(t: Table, n: int, unflushed: bool) -> Any:
+def _start_many_statement(t: Table, p: Table, n: int, unflushed: bool) -> Any:
     """The start of ``n`` rows of one claim in one UPDATE ... RETURNING, built once per
-    count (:func:`_fenced_many`, prefix ``sm``). ``unflushed``: the commit does not wait for
-    its WAL flush (as :func:`_start_unflushed_statement`)."""
+    count (:func:`_fenced_many`, prefix ``sm``); none while the job (``sm_job``) or its
+    queue (``sm_queue``) is paused in ``p`` (as :func:`_start_statement`). ``unflushed``:
+    the commit does not wait for its WAL flush (as :func:`_start_unflushed_statement`)."""
     now = bindparam("sm_now", type_=t.c.started_at.type)
-    stmt = (update(t).where(_fenced_many(t, n, "sm"))
+    stmt = (update(t).where(_fenced_many(t, n, "sm"),
+                            not_paused(p, bindparam("sm_job", type_=p.c.name.type),
+                                       bindparam("sm_queue", type_=p.c.name.type)))
             .values(started_at=now, updated_at=now).returning(t.c.id))
     if unflushed:
         off = select(func.set_config("synchronous_commit", "off", True)).scalar_subquery()
@@ -206,14 +224,17 @@ def _start_many_statement(t: Table, n: int, unflushed: bool) -> Any:
 
 
 @named("start many: running -> running, started_at = now, for the rows of one claim a "
-       "parallel job begins together; fenced", hot=True)
-def start_many(t: Table, fences: Sequence[Fence], now: datetime, *,
+       "parallel job begins together; fenced; none while the job or its queue is paused",
+       hot=True)
+def start_many(t: Table, fences: Sequence[Fence], now: datetime, *, pauses: Table,
+               job: str | None = None, queue: str | None = None,
                unflushed: bool = False) -> Query[list[UUID]]:
-    """Answers the ids marked started (a fence's miss leaves its id out). ``fences`` (at
-    least one) share one ``claimed_by``; ``unflushed`` on PostgreSQL only."""
-    params = {**_fences_params(fences, "sm"), "sm_now": now}
-    return rows("start_many", _start_many_statement(t, len(fences), unflushed), _id, params,
-                prepared=True)
+    """Answers the ids marked started (a fence's miss leaves its id out; none while
+    ``pauses`` holds ``job`` or ``queue``: None matches no pause). ``fences`` (at least one)
+    share one ``claimed_by``; ``unflushed`` on PostgreSQL only."""
+    params = {**_fences_params(fences, "sm"), "sm_now": now, "sm_job": job, "sm_queue": queue}
+    return rows("start_many", _start_many_statement(t, pauses, len(fences), unflushed), _id,
+                params, prepared=True)
 
 
 @cache
@@ -257,6 +278,15 @@ def _outcome_statement(t: Table, kind: OutcomeName | None) -> Any:
                   "claimed_by": None, "lease_expires_at": None,
                   "last_error": bindparam("o_error", type_=t.c.last_error.type),
                   "dispatched_at": bindparam("o_dispatched_at", type_=t.c.dispatched_at.type)}
+    elif kind is OutcomeName.SNOOZED:
+        # No attempt spent: the claim's count taken back, the snooze counted; the attempt
+        # history and last_error untouched.
+        values = {"status": Status.SCHEDULED.value,
+                  "scheduled_at": bindparam("o_run_at", type_=t.c.scheduled_at.type),
+                  "attempt": t.c.attempt - 1,
+                  "snoozes": func.coalesce(t.c.snoozes, 0) + 1,
+                  "claimed_by": None, "lease_expires_at": None,
+                  "dispatched_at": bindparam("o_dispatched_at", type_=t.c.dispatched_at.type)}
     elif kind is OutcomeName.FAILED:
         values = {"status": Status.FAILED.value, "finished_at": now, "lease_expires_at": None,
                   "last_error": bindparam("o_error", type_=t.c.last_error.type)}
@@ -278,6 +308,9 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, 
         params.update(o_run_at=outcome.run_at, o_error=error,
                       o_attempt_error=history_error(error),
                       o_dispatched_at=now if outcome.dispatched else None)
+    elif isinstance(outcome, Snoozed):
+        params.update(o_run_at=outcome.run_at,
+                      o_dispatched_at=now if outcome.dispatched else None)
     elif isinstance(outcome, Failed):
         params.update(o_error=storable(outcome.error))
     elif isinstance(outcome, Cancelled):
@@ -285,8 +318,8 @@ def _outcome_params(outcome: Outcome, fence: Fence, now: datetime) -> dict[str, 
     return params
 
 
-@named("an attempt's outcome: running -> succeeded, scheduled, failed or cancelled, or the "
-       "row deleted; fenced", hot=True)
+@named("an attempt's outcome: running -> succeeded, scheduled (a retry, or a snooze that "
+       "gives the attempt back), failed or cancelled, or the row deleted; fenced", hot=True)
 def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime) -> Query[int]:
     """Answers the number of rows written (1, or 0 on a fence miss)."""
     return rowcount("finish_fenced", _outcome_statement(t, _kind(outcome)),
@@ -294,11 +327,12 @@ def finish_fenced(t: Table, outcome: Outcome, fence: Fence, now: datetime) -> Qu
 
 
 @cache
-def _outcome_and_start_statement(t: Table, kind: OutcomeName | None) -> Any:
-    """The outcome write and the start as ONE PostgreSQL statement of two data-modifying
-    CTEs; it answers both row counts (``hits``, ``began``)."""
+def _outcome_and_start_statement(t: Table, p: Table, kind: OutcomeName | None) -> Any:
+    """The outcome write and the start (:func:`_start_statement`: none while paused) as ONE
+    PostgreSQL statement of two data-modifying CTEs; it answers both row counts (``hits``,
+    ``began``)."""
     done = _outcome_statement(t, kind).returning(t.c.id).cte("outcome")
-    began = _start_statement(t).returning(t.c.id).cte("began")
+    began = _start_statement(t, p).returning(t.c.id).cte("began")
     return select(select(func.count()).select_from(done).scalar_subquery().label("hits"),
                   select(func.count()).select_from(began).scalar_subquery().label("began"))
 
@@ -308,13 +342,16 @@ def _both(row: Row) -> tuple[int, int]:
 
 
 @named("an attempt's outcome and the start of its claim's next row, in one statement "
-       "(PostgreSQL); fenced", hot=True)
+       "(PostgreSQL); fenced; the start none while the job or its queue is paused", hot=True)
 def finish_and_start(
-    t: Table, outcome: Outcome, fence: Fence, now: datetime, start: Fence
+    t: Table, outcome: Outcome, fence: Fence, now: datetime, start: Fence, *, pauses: Table,
+    job: str | None = None, queue: str | None = None,
 ) -> Query[tuple[int, int] | None]:
-    """Answers ``(written, started)``: each 1, or 0 on its fence's miss."""
-    return first("finish_and_start", _outcome_and_start_statement(t, _kind(outcome)), _both,
-                 {**_outcome_params(outcome, fence, now), **_start_params(start, now)},
+    """Answers ``(written, started)``: each 1, or 0 on its fence's miss (the start: 0 too
+    while ``pauses`` holds ``job`` or ``queue``)."""
+    return first("finish_and_start", _outcome_and_start_statement(t, pauses, _kind(outcome)),
+                 _both, {**_outcome_params(outcome, fence, now),
+                         **_start_params(start, now, job, queue)},
                  prepared=True)
 
 

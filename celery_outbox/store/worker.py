@@ -12,6 +12,7 @@ from uuid import UUID
 
 from celery_outbox.errors import StorageError
 from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write, deletes
+from celery_outbox.queries.admin import status_of
 from celery_outbox.queries.worker import (
     claim_rows,
     confirm_stop,
@@ -46,6 +47,8 @@ class Claimed:
     created_at: datetime | None = None
     scheduled_at: datetime | None = None
     """When it was due: ``scheduled_at`` (a delayed push, a retry), else ``created_at``."""
+    snoozes: int | None = None
+    """How many times its handlers snoozed it so far (None: never)."""
 
 
 class Renewed(set[UUID]):
@@ -110,73 +113,101 @@ class WorkerStore(StoreBase):
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
 
-    def start(self, fence: Fence, now: datetime, *, flushed: bool = True) -> bool:
+    def start(self, fence: Fence, now: datetime, *, flushed: bool = True,
+              job: str | None = None, queue: str | None = None) -> bool:
         """start: running -> running, ``started_at = now``: the runner begins this execution,
         claimed with others in one message (:meth:`claim` marks only the first started).
 
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss (the row
-        was cancelled, rescued or handed back meanwhile) returns False. ``now`` is aware.
+        was cancelled, rescued or handed back meanwhile) returns False. A miss too while the
+        job ``job`` (the row's job name) or ``queue`` (its Celery queue) is paused
+        (``<table>_pauses``, read in the same statement as the claim reads it; None: no
+        pause applies): the row stays running, never begun, for the caller to hand back
+        (:meth:`release` with ``begun=False``). ``now`` is aware.
         ``flushed=False``: on PostgreSQL the commit does not wait for the WAL flush (the mark
         is visible to every other transaction at once; a crash of the database server soon
         after can lose it, and the row then looks never begun).
         """
         unflushed = not flushed and self.dialect == "postgresql"
-        query = (start_unflushed if unflushed else start_fenced)(self.t, fence, now)
+        query = (start_unflushed if unflushed else start_fenced)(
+            self.t, fence, now, pauses=self.tables.pauses, job=job, queue=queue)
         return self._hit(self.executor.run(query), "start", fence.id)
 
     def start_many(self, fences: Sequence[Fence], now: datetime, *,
-                   flushed: bool = True) -> list[bool]:
+                   flushed: bool = True, job: str | None = None,
+                   queue: str | None = None) -> list[bool]:
         """:meth:`start` for several rows of one claim (a parallel job's next rows), in one
-        statement; per fence, in order, whether it was still the claim's. ``fences`` share
-        one ``claimed_by`` (the claim's token); ``flushed`` and ``now`` as for :meth:`start`.
+        statement; per fence, in order, whether it was still the claim's (every one a miss
+        while ``job`` or ``queue`` is paused). ``fences`` share one ``claimed_by`` (the
+        claim's token); ``flushed``, ``now``, ``job`` and ``queue`` as for :meth:`start`.
         """
         if not fences:
             return []
         unflushed = not flushed and self.dialect == "postgresql"
-        found: list[UUID] = self.executor.run(start_many(self.t, fences, now,
-                                                          unflushed=unflushed))
+        found: list[UUID] = self.executor.run(start_many(
+            self.t, fences, now, pauses=self.tables.pauses, job=job, queue=queue,
+            unflushed=unflushed))
         marked = set(found)
         return [f.id in marked for f in fences]
 
     def finish(
-        self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None
+        self, outcome: Outcome, fence: Fence, now: datetime, *, start: Fence | None = None,
+        job: str | None = None, queue: str | None = None,
     ) -> Finished:
         """finish: running -> succeeded (``Succeeded(keep=True)``), scheduled at ``run_at``
-        (``Retrying``), failed (``Failed(keep=True)``) or cancelled by the attempt itself
-        (``Cancelled``); the row is deleted for ``keep=False`` (:mod:`celery_outbox.outcomes`
-        says what each writes): an attempt's outcome.
+        (``Retrying``; ``Snoozed``: the attempt given back, ``snoozes`` + 1), failed
+        (``Failed(keep=True)``) or cancelled by the attempt itself (``Cancelled``); the row
+        is deleted for ``keep=False`` (:mod:`celery_outbox.outcomes` says what each writes):
+        an attempt's outcome.
 
         Guard: status running, ``claimed_by`` and ``attempt`` as in ``fence``; a miss (the row
         was cancelled, rescued or handed back meanwhile) writes nothing and answers
         ``hit=False``. ``start``: the fence of the next execution of the same claim, marked
         started in the same round trip (:meth:`start`; one statement on PostgreSQL, a second
         one in the same transaction on SQLite); ``started`` answers whether it still was the
-        claim's. ``now`` is an aware datetime.
+        claim's and neither ``job`` nor ``queue`` is paused (as for :meth:`start`). ``now``
+        is an aware datetime.
         """
-        t = self.t
+        t, p = self.t, self.tables.pauses
         if start is None:
             hits = self.executor.run(finish_fenced(t, outcome, fence, now))
             started: bool | None = None
         elif self.dialect == "postgresql":
-            both = self.executor.run(finish_and_start(t, outcome, fence, now, start))
+            both = self.executor.run(finish_and_start(t, outcome, fence, now, start, pauses=p,
+                                                      job=job, queue=queue))
             hits, marked = both if both is not None else (0, 0)
             started = marked == 1
         else:
             with self.transaction() as tx:
                 hits = tx.run(finish_fenced(t, outcome, fence, now))
-                started = tx.run(start_fenced(t, start, now)) == 1
+                started = tx.run(start_fenced(t, start, now, pauses=p, job=job,
+                                              queue=queue)) == 1
         return Finished(self._hit(hits, outcome.name.value, fence.id), started)
+
+    def finish_in(self, caller: Any, outcome: Outcome, fence: Fence,
+                  now: datetime) -> str | None:
+        """:meth:`finish` in a caller's open transaction (``caller``: a Session or Connection
+        on the store's database, joined as a push joins it): the same fenced statement,
+        committed or rolled back by the caller (a handler's ``ctx.transaction()``).
+
+        None when it hit; on a miss, the row's status read in that transaction (``""``: no
+        row). Raises :class:`StorageError` (the caller rolls back)."""
+        tx = self.join(caller)
+        if tx.run(finish_fenced(self.t, outcome, fence, now)) == 1:
+            return None
+        return tx.run(status_of(self.t, fence.id)) or ""
 
     def finish_many(
         self, writes: Sequence[Write], now: datetime, *, start: Fence | None = None,
-        starts: Sequence[Fence] = (),
+        starts: Sequence[Fence] = (), job: str | None = None, queue: str | None = None,
     ) -> FinishedMany:
         """:meth:`finish` for each of ``writes``, in one transaction (all or none: one round
         trip and one commit on PostgreSQL), each fenced on its own; ``start`` as for
         :meth:`finish`, at ``now`` (aware). ``starts``: the next rows of the same claim (a
         parallel job's), marked started in the same transaction by one statement
         (:meth:`start_many`), answered per fence in ``FinishedMany.starts``; not with
-        ``start``."""
+        ``start``. ``job`` and ``queue``: the starts miss while either is paused (as for
+        :meth:`start`)."""
         assert start is None or not starts, "start or starts, not both"
         t = self.t
         # Outcomes that all keep no row (a parallel job's successes under record="errors"),
@@ -186,10 +217,11 @@ class WorkerStore(StoreBase):
         queries: list[Any] = (
             [delete_many_fenced(t, [w.fence for w in writes])] if deleting
             else [finish_fenced(t, w.outcome, w.fence, w.now) for w in writes])
+        p = self.tables.pauses
         if start is not None:
-            queries.append(start_fenced(t, start, now))
+            queries.append(start_fenced(t, start, now, pauses=p, job=job, queue=queue))
         elif starts:
-            queries.append(start_many(t, starts, now))
+            queries.append(start_many(t, starts, now, pauses=p, job=job, queue=queue))
         results = self.executor.run_all(queries)
         if deleting:
             gone = set(results[0])

@@ -624,3 +624,47 @@ def test_confirm_stop_misses_on_rows_not_cancelled_while_running(store: Executio
     live = running(store)
     assert not store.confirm_stop(live, LATER)  # still running: not cancelled
     assert_row(store, live.id, status="running", lease_expires_at=T0 + LEASE)
+
+
+def _pause(store: ExecutionStore, kind: str, name: str) -> None:
+    """Pause ``name`` (a job or a queue, ``kind``): the twin holds its pauses in a set."""
+    paused = getattr(store, "paused", None)
+    if isinstance(paused, set):
+        paused.add((kind, name))
+    else:
+        assert store.pause(kind, name, T0) is not None
+
+
+@pytest.mark.parametrize("kind", ["job", "queue"])
+def test_every_start_misses_while_the_job_or_its_queue_is_paused(
+    store: ExecutionStore, kind: str,
+) -> None:
+    """A pause committed after the claim: each start statement (alone, unflushed, many, with
+    an outcome) misses as on a fence miss, the rows left running, never begun, for the
+    runner to hand back; the outcomes written with them still hit."""
+    rows = [add(store) for _ in range(6)]
+    store.claim([r.id for r in rows], JOB, "w1", T0, LEASE, queue="q")
+    _pause(store, kind, JOB if kind == "job" else "q")
+    f = [Fence(r.id, "w1", 1) for r in rows]
+    at = {"job": JOB, "queue": "q"}
+    before = [store.get(r.id) for r in rows[3:]]
+    assert not store.start(f[1], LATER, **at)
+    assert not store.start(f[1], LATER, flushed=False, **at)
+    assert store.start_many(f[2:4], LATER, **at) == [False, False]
+    assert store.finish(Succeeded(keep=True), f[0], LATER, start=f[4], **at) == \
+        Finished(True, False)
+    assert store.finish_many([Write(Succeeded(keep=True), f[1], LATER)], LATER, start=f[5],
+                             **at) == FinishedMany([True], False)
+    assert store.finish_many([Write(Succeeded(keep=True), f[2], LATER)], LATER,
+                             starts=[f[3], f[5]], **at) == \
+        FinishedMany([True], None, [False, False])
+    for old in before:
+        assert old is not None
+        assert_unchanged(store, old)
+    # Another job's or queue's pause holds nothing; so does none named.
+    assert store.start(f[3], LATER, job="other", queue="other")
+    assert store.start(f[4], LATER)
+    assert store.release([f[5]], LATER, begun=False) == [rows[5].id]
+    handed = store.get(rows[5].id)
+    assert handed is not None
+    assert (handed["status"], handed["attempt"], handed["started_at"]) == ("pending", 0, None)

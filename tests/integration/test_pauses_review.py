@@ -322,23 +322,38 @@ def test_a_claim_under_way_at_the_pauses_commit_takes_its_rows(
                               queue="celery") == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open: a message's claim takes all its ids (up to "
-                   "dispatch_chunk_size, 50) and the runner begins each after the pause "
-                   "committed; the fix belongs in the start write (see the review's report)")
+@pytest.mark.parametrize(("kind", "parallel"), [("job", 1), ("queue", 1), ("job", 2)])
 def test_a_pause_stops_the_rest_of_a_message_claimed_before_it(
-        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, kind: str,
+        parallel: int) -> None:
+    """One message's claim takes all its ids; a pause committed while the first runs stops
+    the others' starts (each start statement reads the pauses as the claim does): they are
+    handed back never begun (pending, the attempt given back) and run once after the
+    resume. ``parallel=2``: the waves' start (``start_many``) obeys it too."""
     began: list[int] = []
     outbox: Outbox | None = None
 
-    @outbox_job(schema=Order, name="shop.burst", registry=registry)
+    @outbox_job(schema=Order, name="shop.burst", registry=registry, parallel=parallel)
     def burst(ctx: JobContext[Order]) -> None:
         began.append(ctx.payload.order_id)
-        if len(began) == 1:  # an operator pauses while the first one runs
+        if ctx.payload.order_id == 0:  # an operator pauses while the first one runs
             assert outbox is not None
-            outbox.admin.pause("job", "shop.burst")
+            outbox.admin.pause(kind, "shop.burst" if kind == "job"
+                               else str(outbox.queue_of(burst.spec)))
 
-    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
     ids = burst.push_many([Order(order_id=i) for i in range(5)])  # one message of 5 ids
     outbox.runner.run("shop.burst", ids)
-    assert began == [0], f"began after the pause's commit: {began[1:]}"
+    first_wave = list(range(parallel))  # begun with the first, before the pause
+    assert sorted(began) == first_wave, f"began after the pause's commit: {began}"
+    for i in ids[parallel:]:
+        row = outbox.store.get(i)
+        assert row is not None and row["status"] == Status.PENDING.value, row
+        assert row["attempt"] == 0 and row["started_at"] is None, row  # no attempt spent
+    assert set(ids[parallel:]) <= set(recording.ids)
+    resumed = outbox.admin.resume(kind, "shop.burst" if kind == "job"
+                                  else str(outbox.queue_of(burst.spec)))
+    assert resumed.changed
+    outbox.runner.run("shop.burst", ids[parallel:])
+    assert sorted(began) == list(range(5)), began  # each once

@@ -80,17 +80,22 @@ CASES: dict[str, Case] = {
         claim_rows(ts.executions, "postgresql", ids[:n], "job", "w", None, LEASE,
                    pauses=ts.pauses, queue="q")
         for n in (1, 50)],
-    "start_fenced": lambda ts, ids, fs: [start_fenced(ts.executions, fs[0], NOW)],
-    "start_unflushed": lambda ts, ids, fs: [start_unflushed(ts.executions, fs[0], NOW)],
+    "start_fenced": lambda ts, ids, fs: [start_fenced(ts.executions, fs[0], NOW,
+                                                      pauses=ts.pauses, job="job", queue="q")],
+    "start_unflushed": lambda ts, ids, fs: [start_unflushed(ts.executions, fs[0], NOW,
+                                                            pauses=ts.pauses, job="job",
+                                                            queue="q")],
     "delete_many_fenced": lambda ts, ids, fs: [
         delete_many_fenced(ts.executions, fs[:n]) for n in (1, 8)],
     "start_many": lambda ts, ids, fs: [
-        start_many(ts.executions, fs[:n], NOW, unflushed=unflushed)
+        start_many(ts.executions, fs[:n], NOW, pauses=ts.pauses, job="job", queue="q",
+                   unflushed=unflushed)
         for n in (1, 8) for unflushed in (False, True)],
     "finish_fenced": lambda ts, ids, fs: [finish_fenced(ts.executions, o, fs[0], NOW)
                                           for o in OUTCOMES],
     "finish_and_start": lambda ts, ids, fs: [
-        finish_and_start(ts.executions, o, fs[0], NOW, fs[1]) for o in OUTCOMES],
+        finish_and_start(ts.executions, o, fs[0], NOW, fs[1], pauses=ts.pauses, job="job",
+                         queue="q") for o in OUTCOMES],
     "extend_leases": lambda ts, ids, fs: [
         extend_leases(ts.executions, "postgresql", worker, fs[:n], None, LEASE, wait=wait)
         for n in (1, 8) for wait in (False, True) for worker in ("w", None)],

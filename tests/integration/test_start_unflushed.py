@@ -60,21 +60,23 @@ def test_it_turns_the_flush_wait_off_for_its_own_transaction_only(
     with executor.transaction() as tx:
         before = tx.run(SETTING)
         assert before != "off"
-        assert tx.run(start_unflushed(store.t, claimed(store), NOW + timedelta(seconds=1))) == 1
+        assert tx.run(start_unflushed(store.t, claimed(store), NOW + timedelta(seconds=1),
+                                      pauses=store.tables.pauses)) == 1
         assert tx.run(SETTING) == "off"
         missed = Fence(uuid.uuid4(), "w1", 1)
-        assert tx.run(start_unflushed(store.t, missed, NOW)) == 0
+        assert tx.run(start_unflushed(store.t, missed, NOW, pauses=store.tables.pauses)) == 0
     with executor.transaction() as tx:
         assert tx.run(SETTING) == before
 
 
-def scan(engine: Engine, statement: object, params: dict[str, object]) -> str:
-    """The plan's line that reads the table (its access path), and the whole plan."""
+def scan(engine: Engine, statement: object, params: dict[str, object], table: str) -> str:
+    """The plan's line that reads ``table`` (its access path), and the whole plan."""
     compiled = statement.compile(dialect=engine.dialect)  # type: ignore[attr-defined]
     with engine.begin() as conn:
         plan = [r[0] for r in conn.exec_driver_sql(f"EXPLAIN (COSTS OFF) {compiled}",
                                                    compiled.construct_params(params))]
-    [line] = [each.strip(" ->") for each in plan if " on " in each and "Update" not in each]
+    [line] = [each.strip(" ->") for each in plan
+              if f" on {table}" in each.replace(f"{table}_", "") and "Update" not in each]
     return line + "\n" + "\n".join(plan)
 
 
@@ -91,9 +93,11 @@ def test_its_plan_reads_the_primary_key_as_the_fenced_start_and_sets_once(
         conn.execute(text(f"ANALYZE {t}"))
     fence = claimed(store)
     params = {"start_id": fence.id, "start_by": fence.claimed_by,
-              "start_attempt": fence.attempt, "start_now": NOW}
-    unflushed = scan(engine, _start_unflushed_statement(store.t), params)
-    fenced = scan(engine, _start_statement(store.t), params)
+              "start_attempt": fence.attempt, "start_now": NOW, "start_job": "j",
+              "start_queue": "q"}
+    p = store.tables.pauses
+    unflushed = scan(engine, _start_unflushed_statement(store.t, p), params, t)
+    fenced = scan(engine, _start_statement(store.t, p), params, t)
     assert unflushed.startswith(f"Index Scan using {t}_pkey on {t}"), unflushed
     assert unflushed.split("\n", 1)[0] == fenced.split("\n", 1)[0], (unflushed, fenced)
     assert "InitPlan" in unflushed and "One-Time Filter" in unflushed, unflushed

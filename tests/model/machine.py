@@ -108,7 +108,8 @@ BACKOFF_MAXES = [timedelta(0), timedelta(seconds=1), timedelta(minutes=10), time
 JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=3),
          timedelta(minutes=5, seconds=1), timedelta(minutes=31), timedelta(hours=2),
          timedelta(days=3)]
-STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop"] + (
+STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop",
+         "snooze:30", "snooze:600"] + (
     ["cancel"] if "4" in DEFECTS else [])
 KEYS = [None, None, "k1", "k2", "k3"]
 OFFSETS = [-3.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 3.0]
@@ -253,6 +254,8 @@ class OutboxMachine(RuleBasedStateMachine):
         self.held_at_pause: dict[str, set[tuple[UUID, int]]] = {}
         """Per paused job, its rows running (id, attempt) when the pause committed: while
         paused, no other row of it may be running (no claim after the pause)."""
+        self.last_seen: dict[UUID, tuple[str, int, int]] = {}
+        """Each row's (status, attempt, snoozes) in the table at the last check."""
 
     def clock(self) -> datetime:
         """True time: the database's clock."""
@@ -314,10 +317,11 @@ class OutboxMachine(RuleBasedStateMachine):
                 timeout=data.draw(st.sampled_from([None, timedelta(minutes=2),
                                                    timedelta(days=1)]), label="timeout"),
                 priority=data.draw(st.integers(0, 3), label="priority"),
+                max_snoozes=data.draw(st.sampled_from([0, 1, 2, 100]), label="max_snoozes"),
             )
             outbox_job(schema=Plan, name=job.name, registry=registry, retry=job.retry,
                        record=job.record, keep=job.keep, timeout=job.timeout,
-                       priority=job.priority)(self.world.handler)
+                       priority=job.priority, max_snoozes=job.max_snoozes)(self.world.handler)
             jobs[job.name] = job
         self.model = Model(cfg, jobs)
         self.dispatcher = RecordingDispatcher()
@@ -446,15 +450,22 @@ class OutboxMachine(RuleBasedStateMachine):
                ) -> None:
         """The model of the runner's loop from ``fences[begin]`` on: each row begins when
         the previous outcome write's start hit it and its ctx was not cancelled (else its
-        worker confirms it never ran on: a cancelled row's lease is cleared)."""
+        worker confirms it never ran on: a cancelled row's lease is cleared). A start that
+        missed on a row still this claim's (its job paused since the claim) hands it back,
+        never begun, at the end of the run."""
+        back: list[MFence] = []
         for index in range(begin, len(fences)):
             fence = fences[index]
             if index > 0:
-                runs = self.model.start(fence) and fence.id not in cancelled
-                if not runs:
+                started = self.model.start(fence)
+                if not started and self.model.matches(fence):
+                    back.append(fence)
+                if not started or fence.id in cancelled:
                     self.model.confirm_stop(fence)
                     continue
             self.begin(slot, fence)
+        for fence in back:
+            self.model.release(fence, self.wall(slot.host))
 
     def begin(self, slot: Slot, fence: MFence) -> None:
         """The model of one handler run and its outcome write (at the worker's clock)."""
@@ -469,6 +480,16 @@ class OutboxMachine(RuleBasedStateMachine):
         self.hit("push")
         job = self.draw_job(data)
         self.push_items(data, job, [(data.draw(st.sampled_from(KEYS)), self.plan(data))])
+
+    @rule(data=st.data())
+    def push_snoozing(self, data: st.DataObject) -> None:
+        """Push an execution whose handler snoozes first (then does what its plan says)."""
+        self.hit("push_snoozing")
+        job = self.draw_job(data)
+        first = data.draw(st.sampled_from(["snooze:30", "snooze:600"]), label="snooze")
+        plan = self.plan(data)
+        self.push_items(data, job, [(data.draw(st.sampled_from(KEYS)),
+                                     Plan(steps=[first, *plan.steps]))])
 
     @rule(data=st.data())
     def push_many(self, data: st.DataObject) -> None:
@@ -1008,10 +1029,29 @@ class OutboxMachine(RuleBasedStateMachine):
             if r["status"] == Status.RUNNING.value:
                 assert r["lease_expires_at"] is not None, f"running without a lease: {r}"
             self.check_history(r)
+        self.check_snoozes(table)
         self.stats.transitions.update(self.model.transitions)
         self.model.transitions.clear()
         self.stats.states.add(tuple(sorted(
             (r.job[-1], str(r.status), r.attempt) for r in self.model.rows.values())))
+
+    def check_snoozes(self, table: dict[UUID, dict[str, Any]]) -> None:
+        """A snooze never changes the attempt count: a row whose ``snoozes`` grew since the
+        last check and that is scheduled again has the attempt it had before the run that
+        snoozed it (the claim's count given back); no row snoozed past its job's
+        ``max_snoozes``."""
+        seen: dict[UUID, tuple[str, int, int]] = {}
+        for i, r in table.items():
+            snoozes = r["snoozes"] or 0
+            seen[i] = (r["status"], r["attempt"], snoozes)
+            assert snoozes <= self.model.jobs[r["job_name"]].max_snoozes, f"snoozed past: {r}"
+            before = self.last_seen.get(i, (Status.PENDING.value, 0, 0))
+            if snoozes > before[2] and r["status"] == Status.SCHEDULED.value:
+                assert snoozes == before[2] + 1, f"two snoozes in one step: {before} -> {r}"
+                was = before[1] - (before[0] == Status.RUNNING.value)
+                assert r["attempt"] == was, f"a snooze changed the attempt: {before} -> {r}"
+                self.stats.rules["snooze_checked"] += 1
+        self.last_seen = seen
 
     @staticmethod
     def check_history(r: dict[str, Any]) -> None:
@@ -1052,6 +1092,7 @@ class OutboxMachine(RuleBasedStateMachine):
             "status": row.status.value if row.status else None, "attempt": row.attempt,
             "max_attempts": row.max_attempts, "unique_key": row.key,
             "organization_id": row.org, "priority": row.priority,
+            "snoozes": row.snoozes or None,
         }
         if row.status is Status.RUNNING:
             want.update(claimed_by=row.claimed_by, lease_expires_at=row.lease,
@@ -1074,7 +1115,8 @@ class OutboxMachine(RuleBasedStateMachine):
 
     def check_begins(self) -> None:
         begun = Counter(self.world.begins)
-        twice = [k for k, n in begun.items() if n > 1]
+        # A snoozed run spent no attempt: the same attempt begins once more per snooze.
+        twice = [k for k, n in begun.items() if n > 1 + self.model.snoozed.get(k, 0)]
         assert not twice, f"attempts begun twice: {twice}"
         assert begun == Counter(self.expected_begins), (
             f"handlers begun {sorted(begun)} but the model expected "

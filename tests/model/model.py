@@ -31,6 +31,7 @@ class JobCfg:
     keep: dict[str, int] | None
     timeout: timedelta | None
     priority: int
+    max_snoozes: int = 100
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class MRow:
     dispatched_at: datetime | None = None
     finished_at: datetime | None = None
     gone: str | None = None
+    snoozes: int = 0
 
 
 @dataclass
@@ -103,6 +105,9 @@ class Model:
     claim_count: int = 0
     paused: set[str] = field(default_factory=set)
     """The jobs paused (``outbox.admin.pause``): no claim of their rows, no redispatch."""
+    snoozed: dict[tuple[UUID, int], int] = field(default_factory=dict)
+    """How many runs of each (execution, attempt) its handler snoozed: that attempt begins
+    once more for each."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -190,8 +195,9 @@ class Model:
         return fences
 
     def start(self, fence: MFence) -> bool:
-        """start (running -> running, started_at set) when ``fence`` still holds."""
-        if not self.matches(fence):
+        """start (running -> running, started_at set) when ``fence`` still holds and its job
+        is not paused (the start reads the pauses as the claim does)."""
+        if not self.matches(fence) or self.rows[fence.id].job in self.paused:
             return False
         self.rows[fence.id].started = True
         return True
@@ -216,6 +222,8 @@ class Model:
             self.move(row, "cancel", Status.CANCELLED)
             row.finished_at = now
             return True
+        if step.startswith("snooze:"):
+            return self.snooze(row, job, step, now)
         delay = self.retry_delay(row, job, step, fixed=fixed)
         if delay is None:
             self.move(row, "fail", Status.FAILED if job.record != "none" else None)
@@ -224,6 +232,23 @@ class Model:
         self.move(row, "retry", Status.SCHEDULED)
         self.schedule(row, now, delay, jittered=not step.startswith("later:") and
                       job.retry.jitter)
+        return True
+
+    def snooze(self, row: MRow, job: JobCfg, step: str, now: datetime) -> bool:
+        """snooze: running -> scheduled at ``now`` + the step's delay, the attempt the claim
+        counted given back, one more snooze; past the job's ``max_snoozes`` it fails
+        instead."""
+        if row.snoozes >= job.max_snoozes:
+            self.move(row, "fail", Status.FAILED if job.record != "none" else None)
+            row.finished_at = now
+            return True
+        key = (row.id, row.attempt)
+        self.snoozed[key] = self.snoozed.get(key, 0) + 1
+        spent = row.attempt - 1
+        self.move(row, "snooze", Status.SCHEDULED)
+        row.attempt = spent
+        row.snoozes += 1
+        self.schedule(row, now, timedelta(seconds=int(step.split(":", 1)[1])), jittered=False)
         return True
 
     def confirm_stop(self, fence: MFence) -> None:

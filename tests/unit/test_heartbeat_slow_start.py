@@ -47,11 +47,12 @@ class CutOff(MemoryStore):
                   lease_until: datetime, *, wait_locked: bool = True) -> set[UUID]:
         raise StorageError("database unreachable")
 
-    def _start(self, fence: Fence, now: datetime) -> bool:
+    def _start(self, fence: Fence, now: datetime, job: str | None = None,
+               queue: str | None = None) -> bool:
         if fence.id == self.slow:
             # the write is slow: it answers after the watch reached the row's tell_at
             assert self.told.wait(10), "the watch never fired for the queued row"
-        return super()._start(fence, now)
+        return super()._start(fence, now, job, queue)
 
 
 def test_a_handler_begun_after_a_slow_start_is_still_told() -> None:

@@ -309,7 +309,9 @@ def test_a_row_cancelled_between_claim_and_start_is_not_begun(
     r = row(store, second)
     assert (r["status"], r["cancelled_by"], r["started_at"]) == ("cancelled", "admin", None)
     assert r["lease_expires_at"] is None  # confirmed stopped (never begun): retryable now
-    assert store.calls == ["claim", "cancel", "finish", "start", "confirm_stop", "finish"]
+    # A start that missed is handed back at the end (fenced: the cancelled row untouched).
+    assert store.calls == ["claim", "cancel", "finish", "start", "confirm_stop", "finish",
+                           "release"]
 
 
 def test_a_first_row_the_claim_did_not_start_is_not_begun_when_cancelled_before_its_start(
