@@ -18,6 +18,7 @@ app.conf.update(
         {"connect_args": {"timeout": 30}} if settings.BROKER_URL.startswith("sqla+sqlite") else {}
     ),
     worker_hijack_root_logger=True,
+    outbox_web_users=settings.WEB_USERS,  # SHOP_WEB_USERS: `celery ... outbox web`'s users
 )
 
 outbox = Outbox(

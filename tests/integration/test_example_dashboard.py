@@ -1,4 +1,5 @@
-"""``python -m example_project`` around a dashboard: ``--dashboard`` on a port already in use
+"""``python -m example_project`` around a dashboard (and ``SHOP_WEB_USERS``, the example's
+dashboard users): ``--dashboard`` on a port already in use
 fails at once (before resetting any data) naming ``--dashboard-port``; and a re-run resets the
 embedded SQLite files in place (same files, empty tables), so a dashboard still running on
 them shows the new run's data instead of a deleted file's.
@@ -8,6 +9,7 @@ Embedded default (SQLite database and broker files in the test's own directory).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -75,3 +77,29 @@ def test_a_rerun_resets_the_embedded_files_in_place(tmp_path: Path) -> None:
                           env=example_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("reset in place")
+
+
+WEB_USERS_CHECK = """
+from celery_outbox.web.auth import Auth
+from example_project import app
+auth = Auth.from_settings(app.conf)
+assert auth.configured, app.conf.outbox_web_users
+print("users:", [u["name"] for u in app.conf.outbox_web_users])
+"""
+
+
+def test_shop_web_users_become_the_dashboards_users(tmp_path: Path) -> None:
+    from celery_outbox.web.auth import hash_secret
+
+    users = json.dumps([{"name": "ops", "password_hash": hash_secret("s3cret"),
+                         "access": "operate"}])
+    env = {**example_env(tmp_path), "SHOP_WEB_USERS": users}
+    done = subprocess.run([sys.executable, "-c", WEB_USERS_CHECK], cwd=procs.ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "users: ['ops']" in done.stdout
+    env["SHOP_WEB_USERS"] = '{"name": "ops"}'
+    bad = subprocess.run([sys.executable, "-c", "import example_project"], cwd=procs.ROOT,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert "SHOP_WEB_USERS: must be a JSON list of objects" in bad.stderr
