@@ -1,13 +1,15 @@
-"""``python -m bench.pause_claim``: what the pauses' check costs the claim.
+"""``python -m bench.pause_claim``: what the pauses' check costs the claim and the start.
 
 The claim refuses a paused job's rows in its own statement (two ``NOT EXISTS`` probes of
-``<table>_pauses`` by its primary key, evaluated once per statement). This times the claim
-through the store as a worker runs it (the direct path on psycopg), one id and 50 ids each,
-with the check as shipped (no pause; 20 pauses of other jobs and queues) against the same
-statement built without it (``not_paused`` replaced by TRUE), the variants taking turns
-claim by claim; each figure is the median. Then prints the shipped statement's plan.
+``<table>_pauses`` by its primary key, evaluated once per statement), and so does every
+start of a claim's later rows. This times the claim through the store as a worker runs it
+(the direct path on psycopg), one id and 50 ids each, with the check as shipped (no pause;
+20 pauses of other jobs and queues) against the same statement built without it
+(``not_paused`` replaced by TRUE), the variants taking turns claim by claim; each figure is
+the median. Then the same for the start (``start``, one row; ``start_many``, a wave of 8),
+and prints the shipped claim's and start's plans.
 
-Options: ``--claims N`` (timed claims per variant and size, default 300).
+Options: ``--claims N`` (timed claims, and starts, per variant and size, default 300).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy import text, true
 
 from bench.target import PG_ADMIN_URL, PG_DATABASE, ensure_database
 from celery_outbox import JobRegistry, Outbox
+from celery_outbox.outcomes import Fence
 from celery_outbox.queries import worker as worker_queries
 
 JOB = "bench.pause"
@@ -48,6 +51,90 @@ def _claim(box: Outbox, k: int) -> float:
     if len(got) != k:
         raise RuntimeError(f"claimed {len(got)} of {k}")
     return took
+
+
+WAVE = 8
+
+
+def _bare(builder: Any, *args: Any) -> Any:
+    """``builder``'s statement (a cached builder of queries/worker.py) without the pauses'
+    check."""
+    shipped = worker_queries.not_paused
+    worker_queries.not_paused = lambda *_: true()  # type: ignore[assignment]
+    try:
+        return builder.__wrapped__(*args)
+    finally:
+        worker_queries.not_paused = shipped
+
+
+def _starts(box: Outbox, rounds: int) -> None:
+    """The start's figures: one row (``start``) and a wave (``start_many``), with the check
+    and without, taking turns; each start marks a row of a claim of 200 held running (a
+    start is running -> running: the same rows serve again)."""
+    t, p = box.tables.executions, box.tables.pauses
+    token = f"bench:{uuid.uuid4().hex}"
+    fences = []
+    for _ in range(4):
+        with box.engine.begin() as conn:
+            ids = list(conn.execute(text(_insert(t.name, 50))).scalars())
+        fences += [Fence(r.id, token, r.attempt)
+                   for r in box.store.claim(ids, JOB, token, None, LEASE, queue="celery")]
+    shipped = (worker_queries._start_statement, worker_queries._start_many_statement)
+    bare_one = _bare(shipped[0], t, p)
+    bare_many = _bare(shipped[1], t, p, WAVE, False)
+
+    def variant(check: bool) -> None:
+        worker_queries._start_statement = (  # type: ignore[assignment]
+            shipped[0] if check else (lambda *a: bare_one))
+        worker_queries._start_many_statement = (  # type: ignore[assignment]
+            shipped[1] if check else (lambda *a: bare_many))
+
+    turn = 0
+
+    def one(many: bool) -> float:
+        nonlocal turn
+        now = dt.now(timezone.utc)
+        start = time.perf_counter()
+        if many:
+            at = turn % (len(fences) - WAVE)
+            hit = all(box.store.start_many(fences[at:at + WAVE], now, job=JOB,
+                                           queue="celery"))
+        else:
+            hit = box.store.start(fences[turn % len(fences)], now, job=JOB, queue="celery")
+        took = time.perf_counter() - start
+        turn += 1
+        if not hit:
+            raise RuntimeError("a start missed")
+        return took
+
+    try:
+        for many in (False, True):
+            times: dict[bool, list[float]] = {True: [], False: []}
+            for check in (True, False):  # warm-up
+                variant(check)
+                for _ in range(20):
+                    one(many)
+            for _ in range(rounds):
+                for check in (True, False):
+                    variant(check)
+                    times[check].append(one(many))
+            with_check = statistics.median(times[True]) * 1000
+            bare_ms = statistics.median(times[False]) * 1000
+            what = f"start_many of {WAVE}" if many else "start of 1    "
+            print(f"20 pauses, {what}: with the check {with_check:.3f} ms, without "
+                  f"{bare_ms:.3f} ms, cost {with_check - bare_ms:+.3f} ms "
+                  f"({(with_check / bare_ms - 1) * 100:+.1f}%)")
+    finally:
+        variant(True)
+    with box.engine.begin() as conn:
+        query = worker_queries.start_fenced(t, fences[0], dt.now(timezone.utc), pauses=p,
+                                            job=JOB, queue="celery")
+        compiled = query.statement.compile(dialect=box.engine.dialect)
+        plan = conn.exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " +
+                                    str(compiled), {**compiled.params, **query.params}
+                                    ).scalars().all()
+        conn.rollback()
+    print("\n".join(plan))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                                         params).scalars().all()
             conn.rollback()
         print("\n".join(plan))
+        _starts(box, args.claims)
     finally:
         variant(True)
         box.drop_schema()
