@@ -77,12 +77,12 @@ def test_runner_does_not_begin_a_row_whose_start_missed(
     store = outbox.store
     real_start = store.start
 
-    def start_after_rescue(fence: Fence, now: datetime) -> bool:
+    def start_after_rescue(fence: Fence, now: datetime, **kw: Any) -> bool:
         # Between the claim and this write the row's lease ran out (a hung connection, a
         # clock ahead): the sweep hands it back, never begun.
         Rescuer(store, registry, lambda: outbox.dispatcher).run_once(
             datetime.now(timezone.utc) + 3 * outbox.config.lease)
-        return real_start(fence, now)
+        return real_start(fence, now, **kw)
 
     store.start = start_after_rescue  # type: ignore[method-assign]
     try:
