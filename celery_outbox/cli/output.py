@@ -17,8 +17,8 @@ from typing import IO, Any
 
 import click
 
+from celery_outbox.admin.loop_notes import loop_note
 from celery_outbox.admin.views import (
-    LATE_AFTER_INTERVALS,
     ExecutionDetail,
     ExecutionListing,
     ExecutionView,
@@ -199,9 +199,18 @@ def _columns(headers: list[str], rows: list[list[object]]) -> list[Column]:
     return [Column(h, [[_cell(row[i]) for row in rows]]) for i, h in enumerate(headers)]
 
 
-def jobs_table(jobs: list[JobView]) -> Grid:
+def jobs_table(jobs: list[JobView], queues: dict[str, str] | None = None) -> Grid:
     """Narrowing: ``last run`` without seconds; then ``timeout``, ``retries``, ``queue``,
-    ``priority``, ``last run``, ``mode`` left out (``job``, ``succeeded``, ``failed`` stay)."""
+    ``priority``, ``last run``, ``mode`` left out (``job``, ``succeeded``, ``failed`` stay).
+    ``queues``: each job's queue as used (:meth:`Outbox.queue_of`), by job name: a job with
+    no queue of its own shows it as ``shop (default)``."""
+    used = queues or {}
+
+    def queue(j: JobView) -> str | None:
+        if j.queue or j.name not in used:
+            return j.queue
+        return f"{used[j.name]} (default)"
+
     def schedule(j: JobView) -> str:
         if j.cron is None:
             return j.mode
@@ -212,7 +221,7 @@ def jobs_table(jobs: list[JobView]) -> Grid:
 
     headers = ["job", "mode", "priority", "retries", "timeout", "queue", "succeeded", "failed"]
     columns = _columns(headers, [[j.name, schedule(j), j.priority, j.retries, j.timeout,
-                                  j.queue, j.succeeded, j.failed] for j in jobs])
+                                  queue(j), j.succeeded, j.failed] for j in jobs])
     columns[0].keep = True
     columns[1].wraps, columns[1].min_width = True, 14  # "cron 0 3 * * *" on one line
     columns.append(Column("last run", [[last(j, when) for j in jobs],
@@ -242,6 +251,8 @@ def status_table(status: OutboxStatus) -> Grid:
         [f"{n} (not registered)" if g else n for n, g in zip(columns[0].cells, gone, strict=True)],
         [f"{n} *" if g else n for n, g in zip(columns[0].cells, gone, strict=True)],
     ], keep=True, legend="*: a job not registered in this app" if any(gone) else "")
+    oldest = next(c for c in columns if c.header == "oldest pending")
+    oldest.short_header, oldest.short_legend = "oldest", "oldest: the oldest pending one's age"
     steps: list[Step] = [("drop", h) for h, n in (("overdue", status.overdue),
                                                   ("expired leases", status.expired_leases))
                          if not n]
@@ -276,27 +287,8 @@ def loop_notes(status: OutboxStatus, app: str | None) -> list[str]:
     if not status.loop:
         return ["the loop's health is unknown: its table could not be read (the server's log "
                 "says why; a database not migrated to `celery_outbox_0007` yet has none)"]
-    notes = []
-    for health in status.loop:
-        if health.last_run_at is None:
-            line = (f"no {health.task} has ever run on this database: beat sends the "
-                    f"first one within one interval ({age(health.interval)}) of its start; "
-                    f"later than that, is `celery -A {app or 'proj'} beat` running, and a "
-                    "worker consuming its queue? (beat schedules the sweep, the trim and the "
-                    "cron jobs)")
-        elif health.late:
-            line = (f"the last {health.task} ran {age(health.age)} ago (on {health.ran_by}), "
-                    f"more than {LATE_AFTER_INTERVALS} intervals of {age(health.interval)}: "
-                    f"is `celery -A {app or 'proj'} beat` running, and a worker consuming "
-                    "its queue?")
-        else:
-            line = (f"the last {health.task} ran {age(health.age)} ago (on {health.ran_by}, "
-                    f"every {age(health.interval)})")
-        if health.last_failed_at is not None and (
-                health.last_run_at is None or health.last_failed_at > health.last_run_at):
-            line += f"; its last run failed at {when(health.last_failed_at)}: {health.last_error}"
-        notes.append(line)
-    return notes
+    beat = f"celery -A {app or 'proj'} beat"
+    return [loop_note(health, beat) for health in status.loop]
 
 
 def _earlier_attempt(status: str) -> bool:
@@ -315,21 +307,23 @@ def listing_title(page: ExecutionListing, *, more: bool) -> str:
     """``showing 20 of 1,234 failed executions of all jobs, newest first``; a capped count
     reads ``more than 10,000``."""
     total = f"more than {page.total:,}" if page.total_capped else f"{page.total:,}"
-    what = f"{page.status} executions" if page.status else "executions"
+    what = f"{' or '.join(page.statuses or [page.status or ''])} executions".strip()
     of = f"of {page.job_name}" if page.job_name else "of all jobs"
     org = f" of organization {page.organization_id}" if page.organization_id else ""
     shown = f"{len(page.items)} more" if more else f"{len(page.items)}"
     return f"showing {shown} of {total} {what} {of}{org}, newest first"
 
 
-def executions_table(page: ExecutionListing, *, more: bool,
-                     now: datetime | None = None) -> Grid:
+def executions_table(page: ExecutionListing, *, more: bool, now: datetime | None = None,
+                     filtered: Iterable[str] = ()) -> Grid:
     """The page as a table; a ``job`` column when it lists every job's executions.
 
     Narrowing: ``finished`` and ``created`` without seconds; then ``finished``, ``priority``,
     ``attempt`` left out, ``created`` as an age (``4m 10s ago``, from ``now``), ``key``,
     ``created``, ``last error`` left out; ``id``, ``job`` and ``status`` stay (in the last
-    resort, ids shortened to their first 8 characters, said under the table)."""
+    resort, ids shortened to their first 8 characters, said under the table), and so do the
+    ``filtered`` columns (the headers of the filters given: ``key``, ``last error``,
+    ``created``), and ``last error`` when the listing is of failed rows."""
     now = now if now is not None else datetime.now(timezone.utc)
     items = page.items
     every_job = page.job_name is None
@@ -350,6 +344,11 @@ def executions_table(page: ExecutionListing, *, more: bool,
                min_width=20),
     ]
     columns[2 if every_job else 1].keep = True  # status
+    kept = set(filtered)
+    if Status.FAILED.value in (page.statuses or (page.status,)):
+        kept.add("last error")
+    for column in columns:
+        column.keep = column.keep or column.header in kept
     steps: list[Step] = [("shrink", "finished"), ("shrink", "created"), ("drop", "finished"),
                          ("drop", "priority"), ("drop", "attempt"), ("shrink", "created"),
                          ("drop", "key"), ("drop", "created"), ("drop", "last error")]
@@ -361,13 +360,15 @@ def detail_table(d: ExecutionDetail) -> Grid:
     the job name at least (neither is ever cut), free text (the payload) wrapped."""
     fields: list[tuple[str, object]] = [
         ("id", d.id), ("job", d.job_name), ("status", d.status), ("priority", d.priority),
-        ("attempt", f"{d.attempt}/{d.max_attempts}"), ("key", d.unique_key),
+        ("attempt", f"{d.attempt}/{d.max_attempts}"),
+        ("snoozed", f"{d.snoozes} times" if d.snoozes else "never"), ("key", d.unique_key),
         ("organization", d.organization_id), ("created", d.created_at),
         ("scheduled", d.scheduled_at), ("started", d.started_at), ("finished", d.finished_at),
         ("claimed by", d.claimed_by), ("triggered by", d.triggered_by_name or d.triggered_by),
         ("cancelled by", d.cancelled_by_name or d.cancelled_by),
         ("retry of", d.retry_of),
-        ("can retry", d.can_retry), ("can cancel", d.can_cancel),
+        ("can retry", "yes" if d.can_retry else "no"),
+        ("can cancel", "yes" if d.can_cancel else "no"),
         ("payload", json.dumps(d.payload, default=str)),
     ]
     value = Column("value", [[_cell(v) for _, v in fields]], wraps=True,
@@ -412,7 +413,8 @@ def print_detail(d: ExecutionDetail) -> None:
     """``show``: the fields' table, the captured records, the last error's traceback."""
     out = console()
     print_grid(detail_table(d), out)
-    print_line(out, f"logs ({len(d.logs)} entries):" if d.logs else "logs: none captured",
+    count = "1 entry" if len(d.logs) == 1 else f"{len(d.logs)} entries"
+    print_line(out, f"logs ({count}):" if d.logs else "logs: none captured",
                style="bold")
     for e in d.logs:
         for line in record_lines(e):

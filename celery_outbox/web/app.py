@@ -343,7 +343,7 @@ def _unauthenticated(request: Request) -> Response:
                                "token").model_dump()
         return JSONResponse(body, status_code=401, headers=headers)
     # A browser gets the login form; no WWW-Authenticate, so it shows no Basic dialog.
-    return pages.login_page(request, status_code=401, next_url=str(request.url.path))
+    return pages.login_page(request, status_code=401, next_url=pages.next_of(request))
 
 
 def too_many(request: Request, exc: TooManyAttempts) -> Response:

@@ -11,15 +11,17 @@ import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import parse_qs, quote, unquote, urlencode
 from uuid import UUID
 
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
 
+from celery_outbox.admin.loop_notes import alarm, loop_note
 from celery_outbox.admin.stats import WINDOWS
 from celery_outbox.admin.views import took
 from celery_outbox.config import MAX_DURATION
@@ -86,22 +88,79 @@ def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
 
+def _short_when(value: datetime | None) -> str:
+    """``12-04 10:00:05``: :func:`_when` without the year (a table's; the cell's title has
+    it all)."""
+    return value.strftime("%m-%d %H:%M:%S") if value is not None else "-"
+
+
+def _code(text: str) -> Markup:
+    """``text`` escaped, its backquoted parts (`` `celery beat` ``) as ``<code>``."""
+    parts = str(text).split("`")
+    return Markup("").join(Markup("<code>{}</code>").format(p) if i % 2 else escape(p)
+                           for i, p in enumerate(parts))
+
+
 templates.env.filters["age"] = _age
 templates.env.filters["when"] = _when
+templates.env.filters["short_when"] = _short_when
 templates.env.filters["took"] = took
+templates.env.filters["code"] = _code
+templates.env.globals["loop_note"] = loop_note
+templates.env.globals["loop_alarm"] = alarm
+
+FLASH_COOKIE = "outbox_flash"
+"""A one-time message for the next page (what a pause or resume did), set with the 303 that
+follows a form's POST and shown in the page's ``#flash`` area, then removed."""
+LOGIN_NO_USERS = ("no users are configured: the login form lets nobody in; set "
+                  "outbox_web_users in the Celery settings (celery -A proj outbox hash-secret "
+                  "gives a password's hash), see the dashboard guide")
+"""The login page's notice when no user is configured (tokens only, or none)."""
 
 
 def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
     who: Principal | None = getattr(request.state, "principal", None)
+    flash = request.cookies.get(FLASH_COOKIE)
     context.update(base=_base(request), who=who, title=request.app.state.title,
-                   can_log_out=request.app.state.auth is not None)  # auth=None: no login
-    return templates.TemplateResponse(request, name, context, status_code=status_code)
+                   can_log_out=request.app.state.auth is not None,  # auth=None: no login
+                   flash=unquote(flash)[:500] if flash and who is not None else "")
+    response = templates.TemplateResponse(request, name, context, status_code=status_code)
+    if flash and who is not None:  # shown once
+        response.delete_cookie(FLASH_COOKIE, path=_base(request) or "/", httponly=True,
+                               samesite="strict")
+    return response
+
+
+def with_flash(request: Request, response: Response, message: str) -> Response:
+    """``response`` (a redirect) setting :data:`FLASH_COOKIE` to ``message`` for the next
+    page."""
+    response.set_cookie(FLASH_COOKIE, quote(message[:500], safe=""), max_age=60,
+                        path=_base(request) or "/", httponly=True, samesite="strict")
+    return response
+
+
+def next_of(request: Request) -> str:
+    """Where the login should lead back to: the request's path and query string."""
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
 
 
 def login_page(request: Request, *, status_code: int = 200, next_url: str = "",
                error: str = "") -> Response:
+    auth: Auth | None = request.app.state.auth
+    notice = LOGIN_NO_USERS if auth is not None and not auth.has_users else ""
     return render(request, "login.html", status_code=status_code, next_url=next_url,
-                  error=error)
+                  error=error, notice=notice)
+
+
+def safe_next(next_url: str, base: str) -> str:
+    """``next_url`` when it is a path of this site under ``base`` (its query kept), else the
+    overview: never another site (``//host``, ``/\\host``, a scheme)."""
+    path = next_url.split("?", 1)[0]
+    if (next_url.startswith(base + "/") and "//" not in path and "\\" not in next_url
+            and not any(ord(c) < 32 for c in next_url)):
+        return next_url
+    return base + "/"
 
 
 def error_page(request: Request, status: int, detail: str) -> Response:
@@ -224,9 +283,11 @@ async def login(request: Request) -> Response:
             return page
     if who is None:
         return login_page(request, status_code=401, next_url=next_url,
-                          error="unknown user or wrong password")
+                          error="unknown user or wrong password" if auth is not None and
+                          auth.has_users else "nobody can log in here: no users are "
+                                              "configured")
     base = _base(request)
-    target = next_url if next_url.startswith(base + "/") and "//" not in next_url else base + "/"
+    target = safe_next(next_url, base)
     response = RedirectResponse(target, status_code=303)
     assert auth is not None
     response.set_cookie(SESSION_COOKIE, auth.session_cookie(who), max_age=auth.session_max_age,
@@ -328,13 +389,23 @@ async def workers(request: Request) -> Response:
                   count_cap=board.count_cap, late_after=LATE_AFTER.total_seconds())
 
 
+TIME_EXAMPLE = "2026-12-04T10:00Z"
+"""The example of an ISO 8601 time the pages' errors give."""
+FORM_LABELS = {"created_after": "from", "created_before": "to"}
+"""The executions form's labels of the search fields whose label is not their name."""
+
+
 def _time(value: str, name: str) -> datetime | None:
+    """``value`` as a time (None when empty); ValueError naming the form's label of
+    ``name``, with an example."""
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value)
+        return datetime.fromisoformat(value.strip())
     except ValueError:
-        raise ValueError(f"{name}: not an ISO 8601 time: {value!r}") from None
+        label = FORM_LABELS.get(name, name)
+        raise ValueError(f"{label}: not an ISO 8601 time: {value!r} (for example "
+                         f"{TIME_EXAMPLE} or 2026-12-04)") from None
 
 
 def _json(value: Any) -> str:

@@ -1,7 +1,7 @@
 """Pause and resume from the dashboard: the JSON API's routes (``GET /api/v1/pauses``,
 ``POST /api/v1/jobs/{job_name}/pause|resume``, ``POST /api/v1/queues/{queue_name}/pause|resume``)
 and the overview's POST forms (``POST /jobs/{job_name}/pause`` ... answering 303 to the
-overview).
+overview, which shows what was done in its ``#flash`` area).
 
 Pausing holds a job (or every job of a queue) for every tenant, so only an operator of no
 tenant may pause or resume: a tenant's principal answers 403 saying so. Reads are open to
@@ -206,7 +206,7 @@ pages = APIRouter(include_in_schema=False)
 
 
 async def _form_action(request: Request, action: str, kind: str, name: str) -> Response:
-    from celery_outbox.web.pages import error_page  # the pages import this module's state
+    from celery_outbox.web.pages import error_page, with_flash  # they import this module
 
     who: Principal = request.state.principal
     if not who.can_operate:
@@ -215,14 +215,16 @@ async def _form_action(request: Request, action: str, kind: str, name: str) -> R
     try:
         unscoped(who)
         board = request.app.state.dashboard
-        await run_in_threadpool(change, board.admin, action, kind, name, who)
+        done = await run_in_threadpool(change, board.admin, action, kind, name, who)
     except HTTPException as exc:
         return error_page(request, exc.status_code, str(exc.detail))
     except (JobNotRegistered, JobNameAmbiguous, ConfigurationError) as exc:
         status = 404 if isinstance(exc, JobNotRegistered) else 400
         return error_page(request, status, " ".join(str(exc).split()))
     base = str(request.scope.get("root_path", "")).rstrip("/")
-    return RedirectResponse(base + "/#pauses", status_code=303)
+    # What it did, shown once by the overview's #flash (a cookie: no script, no URL text).
+    return with_flash(request, RedirectResponse(base + "/#pauses", status_code=303),
+                      done.message)
 
 
 @pages.post("/jobs/{job_name}/pause")
