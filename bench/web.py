@@ -175,7 +175,11 @@ def prepare(rows: int, rebuild: bool, database: str) -> Outbox:
     with outbox.engine.connect() as conn:
         have = conn.execute(text("SELECT to_regclass(:t)"), {"t": TABLE}).scalar()
         count = conn.execute(text(f"SELECT count(*) FROM {TABLE}")).scalar() if have else 0
-    if rebuild or count != rows:
+        columns = set(conn.execute(text(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = :t"),
+            {"t": TABLE}).scalars())
+    missing = {c.name for c in outbox.tables.executions.c} - columns
+    if rebuild or count != rows or missing:  # a release added columns: written anew
         print(f"writing {rows:,} rows ...", flush=True)
         started = time.perf_counter()
         outbox.drop_schema()
@@ -260,6 +264,42 @@ def stats_figures(who: str, client: Any) -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
+def search_figures(who: str, client: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """The executions page's searches: key, error text, a created range, payload
+    containment."""
+    day = "2026-01-01T00:00:00Z"
+    return [
+        (f"{who}search    ?key=", lambda: client.get(
+            "/api/v1/executions", params={"key": "order-77", "limit": 50})),
+        (f"{who}search    ?error=TimeoutError",
+         lambda: client.get("/api/v1/executions", params={"error": "TimeoutError",
+                                                          "limit": 50})),
+        (f"{who}search    ?job&error=Timeout&status=failed",
+         lambda: client.get("/api/v1/executions", params={
+             "job": "shop.invoice", "status": "failed", "error": "TimeoutError"})),
+        (f"{who}search    ?created_after (a day)",
+         lambda: client.get("/api/v1/executions", params={"created_after": day,
+                                                          "limit": 50})),
+        (f"{who}search    ?payload={{n: 77}}",
+         lambda: client.get("/api/v1/executions", params={"payload": '{"n": 77}',
+                                                          "limit": 50})),
+        (f"{who}search    GET /executions?error= (page)",
+         lambda: client.get("/executions", params={"error": "TimeoutError"})),
+    ]
+
+
+def bulk_figures(client: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """Bulk actions' dry runs (an operator's: the tenants' tokens only read)."""
+    return [
+        ("bulk      retry dry run, failed of a job",
+         lambda: client.post("/api/v1/executions/bulk/retry", json={
+             "job": ["shop.invoice"], "status": ["failed"], "dry_run": True})),
+        ("bulk      cancel dry run, every pending",
+         lambda: client.post("/api/v1/executions/bulk/cancel", json={
+             "status": ["pending"], "dry_run": True})),
+    ]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench web", description=__doc__.split(
         "\n")[0])
@@ -313,6 +353,11 @@ def main(argv: list[str]) -> int:
         ("detail    GET /executions/{id} (page)",
          lambda: client.get(f"/executions/{rng.choice(sample)}")),
         ("failures  GET /api/v1/failures", lambda: client.get("/api/v1/failures")),
+        *search_figures("", client),
+        *bulk_figures(client),
+        ("trigger   GET /jobs/{job}/trigger (form)",
+         lambda: client.get("/jobs/shop.email/trigger")),
+        ("pauses    GET /api/v1/pauses", lambda: client.get("/api/v1/pauses")),
         *stats_figures("", client),
     ]
     for org, token in TENANT_TOKENS.items():
@@ -328,6 +373,7 @@ def main(argv: list[str]) -> int:
                  "/api/v1/executions", params={"job": "shop.invoice", "status": "failed"})),
             (f"{org}: failures  GET /api/v1/failures",
              lambda tenant=tenant: tenant.get("/api/v1/failures")),
+            *search_figures(f"{org}: ", tenant),
             *stats_figures(f"{org}: ", tenant),
         ]
     print(f"python {platform.python_version()}, {os.cpu_count()} cores, {args.rows:,} rows, "
