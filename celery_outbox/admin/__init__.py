@@ -21,7 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 from uuid import UUID
 
 from celery_outbox.admin.pauses import PAUSE_KINDS, Pause, PauseAction, PauseAdmin
@@ -42,6 +42,7 @@ from celery_outbox.admin.views import (
     decode_cursor,
     encode_cursor,
 )
+from celery_outbox.admin.written import ALREADY_RETRIED, KEY_HELD, Written, counting_pushes
 from celery_outbox.config import MAX_DURATION, OutboxConfig
 from celery_outbox.cron import CronSchedule
 from celery_outbox.encryption import Keyring, Sealed, is_envelope
@@ -69,6 +70,7 @@ __all__ = [
     "MAX_LIMIT",
     "PAUSE_KINDS",
     "AttemptView",
+    "AttemptView",
     "ExecutionDetail",
     "ExecutionListing",
     "ExecutionView",
@@ -80,6 +82,7 @@ __all__ = [
     "OutboxStatus",
     "Pause",
     "PauseAction",
+    "Written",
     "decode_cursor",
     "encode_cursor",
 ]
@@ -115,6 +118,7 @@ class Facade(Protocol):
         organization_id: str | None = None, triggered_by: str | None = None,
         triggered_by_name: str | None = None, index_items: bool = True,
         retry_of: UUID | None = None, traceparent: str | None = None,
+        delay: timedelta | None = None, scheduled_at: datetime | None = None,
     ) -> list[UUID]:
         """Create executions; dispatch them after commit."""
         ...
@@ -305,7 +309,7 @@ class OutboxAdmin(PauseAdmin):
         self,
         job_name: str | None = None,
         *,
-        status: str | Status | None = None,
+        status: str | Status | Sequence[str | Status] | None = None,
         organization_id: str | None = None,
         after: str | None = None,
         limit: int = 20,
@@ -317,7 +321,8 @@ class OutboxAdmin(PauseAdmin):
     ) -> ExecutionListing:
         """One page of executions, of one job or of all (``job_name`` None), newest first.
 
-        Filters, each None for any: ``status``, ``organization_id`` (the tenant),
+        Filters, each None for any: ``status`` (one status, or several: any of them, as the
+        HTTP API's repeated ``status``), ``organization_id`` (the tenant),
         ``unique_key`` (this key), ``error_contains`` (the error's text holds it),
         ``created_after`` / ``created_before`` (aware datetimes: ``created_after <=
         created_at < created_before``): the filters of
@@ -343,10 +348,14 @@ class OutboxAdmin(PauseAdmin):
         for name, text in (("unique_key", unique_key), ("error_contains", error_contains)):
             _check_text("page_executions", name, text)
         _check_range("page_executions", created_after, created_before)
-        wanted = _status(status)
+        if status is None or isinstance(status, (str, Status)):
+            several: tuple[Status, ...] = () if status is None else (_wanted(status),)
+        else:
+            several = tuple(dict.fromkeys(_wanted(s) for s in status))
+        wanted = several[0] if len(several) == 1 else None
         query = ExecutionQuery(
             job_names=(job_name,) if job_name is not None else None,
-            statuses=(wanted,) if wanted is not None else None,
+            statuses=several or None,
             organization_id=organization_id, unique_key=unique_key,
             error_contains=error_contains or None, created_after=created_after,
             created_before=created_before,
@@ -360,7 +369,7 @@ class OutboxAdmin(PauseAdmin):
             next_cursor=encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None,
             total=min(total, count_cap), total_capped=total > count_cap, count_cap=count_cap,
             job_name=job_name, status=wanted.value if wanted else None,
-            organization_id=organization_id,
+            organization_id=organization_id, statuses=tuple(s.value for s in several),
         )
 
     def get_execution(self, execution_id: UUID | str, *,
@@ -461,6 +470,54 @@ class OutboxAdmin(PauseAdmin):
             traceparent=row.get("traceparent"),
         )[0]
 
+    def push_one(
+        self,
+        spec: JobSpec,
+        payload: Any,
+        *,
+        unique_key: str | None = None,
+        priority: str | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> Written:
+        """One execution of the queue job ``spec`` (as ``push_many`` with one payload), and
+        whether it was written: ``created=False`` (``reason="key_held"``) when an active
+        execution of the job holds ``unique_key`` (its id answered, nothing written).
+        ``delay`` (timedelta) / ``scheduled_at`` (aware datetime): when it runs. Raises as
+        ``push_many``."""
+        with counting_pushes() as written:
+            new_id = self.outbox.push_many(
+                spec, [payload], keys=[unique_key], priority=priority,
+                triggered_by=triggered_by, triggered_by_name=triggered_by_name,
+                index_items=False, delay=delay, scheduled_at=scheduled_at)[0]
+            created = written() > 0
+        return Written(new_id, spec.name, created, None if created else KEY_HELD, unique_key)
+
+    def retry_one(
+        self,
+        execution_id: UUID | str,
+        *,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> Written:
+        """:meth:`retry`, saying whether it wrote: ``created=False`` with ``reason``
+        ``"already_retried"`` (``id`` already retries it) or ``"key_held"`` (``id``, an
+        active execution of the job, holds its unique key). Raises as :meth:`retry`."""
+        execution_id = _uuid(execution_id)
+        with counting_pushes() as written:
+            new_id = self.retry(execution_id, triggered_by=triggered_by,
+                                triggered_by_name=triggered_by_name)
+            created = written() > 0
+        row = self.store.get(new_id)
+        job_name = row["job_name"] if row is not None else ""
+        if created:
+            return Written(new_id, job_name, True)
+        retries = row is not None and row.get("retry_of") == execution_id
+        return Written(new_id, job_name, False, ALREADY_RETRIED if retries else KEY_HELD,
+                       row["unique_key"] if row is not None else None)
+
     def cancel(
         self,
         execution_id: UUID | str,
@@ -513,6 +570,11 @@ def _status(value: str | Status | None) -> Status | None:
     except ValueError:
         allowed = ", ".join(s.value for s in Status)
         raise ConfigurationError(f"unknown status {value!r}; one of: {allowed}") from None
+
+
+def _wanted(value: str | Status) -> Status:
+    """A status filter's one status (ConfigurationError naming it when unknown)."""
+    return value if isinstance(value, Status) else cast(Status, _status(value))
 
 
 def _check_text(method: str, name: str, value: str | None) -> None:

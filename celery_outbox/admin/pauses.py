@@ -49,7 +49,9 @@ class PauseAction:
     ``changed``: False when nothing was written (paused already; not paused); ``pause``: the
     pause in force (after a pause) or the one deleted (a resume; None when there was none);
     ``jobs``: the registered jobs it holds (held); ``dispatched``: a resume's executions
-    dispatched at once; ``message``: one line for a person.
+    dispatched at once; ``still_held_by``: after a resume, the other pauses that still hold
+    some of those jobs (``"queue shop"``, ``"job shop.jobs.send_receipt"``); ``message``: one
+    line for a person.
     """
 
     action: str
@@ -60,6 +62,7 @@ class PauseAction:
     jobs: tuple[str, ...]
     message: str
     dispatched: int = 0
+    still_held_by: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (``pause`` as :meth:`Pause.to_dict`, or None)."""
@@ -67,7 +70,7 @@ class PauseAction:
                 "changed": self.changed,
                 "pause": self.pause.to_dict() if self.pause is not None else None,
                 "jobs": list(self.jobs), "dispatched": self.dispatched,
-                "message": self.message}
+                "still_held_by": list(self.still_held_by), "message": self.message}
 
 
 def _since(pause: Pause) -> str:
@@ -180,14 +183,19 @@ class PauseAdmin:
             return PauseAction("resume", kind, full, False, None, jobs,
                                f"{kind} {full} is not paused")
         still = self.list_pauses()
-        free = [job for job in jobs
-                if job in self.registry and self.pause_of(self.registry.get(job), still) is None]
+        holding = {job: self.pause_of(self.registry.get(job), still)
+                   for job in jobs if job in self.registry}
+        free = [job for job, held in holding.items() if held is None]
         dispatched = self._pausing().resumed(free) if free else 0
-        message = f"resumed {kind} {full} (paused {_since(removed)})"
-        if dispatched:
-            message += f": {dispatched} execution(s) dispatched"
+        others = tuple(dict.fromkeys(f"{p.kind} {p.name}" for p in holding.values()
+                                     if p is not None))
+        message = (f"resumed {kind} {full} (paused {_since(removed)}): {dispatched} "
+                   f"execution(s) dispatched")
+        if others:
+            message += f"; still paused by {', '.join(others)}"
         log.info("celery_outbox: %s (by %s)", message, by_name or by or "unknown")
-        return PauseAction("resume", kind, full, True, removed, jobs, message, dispatched)
+        return PauseAction("resume", kind, full, True, removed, jobs, message, dispatched,
+                           others)
 
     async def apause(self, kind: str, name: str, *, by: str | None = None,
                      by_name: str | None = None) -> PauseAction:

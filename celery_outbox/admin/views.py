@@ -120,6 +120,9 @@ class ExecutionView(_View):
     wait_time: timedelta | None
     """``started_at - created_at`` (from its creation to its latest attempt's start), None
     until an attempt started."""
+    snoozes: int
+    """How many times its handlers snoozed it (``ctx.snooze``: put back for later, no
+    attempt spent); 0 when never."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,8 @@ class ExecutionListing(_View):
     ``next_cursor``: pass it as ``after`` for the next page (None: this is the last).
     ``total``: how many executions match the filter (the job, status and tenant; all pages),
     counted up to ``count_cap``: when ``total_capped``, there are at least ``total``.
-    ``job_name`` / ``status`` / ``organization_id``: the filter (None: any).
+    ``job_name`` / ``status`` / ``organization_id``: the filter (None: any; ``status`` None
+    too when several were asked for). ``statuses``: every status asked for (empty: any).
     """
 
     items: tuple[ExecutionView, ...]
@@ -252,6 +256,7 @@ class ExecutionListing(_View):
     job_name: str | None
     status: str | None
     organization_id: str | None
+    statuses: tuple[str, ...] = ()
 
 
 # -- building views ---------------------------------------------------------------------------
@@ -291,6 +296,7 @@ def _execution_fields(row: dict[str, Any]) -> dict[str, Any]:
         "retry_of": row.get("retry_of"),
         "run_time": _between(row["started_at"], row["finished_at"]),
         "wait_time": _between(row["created_at"], row["started_at"]),
+        "snoozes": row.get("snoozes") or 0,
     }
 
 

@@ -6,8 +6,8 @@ passes it in click's context (``ctx.obj.app``); the Outbox is the one installed 
 :class:`~celery_outbox.admin.OutboxAdmin` or the Outbox (what is printed:
 :mod:`celery_outbox.cli.output`).
 
-Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB] [--status S]
-[--limit N] [--after CURSOR] [--organization-id/--tenant ORG] [--key KEY] [--error TEXT]
+Sub-commands: ``status [--overdue-after SECONDS]``, ``jobs``, ``executions [JOB] [--status S
+...] [--limit N] [--after CURSOR] [--organization-id/--tenant ORG] [--key KEY] [--error TEXT]
 [--created-after TIME] [--created-before TIME]``, ``show ID [--show-encrypted]``, ``logs ID
 [--follow] [--interval-seconds SECONDS]``, ``trigger JOB
 [--payload JSON] [--delay-seconds SECONDS | --at TIME] [--key KEY] [--priority NAME]``,
@@ -45,6 +45,7 @@ Exit status, each failure with one line ``Error: ...`` on stderr (without ``--js
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import getpass
 import json
@@ -61,7 +62,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from celery_outbox.admin import MAX_LIMIT
 from celery_outbox.cli.output import (
     BadInput,
+    Column,
     CommandError,
+    Grid,
     console,
     database_error,
     executions_table,
@@ -73,6 +76,7 @@ from celery_outbox.cli.output import (
     print_json,
     status_notes,
     status_table,
+    when,
 )
 from celery_outbox.config import MAX_DURATION
 from celery_outbox.errors import ConfigurationError, OutboxError, PayloadInvalid, StorageError
@@ -297,16 +301,19 @@ def status_command(box: Outbox, overdue_after: float | None, as_json: bool) -> N
 def jobs_command(box: Outbox, as_json: bool) -> None:
     """Every registered job with its recent succeeded / failed counts and last run."""
     jobs = box.admin.list_jobs()
-    if as_json:
-        print_json([j.to_dict() for j in jobs])
+    queues = {spec.name: box.queue_of(spec) for spec in box.registry}
+    if as_json:  # effective_queue: where its messages go (queue: its own, None for none)
+        print_json([{**j.to_dict(), "effective_queue": queues.get(j.name, j.queue)}
+                    for j in jobs])
         return
-    print_grid(jobs_table(jobs))
+    print_grid(jobs_table(jobs, queues))
 
 
 @outbox.command("executions")
 @click.argument("job", required=False)
-@click.option("--status", default=None,
-              help=f"Only this status ({', '.join(s.value for s in Status)}).")
+@click.option("--status", "statuses", multiple=True, metavar="STATUS",
+              help=f"Only this status ({', '.join(s.value for s in Status)}); repeat it "
+                   "for any of several.")
 @click.option("--limit", default=20, show_default=True, type=int,
               help=f"How many per page, newest first (1..{MAX_LIMIT}).")
 @click.option("--after", "after", default=None, metavar="CURSOR",
@@ -322,14 +329,15 @@ def jobs_command(box: Outbox, as_json: bool) -> None:
               help="Only executions created before TIME (ISO 8601 with its timezone).")
 @json_option
 @admin_command
-def executions_command(box: Outbox, job: str | None, status: str | None, limit: int,
+def executions_command(box: Outbox, job: str | None, statuses: tuple[str, ...], limit: int,
                        after: str | None, organization_id: str | None, key: str | None,
                        error: str | None, created_after: datetime | None,
                        created_before: datetime | None, as_json: bool) -> None:
     """The executions of JOB (or of every job), newest first, a page at a time."""
-    if status is not None and status not in {s.value for s in Status}:
-        raise BadInput(f"--status must be one of {', '.join(s.value for s in Status)}, "
-                       f"got {status!r}")
+    for status in statuses:
+        if status not in {s.value for s in Status}:
+            raise BadInput(f"--status must be one of {', '.join(s.value for s in Status)}, "
+                           f"got {status!r}")
     if not 1 <= limit <= MAX_LIMIT:
         raise BadInput(f"--limit must be from 1 to {MAX_LIMIT}, got {limit}")
     key = _checked_text("--key", key, MAX_LENGTHS["unique_key"])
@@ -340,16 +348,23 @@ def executions_command(box: Outbox, job: str | None, status: str | None, limit: 
                        f"--created-before ({created_before.isoformat()})")
     name = _job(box, job).name if job is not None else None
     page = box.admin.page_executions(
-        name, status=status, limit=limit, after=after, organization_id=organization_id,
-        unique_key=key, error_contains=error, created_after=created_after,
-        created_before=created_before)
+        name, status=list(statuses) or None, limit=limit, after=after,
+        organization_id=organization_id, unique_key=key, error_contains=error,
+        created_after=created_after, created_before=created_before)
     if as_json:
         print_json(page.to_dict())
         return
-    out = console()
-    grid = executions_table(page, more=after is not None)
     filters = _filters(key=key, error=error, created_after=created_after,
                        created_before=created_before)
+    if not page.items and after is None:
+        click.echo("no execution matches")
+        if filters:
+            click.echo(f"matching {filters}")
+        return
+    out = console()
+    filtered = [h for h, given in (("key", key), ("last error", error),
+                                   ("created", created_after or created_before)) if given]
+    grid = executions_table(page, more=after is not None, filtered=filtered)
     if filters:
         grid.notes.append(f"matching {filters}")
     print_grid(grid, out)
@@ -446,20 +461,25 @@ def trigger_command(box: Outbox, job: str, payload: str | None, delay: float | N
                        f"triggered now, as its ticks run")
     if data is None and spec.mode == "queue":
         raise BadInput(f"job {spec.name!r} needs a payload: pass --payload '<JSON object>'")
+    created = True
     if given:
-        execution_id = box.push_many(
-            spec, [data], keys=[key], priority=priority, triggered_by=TRIGGERED_BY,
-            triggered_by_name=_who(), index_items=False,
-            delay=timedelta(seconds=delay) if delay is not None else None, scheduled_at=at,
-        )[0]
+        written = box.admin.push_one(
+            spec, data, unique_key=key, priority=priority, triggered_by=TRIGGERED_BY,
+            triggered_by_name=_who(),
+            delay=timedelta(seconds=delay) if delay is not None else None, scheduled_at=at)
+        execution_id, created = written.id, written.created
     else:
         execution_id = box.admin.trigger(spec.name, data, triggered_by=TRIGGERED_BY,
                                          triggered_by_name=_who())
     box.flush(timedelta(seconds=10))
     if as_json:
-        print_json({"id": str(execution_id), "job_name": spec.name})
+        print_json({"id": str(execution_id), "job_name": spec.name, "created": created})
         return
-    click.echo(f"triggered {spec.name}: execution {execution_id}")
+    if created:
+        click.echo(f"triggered {spec.name}: execution {execution_id}")
+    else:
+        click.echo(f"{spec.name} already active under key {key}: execution {execution_id} "
+                   f"(nothing written)")
 
 
 @outbox.command("retry")
@@ -468,13 +488,20 @@ def trigger_command(box: Outbox, job: str, payload: str | None, delay: float | N
 @admin_command
 def retry_command(box: Outbox, execution_id: str, as_json: bool) -> None:
     """Retry a failed or cancelled execution (a new one, same payload, key and priority)."""
-    new_id = box.admin.retry(_execution_id(execution_id), triggered_by=TRIGGERED_BY,
-                             triggered_by_name=_who())
+    done = box.admin.retry_one(_execution_id(execution_id), triggered_by=TRIGGERED_BY,
+                               triggered_by_name=_who())
     box.flush(timedelta(seconds=10))
     if as_json:
-        print_json({"id": str(new_id), "retried": execution_id})
+        print_json({"id": str(done.id), "retried": execution_id, "created": done.created,
+                    "reason": done.reason})
         return
-    click.echo(f"retried {execution_id}: execution {new_id}")
+    if done.created:
+        click.echo(f"retried {execution_id}: execution {done.id}")
+    elif done.reason == "already_retried":
+        click.echo(f"{execution_id} already retried by execution {done.id} (nothing written)")
+    else:
+        click.echo(f"{done.job_name} already active under key {done.unique_key}: execution "
+                   f"{done.id} (nothing written)")
 
 
 @outbox.command("cancel")
@@ -596,6 +623,7 @@ def web_command(box: Outbox, host: str, port: int, no_auth: bool, log_level: str
                        "(app.conf.outbox_web_users / outbox_web_tokens): every request will "
                        "answer 401; use --no-auth on loopback to try it", err=True)
         app = create_app(box, auth=auth)
+    _check_port(host, port)
     click.echo(f"celery_outbox web: serving http://{_hostport(host, port)}/ "
                f"(API: /api/v1, OpenAPI: /openapi.json)", err=True)
     # proxy_headers=False: the app alone decides which peer's X-Forwarded-* to believe
@@ -636,6 +664,26 @@ def metrics_command(box: Outbox, host: str, port: int) -> None:
         server.shutdown()
 
 
+def _check_port(host: str, port: int) -> None:
+    """CommandError when ``port`` on ``host`` cannot be bound (in use, most often): a
+    socket bound there and closed at once, before anything says "serving"."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise BadInput(f"--host {host} cannot be resolved: {exc}") from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CommandError(f"port {port} on {host} is in use: pass --port N",
+                                   "PortInUse") from exc
+            raise CommandError(f"cannot bind port {port} on {host}: {exc.strerror or exc}",
+                               "PortUnavailable") from exc
+
+
 def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -673,11 +721,16 @@ def _filters(**given: str | datetime | None) -> str:
                      for name, value in given.items() if value is not None)
 
 
+WHOLE_IDS = "`executions --json`, or a wider terminal, prints whole ids"
+"""Said when an ID is refused: a table may show ids shortened (``0aceb650…``)."""
+
+
 def _execution_id(value: str) -> UUID:
     try:
         return UUID(value.strip())
     except ValueError:
-        raise BadInput(f"ID must be an execution id (a UUID), got {value!r}") from None
+        raise BadInput(f"ID must be a whole execution id (a UUID), got {value!r}: "
+                       f"{WHOLE_IDS}") from None
 
 
 def _print_counts(what: str, result: Any, as_json: bool) -> None:
@@ -702,6 +755,24 @@ def _pause_target(job: str | None, queue: str | None) -> tuple[str, str]:
     return ("job", job) if job is not None else ("queue", queue or "")
 
 
+OPTION_OF = {"queue_name": "--queue", "job_name": "JOB"}
+"""The CLI's name of a pause's field, for its errors."""
+
+
+def _paused(call: Callable[[], R]) -> R:
+    """``call()`` (a pause or a resume); its ConfigurationError naming the admin's field
+    (``queue_name``) names the CLI's option (``--queue``) instead."""
+    try:
+        return call()
+    except ConfigurationError as exc:
+        option = OPTION_OF.get(exc.field or "")
+        text = one_line(exc)
+        if option is None or not text.startswith(f"{exc.field}: "):
+            raise
+        raise BadInput(f"{option}: {text[len(str(exc.field)) + 2:]}",
+                       type(exc).__name__) from exc
+
+
 def _print_action(done: Any, as_json: bool) -> None:
     if as_json:
         print_json(done.to_dict())
@@ -720,7 +791,8 @@ def pause_command(box: Outbox, job: str | None, queue: str | None, as_json: bool
     pending, no attempt spent; a paused cron job's ticks are skipped. Pausing a paused job
     says since when and by whom, and changes nothing."""
     kind, name = _pause_target(job, queue)
-    _print_action(box.admin.pause(kind, name, by=TRIGGERED_BY, by_name=_who()), as_json)
+    _print_action(_paused(lambda: box.admin.pause(kind, name, by=TRIGGERED_BY,
+                                                  by_name=_who())), as_json)
 
 
 @outbox.command("resume")
@@ -731,7 +803,7 @@ def pause_command(box: Outbox, job: str | None, queue: str | None, as_json: bool
 def resume_command(box: Outbox, job: str | None, queue: str | None, as_json: bool) -> None:
     """Resume a paused job (or --queue NAME): its due executions are dispatched at once."""
     kind, name = _pause_target(job, queue)
-    done = box.admin.resume(kind, name, by=TRIGGERED_BY, by_name=_who())
+    done = _paused(lambda: box.admin.resume(kind, name, by=TRIGGERED_BY, by_name=_who()))
     box.flush(timedelta(seconds=10))
     _print_action(done, as_json)
 
@@ -748,7 +820,11 @@ def pauses_command(box: Outbox, as_json: bool) -> None:
     if not found:
         click.echo("nothing is paused")
         return
-    for p in found:
-        click.echo(f"{p.kind:<5}  {p.name}  paused since "
-                   f"{p.paused_at.isoformat(timespec='seconds')} by "
-                   f"{p.paused_by_name or p.paused_by or 'unknown'}")
+    columns = [
+        Column("kind", [[p.kind for p in found]], keep=True),
+        Column("name", [[p.name for p in found]], keep=True),
+        Column("paused since", [[when(p.paused_at) for p in found]]),
+        Column("by", [[p.paused_by_name or p.paused_by or "unknown" for p in found]],
+               wraps=True, min_width=10),
+    ]
+    print_grid(Grid(f"{len(found)} pause(s)", columns, [("drop", "by")]))

@@ -323,7 +323,8 @@ def executions_table(page: ExecutionListing, *, more: bool, now: datetime | None
     ``created``, ``last error`` left out; ``id``, ``job`` and ``status`` stay (in the last
     resort, ids shortened to their first 8 characters, said under the table), and so do the
     ``filtered`` columns (the headers of the filters given: ``key``, ``last error``,
-    ``created``), and ``last error`` when the listing is of failed rows."""
+    ``created``), and ``last error`` when the listing is of failed rows. Under a filter of
+    one status, ``status`` (the title says it) is the first left out."""
     now = now if now is not None else datetime.now(timezone.utc)
     items = page.items
     every_job = page.job_name is None
@@ -349,7 +350,11 @@ def executions_table(page: ExecutionListing, *, more: bool, now: datetime | None
         kept.add("last error")
     for column in columns:
         column.keep = column.keep or column.header in kept
-    steps: list[Step] = [("shrink", "finished"), ("shrink", "created"), ("drop", "finished"),
+    steps: list[Step] = []
+    if len(page.statuses) == 1:  # the title says it: the first to go
+        columns[2 if every_job else 1].keep = False
+        steps.append(("drop", "status"))
+    steps += [("shrink", "finished"), ("shrink", "created"), ("drop", "finished"),
                          ("drop", "priority"), ("drop", "attempt"), ("shrink", "created"),
                          ("drop", "key"), ("drop", "created"), ("drop", "last error")]
     return Grid(listing_title(page, more=more), columns, steps)

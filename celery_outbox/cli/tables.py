@@ -54,8 +54,12 @@ def print_line(out: Console, text: str, *, style: str = "") -> None:
 #
 # A table is laid out for the console's width before rich draws it: each column's width is
 # its widest cell (its header may wrap at its spaces). While the table is wider than the
-# console, the table's steps apply in order: a column's cells get shorter (a time without its
-# seconds, then as an age), or a column is left out (the line after the table names those).
+# console, the table's steps apply in order: first a column whose every cell is "-" is left
+# out, then a column's cells get shorter (a time without its seconds, then as an age), or a
+# column is left out (the line after the table names those). Then the columns left out come
+# back, the last left out first, each that fits beside those shown (a column of "-" only
+# last, and only once every other one is back). A column marked ``keep``
+# (an id, a job name, the column a listing is filtered on) is never left out.
 # An id and a job name are never shortened nor cut: their columns are kept, on one line each.
 # Free text (an error, a key, a cron schedule) wraps at its spaces within its column.
 
@@ -85,6 +89,10 @@ class Column:
     level: int = 0
     legend: str = ""
     """Said under the table once the column's cells are shorter than its first ones."""
+    short_header: str = ""
+    """One word said instead of ``header`` when the column is too narrow for ``header`` on
+    one line (``short_legend`` says what it stands for, under the table)."""
+    short_legend: str = ""
 
     @property
     def cells(self) -> list[str]:
@@ -129,6 +137,8 @@ class Fitted:
     dropped: list[str]
     shortened: bool
     width: int
+    headers: list[str] = dataclasses.field(default_factory=list)
+    """Each column's header as printed (its ``short_header`` when ``header`` would wrap)."""
 
 
 def fit(grid: Grid, width: int) -> Fitted:
@@ -136,7 +146,9 @@ def fit(grid: Grid, width: int) -> Fitted:
     order = list(grid.columns)
     columns = {c.header: c for c in order}
     dropped: list[str] = []
-    for kind, header in grid.steps:
+    empty: list[Step] = [("drop", c.header) for c in order  # nothing to show: first to go
+                         if not c.keep and c.cells and all(x == "-" for x in c.cells)]
+    for kind, header in empty + grid.steps:
         if grid.width() <= width:
             break
         column = columns.get(header)
@@ -147,7 +159,12 @@ def fit(grid: Grid, width: int) -> Fitted:
         elif kind == "drop" and not column.keep:
             grid.columns.remove(column)
             dropped.append(header)
-    for header in reversed(list(dropped)):  # one left out early may fit beside the rest now
+    blank = {h for _, h in empty}  # back last: a column of "-" only shows nothing
+    again = [h for h in reversed(dropped) if h not in blank] + \
+        [h for h in reversed(dropped) if h in blank]
+    for header in again:  # one left out early may fit beside the rest now
+        if header in blank and any(h not in blank for h in dropped):
+            break  # "-" only, while a column with something to show is still left out
         back = [c for c in order if c in grid.columns or c.header == header]
         if grid.width(back) <= width:
             grid.columns[:] = back
@@ -176,7 +193,10 @@ def fit(grid: Grid, width: int) -> Fitted:
             more = min(room, column.natural() - widths[i])
             widths[i] += more
             room -= more
-    return Fitted(grid, widths, dropped, shortened, width)
+    headers = [c.short_header if len(c.header) > w and c.short_header
+               and len(c.short_header) <= w else c.header
+               for c, w in zip(grid.columns, widths, strict=True)]
+    return Fitted(grid, widths, dropped, shortened, width, headers)
 
 
 def _header(text: str, width: int) -> str:
@@ -201,8 +221,9 @@ def print_grid(grid: Grid, out: Console | None = None) -> None:
     if grid.title:
         print_line(out, grid.title)
     table = Table()
-    for column, width in zip(grid.columns, fitted.widths, strict=True):
-        table.add_column(_header(column.header, width), width=width, min_width=width,
+    for column, width, header in zip(grid.columns, fitted.widths, fitted.headers,
+                                     strict=True):
+        table.add_column(_header(header, width), width=width, min_width=width,
                          max_width=width, no_wrap=not column.wraps,
                          overflow="fold" if column.wraps else "ellipsis")
     for row in zip(*(c.cells for c in grid.columns), strict=True):
@@ -211,9 +232,11 @@ def print_grid(grid: Grid, out: Console | None = None) -> None:
     if fitted.dropped:
         print_line(out, f"left out to fit {fitted.width} columns: {', '.join(fitted.dropped)} "
                         f"(a wider terminal, or --json, shows them)")
-    for column in grid.columns:
+    for column, header in zip(grid.columns, fitted.headers, strict=True):
         if column.level and column.legend:
             print_line(out, column.legend)
+        if header != column.header and column.short_legend:
+            print_line(out, column.short_legend)
     if fitted.shortened:
         print_line(out, f"ids shortened to fit {fitted.width} columns: --json, or a wider "
                         f"terminal, shows them whole")

@@ -159,7 +159,8 @@ def test_real_celery_show_of_a_failed_execution_and_of_an_unknown_id(
     malformed = celery(cli_env, "show", "3f2c9a0e")
     assert malformed.returncode == 2
     assert malformed.stderr.strip().splitlines() == [
-        "Error: ID must be an execution id (a UUID), got '3f2c9a0e'"]
+        "Error: ID must be a whole execution id (a UUID), got '3f2c9a0e': "
+        "`executions --json`, or a wider terminal, prints whole ids"]
 
 
 def test_real_celery_jobs_json_of_the_example_project(tmp_path: Path) -> None:
@@ -299,8 +300,9 @@ def test_retry_and_cancel(cli_app: ModuleType) -> None:
     assert f"cannot cancel execution {new_id}: its status is cancelled" in one_line_error(
         invoke(cli_app, "cancel", new_id))
     assert bad_input(invoke(cli_app, "cancel", "nope")) == (
-        "Error: ID must be an execution id (a UUID), got 'nope'")
-    assert "ID must be an execution id" in bad_input(invoke(cli_app, "retry", "nope"))
+        "Error: ID must be a whole execution id (a UUID), got 'nope': "
+        "`executions --json`, or a wider terminal, prints whole ids")
+    assert "ID must be a whole execution id" in bad_input(invoke(cli_app, "retry", "nope"))
     unknown = uuid.uuid4()
     assert one_line_error(invoke(cli_app, "cancel", str(unknown))) == (
         f"Error: {not_found(unknown)}")
@@ -546,7 +548,8 @@ def test_every_json_answer_has_one_shape_errors_too(cli_app: ModuleType) -> None
     assert json_error(invoke(cli_app, "show", str(unknown), "--json")) == {
         "type": "ExecutionNotFound", "message": not_found(unknown)}
     assert json_error(invoke(cli_app, "cancel", "nope", "--json"), exit_code=2) == {
-        "type": "BadInput", "message": "ID must be an execution id (a UUID), got 'nope'"}
+        "type": "BadInput", "message": "ID must be a whole execution id (a UUID), got 'nope': "
+        "`executions --json`, or a wider terminal, prints whole ids"}
     assert json_error(invoke(cli_app, "trigger", "cli.greet", "--payload", '{"nom": 1}',
                              "--json"), exit_code=2)["type"] == "PayloadInvalid"
     usage = json_error(invoke(cli_app, "executions", "--limit", "ten", "--json"), exit_code=2)

@@ -124,7 +124,8 @@ def test_logs_of_an_unknown_a_not_kept_or_a_malformed_id_answers_as_show_does(
             invoke(app, "show", execution_id, "--json"))
         assert one_line_error(invoke(app, "logs", execution_id, "--follow")) == line
     refused = one_line_error(invoke(app, "logs", "3f2c9a0e"), exit_code=2)
-    assert refused == "Error: ID must be an execution id (a UUID), got '3f2c9a0e'"
+    assert refused == ("Error: ID must be a whole execution id (a UUID), got '3f2c9a0e': "
+                       "`executions --json`, or a wider terminal, prints whole ids")
     slow = one_line_error(invoke(app, "logs", str(gone), "-f", "--interval-seconds", "0"),
                           exit_code=2)
     assert "--interval-seconds" in slow
