@@ -39,7 +39,7 @@ Exit status, each failure with one line ``Error: ...`` on stderr (without ``--js
   names or the candidates), unknown execution id, a status that forbids the action
   (``InvalidTransition``), a locked cron job (``JobLocked``), a database error (naming the
   server's host and port; a missing table says to run ``create-schema``), no Outbox on the
-  app.
+  app, a port ``web`` cannot bind (in use: checked before it says "serving").
 """
 
 from __future__ import annotations
