@@ -6,11 +6,16 @@ import enum
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Generic, TypeVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 from uuid import UUID
 
-from celery_outbox.errors import ExecutionCancelled
+from celery_outbox.errors import ConfigurationError, ExecutionCancelled, Snooze
+
+if TYPE_CHECKING:  # the ORM is imported only by a handler that asks for a transaction
+    from contextlib import AbstractContextManager
+
+    from sqlalchemy.orm import Session
 
 P = TypeVar("P")
 
@@ -32,6 +37,14 @@ class Stop(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class Completion(Protocol):
+    """What the worker gives a context for :meth:`JobContext.transaction` (the runner's)."""
+
+    def transaction(self) -> AbstractContextManager[Session]: ...
+
+    def settle_as(self, kind: str, detail: Any) -> None: ...
 
 
 @dataclass
@@ -60,11 +73,71 @@ class JobContext(Generic[P]):
     cancelled_by_handler: bool = False
     """True when the handler itself called :meth:`cancel` (the first cancel wins)."""
     _cancel_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _completion: Completion | None = field(default=None, repr=False)
+
+    def transaction(self) -> AbstractContextManager[Session]:
+        """``with ctx.transaction() as session:``: a SQLAlchemy ``Session`` on the outbox's
+        engine (a pooled connection of its own) whose transaction also settles this
+        execution. At the block's normal exit the outcome (succeeded, or what
+        :meth:`fail`, :meth:`retry` or :meth:`cancel` asked for inside the block) is written
+        in that transaction by the worker's own fenced statement, then it commits: the
+        handler's writes and the outcome commit together or not at all, and the worker
+        writes no outcome of its own afterwards. Pushes made with ``push(...,
+        session=session)`` inside are dispatched after the commit.
+
+        Raises :class:`~celery_outbox.errors.FencedOut` (``reason``: ``"cancelled"`` or
+        ``"lease lost"``) at the exit when the row is no longer this attempt's: everything
+        written in the block is rolled back. An exception leaving the block rolls it back,
+        and the worker decides the outcome as for any exception (retry or fail).
+        :class:`~celery_outbox.errors.ConfigurationError` (field ``transaction``): asked
+        outside a worker's run (no outbox store), or once the outcome is settled.
+        """
+        if self._completion is None:
+            raise ConfigurationError(
+                "ctx.transaction() is given only to a handler the outbox's worker runs on its "
+                "SQLAlchemy store", field="transaction")
+        return self._completion.transaction()
+
+    def fail(self, error: str) -> None:
+        """Inside ``ctx.transaction()``: settle this execution as failed (no retry, whatever
+        the policy says) with ``error`` (a str) when the block commits, the handler's writes
+        kept. Outside a block raises :class:`~celery_outbox.errors.ConfigurationError`
+        (field ``fail``): raise :class:`~celery_outbox.errors.DoNotRetry` there instead."""
+        self._settle_as("fail", str(error))
+
+    def retry(self, delay: timedelta, reason: str = "") -> None:
+        """Inside ``ctx.transaction()``: settle this attempt as retried after ``delay`` (a
+        timedelta >= 0; it counts an attempt, and with none left the execution fails) when
+        the block commits, the handler's writes kept. Outside a block raises
+        :class:`~celery_outbox.errors.ConfigurationError` (field ``retry``): raise
+        :class:`~celery_outbox.errors.RetryLater` there instead."""
+        if not isinstance(delay, timedelta) or delay < timedelta(0):
+            raise ConfigurationError(f"ctx.retry delay must be a timedelta >= 0, got {delay!r}",
+                                     field="delay")
+        self._settle_as("retry", (delay, str(reason)))
+
+    def _settle_as(self, kind: str, detail: Any) -> None:
+        if self._completion is None:
+            raise ConfigurationError(
+                f"ctx.{kind}() settles an outcome inside ctx.transaction() only", field=kind)
+        self._completion.settle_as(kind, detail)
 
     def raise_if_cancelled(self) -> None:
         """Raise :class:`ExecutionCancelled` if ``cancelled`` is set; otherwise return None."""
         if self.cancelled.is_set():
             raise ExecutionCancelled(self.execution_id, self.cancel_reason)
+
+    def snooze(self, delay: timedelta, reason: str = "") -> NoReturn:
+        """Put this execution back for later without spending an attempt: raises
+        :class:`~celery_outbox.errors.Snooze` (so no code after the call runs). Once it leaves
+        the handler, the row is ``scheduled`` at now + ``delay``, its attempt as before this
+        run, its ``snoozes`` one more; past the job's ``max_snoozes`` the execution fails.
+
+        ``delay``: a positive timedelta, else :class:`~celery_outbox.errors.ConfigurationError`
+        naming ``delay`` is raised instead (and fails the attempt). A handler that catches
+        every exception must let :class:`~celery_outbox.errors.Snooze` through.
+        """
+        raise Snooze(delay, reason)
 
     def cancel(self, reason: str) -> None:
         """Cancel this execution from its handler: set ``cancelled`` with ``reason`` (the first
@@ -76,7 +149,8 @@ class JobContext(Generic[P]):
         neither succeeds nor retries. The reasons ``"timed out"`` and ``"worker shutdown"``
         keep their own meaning (a failed attempt; a hand-back). A reason that is no str (an
         exception caught, a number) is recorded as its ``str()``: the outcome's write must not
-        fail on it.
+        fail on it. Inside ``ctx.transaction()`` the cancel is written in that transaction at
+        the block's exit, with the handler's writes.
         """
         self._interrupt(reason if isinstance(reason, str) else str(reason), by_handler=True)
 

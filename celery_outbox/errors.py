@@ -17,7 +17,9 @@
     └── ExecutionsFailed        a message's executions failed for good (Celery's task state)
 
     RetryLater(delay)           raised by a handler: retry after ``delay`` (counts an attempt)
+    Snooze(delay)               raised by a handler: run again after ``delay`` (spends none)
     DoNotRetry(reason)          raised by a handler: fail now, whatever the retry policy says
+    FencedOut(id, reason)       raised by ctx.transaction(): the claim was lost, rolled back
 
 Driver errors are wrapped with ``raise StorageError(...) from exc`` so the original stays
 reachable through ``__cause__``.
@@ -242,6 +244,27 @@ class RetryLater(Exception):
         super().__init__(reason or f"retry later in {delay}")
 
 
+class Snooze(Exception):
+    """Raised by a handler (or by ``ctx.snooze(delay)``) to put its execution back for
+    later without spending an attempt: the row goes back to ``scheduled`` at now + ``delay``,
+    its ``attempt`` as before this run, its ``snoozes`` count one more.
+
+    ``delay``: a positive :class:`~datetime.timedelta`; anything else raises
+    :class:`ConfigurationError` naming ``delay`` (raised in a handler, that error fails the
+    attempt like any other). A job's ``max_snoozes`` (default 100) bounds the snoozes of
+    one execution: the snooze beyond it fails the execution. Attributes: ``delay``,
+    ``reason``.
+    """
+
+    def __init__(self, delay: timedelta, reason: str = "") -> None:
+        if not isinstance(delay, timedelta) or delay <= timedelta(0):
+            raise ConfigurationError(f"Snooze delay must be a positive timedelta, got {delay!r}",
+                                     field="delay")
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason or f"snoozed for {delay}")
+
+
 class DoNotRetry(Exception):
     """Raised by a handler to fail the execution now, whatever its retry policy says."""
 
@@ -276,6 +299,17 @@ class ExecutionCancelled(OutboxError):
         self.execution_id = execution_id
         self.reason = reason
         super().__init__(f"execution {execution_id} {reason}")
+
+
+class FencedOut(ExecutionCancelled):
+    """Raised at the end of ``ctx.transaction()`` when its outcome's fenced write found the
+    row no longer this attempt's: the transaction was rolled back (the handler's writes in it
+    are gone) and nothing of this attempt is recorded.
+
+    Attributes: ``execution_id``; ``reason``: ``"cancelled"`` (an admin or a cancel of the
+    execution came first) or ``"lease lost"`` (the rescuer took the row, or it was handed
+    back or finished meanwhile). Let it leave the handler: the worker then writes nothing.
+    """
 
 
 class ExecutionsFailed(OutboxError):

@@ -215,7 +215,8 @@ def outbox_job(
     timeout: timedelta | None = ..., priority: str | int = ..., queue: str | None = ...,
     lock: bool = ..., record: Literal["errors", "all", "none"] | None = ...,
     keep: dict[str, int] | None = ..., description: str | None = ...,
-    parallel: int = ..., registry: JobRegistry | None = ..., **unknown: Any,
+    parallel: int = ..., max_snoozes: int = ..., registry: JobRegistry | None = ...,
+    **unknown: Any,
 ) -> Callable[[Callable[[JobContext[Any]], Any]], OutboxJob[Any]]: ...
 
 
@@ -226,7 +227,8 @@ def outbox_job(
     timeout: timedelta | None = ..., priority: str | int = ..., queue: str | None = ...,
     lock: bool = ..., record: Literal["errors", "all", "none"] | None = ...,
     keep: dict[str, int] | None = ..., description: str | None = ...,
-    parallel: int = ..., registry: JobRegistry | None = ..., **unknown: Any,
+    parallel: int = ..., max_snoozes: int = ..., registry: JobRegistry | None = ...,
+    **unknown: Any,
 ) -> Callable[[Callable[[JobContext[None]], Any]], OutboxJob[None]]: ...
 
 
@@ -240,7 +242,9 @@ def outbox_job(
     (RetryPolicy), ``timeout`` (timedelta), ``priority`` ("critical" | "high" | "normal" |
     "low"), ``queue``, ``lock``, ``record`` ("errors" | "all" | "none"), ``keep``
     ({"succeeded": n, "failed": n}), ``description``, ``parallel`` (int, 1..256, default
-    1). ``registry`` defaults to the process-wide registry that ``Outbox(app)`` serves.
+    1), ``max_snoozes`` (int, 0..1,000,000, default 100: how many times one execution may
+    be snoozed by ``ctx.snooze`` / ``Snooze`` before the next snooze fails it).
+    ``registry`` defaults to the process-wide registry that ``Outbox(app)`` serves.
 
     ``parallel=K`` (K > 1): the executions one message carries (up to
     ``dispatch_chunk_size``) run up to K at once instead of one after the other, so a

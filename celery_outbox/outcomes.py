@@ -43,6 +43,7 @@ class OutcomeName(str, enum.Enum):
     RETRIED = "retried"
     FAILED = Status.FAILED.value
     CANCELLED = Status.CANCELLED.value
+    SNOOZED = "snoozed"
     LOST = "lost"
     """Not an outcome: its write found the row no longer this attempt's."""
 
@@ -78,6 +79,20 @@ class Retrying:
 
 
 @dataclass(frozen=True)
+class Snoozed:
+    """running -> scheduled at ``run_at`` (aware datetime) without spending an attempt: the
+    handler snoozed (``ctx.snooze(delay)``, ``raise Snooze(delay)``). ``attempt`` goes back by
+    one (the claim counted this run), ``snoozes`` one more, ``last_error`` and the attempt
+    history untouched; ``dispatched`` as for :class:`Retrying`."""
+
+    run_at: datetime
+    logs: Logs = None
+    dispatched: bool = False
+    name: ClassVar[OutcomeName] = OutcomeName.SNOOZED
+    status: ClassVar[Status] = Status.SCHEDULED
+
+
+@dataclass(frozen=True)
 class Failed:
     """running -> failed (``keep``), or the row is deleted (``record="none"``)."""
 
@@ -101,7 +116,7 @@ class Cancelled:
     status: ClassVar[Status] = Status.CANCELLED
 
 
-Outcome = Succeeded | Retrying | Failed | Cancelled
+Outcome = Succeeded | Retrying | Snoozed | Failed | Cancelled
 """What one attempt ended in, as the runner decided it. Each has its ``name`` (an
 :class:`OutcomeName`) and the ``status`` its write leaves the row in (``keep=False``: the row
 is deleted instead)."""

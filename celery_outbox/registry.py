@@ -31,10 +31,14 @@ KEEP_KEYS = ("succeeded", "failed", "cancelled")
 
 OPTIONS = (
     "name", "schema", "cron", "timezone", "retry", "timeout", "priority", "queue", "lock",
-    "record", "keep", "description", "parallel", "encrypted",
+    "record", "keep", "description", "parallel", "max_snoozes", "encrypted",
 )
 MAX_PARALLEL = 256
 """The most handlers of one message a parallel job runs at once (``parallel=``)."""
+DEFAULT_MAX_SNOOZES = 100
+"""How many times one execution may be snoozed by default (``max_snoozes=``)."""
+MAX_SNOOZES = 1_000_000
+"""The largest ``max_snoozes`` a job may set."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,9 @@ class JobSpec:
     ``timeout`` is a timedelta or None; ``keep`` maps ``"succeeded"`` / ``"failed"`` /
     ``"cancelled"`` to the rows the trim keeps for this job (None: the config's
     ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled``); ``parallel``: how many
-    executions of one message run at once (1: one after the other); ``encrypted``: the
-    payload is stored encrypted (:mod:`celery_outbox.encryption`).
+    executions of one message run at once (1: one after the other); ``max_snoozes``: how
+    many times one execution may be snoozed (``ctx.snooze``); the snooze beyond fails it;
+    ``encrypted``: the payload is stored encrypted (:mod:`celery_outbox.encryption`).
     """
 
     name: str
@@ -63,6 +68,7 @@ class JobSpec:
     keep: Mapping[str, int] | None = None
     description: str | None = None
     parallel: int = 1
+    max_snoozes: int = DEFAULT_MAX_SNOOZES
     encrypted: bool = False
 
     @classmethod
@@ -74,8 +80,9 @@ class JobSpec:
         neither, a bad cron expression or timezone, a negative timeout, an unknown priority
         or record mode, a malformed ``keep``, a ``parallel`` that is no int in
         1..:data:`MAX_PARALLEL`, ``parallel`` > 1 on an ``async def`` handler (the worker
-        calls handlers, it awaits none), or an ``encrypted`` that is no bool or True
-        without the ``cryptography`` package (extra ``encryption``).
+        calls handlers, it awaits none), a ``max_snoozes`` that is no int in
+        0..:data:`MAX_SNOOZES`, or an ``encrypted`` that is no bool or True without the
+        ``cryptography`` package (extra ``encryption``).
         """
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
@@ -148,6 +155,10 @@ class JobSpec:
         if parallel > 1 and inspect.iscoroutinefunction(handler):
             raise bad("parallel", "needs a plain function: the worker calls a handler and "
                       "awaits nothing, so an async def handler would never run")
+        max_snoozes = options.get("max_snoozes", DEFAULT_MAX_SNOOZES)
+        if not isinstance(max_snoozes, int) or isinstance(max_snoozes, bool) \
+                or not 0 <= max_snoozes <= MAX_SNOOZES:
+            raise bad("max_snoozes", f"must be an int in 0..{MAX_SNOOZES}, got {max_snoozes!r}")
         encrypted = options.get("encrypted", False)
         if not isinstance(encrypted, bool):
             raise bad("encrypted", f"must be True or False, got {encrypted!r}")
@@ -158,7 +169,7 @@ class JobSpec:
             name=name, handler=handler, mode=mode, schema=schema, cron=cron, timezone=tz,
             retry=retry, timeout=timeout, priority=priority, queue=queue, lock=lock,
             record=record, keep=keep, description=options.get("description"),
-            parallel=parallel, encrypted=encrypted,
+            parallel=parallel, max_snoozes=max_snoozes, encrypted=encrypted,
         )
 
     def lease(self, config: OutboxConfig) -> timedelta:

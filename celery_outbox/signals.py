@@ -11,10 +11,16 @@ filters on it) and these keyword arguments:
   timedelta.
 - ``job_error(execution_id, attempt, exception, will_retry)``: the handler raised
   ``exception``; ``will_retry`` is True when a retry was scheduled.
+- ``job_snooze(execution_id, attempt, delay, snoozes)``: the handler snoozed
+  (``ctx.snooze(delay)``, ``raise Snooze(delay)``) and the row is scheduled again, this
+  run's ``attempt`` given back (the next run has the same number); ``delay`` a timedelta;
+  ``snoozes`` the row's count now. Sent once the write committed, before ``job_end``;
+  neither ``job_success`` nor ``job_error`` is sent for it (a snooze past ``max_snoozes``
+  fails the execution: ``job_error``).
 - ``job_end(execution_id, attempt, status)``: after success or error; ``status`` is the row's
   new status value: ``"succeeded"`` (also when the row was deleted, ``record="errors"``),
-  ``"scheduled"`` for a retry, ``"failed"``, or ``"cancelled"`` (cancelled meanwhile, or the
-  lease was rescued, so this attempt's write did not apply).
+  ``"scheduled"`` for a retry or a snooze, ``"failed"``, or ``"cancelled"`` (cancelled
+  meanwhile, or the lease was rescued, so this attempt's write did not apply).
 - ``job_cancel(execution_id, cancelled_by)``: an active execution was cancelled;
   ``cancelled_by`` is the ``by`` given to cancel (a str or None).
 
@@ -41,10 +47,11 @@ signal has receivers (looked at each time), in the process that did it:
 - ``jobs_rescued(count, verdict)``: running rows whose lease expired, decided by the sweep;
   ``verdict`` is ``"retried"``, ``"failed"`` or ``"handed_back"`` (never begun).
 
-Order, for every execution a worker claims: ``job_begin``, then ``job_success`` or
-``job_error``, then ``job_end``. Those four are sent in the worker process, on the thread
-running the handler; ``job_cancel`` is sent in the process that cancelled (the admin, the CLI,
-``job.cancel``), on its thread. Records logged by receivers are not captured on the row.
+Order, for every execution a worker claims: ``job_begin``, then ``job_success``,
+``job_error`` or ``job_snooze``, then ``job_end``. Those are sent in the worker process, on
+the thread running the handler; ``job_cancel`` is sent in the process that cancelled (the
+admin, the CLI, ``job.cancel``), on its thread. Records logged by receivers are not
+captured on the row.
 
 A receiver that raises is logged by Celery (logger ``celery.utils.dispatch.signal``, level
 ERROR) and does not break the run or the other receivers.
@@ -59,6 +66,7 @@ job_success = Signal(name="job_success")
 job_error = Signal(name="job_error")
 job_end = Signal(name="job_end")
 job_cancel = Signal(name="job_cancel")
+job_snooze = Signal(name="job_snooze")
 admin_action = Signal(name="admin_action")
 jobs_pushed = Signal(name="jobs_pushed")
 jobs_dispatched = Signal(name="jobs_dispatched")
@@ -67,6 +75,7 @@ jobs_handed_back = Signal(name="jobs_handed_back")
 jobs_rescued = Signal(name="jobs_rescued")
 
 __all__ = [
-    "admin_action", "job_begin", "job_cancel", "job_end", "job_error", "job_success",
+    "admin_action", "job_begin", "job_cancel", "job_end", "job_error", "job_snooze",
+    "job_success",
     "jobs_claimed", "jobs_dispatched", "jobs_handed_back", "jobs_pushed", "jobs_rescued",
 ]

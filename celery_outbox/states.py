@@ -39,6 +39,7 @@ TRANSITIONS: dict[str, tuple[frozenset[Status | None], Status | None]] = {
     "complete": (frozenset({Status.RUNNING}), Status.SUCCEEDED),
     "complete_delete": (frozenset({Status.RUNNING}), None),
     "retry": (frozenset({Status.RUNNING}), Status.SCHEDULED),
+    "snooze": (frozenset({Status.RUNNING}), Status.SCHEDULED),
     "fail": (frozenset({Status.RUNNING}), Status.FAILED),
     "release": (frozenset({Status.RUNNING}), Status.PENDING),
     "release_claim": (frozenset({Status.RUNNING}), Status.PENDING),

@@ -50,6 +50,8 @@ RESCUES = _counter("rescues", "Running executions whose lease expired, by the sw
                    "verdict (retried, failed, handed_back).", ("job_name", "verdict"))
 HAND_BACKS = _counter("hand_backs", "Running executions a worker gave back to pending, the "
                       "attempt not spent (shutdown, never begun).")
+SNOOZES = _counter("snoozes", "Runs whose handler snoozed the execution (scheduled again, "
+                   "no attempt spent).")
 CANCELS = _counter("cancels", "Active executions cancelled (by a person, the API or a "
                    "handler).")
 HANDLER_DURATION = Histogram(PREFIX + "handler_duration_seconds", "How long handlers ran.",
@@ -169,6 +171,19 @@ def _on_error(sender: str, execution_id: UUID, attempt: int, exception: BaseExce
     _attempts.failed(key, type(exception).__qualname__)
 
 
+_SNOOZED = "\0snoozed"
+"""What :func:`_on_snooze` leaves as an attempt's error: its ``job_end`` counts no retry."""
+
+
+def _on_snooze(sender: str, execution_id: UUID, attempt: int, **_: Any) -> None:
+    key = (execution_id, attempt)
+    ran = _attempts.ran(key)
+    if ran is not None:
+        _child(HANDLER_DURATION, sender).observe(ran)
+    _child(SNOOZES, sender).inc()
+    _attempts.failed(key, _SNOOZED)
+
+
 def _on_end(sender: str, execution_id: UUID, attempt: int, status: str, **_: Any) -> None:
     key = (execution_id, attempt)
     if status == Status.SUCCEEDED.value:
@@ -176,7 +191,9 @@ def _on_end(sender: str, execution_id: UUID, attempt: int, status: str, **_: Any
     elif status == Status.FAILED.value:
         _child(FAILURES, sender, _attempts.error(key)).inc()
     elif status == Status.SCHEDULED.value:
-        _child(RETRIES, sender, _attempts.error(key)).inc()
+        error = _attempts.error(key)
+        if error != _SNOOZED:  # a snooze is counted by its own signal, never as a retry
+            _child(RETRIES, sender, error).inc()
     else:
         _attempts.error(key)  # forgotten: not written (cancelled or rescued meanwhile)
 
@@ -191,6 +208,7 @@ RECEIVERS: tuple[tuple[Any, Callable[..., None]], ...] = (
     (signals.jobs_rescued, _on_rescued), (signals.job_begin, _on_begin),
     (signals.job_success, _on_success), (signals.job_error, _on_error),
     (signals.job_end, _on_end), (signals.job_cancel, _on_cancel),
+    (signals.job_snooze, _on_snooze),
 )
 
 

@@ -22,7 +22,7 @@ HISTOGRAMS = ("handler_duration_seconds", "wait_seconds")
 EVENT_METRICS = (
     "pushes_total", "dispatches_total", "claims_total", "starts_total", "successes_total",
     "failures_total", "retries_total", "rescues_total", "hand_backs_total", "cancels_total",
-    *HISTOGRAMS,
+    "snoozes_total", *HISTOGRAMS,
 )
 """The counters and histograms of :mod:`celery_outbox.metrics.events`, without the prefix."""
 

@@ -181,7 +181,8 @@ class Pushed:
 @dataclass
 class DrainResult:
     """What one :meth:`OutboxTester.drain` ran: totals of the runner's :class:`RunResult`
-    (``claimed``, ``succeeded``, ``retried``, ``failed``, ``lost``, ``cancelled``), the same
+    (``claimed``, ``succeeded``, ``retried``, ``failed``, ``lost``, ``cancelled``,
+    ``snoozed``), the same
     per job (``by_job``), and ``rounds``: how many times it read what was due."""
 
     claimed: int = 0
@@ -190,6 +191,7 @@ class DrainResult:
     failed: int = 0
     lost: int = 0
     cancelled: int = 0
+    snoozed: int = 0
     rounds: int = 0
     by_job: dict[str, Counter[str]] = field(default_factory=dict)
 

@@ -187,6 +187,9 @@ class ExecutionOut(BaseModel):
         None, description="Started to finished, in milliseconds (null until it finished)")
     wait_time_ms: int | None = Field(
         None, description="Created to started, in milliseconds (null until it started)")
+    snoozes: int = Field(
+        0, description="How many times its handlers snoozed it (put it back for later "
+        "without spending an attempt: ctx.snooze); 0 when never")
 
     @classmethod
     def of(cls, v: ExecutionView) -> ExecutionOut:

@@ -35,7 +35,9 @@ class Plan(BaseModel):
 
     Steps: ``ok``; ``fail`` (ValueError, retried per policy); ``flaky`` (KeyError, which a
     ``reject_flaky`` policy does not retry); ``later:<seconds>`` (RetryLater); ``stop``
-    (DoNotRetry); ``cancel`` (``ctx.cancel()`` then ``ctx.raise_if_cancelled()``).
+    (DoNotRetry); ``cancel`` (``ctx.cancel()`` then ``ctx.raise_if_cancelled()``);
+    ``snooze:<seconds>`` (``ctx.snooze``: the attempt is not spent, so the same step runs
+    again, until the job's ``max_snoozes`` turns the snooze into a failure).
     """
 
     steps: list[str]
@@ -60,6 +62,8 @@ def act(step: str, ctx: JobContext[Any]) -> None:
         raise RetryLater(timedelta(seconds=int(step.split(":", 1)[1])))
     if step == "stop":
         raise DoNotRetry("planned stop")
+    if step.startswith("snooze:"):
+        ctx.snooze(timedelta(seconds=int(step.split(":", 1)[1])))
     if step == "cancel":
         ctx.cancel("the handler gave up")
         ctx.raise_if_cancelled()
