@@ -232,6 +232,11 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         f"ix_{name}_finished_created", executions, "created_at", "id",
         where=f"status IN ({finished})",
     )
+    _index(  # dashboard: a search by unique key among the finished rows (the active rows'
+        # is uq_<table>_active_key), newest first; the rows of no key take no entry
+        f"ix_{name}_finished_key", executions, "unique_key", "created_at", "id",
+        where=f"status IN ({finished}) AND unique_key IS NOT NULL",
+    )
     # The same five reads for one tenant (a tenant's principal, or a tenant filter): each
     # index above led by organization_id, of the tenanted rows only, so a tenant's read
     # costs its own rows, never the other tenants' (tenant_indexes). A row of no tenant
