@@ -70,7 +70,6 @@ __all__ = [
     "MAX_LIMIT",
     "PAUSE_KINDS",
     "AttemptView",
-    "AttemptView",
     "ExecutionDetail",
     "ExecutionListing",
     "ExecutionView",
