@@ -17,7 +17,7 @@ from typing import IO, Any
 
 import click
 
-from celery_outbox.admin.loop_notes import loop_note
+from celery_outbox.admin.loop_notes import age, loop_note
 from celery_outbox.admin.views import (
     ExecutionDetail,
     ExecutionListing,
@@ -161,19 +161,6 @@ def when(value: datetime | None) -> str:
 def when_minute(value: datetime | None) -> str:
     """``2026-12-04 16:32Z``: :func:`when` without the seconds (a narrow table's)."""
     return value.strftime("%Y-%m-%d %H:%MZ") if value is not None else "-"
-
-
-def age(value: timedelta | None) -> str:
-    """``3d 4h``, ``2h 5m``, ``4m 10s``, ``12s``."""
-    if value is None:
-        return "-"
-    seconds = int(value.total_seconds())
-    days, rest = divmod(seconds, 86_400)
-    hours, rest = divmod(rest, 3_600)
-    minutes, seconds = divmod(rest, 60)
-    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
-    shown = [f"{n}{unit}" for n, unit in parts if n][:2]
-    return " ".join(shown) or "0s"
 
 
 def ago(value: datetime | None, now: datetime) -> str:
