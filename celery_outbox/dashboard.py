@@ -63,6 +63,7 @@ from celery_outbox.store import ExecutionQuery
 __all__ = [
     "BULK_ACTIONS",
     "BULK_MAX",
+    "SEARCH_SCAN",
     "BulkResult",
     "Dashboard",
     "ExecutionPage",
@@ -80,6 +81,10 @@ BULK_MAX = 1000
 BULK_ACTIONS: dict[str, frozenset[Status]] = {
     "retry": frozenset(RETRYABLE), "cancel": frozenset(ACTIVE), "delete": frozenset(TERMINAL)}
 """The bulk actions and the statuses each applies to (a delete: finished rows only)."""
+SEARCH_SCAN = 10_000
+"""A search by error text or payload (no index serves them) reads at most this many of the
+newest executions the other filters select (job, status, tenant, time range, key), per page
+from its cursor; a bulk action's "all matching" and its dry run too."""
 HOUR_BUCKETS = 12
 """The last hour's outcomes come in this many buckets (5 minutes each)."""
 
@@ -141,10 +146,18 @@ class Overview:
 
 @dataclass(frozen=True)
 class ExecutionPage:
-    """One page of executions, newest first; ``next_cursor`` fetches the next (None: last)."""
+    """One page of executions, newest first; ``next_cursor`` fetches the next (None: last).
+
+    A search by error text or payload reads at most ``scan_limit`` executions (the newest the
+    other filters select, from the cursor; None: no such filter, no bound).
+    ``searched_all`` False: it read that many and stopped before filling the page; then
+    ``next_cursor`` searches on from the oldest execution it read.
+    """
 
     items: tuple[ExecutionView, ...]
     next_cursor: str | None
+    searched_all: bool = True
+    scan_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -174,7 +187,9 @@ class BulkResult:
     status changed meanwhile (for a delete: the rows no longer there or no longer finished).
     ``ineligible``: on a dry run, how many other executions the filter selects that the
     action skips (their status does not allow it; for a retry, retried already); 0 when
-    ``more`` (not counted beyond :data:`BULK_MAX`).
+    ``more`` (not counted beyond :data:`BULK_MAX`). ``searched_all`` False: a filter by
+    error text or payload read the newest :data:`SEARCH_SCAN` executions the other filters
+    select and went no further (older ones are neither matched nor counted).
     """
 
     action: str
@@ -184,6 +199,7 @@ class BulkResult:
     done: tuple[UUID, ...] = ()
     skipped: tuple[UUID, ...] = ()
     ineligible: int = 0
+    searched_all: bool = True
 
 
 @dataclass
@@ -338,6 +354,9 @@ class Dashboard:
         """One page of executions matching ``query``, newest first; ``cursor`` is the
         ``next_cursor`` of the page before. ``limit``: 1..500.
 
+        A search by error text or payload reads at most :data:`SEARCH_SCAN` executions (the
+        newest the other filters select, from ``cursor``): see :class:`ExecutionPage`.
+
         Raises :class:`JobNotRegistered` for an unknown job in ``query.job_names``,
         :class:`ConfigurationError` naming ``limit``, ``cursor`` or the time range.
         """
@@ -345,16 +364,25 @@ class Dashboard:
             raise ConfigurationError(f"limit must be from 1 to {MAX_PAGE}, got {limit!r}")
         query = self._check(query)
         after = decode_cursor(cursor) if cursor else None
-        rows = self.store.page(query, after, limit + 1)
+        scan = SEARCH_SCAN
+        found = self.store.search(query, after, limit + 1, scan)
+        rows = found.rows
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = encode_cursor(rows[-1]["created_at"], rows[-1]["id"]) if more else None
-        return ExecutionPage(tuple(_execution_view(r) for r in rows), next_cursor)
+        cut = found.cut is not None and not more
+        if cut and found.cut is not None:
+            next_cursor = encode_cursor(found.cut.created_at, found.cut.id)
+        bounded = bool(query.error_contains) or query.payload_contains is not None
+        return ExecutionPage(tuple(_execution_view(r) for r in rows), next_cursor,
+                             searched_all=not cut, scan_limit=scan if bounded else None)
 
     def count(self, query: ExecutionQuery, cap: int = BULK_MAX + 1) -> int:
         """How many executions match ``query``, counting at most ``cap`` (``cap``: "at
-        least"; the cost follows ``cap``, never the table). Raises as :meth:`executions`."""
-        return self.store.count_matching(self._check(query), cap)
+        least"; the cost follows ``cap``, never the table; a filter by error text or payload
+        counts among the newest :data:`SEARCH_SCAN` the other filters select). Raises as
+        :meth:`executions`."""
+        return self.store.count_matching(self._check(query), cap, SEARCH_SCAN)
 
     def execution(
         self, execution_id: UUID | str, organization_id: str | None = None, *,
@@ -505,22 +533,27 @@ class Dashboard:
         query = self._check(query)
         wanted = set(query.statuses) & allowed if query.statuses is not None else set(allowed)
         ids: list[UUID] = []
-        more = False
+        more = cut = False
+        scan = SEARCH_SCAN
         if wanted:
             scoped = dataclasses.replace(
                 query, statuses=tuple(sorted(wanted, key=lambda s: s.value)))
             # A retried execution is not selected again: a second "retry all" retries nothing
             # twice.
-            ids = self.store.matching_ids(scoped, BULK_MAX + 1, unretried=action == "retry")
+            # A filter by error text or payload reads the newest SEARCH_SCAN rows only.
+            ids, cut = self.store.search_ids(scoped, BULK_MAX + 1, scan,
+                                             unretried=action == "retry")
             more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
+            cut = cut and not more
         if dry_run:
             ineligible = 0
             if not more:
-                total = self.store.count_matching(query, BULK_MAX + 1)
+                total = self.store.count_matching(query, BULK_MAX + 1, scan)
                 ineligible = max(total - len(ids), 0)
-            return BulkResult(action, True, len(ids), more, ineligible=ineligible)
+            return BulkResult(action, True, len(ids), more, ineligible=ineligible,
+                              searched_all=not cut)
         if not ids:
-            return BulkResult(action, False, 0, more)
+            return BulkResult(action, False, 0, more, searched_all=not cut)
         org = query.organization_id
         if action == "delete":
             gone = self.store.bulk_delete(ids, org)
@@ -529,7 +562,7 @@ class Dashboard:
                 _signal(job_name, "delete", execution_id, None, by_name, org)
             return BulkResult(action, False, len(ids), more,
                               tuple(i for i in ids if i in deleted),
-                              tuple(i for i in ids if i not in deleted))
+                              tuple(i for i in ids if i not in deleted), searched_all=not cut)
         done: list[UUID] = []
         skipped: list[UUID] = []
         for execution_id in ids:
@@ -542,7 +575,8 @@ class Dashboard:
                                             organization_id=org).id)
             except OutboxError:
                 skipped.append(execution_id)
-        return BulkResult(action, False, len(ids), more, tuple(done), tuple(skipped))
+        return BulkResult(action, False, len(ids), more, tuple(done), tuple(skipped),
+                          searched_all=not cut)
 
     def _check(self, query: ExecutionQuery) -> ExecutionQuery:
         """``query`` checked (registered jobs, each by its full name or a short one, aware

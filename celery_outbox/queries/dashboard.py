@@ -28,13 +28,16 @@ from sqlalchemy import (
     Float,
     Integer,
     Table,
+    and_,
     bindparam,
+    case,
     cast,
     delete,
     exists,
     false,
     func,
     literal,
+    or_,
     select,
     tuple_,
     union_all,
@@ -80,6 +83,21 @@ class Cursor:
     id: UUID
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a bounded search read: the matching ``rows`` (newest first) and ``cut``: where
+    the search stopped, the oldest row it read (``(created_at, id)``), when it read as many
+    rows as its bound allows (None: it read every row the other filters select, or the
+    statement has no bound: no error or payload filter)."""
+
+    rows: list[dict[str, Any]]
+    cut: Cursor | None
+
+
+SCANNED = "scan_limit"
+"""The bound parameter of a search by error text or payload: how many of the newest rows
+the other filters select it reads at most (per statement, from its cursor)."""
+
 OUTCOMES = (Status.SUCCEEDED, Status.FAILED)
 """The finished statuses the overview's lasts and buckets show."""
 
@@ -94,10 +112,6 @@ def _aware(value: Any) -> datetime:
 
 def _as_dict(row: Row) -> dict[str, Any]:
     return dict(row)
-
-
-def _first_column(row: Row) -> Any:
-    return next(iter(row.values()))
 
 
 def _counted(row: Row) -> tuple[str, str, int]:
@@ -254,8 +268,15 @@ def _shape(q: ExecutionQuery, after: Cursor | None) -> _Shape:
                   after is not None)
 
 
-def _params(q: ExecutionQuery, after: Cursor | None, limit: int) -> dict[str, Any]:
-    params: dict[str, Any] = {"limit": limit, "f_key": q.unique_key,
+def _bounded(shape: _Shape) -> bool:
+    """Whether ``shape`` filters by error text or payload (no index serves them: the search
+    reads at most ``scan_limit`` of the newest rows the other filters select)."""
+    return "error" in shape.filters or "payload" in shape.filters
+
+
+def _params(q: ExecutionQuery, after: Cursor | None, limit: int,
+            scan: int | None = None) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": limit, SCANNED: scan, "f_key": q.unique_key,
                               "f_org": q.organization_id, "f_after": q.created_after,
                               "f_before": q.created_before}
     if q.error_contains:
@@ -269,8 +290,26 @@ def _params(q: ExecutionQuery, after: Cursor | None, limit: int) -> dict[str, An
     return {k: v for k, v in params.items() if v is not None}
 
 
-def _filters(t: Table, dialect: str, shape: _Shape) -> list[Any]:
-    """The filters but the job and the status, with bound values (``f_*``, ``c_*``)."""
+def _text_filters(t: Any, dialect: str, shape: _Shape) -> list[Any]:
+    """The error text and payload filters (bound ``f_error``, ``f_payload``) on the columns
+    of ``t`` (the table, or the bounded stream of :func:`_stream`)."""
+    where: list[Any] = []
+    if "error" in shape.filters:
+        pattern = bindparam("f_error", type_=t.c.last_error.type)
+        if dialect == "postgresql":
+            where.append(t.c.last_error.ilike(pattern, escape="\\"))
+        else:  # SQLite's LIKE is case-insensitive for ASCII already
+            where.append(t.c.last_error.like(pattern, escape="\\"))
+    if "payload" in shape.filters:
+        if dialect != "postgresql":  # the dashboard refuses it first, naming the field
+            raise ValueError("payload containment needs PostgreSQL (jsonb @>)")
+        where.append(t.c.payload.op("@>")(bindparam("f_payload", type_=t.c.payload.type)))
+    return where
+
+
+def _filters(t: Table, dialect: str, shape: _Shape, *, text: bool = True) -> list[Any]:
+    """The filters but the job and the status, with bound values (``f_*``, ``c_*``);
+    ``text=False``: without the error text and payload filters."""
     where: list[Any] = []
     if "key" in shape.filters:
         where.append(t.c.unique_key == bindparam("f_key", type_=t.c.unique_key.type))
@@ -281,18 +320,10 @@ def _filters(t: Table, dialect: str, shape: _Shape) -> list[Any]:
         where.append(t.c.created_at >= bindparam("f_after", type_=t.c.created_at.type))
     if "before" in shape.filters:
         where.append(t.c.created_at < bindparam("f_before", type_=t.c.created_at.type))
-    if "error" in shape.filters:
-        pattern = bindparam("f_error", type_=t.c.last_error.type)
-        if dialect == "postgresql":
-            where.append(t.c.last_error.ilike(pattern, escape="\\"))
-        else:  # SQLite's LIKE is case-insensitive for ASCII already
-            where.append(t.c.last_error.like(pattern, escape="\\"))
+    if text:
+        where += _text_filters(t, dialect, shape)
     if "ids" in shape.filters:  # each an index probe of the primary key
         where.append(t.c.id.in_(bindparam("f_ids", expanding=True, type_=t.c.id.type)))
-    if "payload" in shape.filters:
-        if dialect != "postgresql":  # the dashboard refuses it first, naming the field
-            raise ValueError("payload containment needs PostgreSQL (jsonb @>)")
-        where.append(t.c.payload.op("@>")(bindparam("f_payload", type_=t.c.payload.type)))
     if shape.after:  # a row comparison: an index condition of the ranges below
         where.append(tuple_(t.c.created_at, t.c.id) < tuple_(
             bindparam("c_at", type_=t.c.created_at.type), bindparam("c_id", type_=t.c.id.type)))
@@ -310,12 +341,57 @@ def _ranges(t: Table, dialect: str, shape: _Shape) -> list[list[Any]]:
             if (chosen := [s for s in shape.statuses if s in side])]
 
 
+def _stream(t: Table, dialect: str, shape: _Shape, columns: list[Any],
+            unretried: bool) -> Any:
+    """The bounded stream of a search by error text or payload: the newest ``scan_limit``
+    rows the other filters select (each range's first ``scan_limit``, merged and cut to
+    ``scan_limit``), with the columns the text filters test and ``seen``, each row's place
+    in it (1: the newest). A subquery: the text filters apply to what it read, never
+    below its LIMIT, so the search reads at most ``scan_limit`` rows (plus one per range)."""
+    scan = bindparam(SCANNED, type_=Integer)
+    tested = {"error": "last_error", "payload": "payload"}
+    wanted = list(columns) + [t.c[tested[f]] for f in shape.filters if f in tested
+                              and all(c.name != tested[f] for c in columns)]
+    where = _filters(t, dialect, shape, text=False)
+    if unretried:
+        retries = t.alias("retries")
+        where.append(~exists().where(retries.c.retry_of == t.c.id))
+    arms = [select(*wanted).where(*part, *where)
+            .order_by(t.c.created_at.desc(), t.c.id.desc()).limit(scan).subquery().select()
+            for part in _ranges(t, dialect, shape)]
+    if not arms:
+        arms = [select(*wanted).where(false())]
+    merged = (arms[0] if len(arms) == 1 else union_all(*arms)).subquery("merged")
+    newest = (merged.c.created_at.desc(), merged.c.id.desc())
+    seen = func.row_number().over(order_by=newest).label("seen")
+    return select(*merged.c, seen).order_by(*newest).limit(scan).subquery("stream")
+
+
+def _bounded_first(t: Table, dialect: str, shape: _Shape, ids: bool, unretried: bool) -> Any:
+    """The rows of a search by error text or payload, newest first, at most ``limit``: those
+    of :func:`_stream` the text filters pass (``matched`` 1), and the stream's last row
+    (``seen = scan_limit``: the search stopped there) whether it matches or not."""
+    limit = bindparam("limit", type_=Integer)
+    scan = bindparam(SCANNED, type_=Integer)
+    columns = [t.c.id, t.c.created_at] if ids else listed_columns(t)
+    stream = _stream(t, dialect, shape, columns, unretried)
+    matched = and_(*_text_filters(stream, dialect, shape))
+    out = [stream.c[c.name] for c in columns]
+    return (select(*out, case((matched, 1), else_=0).label("matched"), stream.c.seen)
+            .where(or_(matched, stream.c.seen == scan))
+            .order_by(stream.c.created_at.desc(), stream.c.id.desc()).limit(limit))
+
+
 @lru_cache(maxsize=256)
-def _newest_first(t: Table, dialect: str, shape: _Shape, ids: bool, unretried: bool) -> Any:
+def _newest_first(t: Table, dialect: str, shape: _Shape, ids: bool, unretried: bool,
+                  bound: bool = False) -> Any:
     """The rows (``ids``: their ids) of ``shape``, newest first, at most ``limit``: a UNION
     ALL of each range's first ``limit`` rows (each its own subquery: SQLite takes no ORDER
     BY inside a compound), merged. PostgreSQL merges the ranges in order (a Merge Append),
-    reading each only as far as the page needs."""
+    reading each only as far as the page needs. A search by error text or payload reads at
+    most ``scan_limit`` rows when ``bound`` (:func:`_bounded_first`)."""
+    if bound and _bounded(shape):
+        return _bounded_first(t, dialect, shape, ids, unretried)
     limit = bindparam("limit", type_=Integer)
     columns = [t.c.id, t.c.created_at] if ids else listed_columns(t)
     where = _filters(t, dialect, shape)
@@ -332,17 +408,61 @@ def _newest_first(t: Table, dialect: str, shape: _Shape, ids: bool, unretried: b
     return select(*out).order_by(merged.c.created_at.desc(), merged.c.id.desc()).limit(limit)
 
 
-@named("dashboard: one keyset page of matching rows, newest first")
+def _found(scan: int) -> Callable[[list[Row]], Found]:
+    """The rows of a bounded search read (:func:`_bounded_first`) as :class:`Found`."""
+    def decode(found: list[Row]) -> Found:
+        out: list[dict[str, Any]] = []
+        cut: Cursor | None = None
+        for row in found:
+            values = dict(row)
+            seen, matched = values.pop("seen", None), values.pop("matched", 1)
+            if seen is not None and int(seen) >= scan:
+                cut = Cursor(_aware(values["created_at"]), values["id"])
+            if matched:
+                out.append(values)
+        return Found(out, cut)
+    return decode
+
+
+def _unbounded(found: list[Row]) -> Found:
+    return Found([dict(r) for r in found], None)
+
+
+@named("dashboard: one keyset page of matching rows, newest first (a search by error text "
+       "or payload: among at most scan rows)")
 def page(t: Table, dialect: str, q: ExecutionQuery, after: Cursor | None,
-         limit: int) -> Query[list[dict[str, Any]]]:
-    stmt = _newest_first(t, dialect, _shape(q, after), False, False)
-    return rows("page", stmt, _as_dict, _params(q, after, limit))
+         limit: int, scan: int | None = None) -> Query[Found]:
+    """``scan``: the bound of a search by error text or payload (None: none)."""
+    shape = _shape(q, after)
+    if scan is None or not _bounded(shape):
+        stmt = _newest_first(t, dialect, shape, False, False)
+        return Query("page", stmt, Shape.ROWS, _unbounded, _params(q, after, limit))
+    stmt = _newest_first(t, dialect, shape, False, False, True)
+    return Query("page", stmt, Shape.ROWS, _found(scan), _params(q, after, limit, scan))
 
 
-@named("count the rows matching a filter, stopping at a cap")
-def count_matching(t: Table, dialect: str, q: ExecutionQuery, cap: int) -> Query[int]:
-    stmt = _count_statement(t, dialect, _shape(q, None))
+@named("count the rows matching a filter, stopping at a cap (a search by error text or "
+       "payload: among at most scan rows)")
+def count_matching(t: Table, dialect: str, q: ExecutionQuery, cap: int,
+                   scan: int | None = None) -> Query[int]:
+    """``scan``: the bound of a search by error text or payload (None: none)."""
+    shape = _shape(q, None)
+    if scan is not None and _bounded(shape):
+        stmt = _bounded_count(t, dialect, shape)
+        return Query("count_matching", stmt, Shape.ROWS, _count,
+                     _params(q, None, cap, scan))
+    stmt = _count_statement(t, dialect, shape)
     return Query("count_matching", stmt, Shape.ROWS, _count, _params(q, None, cap))
+
+
+@lru_cache(maxsize=256)
+def _bounded_count(t: Table, dialect: str, shape: _Shape) -> Any:
+    """At most ``limit`` rows of :func:`_stream` (the newest ``scan_limit`` rows the other
+    filters select) that the error text and payload filters pass, counted."""
+    stream = _stream(t, dialect, shape, [t.c.id, t.c.created_at], False)
+    matched = (select(stream.c.id).where(*_text_filters(stream, dialect, shape))
+               .limit(bindparam("limit", type_=Integer)).subquery())
+    return select(func.count()).select_from(matched)
 
 
 @lru_cache(maxsize=256)
@@ -406,11 +526,19 @@ def recent_failures(t: Table, dialect: str, since: datetime, organization_id: st
                 {"since": since, "limit": limit, **_tenant(organization_id)})
 
 
-@named("dashboard: the ids of matching rows, newest first (optionally never retried)")
+@named("dashboard: the ids of matching rows, newest first (optionally never retried; a "
+       "search by error text or payload: among at most scan rows)")
 def matching_ids(t: Table, dialect: str, q: ExecutionQuery, limit: int, *,
-                 unretried: bool) -> Query[list[UUID]]:
-    stmt = _newest_first(t, dialect, _shape(q, None), True, unretried)
-    return rows("matching_ids", stmt, _first_column, _params(q, None, limit))
+                 unretried: bool, scan: int | None = None) -> Query[Found]:
+    """``Found.rows``: each a dict holding the row's ``"id"``; ``scan``: the bound of a
+    search by error text or payload (None: none)."""
+    shape = _shape(q, None)
+    if scan is None or not _bounded(shape):
+        stmt = _newest_first(t, dialect, shape, True, unretried)
+        return Query("matching_ids", stmt, Shape.ROWS, _unbounded, _params(q, None, limit))
+    stmt = _newest_first(t, dialect, shape, True, unretried, True)
+    return Query("matching_ids", stmt, Shape.ROWS, _found(scan),
+                 _params(q, None, limit, scan))
 
 
 @cache

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from celery_outbox.queries import dashboard as reads
-from celery_outbox.queries.dashboard import Cursor, ExecutionQuery
+from celery_outbox.queries.dashboard import Cursor, ExecutionQuery, Found
 from celery_outbox.store.base import StoreBase
 
 
@@ -94,13 +94,27 @@ class DashboardStore(StoreBase):
         range and the finished rows'), merged: the cost follows ``limit`` and the parts (and
         how many rows the other filters pass over), not the table.
         """
-        return self.executor.run(reads.page(self.t, self.dialect, q, after, limit))
+        return self.executor.run(reads.page(self.t, self.dialect, q, after, limit, None)).rows
 
-    def count_matching(self, q: ExecutionQuery, cap: int) -> int:
+    def search(
+        self, q: ExecutionQuery, after: Cursor | None, limit: int, scan: int
+    ) -> Found:
+        """Read one page as :meth:`page` does, but a search by error text or payload
+        (``q.error_contains``, ``q.payload_contains``: no index serves them) reads at most
+        ``scan`` rows: the newest ``scan`` rows the other filters select (job, status,
+        tenant, time range, key; strictly after ``after``), of which it answers those that
+        match, at most ``limit``. ``Found.cut``: the oldest row it read when it read
+        ``scan`` of them (the search went no further; None: it read them all). Without
+        those filters, exactly :meth:`page` (``cut`` None)."""
+        return self.executor.run(reads.page(self.t, self.dialect, q, after, limit, scan))
+
+    def count_matching(self, q: ExecutionQuery, cap: int, scan: int | None = None) -> int:
         """Read how many rows match ``q``, counting at most ``cap`` (``cap`` means "at least";
         the cost follows ``cap`` and the filter's index, not the whole table): one scan of
-        the active rows' index and one of the finished rows', as the statuses ask."""
-        return self.executor.run(reads.count_matching(self.t, self.dialect, q, cap))
+        the active rows' index and one of the finished rows', as the statuses ask.
+        ``scan``: a search by error text or payload counts among the newest ``scan`` rows
+        the other filters select only (None: among all of them)."""
+        return self.executor.run(reads.count_matching(self.t, self.dialect, q, cap, scan))
 
     def get_visible(self, execution_id: UUID, organization_id: str | None) -> dict[str, Any] | None:
         """Read one row as a dict of its columns; None when there is none, or when
@@ -129,8 +143,18 @@ class DashboardStore(StoreBase):
 
         ``unretried``: only rows no other row retries (none has them as ``retry_of``; served
         by the unique index on ``retry_of``)."""
-        return self.executor.run(reads.matching_ids(self.t, self.dialect, q, limit,
-                                                    unretried=unretried))
+        found = self.executor.run(reads.matching_ids(self.t, self.dialect, q, limit,
+                                                     unretried=unretried, scan=None))
+        return [r["id"] for r in found.rows]
+
+    def search_ids(self, q: ExecutionQuery, limit: int, scan: int, *,
+                   unretried: bool = False) -> tuple[list[UUID], bool]:
+        """Read the ids as :meth:`matching_ids` does, but a search by error text or payload
+        reads at most ``scan`` rows (as :meth:`search`). Returns ``(ids, cut)``: ``cut``
+        when it read ``scan`` rows and went no further."""
+        found = self.executor.run(reads.matching_ids(self.t, self.dialect, q, limit,
+                                                     unretried=unretried, scan=scan))
+        return [r["id"] for r in found.rows], found.cut is not None
 
     def bulk_delete(self, execution_ids: Sequence[UUID],
                     organization_id: str | None) -> list[tuple[UUID, str]]:
@@ -144,4 +168,4 @@ class DashboardStore(StoreBase):
                                                    organization_id))
 
 
-__all__ = ["Cursor", "DashboardStore", "ExecutionQuery"]
+__all__ = ["Cursor", "DashboardStore", "ExecutionQuery", "Found"]

@@ -193,7 +193,8 @@ def executions(
         return ExecutionPageOut(items=[], next_cursor=None)
     page = board.executions(query, cursor, limit)
     return ExecutionPageOut(items=[ExecutionOut.of(v) for v in page.items],
-                            next_cursor=page.next_cursor)
+                            next_cursor=page.next_cursor, searched_all=page.searched_all,
+                            scan_limit=page.scan_limit)
 
 
 @router.post("/executions/bulk/{action}", response_model=BulkOut, responses=ACT,

@@ -294,10 +294,18 @@ class ExecutionDetailOut(ExecutionOut):
 
 
 class ExecutionPageOut(BaseModel):
-    """Newest first; pass ``next_cursor`` as ``cursor`` for the next page (null: the last)."""
+    """Newest first; pass ``next_cursor`` as ``cursor`` for the next page (null: the last).
+
+    A search by error text or payload reads at most ``scan_limit`` executions per page (the
+    newest the other filters select, from the cursor; null: no such filter, no bound).
+    ``searched_all`` false: it read that many and stopped before filling the page;
+    ``next_cursor`` searches on from there (or narrow by job, status or time range).
+    """
 
     items: list[ExecutionOut]
     next_cursor: str | None
+    searched_all: bool = True
+    scan_limit: int | None = None
 
 
 class FailureGroupOut(BaseModel):
@@ -367,7 +375,9 @@ class BulkIn(BaseModel):
 
 class BulkOut(BaseModel):
     """``matched``: executions the action applies to (at most 1,000; ``more``: others
-    beyond); ``ineligible`` (a dry run): others the filter selects that it skips."""
+    beyond); ``ineligible`` (a dry run): others the filter selects that it skips;
+    ``searched_all`` false: a filter by error text or payload read the newest 10,000
+    executions the other filters select and went no further."""
 
     action: Literal["retry", "cancel", "delete"]
     dry_run: bool
@@ -376,9 +386,10 @@ class BulkOut(BaseModel):
     done: list[UUID]
     skipped: list[UUID]
     ineligible: int = 0
+    searched_all: bool = True
 
     @classmethod
     def of(cls, r: BulkResult) -> BulkOut:
         return cls(action=r.action, dry_run=r.dry_run,  # type: ignore[arg-type]
                    matched=r.matched, more=r.more, done=list(r.done), skipped=list(r.skipped),
-                   ineligible=r.ineligible)
+                   ineligible=r.ineligible, searched_all=r.searched_all)

@@ -21,6 +21,7 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
 
+from celery_outbox import dashboard as dashboard_module
 from celery_outbox.admin.loop_notes import alarm, loop_note
 from celery_outbox.admin.stats import WINDOWS
 from celery_outbox.admin.views import took
@@ -198,9 +199,11 @@ def executions(request: Request) -> Response:
         items: tuple[Any, ...] = ()
         next_url = None
         matching = 0
+        bound: dict[str, Any] = {"scan_limit": None, "searched_all": True}
         if query is not None:
             page = _board(request).executions(query, params.get("cursor") or None, 50)
             items = page.items
+            bound = {"scan_limit": page.scan_limit, "searched_all": page.searched_all}
             if page.next_cursor:
                 kept = {k: v for k, v in form.items() if v}
                 next_url = f"?{urlencode({**kept, 'cursor': page.next_cursor})}"
@@ -212,10 +215,10 @@ def executions(request: Request) -> Response:
         return render(request, "executions.html", status_code=400, items=(), form=form,
                       next_url=None, jobs=jobs, statuses=[s.value for s in Status],
                       search_error=" ".join(str(exc).split()), matching=0,
-                      bulk_max=BULK_MAX)
+                      bulk_max=BULK_MAX, scan_limit=None, searched_all=True)
     return render(request, "executions.html", items=items, form=form, next_url=next_url,
                   jobs=jobs, statuses=[s.value for s in Status], search_error="",
-                  matching=matching, bulk_max=BULK_MAX)
+                  matching=matching, bulk_max=BULK_MAX, **bound)
 
 
 @router.get("/executions/{execution_id}", response_class=HTMLResponse)
@@ -544,6 +547,7 @@ async def bulk_action(request: Request) -> Response:
     expected = (form.get("expected") or [""])[0]
     return render(request, "bulk.html", action=action, result=result, carried=carried,
                   verb=DONE_WORDS[action], why=SKIPPED_WHY[action], bulk_max=BULK_MAX,
+                  scan_limit=dashboard_module.SEARCH_SCAN,
                   expected=int(expected) if expected.isdigit() else 0,
                   back_url=f"{_base(request)}/executions?{urlencode(back)}")
 

@@ -290,7 +290,8 @@ def test_a_bulk_action_is_bounded_and_says_so(
     assert count(web_outbox) == 2
     api = client.post("/api/v1/executions/bulk/delete", headers=OPS, json={"dry_run": True})
     assert api.json() == {"action": "delete", "dry_run": True, "matched": 2, "more": False,
-                          "done": [], "skipped": [], "ineligible": 0}
+                          "done": [], "skipped": [], "ineligible": 0,
+                          "searched_all": True}
 
 
 def test_the_trigger_form_is_built_from_the_jobs_model(
