@@ -152,9 +152,12 @@ class JobSpec:
         if not isinstance(parallel, int) or isinstance(parallel, bool) \
                 or not 1 <= parallel <= MAX_PARALLEL:
             raise bad("parallel", f"must be an int in 1..{MAX_PARALLEL}, got {parallel!r}")
-        if parallel > 1 and inspect.iscoroutinefunction(handler):
-            raise bad("parallel", "needs a plain function: the worker calls a handler and "
-                      "awaits nothing, so an async def handler would never run")
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+                type(handler).__call__):  # a function, or an object whose __call__ is async
+            raise ConfigurationError(
+                f"job {name!r}: its handler is an async def: the worker calls a handler and "
+                "awaits nothing, so it would never run (and count as a success); make it a "
+                "plain function, which may call asyncio.run(...)")
         max_snoozes = options.get("max_snoozes", DEFAULT_MAX_SNOOZES)
         if not isinstance(max_snoozes, int) or isinstance(max_snoozes, bool) \
                 or not 0 <= max_snoozes <= MAX_SNOOZES:

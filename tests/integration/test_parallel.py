@@ -86,12 +86,24 @@ def test_parallel_must_be_an_int_in_range(bad: object, registry: JobRegistry) ->
     assert "shop.bad" not in registry
 
 
-def test_parallel_refuses_an_async_handler_and_defaults_to_one(registry: JobRegistry) -> None:
+def test_an_async_handler_is_refused_at_any_parallel_and_parallel_defaults_to_one(
+    registry: JobRegistry,
+) -> None:
+    """Found by review: at ``parallel=1`` an ``async def`` handler was called, its coroutine
+    never awaited, and the execution recorded as succeeded (work silently lost)."""
+
     async def handler(ctx: JobContext[Order]) -> None:
         return None
 
-    with pytest.raises(ConfigurationError, match="option 'parallel' needs a plain function"):
-        outbox_job(schema=Order, name="shop.async", parallel=2, registry=registry)(handler)
+    class Callable:
+        async def __call__(self, ctx: JobContext[Order]) -> None:
+            return None
+
+    for parallel, fn in ((1, handler), (2, handler), (1, Callable())):
+        with pytest.raises(ConfigurationError, match="its handler is an async def"):
+            outbox_job(schema=Order, name="shop.async", parallel=parallel,
+                       registry=registry)(fn)
+    assert "shop.async" not in registry
 
     @outbox_job(schema=Order, name="shop.plain", registry=registry)
     def plain(ctx: JobContext[Order]) -> None:
