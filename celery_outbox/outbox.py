@@ -158,6 +158,7 @@ class Outbox:
         self.runner = Runner(self.store, self.registry, self.config, lambda: self.dispatcher,
                              queue_of=self.queue_of)
         self.runner.rollup = Rollup(self.store, lambda: self.runner.worker_id)
+        self.runner.joinable = self.store  # a handler's ctx.transaction()
         self._dispatcher: Dispatcher | None = dispatcher
         # Made now, not at first use: two threads' first pushes at once made one each.
         self._celery_dispatcher = CeleryDispatcher(
