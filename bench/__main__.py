@@ -34,6 +34,8 @@ Celery vs the outbox (bench/startup.py).
 Celery's ``apply_async``, and the hand-off to the publishing thread (bench/publish.py).
 ``python -m bench runner [--n N] [--rounds N]``: the runner's CPU per no-op execution, on
 SQLite and on the in-memory twin, no broker (bench/runner.py).
+``python -m bench txn [--quick] [--n N] [--rounds N]``: e2e throughput of a handler writing
+one row in ``ctx.transaction()`` vs in a transaction of its own (bench/txn.py).
 """
 
 from __future__ import annotations
@@ -156,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import metrics
 
         return metrics.main(argv[1:])
+    if argv[:1] == ["txn"]:  # transactional completion vs a separate handler transaction
+        from bench import txn
+
+        return txn.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 
