@@ -39,6 +39,8 @@ from celery_outbox.dispatch import (
     DispatchItem,
     InlineDispatcher,
 )
+from celery_outbox.encryption import ENV_VAR as ENCRYPTION_ENV
+from celery_outbox.encryption import SETTING as ENCRYPTION_SETTING
 from celery_outbox.encryption import Keyring, PayloadUndecryptable, Sealed
 from celery_outbox.engine import begin_before_savepoint, make_engine
 from celery_outbox.errors import (
@@ -385,10 +387,17 @@ class Outbox:
     def install_job(self, spec: JobSpec) -> None:
         """Install what ``spec`` needs on the app: a cron job's beat entry (see
         :mod:`celery_outbox.ticker`). Called for each job when the Outbox is created, and by
-        the registry for a job declared later."""
+        the registry for a job declared later. An ``encrypted=True`` queue job while no
+        encryption key is configured is logged (WARNING): its pushes are refused and its
+        executions fail in this process."""
         ticker: CronTicker | None = getattr(self, "ticker", None)
         if spec.mode == "cron" and ticker is not None:
             ticker.add_entry(self.app, spec)
+        if spec.encrypted and spec.mode == "queue" and not self.keyring.configured:
+            log.warning("celery_outbox: job %s is encrypted=True but no encryption key is "
+                        "configured (setting %r or $%s): its pushes are refused and its "
+                        "executions fail in this process", spec.name, ENCRYPTION_SETTING,
+                        ENCRYPTION_ENV)
 
     def sweep(self, now: datetime | None = None) -> SweepResult:
         """One sweep: stage due rows, rescue expired leases, redispatch stale pending rows.

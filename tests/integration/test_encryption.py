@@ -301,3 +301,34 @@ def test_the_cli_shows_encrypted_unless_asked_and_rotates_keys(
         in again.output
     not_encrypted = invoke("rotate-keys", "--job", "nope")
     assert not_encrypted.exit_code != 0
+
+
+def test_a_job_no_longer_encrypted_still_reads_and_retries_its_encrypted_rows(
+    db_url: str, registry: JobRegistry, refund: OutboxJob[Card],
+    recording: RecordingDispatcher, make_outbox: MakeOutbox,
+) -> None:
+    box = make_outbox(db_url, registry, recording, encryption_keys=[KEY_A])
+    execution_id = refund.push(card(2))
+    seen_plain: list[Any] = []
+
+    @outbox_job(schema=Card, name="pay.refund", registry=JobRegistry())
+    def plain(ctx: JobContext[Card]) -> None:
+        seen_plain.append(ctx.payload)
+        raise ValueError("still declined")
+
+    registry.jobs["pay.refund"] = plain.spec  # the same job, declared without encrypted=True
+    assert box.run_now("pay.refund", [execution_id]).failed == 1
+    assert [p.number for p in seen_plain] == [SECRET]  # the old row's envelope was opened
+    new_id = box.admin.retry(execution_id)
+    assert SECRET in raw_payloads(box)[new_id]  # pushed again as the job now stores it
+    assert box.admin.get_execution(new_id).payload == card(2)
+
+
+def test_declaring_an_encrypted_job_without_a_key_warns(
+    db_url: str, registry: JobRegistry, charge: OutboxJob[Card], make_outbox: MakeOutbox,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="celery_outbox.outbox"):
+        make_outbox(db_url, registry)
+    assert any("pay.charge is encrypted=True but no encryption key" in r.getMessage()
+               for r in caplog.records)
