@@ -193,6 +193,17 @@ def prepare(rows: int, rebuild: bool, database: str) -> Outbox:
         filler.dispose()
         print(f"  written in {time.perf_counter() - started:.0f} s", flush=True)
     outbox.create_schema()  # the tables a release added since the rows were written
+    with outbox.engine.connect() as conn:  # and the indexes (create_schema skips them)
+        have_indexes = set(conn.execute(text(
+            "SELECT indexname FROM pg_indexes WHERE tablename = :t"), {"t": TABLE}).scalars())
+    for index in outbox.tables.executions.indexes:
+        if index.name not in have_indexes:
+            print(f"creating {index.name} ...", flush=True)
+            filler = create_engine(database_url(database))
+            index.create(filler)
+            with filler.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text(f"ANALYZE {TABLE}"))
+            filler.dispose()
     fill_stats(outbox, database)
     return outbox
 
