@@ -51,7 +51,7 @@ from celery_outbox.shutdown import Drain
 from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, TRANSITIONS, Status
 from tests.integration.fakes import RecordingDispatcher
 from tests.model.model import JobCfg, MFence, Model, MRow, OutboxCfg, when_predicate
-from tests.model.world import Gate, Plan, World, wait_for
+from tests.model.world import Gate, Plan, World, effects_table, wait_for
 
 # -- known defects: generated since their fixes landed; False keeps a case out ----
 H1_STORE_MERGED = True
@@ -109,7 +109,7 @@ JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=3),
          timedelta(minutes=5, seconds=1), timedelta(minutes=31), timedelta(hours=2),
          timedelta(days=3)]
 STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop",
-         "snooze:30", "snooze:600"] + (
+         "snooze:30", "snooze:600", "tx:ok", "tx:fail"] + (
     ["cancel"] if "4" in DEFECTS else [])
 KEYS = [None, None, "k1", "k2", "k3"]
 OFFSETS = [-3.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 3.0]
@@ -346,6 +346,8 @@ class OutboxMachine(RuleBasedStateMachine):
             batch_size=data.draw(st.sampled_from([1, 2, 500]), label="batch_size"),
         )
         self.outbox.create_schema()
+        self.world.effects = effects_table(f"{self.outbox.tables.executions.name}_fx")
+        self.world.effects.create(self.outbox.engine)
         self.outbox.store.db_clock = self.clock  # true time: the database's clock
         self.add_slot(self.outbox.runner, self.app)
         self.new_slot(self.draw_offset(data))
@@ -367,6 +369,8 @@ class OutboxMachine(RuleBasedStateMachine):
 
     def add_slot(self, runner: Runner, host: Host) -> None:
         runner.clock = self.host_clock(host)
+        assert self.outbox is not None
+        runner.joinable = self.outbox.store  # a tx: step's ctx.transaction()
         if self.mutant == "worker-clock-leases":
             runner.store = runner.heartbeat.store = WorkerClockLeases(  # type: ignore[assignment]
                 runner.store, self.host_clock(host))
@@ -384,6 +388,8 @@ class OutboxMachine(RuleBasedStateMachine):
             for ids in self.ids:
                 ids.stop()
         if self.outbox is not None:
+            if self.world.effects is not None:
+                self.world.effects.drop(self.outbox.engine, checkfirst=True)
             self.outbox.drop_schema()
             self.outbox.engine.dispose()
 
@@ -997,6 +1003,18 @@ class OutboxMachine(RuleBasedStateMachine):
         with self.outbox.engine.connect() as conn:
             return {r["id"]: dict(r) for r in conn.execute(select(t)).mappings()}
 
+    def check_effects(self) -> None:
+        """The handlers' rows of ``tx:`` steps are exactly those of the attempts whose outcome
+        their transaction committed: none of an attempt fenced out or rolled back, none
+        twice."""
+        assert self.outbox is not None and self.world.effects is not None
+        with self.outbox.engine.connect() as conn:
+            found = [(UUID(r.execution_id), r.attempt)
+                     for r in conn.execute(select(self.world.effects))]
+        assert len(found) == len(set(found)), f"a handler's row written twice: {found}"
+        assert set(found) == self.model.effects, (
+            f"handlers' rows {sorted(set(found))} != committed {sorted(self.model.effects)}")
+
     def readback(self) -> None:
         if not self.model.readbacks:
             return
@@ -1016,6 +1034,7 @@ class OutboxMachine(RuleBasedStateMachine):
         table = self.table()
         assert not self.world.violations, self.world.violations
         self.check_rows(table)
+        self.check_effects()
         self.check_begins()
         self.check_overlaps()
         self.check_dispatches()

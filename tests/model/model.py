@@ -108,6 +108,8 @@ class Model:
     snoozed: dict[tuple[UUID, int], int] = field(default_factory=dict)
     """How many runs of each (execution, attempt) its handler snoozed: that attempt begins
     once more for each."""
+    effects: set[tuple[UUID, int]] = field(default_factory=set)
+    """The handlers' rows transactional completion committed: (execution id, attempt)."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -212,10 +214,13 @@ class Model:
             return False
         row = self.rows[fence.id]
         job = self.job(row)
+        joined, step = step.startswith("tx:"), step.removeprefix("tx:")
         if step == "ok":
             keep = self.keep_succeeded_row(job)
             self.move(row, "complete", Status.SUCCEEDED if keep else None)
             row.finished_at = now
+            if joined:  # the handler's row committed with the success, in its transaction
+                self.effects.add((fence.id, fence.attempt))
             return True
         if step == "cancel":
             assert fixed, "plan step 'cancel' is generated only once defect 4 is fixed"

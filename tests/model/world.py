@@ -22,6 +22,7 @@ from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
+from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 
 from celery_outbox import DoNotRetry, JobContext, RetryLater
 from celery_outbox.errors import ExecutionCancelled
@@ -37,7 +38,9 @@ class Plan(BaseModel):
     ``reject_flaky`` policy does not retry); ``later:<seconds>`` (RetryLater); ``stop``
     (DoNotRetry); ``cancel`` (``ctx.cancel()`` then ``ctx.raise_if_cancelled()``);
     ``snooze:<seconds>`` (``ctx.snooze``: the attempt is not spent, so the same step runs
-    again, until the job's ``max_snoozes`` turns the snooze into a failure).
+    again, until the job's ``max_snoozes`` turns the snooze into a failure); ``tx:<step>``
+    (the step inside ``ctx.transaction()``, which first writes an effect row: ``tx:ok``
+    commits it with the success, ``tx:fail`` raises in the block and rolls it back).
     """
 
     steps: list[str]
@@ -50,8 +53,21 @@ class Flaky(KeyError):
     """The error of a ``flaky`` step."""
 
 
-def act(step: str, ctx: JobContext[Any]) -> None:
+def effects_table(name: str) -> Table:
+    """The handlers' own rows of transactional completion: ``(execution_id, attempt)``."""
+    return Table(name, MetaData(), Column("execution_id", String(36), nullable=False),
+                 Column("attempt", Integer, nullable=False))
+
+
+def act(step: str, ctx: JobContext[Any], effects: Table | None = None) -> None:
     """Do ``step``: return, or raise what it names."""
+    if step.startswith("tx:"):
+        assert effects is not None, "a tx: step needs the effects table"
+        with ctx.transaction() as session:
+            session.execute(insert(effects).values(execution_id=str(ctx.execution_id),
+                                                   attempt=ctx.attempt))
+            act(step[3:], ctx, effects)
+        return
     if step == "ok":
         return
     if step == "fail":
@@ -122,6 +138,8 @@ class World:
         self.violations: list[str] = []
         self.gates: dict[UUID, Gate] = {}
         self.contexts: dict[tuple[UUID, int], JobContext[Any]] = {}
+        self.effects: Table | None = None
+        """The table ``tx:`` steps write their row to (the machine's, in its database)."""
 
     def handler(self, ctx: JobContext[Any]) -> None:
         """The handler of every job of the model test."""
@@ -152,7 +170,7 @@ class World:
                 gate.entered.set()
                 self._wait(gate, ctx)
             assert isinstance(ctx.payload, Plan)
-            act(ctx.payload.step(ctx.attempt), ctx)
+            act(ctx.payload.step(ctx.attempt), ctx, self.effects)
         finally:
             with self.lock:
                 self.live[ctx.execution_id].pop(me, None)
