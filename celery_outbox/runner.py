@@ -22,6 +22,7 @@ release of a lost claim) goes to :class:`_Retries`, which keeps trying for up to
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import queue
@@ -1137,7 +1138,12 @@ class Runner:
             if spec.schema is not None:
                 ctx.payload = self._payload(spec, row)
             with capture, HandlerScope(ctx, spec.timeout):
-                spec.handler(ctx)
+                returned = spec.handler(ctx)
+            if returned is not None and inspect.isawaitable(returned):
+                _discard(returned)
+                raise DoNotRetry(f"the handler of {spec.name} returned an awaitable, which no "
+                                 "worker awaits: make it a plain function that does its work "
+                                 "(it may call asyncio.run(...))")
         except BaseException as exc:
             if not isinstance(exc, Exception):
                 self.inflight.remove([fence])  # no outcome decided: run() leaves (_leave)
@@ -1375,6 +1381,13 @@ def _handed_back(ctx: JobContext[Any]) -> bool:
     hands its row back (a drain's rows are its own to hand back: it stops them first, by
     the runner's cancel), so the runner does, to pending, not to the rescuer."""
     return ctx.cancelled.is_set() and ctx.cancelled_by_handler and ctx.cancel_reason == SHUTDOWN
+
+
+def _discard(awaitable: Any) -> None:
+    """Close a coroutine nobody will await (no "never awaited" warning; its body never ran)."""
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
 
 
 def _cancelled_by_handler(ctx: JobContext[Any]) -> bool:
