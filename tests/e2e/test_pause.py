@@ -104,7 +104,8 @@ def test_a_paused_job_starts_nothing_on_any_worker_until_resumed(pause_stack: St
 
     resumed_at = s.outbox.store.db_now()
     done = s.outbox.admin.resume("job", PAUSABLE, by="cli", by_name="e2e")
-    assert done.changed and done.dispatched == n - len(before)
+    # every held row of the job: ours not begun, and any the shared e2e table still holds
+    assert done.changed and done.dispatched >= n - len(before)
     procs.wait_for(lambda: all(status == "succeeded" for status, _, _ in rows(s, ids).values()),
                    15, f"all {n} executions to finish after the resume")
     final = rows(s, ids)

@@ -74,6 +74,8 @@ def test_the_queue_task_routes_chose_is_the_one_paused(routed_stack: Stack,
         held()
         time.sleep(0.1)
     done = s.outbox.admin.resume("queue", s.queue, by="cli", by_name="e2e")
-    assert done.dispatched == N
+    # every held row of the queue's jobs: ours, and any the shared e2e table still holds
+    # pending for the routed job from an earlier test (CI saw 7 for our 4)
+    assert done.dispatched >= N
     ran = s.wait_runs(mark, N, timeout=15)
     assert sorted(r.execution_id for r in ran) == sorted(str(i) for i in ids)  # once each
