@@ -336,7 +336,7 @@ STATS_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 bucket (``i = len(STATS_BUCKETS)``) counts those above the last edge."""
 STATS_OUTCOMES = ("succeeded", "failed", "retried", "cancelled")
 """The stats table's outcome counts: attempts whose outcome a worker wrote."""
-STATS_BACKLOG = ("pending", "scheduled", "running")
+STATS_BACKLOG = (Status.PENDING.value, Status.SCHEDULED.value, Status.RUNNING.value)
 """The stats table's backlog columns: active rows by status, as the sweep counted them."""
 STATS_KEEP = timedelta(days=7)
 """How long the stats table keeps a minute's rows: the trim deletes older ones."""

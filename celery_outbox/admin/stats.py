@@ -25,6 +25,7 @@ from typing import Any
 
 from celery_outbox.errors import ConfigurationError
 from celery_outbox.models import STATS_BACKLOG, STATS_BUCKETS, STATS_OUTCOMES
+from celery_outbox.states import Status
 from celery_outbox.store import ExecutionStore
 from celery_outbox.store.stats import minute_of
 
@@ -214,9 +215,9 @@ def queue_views(jobs: Sequence[JobBacklog], rates: Mapping[str, JobRate]) -> lis
         ages = [j.oldest_pending_age for j, _ in members if j.oldest_pending_age is not None]
         out.append(QueueView(
             queue=queue,
-            pending=sum(j.counts.get("pending", 0) for j, _ in members),
-            scheduled=sum(j.counts.get("scheduled", 0) for j, _ in members),
-            running=sum(j.counts.get("running", 0) for j, _ in members),
+            pending=sum(j.counts.get(Status.PENDING.value, 0) for j, _ in members),
+            scheduled=sum(j.counts.get(Status.SCHEDULED.value, 0) for j, _ in members),
+            running=sum(j.counts.get(Status.RUNNING.value, 0) for j, _ in members),
             capped=any(set(j.capped) & set(STATS_BACKLOG) for j, _ in members),
             oldest_pending_age=max(ages) if ages else None,
             per_minute_5m=round(sum(r.per_minute_5m for _, r in members), 3),

@@ -17,6 +17,10 @@ from celery_outbox.admin.stats import (
     Workers,
     WorkerView,
 )
+from celery_outbox.states import Status
+
+BACKLOG = (Status.PENDING.value, Status.SCHEDULED.value, Status.RUNNING.value)
+"""The backlog's statuses, as a queue's jobs show their capped counts."""
 
 
 def _s(value: timedelta | None) -> float | None:
@@ -180,11 +184,11 @@ class QueueOut(BaseModel):
                    succeeded_per_minute_5m=q.per_minute_5m,
                    succeeded_per_minute_60m=q.per_minute_60m,
                    jobs=[QueueJobOut(job_name=j.job_name,
-                                     pending=j.counts.get("pending", 0),
-                                     scheduled=j.counts.get("scheduled", 0),
-                                     running=j.counts.get("running", 0),
+                                     pending=j.counts.get(Status.PENDING.value, 0),
+                                     scheduled=j.counts.get(Status.SCHEDULED.value, 0),
+                                     running=j.counts.get(Status.RUNNING.value, 0),
                                      capped=[s for s in j.capped
-                                             if s in ("pending", "scheduled", "running")],
+                                             if s in BACKLOG],
                                      oldest_pending_age_seconds=_s(j.oldest_pending_age),
                                      succeeded_per_minute_5m=r.per_minute_5m,
                                      succeeded_per_minute_60m=r.per_minute_60m,
