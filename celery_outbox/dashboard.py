@@ -189,7 +189,9 @@ class BulkResult:
     action skips (their status does not allow it; for a retry, retried already); 0 when
     ``more`` (not counted beyond :data:`BULK_MAX`). ``searched_all`` False: a filter by
     error text or payload read the newest :data:`SEARCH_SCAN` executions the other filters
-    select and went no further (older ones are neither matched nor counted).
+    select and went no further (older ones are neither matched nor counted). ``ids``: on a
+    dry run, the matched executions' ids, newest first: the confirmation acts on exactly
+    these (the filter run again later would select rows pushed since, never counted).
     """
 
     action: str
@@ -200,6 +202,7 @@ class BulkResult:
     skipped: tuple[UUID, ...] = ()
     ineligible: int = 0
     searched_all: bool = True
+    ids: tuple[UUID, ...] = ()
 
 
 @dataclass
@@ -501,6 +504,18 @@ class Dashboard:
         _signal(row.job_name, "retry", row.id, new_id, by_name, organization_id)
         return new_id
 
+    def _retry_written(self, execution_id: UUID, by: str, by_name: str,
+                       organization_id: str | None) -> UUID | None:
+        """A bulk retry of one visible execution: the new execution's id when this call
+        wrote it (``admin_action`` sent), None when it wrote nothing (retried already, or
+        an active execution holds the key). Raises as :meth:`retry`."""
+        row = self.execution(execution_id, organization_id)
+        written = self.admin.retry_one(row.id, triggered_by=by, triggered_by_name=by_name)
+        if not written.created:
+            return None
+        _signal(row.job_name, "retry", row.id, written.id, by_name, organization_id)
+        return written.id
+
     def cancel(
         self, execution_id: UUID | str, *, by: str, by_name: str,
         organization_id: str | None = None,
@@ -551,7 +566,7 @@ class Dashboard:
                 total = self.store.count_matching(query, BULK_MAX + 1, scan)
                 ineligible = max(total - len(ids), 0)
             return BulkResult(action, True, len(ids), more, ineligible=ineligible,
-                              searched_all=not cut)
+                              searched_all=not cut, ids=tuple(ids))
         if not ids:
             return BulkResult(action, False, 0, more, searched_all=not cut)
         org = query.organization_id
@@ -568,8 +583,11 @@ class Dashboard:
         for execution_id in ids:
             try:
                 if action == "retry":
-                    done.append(self.retry(execution_id, by=by, by_name=by_name,
-                                           organization_id=org))
+                    # Only what this call wrote is done (and signalled): a confirmation sent
+                    # twice at once finds the retry written by the other and skips it.
+                    new_id = self._retry_written(execution_id, by, by_name, org)
+                    (done if new_id is not None else skipped).append(
+                        new_id if new_id is not None else execution_id)
                 else:
                     done.append(self.cancel(execution_id, by=by, by_name=by_name,
                                             organization_id=org).id)

@@ -377,7 +377,9 @@ class BulkOut(BaseModel):
     """``matched``: executions the action applies to (at most 1,000; ``more``: others
     beyond); ``ineligible`` (a dry run): others the filter selects that it skips;
     ``searched_all`` false: a filter by error text or payload read the newest 10,000
-    executions the other filters select and went no further."""
+    executions the other filters select and went no further. ``ids`` (a dry run): the
+    matched executions, newest first: send them back as ``ids`` to act on exactly these
+    (the filter run again would also select executions pushed since the dry run)."""
 
     action: Literal["retry", "cancel", "delete"]
     dry_run: bool
@@ -387,9 +389,10 @@ class BulkOut(BaseModel):
     skipped: list[UUID]
     ineligible: int = 0
     searched_all: bool = True
+    ids: list[UUID] = []
 
     @classmethod
     def of(cls, r: BulkResult) -> BulkOut:
         return cls(action=r.action, dry_run=r.dry_run,  # type: ignore[arg-type]
                    matched=r.matched, more=r.more, done=list(r.done), skipped=list(r.skipped),
-                   ineligible=r.ineligible, searched_all=r.searched_all)
+                   ineligible=r.ineligible, searched_all=r.searched_all, ids=list(r.ids))

@@ -503,9 +503,9 @@ def _bulk_query(who: Principal, form: dict[str, list[str]]) -> ExecutionQuery | 
 @router.post("/executions/bulk", response_class=HTMLResponse)
 async def bulk_action(request: Request) -> Response:
     """A bulk action from the executions page, in two steps: ``step=preview`` (a dry run:
-    what it would do, and a confirm button carrying the same selection), then
-    ``step=confirm``. A selection of all matching is pinned to the rows created up to the
-    preview, so a repeated confirmation changes nothing more (and says so)."""
+    what it would do, and a confirm button carrying the ids it counted), then
+    ``step=confirm`` on exactly those ids (each checked again: one whose status changed
+    meanwhile is skipped). A repeated confirmation changes nothing more (and says so)."""
     who: Principal = request.state.principal
     if not who.can_operate:
         return error_page(request, 403, f"{who.name!r} has read access: actions need "
@@ -521,16 +521,11 @@ async def bulk_action(request: Request) -> Response:
                                         f"{action!r}")
     if step not in ("preview", "confirm"):
         return error_page(request, 400, f"step: 'preview' or 'confirm', got {step!r}")
-    if step == "preview" and (form.get("scope") or ["ids"])[0] == "all":
-        pinned = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=1)
-        given = (form.get("created_before") or [""])[0]
-        try:
-            before = _time(given, "created_before")
-        except ValueError as exc:
-            return error_page(request, 400, str(exc))
-        if before is None or (before if before.tzinfo else before.replace(
-                tzinfo=timezone.utc)) > pinned:
-            form["created_before"] = [pinned.isoformat()]
+    if step == "confirm" and (form.get("scope") or ["ids"])[0] != "ids":
+        # The dry run listed the ids it counted; its confirmation acts on exactly those. A
+        # filter run again would also select rows pushed since, which no one was shown.
+        return error_page(request, 400, "scope: a confirmation acts on the executions its "
+                                        "dry run listed (scope=ids): preview first")
     try:
         query = _bulk_query(who, form)
         board = _board(request)
@@ -542,10 +537,14 @@ async def bulk_action(request: Request) -> Response:
                 by_name=who.name)
     except (ValueError, ConfigurationError, JobNotRegistered, JobNameAmbiguous) as exc:
         return error_page(request, 400, " ".join(str(exc).split()))
-    carried = [(k, v) for k in ("scope", *SEARCH_FIELDS) for v in form.get(k, []) if v]
+    # The confirmation carries the dry run's ids and the search (for the way back and, when
+    # more match, the next dry run), never the picked ids of the preview's own form.
+    carried = [(k, v) for k in SEARCH_FIELDS if k != "id" for v in form.get(k, []) if v]
     back = {k: v[0] for k in SEARCH_FIELDS if (v := form.get(k)) and v[0] and k != "id"}
     expected = (form.get("expected") or [""])[0]
+    more_after = bool((form.get("more") or [""])[0]) if step == "confirm" else False
     return render(request, "bulk.html", action=action, result=result, carried=carried,
+                  more_after=more_after,
                   verb=DONE_WORDS[action], why=SKIPPED_WHY[action], bulk_max=BULK_MAX,
                   scan_limit=dashboard_module.SEARCH_SCAN,
                   expected=int(expected) if expected.isdigit() else 0,

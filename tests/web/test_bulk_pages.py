@@ -208,8 +208,11 @@ def test_a_bulk_retry_of_all_matching_says_what_it_will_do_then_does_it_once(
                                      "cancelled, or retried already).")
     assert count(web_outbox) == 6  # a dry run writes nothing
     confirm = hidden(preview.text)
-    assert ("scope", "all") in confirm and ("job", "shop.receipt") in confirm
-    assert ("expected", "4") in confirm and any(k == "created_before" for k, _ in confirm)
+    assert ("scope", "ids") in confirm and ("job", "shop.receipt") in confirm
+    assert ("expected", "4") in confirm and len([v for k, v in confirm if k == "id"]) == 4
+    # Pushed after the dry run (and failed): matching the filter, but never shown to anyone.
+    late = jobs["receipt"].push({"order_id": 99})
+    assert web_outbox.admin.get_execution(late).status == "failed"
     switch.broken = False
     done = post(client, headers=OPS, fields=confirm)
     assert summary(done.text) == "Retried 4 executions."
@@ -217,7 +220,8 @@ def test_a_bulk_retry_of_all_matching_says_what_it_will_do_then_does_it_once(
     again = post(client, headers=OPS, fields=confirm)
     assert summary(again.text).startswith("Nothing more to do: this confirmation was carried "
                                           "out already")
-    assert count(web_outbox) == 10  # 4 retried once, not twice
+    assert count(web_outbox) == 11  # 4 retried once, not twice; the late one not at all
+    assert web_outbox.store.lineage(late) == (None, None)
     assert {web_outbox.admin.get_execution(w).status for w in waiting} == {"scheduled"}
 
 
@@ -256,7 +260,7 @@ def test_a_bulk_action_needs_an_operator_and_stays_in_the_tenant(
     ours = jobs["receipt"].push({"order_id": 1}, organization_id="acme")
     theirs = jobs["receipt"].push({"order_id": 2}, organization_id="globex")
     unscoped = jobs["receipt"].push({"order_id": 3})
-    form = {"action": "delete", "scope": "all", "step": "confirm", "expected": "3"}
+    form = {"action": "delete", "scope": "all", "step": "preview"}
     viewer = post(client, headers=bearer(READ_TOKEN), fields=form)
     assert viewer.status_code == 403 and "operate access" in viewer.text
     assert 'id="bulk"' not in client.get("/executions", headers=bearer(READ_TOKEN)).text
@@ -264,10 +268,16 @@ def test_a_bulk_action_needs_an_operator_and_stays_in_the_tenant(
                  fields=form)
     assert cross.status_code == 403
     assert count(web_outbox) == 3
-    mine = post(client, fields=form, **ACME)  # type: ignore[arg-type]
+    preview = post(client, fields=form, **ACME)  # type: ignore[arg-type]
+    assert [v for k, v in hidden(preview.text) if k == "id"] == [str(ours)]
+    mine = post(client, fields=hidden(preview.text), **ACME)  # type: ignore[arg-type]
     assert summary(mine.text) == "Deleted 1 execution."
-    picked = post(client, fields={**form, "scope": "ids", "id": str(theirs)},
-                         **ACME)  # type: ignore[arg-type]
+    unpreviewed = post(client, fields={**form, "step": "confirm"},
+                       **ACME)  # type: ignore[arg-type]
+    assert unpreviewed.status_code == 400 and "preview first" in unpreviewed.text
+    picked = post(client, fields={**form, "step": "confirm", "scope": "ids",
+                                  "id": str(theirs), "expected": "1"},
+                  **ACME)  # type: ignore[arg-type]
     assert "Nothing more to do" in summary(picked.text)
     assert {e.id for e in web_outbox.admin.list_executions("shop.receipt")} == {theirs,
                                                                                unscoped}
@@ -288,10 +298,17 @@ def test_a_bulk_action_is_bounded_and_says_so(
     done = post(client, headers=OPS, fields=hidden(preview.text))
     assert summary(done.text).startswith("Deleted 3 executions. More match")
     assert count(web_outbox) == 2
+    following = done.text[done.text.index('id="bulk-next"'):]
+    following = following[:following.index("</form>")]
+    nxt = post(client, headers=OPS, fields=re.findall(
+        r'<input type="hidden" name="([^"]+)" value="([^"]*)">', following))
+    assert summary(nxt.text) == "This will delete 2 executions."
     api = client.post("/api/v1/executions/bulk/delete", headers=OPS, json={"dry_run": True})
+    left = [str(e.id) for e in web_outbox.admin.list_executions("shop.receipt")]
     assert api.json() == {"action": "delete", "dry_run": True, "matched": 2, "more": False,
                           "done": [], "skipped": [], "ineligible": 0,
-                          "searched_all": True}
+                          "searched_all": True, "ids": api.json()["ids"]}
+    assert sorted(api.json()["ids"]) == sorted(left)
 
 
 def test_the_trigger_form_is_built_from_the_jobs_model(
