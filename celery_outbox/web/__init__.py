@@ -67,6 +67,7 @@ def create_app(
     cache_for: timedelta = timedelta(seconds=3),
     title: str = "celery_outbox",
     metrics: bool | None = None,
+    max_body_bytes: int = 4 * 1024 * 1024,
 ) -> Any:
     """The dashboard and JSON API of ``outbox`` as a FastAPI application.
 
@@ -76,6 +77,9 @@ def create_app(
     - ``metrics``: serve ``GET /metrics`` (Prometheus, extra ``metrics``) behind the same
       authentication as the rest (a bearer token for the scraper; a tenant's principal
       answers 403); None: when the Outbox's ``metrics`` setting is on.
+    - ``max_body_bytes``: the largest request body read, in bytes (4 MiB by default); a
+      larger one answers 413 as soon as its declared length or the bytes read so far pass
+      it, never read whole. The login form has its own, smaller bound.
 
     Raises ImportError naming the ``web`` extra when FastAPI or Jinja2 is not installed,
     ConfigurationError for a bad ``auth``.
@@ -84,7 +88,8 @@ def create_app(
     from celery_outbox.web.app import FROM_SETTINGS, build
 
     return build(outbox, FROM_SETTINGS if auth is ... else auth, count_cap=count_cap,
-                 cache_for=cache_for, title=title, metrics=metrics)
+                 cache_for=cache_for, title=title, metrics=metrics,
+                 max_body_bytes=max_body_bytes)
 
 
 __all__ = ["Auth", "LoginLimits", "Principal", "Resolver", "Token", "TooManyAttempts", "User",

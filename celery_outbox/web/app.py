@@ -64,8 +64,14 @@ def build(
     cache_for: timedelta = timedelta(seconds=3),
     title: str = "celery_outbox",
     metrics: bool | None = None,
+    max_body_bytes: int = 4 * 1024 * 1024,
 ) -> FastAPI:
     """What :func:`celery_outbox.web.create_app` returns (see there)."""
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or (
+            max_body_bytes < 1024):
+        raise ConfigurationError(f"create_app: max_body_bytes must be an int of at least "
+                                 f"1024 (bytes), got {max_body_bytes!r}",
+                                 field="max_body_bytes")
     if auth is FROM_SETTINGS:
         auth = Auth.from_settings(outbox.app.conf)
     elif auth is not None and not isinstance(auth, Auth):
@@ -89,11 +95,48 @@ def build(
     app.include_router(pages.router)
     app.include_router(pauses.pages)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    # Inside the guard: a body the guard's middleware reads after the answer (to see a
+    # disconnect) does not pass through the count, which raises in a route only.
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     _install_guard(app)
     _install_errors(app)
     _install_document(app, auth)
     app.add_middleware(HeadAsGet)  # the outermost: the guard sees a GET
     return app
+
+
+class BodyLimit:
+    """A request body is read up to ``max_bytes``, never further: a declared
+    ``Content-Length`` beyond it, or a streamed body that passes it, raises an
+    ``HTTPException(413)`` from the read itself, which the route's error handling answers
+    (JSON on the API, a page otherwise). The body is counted as it arrives, so a handler
+    that reads it in a stream (the login form) keeps its own smaller bound."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].rstrip("/").endswith("/login"):
+            await self.app(scope, receive, send)  # the login form: its own smaller bound
+            return
+        limit = self.max_bytes
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        too_big = f"request body: larger than {limit} bytes"
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            if declared.isdigit() and int(declared) > limit:
+                raise StarletteHTTPException(413, too_big)
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise StarletteHTTPException(413, too_big)
+            return message
+
+        await self.app(scope, counted, send)
 
 
 class HeadAsGet:

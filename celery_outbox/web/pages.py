@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup, escape
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from celery_outbox import dashboard as dashboard_module
 from celery_outbox.admin.loop_notes import alarm, loop_note
@@ -470,12 +471,13 @@ def _jump(request: Request, who: Principal, text: str) -> Response | None:
 
 
 async def _read_form(request: Request) -> dict[str, list[str]]:
-    """The posted form, at most :data:`FORM_MAX_BYTES` read; ValueError beyond it."""
+    """The posted form, at most :data:`FORM_MAX_BYTES` read: beyond it an
+    ``HTTPException(413)`` (answered as an error page), ValueError for a malformed form."""
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
         if len(raw) > FORM_MAX_BYTES:
-            raise ValueError(f"form: larger than {FORM_MAX_BYTES} bytes")
+            raise StarletteHTTPException(413, f"form: larger than {FORM_MAX_BYTES} bytes")
     return read_form(bytes(raw))
 
 

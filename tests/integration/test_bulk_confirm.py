@@ -66,7 +66,7 @@ def test_a_confirmation_acts_on_the_dry_runs_ids_and_reports_each_retry_once(
             go.wait(timeout=10)
             results.append(board.bulk("retry", confirm, dry_run=False, by="web",
                                       by_name="ops"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=confirmation) for _ in range(2)]

@@ -362,3 +362,52 @@ def test_trusted_origins_given_as_one_string_or_a_bad_origin_is_refused_at_setup
             Auth.from_settings({"outbox_web_trusted_origins": bad})
     auth = Auth(trusted_origins=["https://ops.example.com/", "http://127.0.0.1:8000"])
     assert tuple(auth.trusted_origins) == ("https://ops.example.com", "http://127.0.0.1:8000")
+
+
+@sqlite_only
+def test_an_oversized_body_is_refused_as_it_streams_not_read_whole(
+    client: TestClient, jobs: Jobs
+) -> None:
+    """An operator's (or a stolen token's) POST of any size is read up to the app's
+    ``max_body_bytes`` (4 MiB) and refused with 413 as soon as it passes it, on the API and
+    on the pages alike: on a real server, sent in chunks, the answer comes long before the
+    64 MiB were sent."""
+    import select
+    import socket
+
+    from tests.web.conftest import TOKEN, serve
+
+    with serve(client.app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        for path, kind, prefix in (
+                ("/api/v1/executions/bulk/retry", "application/json", b'{"job": []'),
+                ("/executions/bulk", "application/x-www-form-urlencoded", b"action=retry&x=")):
+            bound = 4194304 if path.startswith("/api") else 262144  # a page's form: 256 KiB
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(
+                    f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Bearer {TOKEN}\r\nContent-Type: {kind}\r\n"
+                    f"Transfer-Encoding: chunked\r\n\r\n".encode())
+                sent = 0
+                chunk = b" " * (1 << 20)
+                for part in [prefix] + [chunk] * 64:  # 64 MiB if read to the end
+                    if select.select([sock], [], [], 0)[0]:
+                        break  # answered
+                    try:
+                        sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+                    except OSError:
+                        break  # the server stopped reading and closed
+                    sent += len(part)
+                answer = b""
+                while b"\r\n\r\n" not in answer or b"larger than" not in answer:
+                    more = sock.recv(65536)
+                    if not more:
+                        break
+                    answer += more
+            assert answer.startswith(b"HTTP/1.1 413"), (path, answer[:200])
+            assert b"larger than %d bytes" % bound in answer, answer[:400]
+            assert sent < 32 << 20, (path, sent)  # stopped past 4 MiB, far from 64
+    declared = client.post("/api/v1/executions/bulk/retry", content=b"{}",
+                           headers={**bearer(), "Content-Type": "application/json",
+                                    "Content-Length": str(5 << 20)})
+    assert declared.status_code == 413 and "request body" in declared.json()["detail"]

@@ -23,7 +23,15 @@ GLOBEX: dict[str, Any] = {"auth": ("globex-ops", PASSWORDS["globex-ops"])}
 
 def seed(outbox: Outbox, receipt: OutboxJob[Order]) -> None:
     """Stats of two workers (acme's and no tenant's outcomes), a swept backlog, and one of
-    acme's executions running under a worker's claim."""
+    acme's executions running under a worker's claim. Seeded at least 10 s before the
+    minute ends: the charts' minutes are the wall clock's, and the test reads them as of
+    the seeded minute (a minute that turned between seed and read made "the complete
+    minutes" include the seeded one)."""
+    import time
+
+    deadline = time.monotonic() + 15
+    while datetime.now(timezone.utc).second >= 50 and time.monotonic() < deadline:
+        time.sleep(0.05)  # a wait on the wall clock's minute, not on another process
     now = datetime.now(timezone.utc)
     minute = minute_of(now)
     outbox.store.write_stats(summed([
