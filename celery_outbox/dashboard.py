@@ -31,7 +31,7 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -49,9 +49,11 @@ from celery_outbox.admin import (
     encode_cursor,
 )
 from celery_outbox.admin.views import _execution_detail, _execution_view
+from celery_outbox.admin.written import KEY_HELD
 from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
+    ExecutionStillRunning,
     InvalidTransition,
     OutboxError,
 )
@@ -192,6 +194,12 @@ class BulkResult:
     select and went no further (older ones are neither matched nor counted). ``ids``: on a
     dry run, the matched executions' ids, newest first: the confirmation acts on exactly
     these (the filter run again later would select rows pushed since, never counted).
+    ``why_skipped``: how many of ``skipped`` each reason holds, as ``(reason, count)``:
+    ``"done_already"`` (retried, cancelled or deleted meanwhile, by another click or
+    person), ``"key_held"`` (a retry: an active execution of the job holds its key),
+    ``"still_running"`` (a retry of a cancelled execution whose handler may still run).
+    ``ineligible_more``: the dry run's count stopped at its bound, so ``ineligible`` is a
+    lower bound ("at least").
     """
 
     action: str
@@ -203,6 +211,8 @@ class BulkResult:
     ineligible: int = 0
     searched_all: bool = True
     ids: tuple[UUID, ...] = ()
+    why_skipped: tuple[tuple[str, int], ...] = ()
+    ineligible_more: bool = False
 
 
 @dataclass
@@ -505,16 +515,17 @@ class Dashboard:
         return new_id
 
     def _retry_written(self, execution_id: UUID, by: str, by_name: str,
-                       organization_id: str | None) -> UUID | None:
-        """A bulk retry of one visible execution: the new execution's id when this call
-        wrote it (``admin_action`` sent), None when it wrote nothing (retried already, or
-        an active execution holds the key). Raises as :meth:`retry`."""
+                       organization_id: str | None) -> tuple[UUID | None, str]:
+        """A bulk retry of one visible execution: ``(new id, "")`` when this call wrote it
+        (``admin_action`` sent), ``(None, reason)`` when it wrote nothing
+        (``"done_already"``: retried already; ``"key_held"``: an active execution holds the
+        key). Raises as :meth:`retry`."""
         row = self.execution(execution_id, organization_id)
         written = self.admin.retry_one(row.id, triggered_by=by, triggered_by_name=by_name)
         if not written.created:
-            return None
+            return None, "key_held" if written.reason == KEY_HELD else "done_already"
         _signal(row.job_name, "retry", row.id, written.id, by_name, organization_id)
-        return written.id
+        return written.id, ""
 
     def cancel(
         self, execution_id: UUID | str, *, by: str, by_name: str,
@@ -561,12 +572,13 @@ class Dashboard:
             more, ids = len(ids) > BULK_MAX, ids[:BULK_MAX]
             cut = cut and not more
         if dry_run:
-            ineligible = 0
+            ineligible, capped = 0, False
             if not more:
                 total = self.store.count_matching(query, BULK_MAX + 1, scan)
-                ineligible = max(total - len(ids), 0)
+                ineligible, capped = max(total - len(ids), 0), total > BULK_MAX
             return BulkResult(action, True, len(ids), more, ineligible=ineligible,
-                              searched_all=not cut, ids=tuple(ids))
+                              searched_all=not cut, ids=tuple(ids),
+                              ineligible_more=capped and ineligible > 0)
         if not ids:
             return BulkResult(action, False, 0, more, searched_all=not cut)
         org = query.organization_id
@@ -580,21 +592,28 @@ class Dashboard:
                               tuple(i for i in ids if i not in deleted), searched_all=not cut)
         done: list[UUID] = []
         skipped: list[UUID] = []
+        why: dict[str, int] = {}
         for execution_id in ids:
             try:
                 if action == "retry":
                     # Only what this call wrote is done (and signalled): a confirmation sent
                     # twice at once finds the retry written by the other and skips it.
-                    new_id = self._retry_written(execution_id, by, by_name, org)
-                    (done if new_id is not None else skipped).append(
-                        new_id if new_id is not None else execution_id)
+                    new_id, reason = self._retry_written(execution_id, by, by_name, org)
+                    if new_id is not None:
+                        done.append(new_id)
+                    else:
+                        skipped.append(execution_id)
+                        why[reason] = why.get(reason, 0) + 1
                 else:
                     done.append(self.cancel(execution_id, by=by, by_name=by_name,
                                             organization_id=org).id)
-            except OutboxError:
+            except OutboxError as exc:
                 skipped.append(execution_id)
+                reason = "still_running" if isinstance(exc, ExecutionStillRunning) else (
+                    "done_already")
+                why[reason] = why.get(reason, 0) + 1
         return BulkResult(action, False, len(ids), more, tuple(done), tuple(skipped),
-                          searched_all=not cut)
+                          searched_all=not cut, why_skipped=tuple(sorted(why.items())))
 
     def _check(self, query: ExecutionQuery) -> ExecutionQuery:
         """``query`` checked (registered jobs, each by its full name or a short one, aware
@@ -638,10 +657,29 @@ class Dashboard:
             raise ConfigurationError(
                 "payload: matching what a payload contains needs PostgreSQL (jsonb @>); "
                 "this outbox's database is " + str(self.store.dialect), field="payload")
-        what = unstorable(json.dumps(wanted, ensure_ascii=False, default=str))
-        if what is not None:
-            raise ConfigurationError(f"payload cannot be matched: it holds {what}",
-                                     field="payload")
+        try:  # NaN / Infinity are no JSON the database takes
+            json.dumps(wanted, allow_nan=False, default=str)
+        except ValueError:
+            raise ConfigurationError("payload cannot be matched: it holds NaN or Infinity, "
+                                     "which JSON has not", field="payload") from None
+        for text in _texts(wanted):  # each key and string, as the database reads them
+            what = unstorable(text)
+            if what is not None:
+                raise ConfigurationError(f"payload cannot be matched: it holds {what}",
+                                         field="payload")
+
+
+def _texts(value: object) -> Iterator[str]:
+    """Every key and string of a JSON value, depth first."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _texts(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _texts(item)
 
 
 def _utc_time(label: str, value: datetime | None) -> None:

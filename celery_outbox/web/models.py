@@ -379,7 +379,8 @@ class BulkOut(BaseModel):
     ``searched_all`` false: a filter by error text or payload read the newest 10,000
     executions the other filters select and went no further. ``ids`` (a dry run): the
     matched executions, newest first: send them back as ``ids`` to act on exactly these
-    (the filter run again would also select executions pushed since the dry run)."""
+    (the filter run again would also select executions pushed since the dry run).
+    ``ineligible_more``: ``ineligible`` is a lower bound (its count stopped at 1,001)."""
 
     action: Literal["retry", "cancel", "delete"]
     dry_run: bool
@@ -390,9 +391,11 @@ class BulkOut(BaseModel):
     ineligible: int = 0
     searched_all: bool = True
     ids: list[UUID] = []
+    ineligible_more: bool = False
 
     @classmethod
     def of(cls, r: BulkResult) -> BulkOut:
         return cls(action=r.action, dry_run=r.dry_run,  # type: ignore[arg-type]
                    matched=r.matched, more=r.more, done=list(r.done), skipped=list(r.skipped),
-                   ineligible=r.ineligible, searched_all=r.searched_all, ids=list(r.ids))
+                   ineligible=r.ineligible, searched_all=r.searched_all, ids=list(r.ids),
+                   ineligible_more=r.ineligible_more)

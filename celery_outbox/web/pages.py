@@ -7,6 +7,7 @@ marked live refresh their tables every few seconds while visible.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -481,25 +482,41 @@ async def _read_form(request: Request) -> dict[str, list[str]]:
     return read_form(bytes(raw))
 
 
+SKIP_WORDS = {
+    "done_already": "done meanwhile (another click, tab or person)",
+    "key_held": "an active execution of the job holds its key",
+    "still_running": "cancelled while running, their handler may still run: retry them "
+                     "once it stops",
+}
+"""Why a confirmed bulk action skipped an execution, per reason of ``BulkResult.why_skipped``."""
+
+
 def _bulk_query(who: Principal, form: dict[str, list[str]]) -> ExecutionQuery | None:
-    """What a bulk form selects: the picked ids (``scope=ids``) or the search's filter
-    (``scope=all``), scoped to the principal's tenant. ValueError naming a field."""
+    """What a bulk form selects: the picked ids (``scope=ids``: the rows picked, or the ids a
+    dry run counted) as the search still selects them, or the search itself
+    (``scope=all``); scoped to the principal's tenant. ValueError naming a field."""
     scope = (form.get("scope") or ["ids"])[0]
     one = {k: (form.get(k) or [""])[0] for k in SEARCH_FIELDS}
-    if scope == "ids":
-        picked = [v for v in form.get("id", []) if v.strip()]
-        if not picked:
-            raise ValueError("id: pick at least one execution (or choose all matching)")
-        if len(picked) > BULK_MAX:
-            raise ValueError(f"id: at most {BULK_MAX} executions at once, got {len(picked)}")
-        try:
-            ids = list(dict.fromkeys(UUID(v.strip()) for v in picked))
-        except ValueError:
-            raise ValueError("id: not an execution id (a UUID)") from None
-        return scoped_query(who, None, None, None, None, None, None, None, ids=ids)
-    if scope != "all":
+    if scope not in ("ids", "all"):
         raise ValueError(f"scope: 'ids' or 'all', got {scope!r}")
-    return search_query(who, one)
+    search = search_query(who, one)
+    if scope == "all" or search is None:
+        return search
+    picked = [v.strip() for v in form.get("id", []) if v.strip()]
+    if not picked:
+        raise ValueError("id: pick at least one execution (or choose all matching)")
+    ids: list[UUID] = []
+    for value in dict.fromkeys(picked):
+        try:
+            ids.append(UUID(value))
+        except ValueError:
+            raise ValueError(f"id: {value[:40]!r} is not an execution id (a UUID)") from None
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > BULK_MAX:
+        raise ValueError(f"id: at most {BULK_MAX} executions at once, got {len(ids)}")
+    # A row that no longer matches the search it was counted under (its status changed,
+    # say) is not acted on.
+    return dataclasses.replace(search, ids=tuple(ids))
 
 
 @router.post("/executions/bulk", response_class=HTMLResponse)
@@ -545,8 +562,12 @@ async def bulk_action(request: Request) -> Response:
     back = {k: v[0] for k in SEARCH_FIELDS if (v := form.get(k)) and v[0] and k != "id"}
     expected = (form.get("expected") or [""])[0]
     more_after = bool((form.get("more") or [""])[0]) if step == "confirm" else False
+    skipped_why = "; ".join(f"{n} {SKIP_WORDS.get(reason, reason)}"
+                            for reason, n in result.why_skipped)
+    only_done_already = all(r == "done_already" for r, _ in result.why_skipped)
     return render(request, "bulk.html", action=action, result=result, carried=carried,
-                  more_after=more_after,
+                  more_after=more_after, skipped_why=skipped_why,
+                  only_done_already=only_done_already,
                   verb=DONE_WORDS[action], why=SKIPPED_WHY[action], bulk_max=BULK_MAX,
                   scan_limit=dashboard_module.SEARCH_SCAN,
                   expected=int(expected) if expected.isdigit() else 0,

@@ -411,7 +411,8 @@ def test_bulk_retry_counts_on_a_dry_run_then_retries_what_matched(
                       headers=bearer())
     assert dry.json() == {"action": "retry", "dry_run": True, "matched": 3, "more": False,
                           "done": [], "skipped": [], "ineligible": 1,
-                          "searched_all": True, "ids": [str(i) for i in reversed(broken)]}
+                          "searched_all": True, "ids": [str(i) for i in reversed(broken)],
+                          "ineligible_more": False}
     assert rows(web_outbox) == 4
     real = client.post("/api/v1/executions/bulk/retry",
                        json={"error": "smtp", "dry_run": False}, headers=bearer()).json()

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
 from celery_outbox.store import ExecutionQuery
 from tests.integration.conftest import Order
+from tests.integration.fakes import RecordingDispatcher
 from tests.web.conftest import PASSWORDS, READ_TOKEN, Switch, bearer
 
 Jobs = dict[str, OutboxJob[Any]]
@@ -177,6 +178,17 @@ def test_the_payload_search_matches_what_a_payload_contains_on_postgresql(
     dry = client.post("/api/v1/executions/bulk/retry", json={"payload": {"order_id": 7}},
                       headers=OPS)
     assert (dry.status_code, dry.json()["matched"]) == (200, 1)
+    # What the database cannot compare is refused naming the payload, never a 503.
+    for text in ('{"a": NaN}', '{"a": Infinity}', '{"a": "x\\u0000y"}', '{"\\u0000": 1}',
+                 '{"a": [{"b": "\\u0000"}]}'):
+        page = client.get("/executions", params={"payload": text}, headers=OPS)
+        assert page.status_code == 400 and "payload" in page.text, (text, page.status_code)
+        r = client.get("/api/v1/executions", params={"payload": text}, headers=OPS)
+        assert r.status_code in (400, 422), (text, r.status_code, r.text[:200])
+        assert "payload" in r.json()["errors"][0]["field"]
+    r = client.post("/api/v1/executions/bulk/retry", json={"payload": {"a": "\u0000"}},
+                    headers=OPS)
+    assert r.status_code in (400, 422) and "payload" in r.text, (r.status_code, r.text[:200])
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -254,6 +266,41 @@ def test_picked_rows_are_cancelled_then_deleted_only_when_finished(
     assert bad.status_code == 400 and "id: pick at least one execution" in bad.text
 
 
+def test_a_confirmation_skips_what_no_longer_matches_and_says_why(
+    client: TestClient, jobs: Jobs, web_outbox: Outbox, switch: Switch
+) -> None:
+    # Searched as pending, one starts running between the dry run and the confirmation.
+    web_outbox.dispatcher = RecordingDispatcher()  # the pushes stay pending
+    try:
+        rows = [jobs["receipt"].push({"order_id": 30 + i}) for i in range(3)]
+    finally:
+        web_outbox.dispatcher = None
+    preview = post(client, headers=OPS, fields={
+        "action": "cancel", "scope": "all", "step": "preview", "status": "pending"})
+    assert summary(preview.text) == "This will cancel 3 executions."
+    web_outbox.store.claim([rows[0]], "shop.receipt", "host:1:aa/claim", None,
+                           timedelta(minutes=5))
+    done = post(client, headers=OPS, fields=hidden(preview.text))
+    assert summary(done.text) == "Cancelled 2 executions."
+    assert web_outbox.admin.get_execution(rows[0]).status == "running"
+    # A retry the key holder stops: said so, not "carried out already".
+    failed = jobs["receipt"].push({"order_id": 40}, key="order-40")
+    assert web_outbox.admin.get_execution(failed).status == "failed"
+    preview = post(client, headers=OPS, fields=[
+        ("action", "retry"), ("scope", "ids"), ("step", "preview"), ("id", str(failed))])
+    assert summary(preview.text) == "This will retry 1 execution."
+    switch.broken = False
+    web_outbox.dispatcher = RecordingDispatcher()  # the key's new holder stays pending
+    try:
+        holder = jobs["receipt"].push({"order_id": 41}, key="order-40")
+    finally:
+        web_outbox.dispatcher = None
+    assert holder != failed
+    done = post(client, headers=OPS, fields=hidden(preview.text))
+    assert summary(done.text) == ("Nothing was retried: 1 an active execution of the job "
+                                  "holds its key.")
+
+
 def test_a_bulk_action_needs_an_operator_and_stays_in_the_tenant(
     client: TestClient, jobs: Jobs, web_outbox: Outbox
 ) -> None:
@@ -307,7 +354,8 @@ def test_a_bulk_action_is_bounded_and_says_so(
     left = [str(e.id) for e in web_outbox.admin.list_executions("shop.receipt")]
     assert api.json() == {"action": "delete", "dry_run": True, "matched": 2, "more": False,
                           "done": [], "skipped": [], "ineligible": 0,
-                          "searched_all": True, "ids": api.json()["ids"]}
+                          "searched_all": True, "ids": api.json()["ids"],
+                          "ineligible_more": False}
     assert sorted(api.json()["ids"]) == sorted(left)
 
 
