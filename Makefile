@@ -18,7 +18,7 @@ example: $(BIN)/.installed
 # Two pytest workers (pytest-xdist), each test file in one of them: the suite mostly waits on
 # processes and servers, so two halve its time on two cores.
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=20
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check celery_outbox tests example_project examples bench
