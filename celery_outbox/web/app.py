@@ -399,7 +399,8 @@ def too_many(request: Request, exc: TooManyAttempts) -> Response:
 def _error(request: Request, status: int, detail: str,
            errors: list[FieldError] | None = None) -> Response:
     if is_api(request) or request.method in UNSAFE:
-        body = ErrorOut(detail=detail, errors=errors or []).model_dump()
+        errors = [e.model_copy(update={"message": pages.cut(e.message)}) for e in errors or []]
+        body = ErrorOut(detail=pages.cut(detail), errors=errors).model_dump()
         return JSONResponse(body, status_code=status)
     return pages.error_page(request, status, detail)
 

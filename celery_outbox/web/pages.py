@@ -166,8 +166,21 @@ def safe_next(next_url: str, base: str) -> str:
     return base + "/"
 
 
+ERROR_TEXT_MAX = 1000
+"""The most characters of an error's text an answer carries: a message that quotes what was
+sent (a 200 KB status, say) is cut, never echoed whole."""
+
+
+def cut(text: str, limit: int = ERROR_TEXT_MAX) -> str:
+    """``text`` at most ``limit`` characters, its end replaced by a count of what was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters cut)"
+
+
 def error_page(request: Request, status: int, detail: str) -> Response:
-    return render(request, "error.html", status_code=status, status=status, detail=detail)
+    return render(request, "error.html", status_code=status, status=status,
+                  detail=cut(detail))
 
 
 def _board(request: Request) -> Dashboard:
@@ -216,7 +229,7 @@ def executions(request: Request) -> Response:
             raise  # an unknown job: 404, naming it
         return render(request, "executions.html", status_code=400, items=(), form=form,
                       next_url=None, jobs=jobs, statuses=[s.value for s in Status],
-                      search_error=" ".join(str(exc).split()), matching=0,
+                      search_error=cut(" ".join(str(exc).split())), matching=0,
                       bulk_max=BULK_MAX, scan_limit=None, searched_all=True)
     return render(request, "executions.html", items=items, form=form, next_url=next_url,
                   jobs=jobs, statuses=[s.value for s in Status], search_error="",

@@ -411,3 +411,16 @@ def test_an_oversized_body_is_refused_as_it_streams_not_read_whole(
                            headers={**bearer(), "Content-Type": "application/json",
                                     "Content-Length": str(5 << 20)})
     assert declared.status_code == 413 and "request body" in declared.json()["detail"]
+
+
+@sqlite_only
+def test_an_error_quotes_at_most_a_thousand_characters_of_what_was_sent(
+    client: TestClient, jobs: Jobs
+) -> None:
+    huge = "x" * 60_000
+    r = client.get("/api/v1/executions", params={"status": huge}, headers=bearer())
+    assert r.status_code == 422 and len(r.text) < 5_000, len(r.text)
+    page = client.get("/executions", params={"status": huge}, headers=bearer())
+    # The search form keeps what was typed, to correct it; the message quotes 1,000 of it.
+    assert page.status_code == 400 and "more characters cut" in page.text
+    assert page.text.count(huge) <= 1  # at most in the form, never in the message
