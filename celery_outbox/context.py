@@ -74,6 +74,11 @@ class JobContext(Generic[P]):
     """True when the handler itself called :meth:`cancel` (the first cancel wins)."""
     _cancel_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _completion: Completion | None = field(default=None, repr=False)
+    _block_cancel: bool | None = field(default=None, repr=False)
+    """Inside ``ctx.transaction()``: whether ``cancelled`` was set as the block began (None:
+    no block open)."""
+    _swallowed: str | None = field(default=None, repr=False)
+    """The runner's cancel that came while the handler's own was set (its reason)."""
 
     def transaction(self) -> AbstractContextManager[Session]:
         """``with ctx.transaction() as session:``: a SQLAlchemy ``Session`` on the outbox's
@@ -159,7 +164,31 @@ class JobContext(Generic[P]):
         cancelled by an admin, rescued, shutting down)."""
         with self._cancel_lock:
             if self.cancelled.is_set():
+                if self.cancelled_by_handler and not by_handler and self._swallowed is None:
+                    self._swallowed = reason  # comes back should the handler's be withdrawn
                 return
             self.cancel_reason = reason
             self.cancelled_by_handler = by_handler
             self.cancelled.set()
+
+    def _own_cancel_scope(self, open_: bool) -> None:
+        """A ``ctx.transaction()`` block begins (``open_``) or ends: a :meth:`cancel` called
+        inside it belongs to it (:meth:`_withdraw_own_cancel`)."""
+        with self._cancel_lock:
+            self._block_cancel = self.cancelled.is_set() if open_ else None
+
+    def _withdraw_own_cancel(self) -> None:
+        """The open block rolled back: the handler's :meth:`cancel` called inside it is
+        withdrawn (it dies with the block); a cancel of the runner's that came meanwhile
+        (an admin's, a shutdown) is set in its place."""
+        with self._cancel_lock:
+            if self._block_cancel is not False or not self.cancelled_by_handler \
+                    or not self.cancelled.is_set():
+                return
+            swallowed, self._swallowed = self._swallowed, None
+            self.cancelled_by_handler = False
+            if swallowed is not None:
+                self.cancel_reason = swallowed
+                return
+            self.cancel_reason = Stop.CANCELLED
+            self.cancelled.clear()

@@ -282,10 +282,7 @@ class Outbox:
         celery_signals.worker_ready.disconnect(self._check_loop_soon)
         self.drain.disconnect()
         self.runner.heartbeat.retire()  # a handler of this one running now keeps its lease
-        count_stats, last_stats = self._stats_receivers
-        celery_signals.worker_init.disconnect(count_stats)
-        celery_signals.worker_process_shutdown.disconnect(last_stats)
-        celery_signals.worker_shutdown.disconnect(last_stats)
+        celery_signals.worker_init.disconnect(self._stats_receiver)
         if self.runner.rollup is not None:
             self.runner.rollup.close()
         self.inline_dispatcher.cancel()  # its eager timers: the successor's sweep runs those
@@ -306,20 +303,16 @@ class Outbox:
         self._after_fork = after_fork
         celery_signals.worker_ready.connect(self._check_loop_soon, weak=False)
         # The dashboard's stats: counted once a worker starts (a prefork child inherits it),
-        # what is left written as a process of the worker ends.
+        # what is left written as a process of the worker ends, by its drain's last step
+        # (after the hand-back: Drain._on_process_shutdown).
         rollup = self.runner.rollup
         assert rollup is not None
 
         def count_stats(**_: Any) -> None:
             rollup.enable()
 
-        def last_stats(**_: Any) -> None:
-            rollup.close()
-
         celery_signals.worker_init.connect(count_stats, weak=False)
-        celery_signals.worker_process_shutdown.connect(last_stats, weak=False)
-        celery_signals.worker_shutdown.connect(last_stats, weak=False)
-        self._stats_receivers = (count_stats, last_stats)
+        self._stats_receiver = count_stats
         # A gevent worker whose broker is down must not stand still between reconnect tries
         # (its heartbeat with it): see shutdown.cooperative_broker_waits.
         cooperative_broker_waits()

@@ -4,12 +4,14 @@ in the background.
 Each outcome a worker process writes is counted in memory (:meth:`Rollup.record`: a lock, a
 dict entry, two bucket look-ups; never a statement) per (minute, job, tenant): the outcome,
 and the wait (due -> start) and run (start -> outcome) times in the log-scale buckets of
-:data:`~celery_outbox.models.STATS_BUCKETS`. A thread of the process writes the minutes that
-changed every :data:`FLUSH_INTERVAL` (``ExecutionStore.write_stats``: one upsert per (minute,
-job, tenant) and per (minute, job) and (minute, tenant) summed, all in one statement) as
-absolute values to rows keyed by this process's
-``worker`` (``host:pid:nonce``): no other process writes them, so workers never contend, a
-failed write is simply written again at the next flush, and readers sum over workers.
+:data:`~celery_outbox.models.STATS_BUCKETS`. A thread of the process writes what was counted
+since its last write every :data:`FLUSH_INTERVAL` (``ExecutionStore.add_stats``: one
+additive upsert per (minute, job, tenant) and per (minute, job) and (minute, tenant)
+summed, all in one statement), added to rows keyed by this process's ``worker``
+(``host:pid:nonce``): no other process writes them, so workers never contend, and readers
+sum over workers. What is written is let go from memory: a late outcome of a minute
+written before adds to its row (never replaces it). A write that fails puts its counts back,
+written at the next flush. Flushes never overlap (the thread's, the last one at exit).
 
 A rollup counts only once enabled (:meth:`Rollup.enable`: the Outbox enables its own when a
 Celery worker starts), so an application that only pushes, or runs eagerly, keeps nothing.
@@ -33,10 +35,7 @@ from celery_outbox.models import STATS_ALL, STATS_BUCKETS, STATS_OUTCOMES
 log = guarded(logging.getLogger(__name__))
 
 FLUSH_INTERVAL = timedelta(seconds=5)
-"""How often a worker process writes the minutes whose counts changed."""
-KEEP_MINUTES = 2
-"""Minutes kept in memory once written (a late outcome of the previous minute still counts
-into the row written before)."""
+"""How often a worker process writes what it counted since its last write."""
 KEEP_UNWRITTEN = 60
 """Minutes kept in memory while the writes fail (the database down, or not migrated to the
 stats table yet): older counts are dropped."""
@@ -51,9 +50,9 @@ _COLUMNS = (*STATS_OUTCOMES, *(f"wait_{i}" for i in range(_BUCKETS)),
 
 
 class StatsWriter(Protocol):
-    """What a rollup writes through (``ExecutionStore.write_stats``)."""
+    """What a rollup writes through (``ExecutionStore.add_stats``)."""
 
-    def write_stats(self, found: Sequence[Mapping[str, Any]]) -> None: ...
+    def add_stats(self, found: Sequence[Mapping[str, Any]]) -> None: ...
 
 
 def bucket(seconds: float) -> int:
@@ -108,8 +107,9 @@ class Rollup:
     def _reset(self) -> None:
         """Start afresh (made, or in a forked child): no counts, no thread, a new lock."""
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()
         self._counts: dict[tuple[int, str, str], list[int]] = {}
-        self._dirty: set[tuple[int, str, str]] = set()
+        """Counted since the last write (what the next flush adds)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -144,7 +144,6 @@ class Rollup:
                 counts[run] += 1
             if wait >= 0:
                 counts[wait] += 1
-            self._dirty.add(key)
 
     def _start(self) -> None:
         """Start the flushing thread (caller holds the lock)."""
@@ -170,51 +169,54 @@ class Rollup:
                 failing = False
 
     def flush(self) -> int:
-        """Write every minute whose counts changed since the last write (absolute values, one
-        statement): its (job, tenant) rows that changed, and its sums per job, per tenant
-        and of all (``*``); the rows written. A write that raises leaves them to write again,
-        and raises (:class:`~celery_outbox.errors.StorageError`)."""
-        with self._lock:
-            keys = list(self._dirty)
-            self._dirty.clear()
-            minutes = {k[0] for k in keys}
+        """Add what was counted since the last write to the rows (one statement): each
+        (job, tenant) row counted, and its minute's sums per job, per tenant and of all
+        (``*``); the rows written. One flush at a time (a second waits for the first). A
+        write that raises puts its counts back, to add at the next flush, and raises
+        (:class:`~celery_outbox.errors.StorageError`)."""
+        with self._flushing:
+            with self._lock:
+                taken, self._counts = self._counts, {}
+            if not taken:
+                return 0
             sums: dict[tuple[int, str, str], list[int]] = {}
-            for (minute, job, org), counts in self._counts.items():
-                if minute not in minutes:
-                    continue
+            for (minute, job, org), counts in taken.items():
                 for key in {(minute, job, STATS_ALL), (minute, STATS_ALL, org),
                             (minute, STATS_ALL, STATS_ALL)}:
                     total = sums.setdefault(key, [0] * _WIDTH)
                     for i, n in enumerate(counts):
                         total[i] += n
+            worker = self.worker()
             found = [dict(zip(_COLUMNS, values, strict=True)) | {
-                "minute": k[0], "job_name": k[1], "organization_id": k[2]}
-                for k, values in [*((k, self._counts[k]) for k in keys), *sums.items()]]
-        if not found:
-            return 0
-        worker = self.worker()
-        for row in found:
-            row["worker"] = worker
-        try:
-            self.store.write_stats(found)
-        except BaseException:
-            with self._lock:
-                self._dirty.update(k for k in keys if k in self._counts)
-                newest = max(k[0] for k in self._counts)
-                for k in [k for k in self._counts if k[0] < newest - KEEP_UNWRITTEN]:
-                    del self._counts[k]  # never written: memory stays bounded
-                    self._dirty.discard(k)
-            raise
+                "minute": k[0], "job_name": k[1], "organization_id": k[2], "worker": worker}
+                for k, values in [*taken.items(), *sums.items()]]
+            try:
+                self.store.add_stats(found)
+            except BaseException:
+                self._put_back(taken)
+                raise
+            return len(found)
+
+    def _put_back(self, taken: dict[tuple[int, str, str], list[int]]) -> None:
+        """Counts a write did not add: back into memory, with those counted meanwhile; the
+        minutes older than :data:`KEEP_UNWRITTEN` before the newest are dropped (memory
+        stays bounded while the writes fail)."""
         with self._lock:
+            for key, counts in taken.items():
+                mine = self._counts.get(key)
+                if mine is None:
+                    self._counts[key] = counts
+                else:
+                    for i, n in enumerate(counts):
+                        mine[i] += n
             newest = max(k[0] for k in self._counts)
-            for k in [k for k in self._counts
-                      if k[0] < newest - KEEP_MINUTES and k not in self._dirty]:
-                del self._counts[k]
-        return len(found)
+            for k in [k for k in self._counts if k[0] < newest - KEEP_UNWRITTEN]:
+                del self._counts[k]  # never written
 
     def close(self) -> None:
-        """Write what is left once (a failure logged), then stop the thread: the process
-        ends, or its Outbox was replaced."""
+        """Stop the thread and write what is left once (a failure logged): the process
+        ends (after its drain handed back and wrote what it held), or its Outbox was
+        replaced. Waits for a flush under way."""
         self._stop.set()
         try:
             self.flush()

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
@@ -129,6 +130,9 @@ class _Decided:
     written: bool = False
     """Its outcome is already committed, in the handler's own ``ctx.transaction()``: the
     runner follows it up (counts, signals, a retry's dispatch) and writes nothing."""
+    told: Callable[[], None] | None = None
+    """Its ``job_success`` / ``job_error``, held until the handler's ``ctx.transaction()``
+    committed it (sent once, then; never for an outcome that did not commit)."""
 
 
 @dataclass
@@ -540,16 +544,25 @@ class Joinable(Protocol):
 
 
 class _Transactional:
-    """One attempt's ``ctx.transaction()``: a Session on the store's engine whose commit
-    also settles the attempt. At the block's normal exit the outcome (succeeded, or what
-    ``ctx.fail`` / ``ctx.retry`` / ``ctx.cancel`` asked for in the block) is decided as the
-    runner decides any (:meth:`Runner._on_success`, ...), written by the same fenced
-    statement in that transaction (``finish_in``), then committed; a miss rolls back and
-    raises :class:`FencedOut` with why. :attr:`settled` is then the decided outcome, written:
-    the runner follows it up and writes nothing.
+    """One attempt's ``ctx.transaction()``: a Session whose transaction the block owns and
+    whose commit also settles the attempt. At the block's normal exit the outcome
+    (succeeded, or what ``ctx.fail`` / ``ctx.retry`` / ``ctx.cancel`` asked for in the
+    block) is decided as the runner decides any (:meth:`Runner._on_success`, ...), written by
+    the same fenced statement in that transaction (``finish_in``), then committed; a miss
+    rolls back and raises :class:`FencedOut` with why. :attr:`settled` is then the decided
+    outcome, written: the runner follows it up and writes nothing.
 
-    Never on the direct path's held autocommit connections: the Session checks a connection
-    out of the engine's pool. The outcome's statement locks the row last, just before the
+    The block owns the transaction's end: the Session is bound to a Connection whose
+    transaction the block began (``join_transaction_mode="rollback_only"``), so the
+    handler's ``session.commit()`` or ``with session.begin():`` only flushes, and a
+    ``session.rollback()`` rolls back and the block begins again at once: nothing of the
+    handler's commits before the outcome's fenced write, whatever the handler calls. An
+    outcome asked inside the block (``ctx.fail`` / ``ctx.retry`` / ``ctx.cancel``) lives
+    and dies with it: a block that rolls back forgets it. The signals of the outcome
+    (``job_success`` / ``job_error``) are sent once, after the commit.
+
+    Never on the direct path's held autocommit connections: the Connection is checked out
+    of the engine's pool. The outcome's statement locks the row last, just before the
     commit: the heartbeat's batch skips it (``SKIP LOCKED``) and its one-row renewal waits
     for the commit, holding no other row, so the two cannot deadlock; on SQLite the other
     writers wait for the commit within the engine's busy timeout."""
@@ -583,23 +596,49 @@ class _Transactional:
                 field="transaction")
         joinable = self.runner.joinable
         assert joinable is not None
-        from sqlalchemy.orm import Session  # only here: a worker imports no ORM otherwise
+        from sqlalchemy import event  # only here: a worker imports no ORM otherwise
+        from sqlalchemy.orm import Session
 
-        session = Session(bind=joinable.engine)
-        self.open = True
+        conn = joinable.engine.connect()
         try:
-            try:
-                yield session
-            finally:
-                self.open = False
-            self._commit(joinable, session)
-        except BaseException:
-            session.rollback()
-            raise
-        finally:
-            session.close()
+            conn.begin()
+            session = Session(bind=conn, join_transaction_mode="rollback_only")
 
-    def _commit(self, joinable: Joinable, session: Session) -> None:
+            def begin_again(_: Session) -> None:
+                # The handler rolled back: the block's transaction begins again, so its
+                # next writes join it (rollback_only) instead of one the Session would own.
+                if self.open and not conn.in_transaction():
+                    conn.begin()
+
+            event.listen(session, "after_rollback", begin_again)
+            self.asked = None  # an earlier block's (rolled back) is gone with it
+            self.ctx._own_cancel_scope(True)
+            self.open = True
+            try:
+                try:
+                    yield session
+                finally:
+                    self.open = False
+                self._commit(joinable, session, conn)
+            except BaseException:
+                self._forget_asked()
+                session.rollback()
+                if conn.in_transaction():
+                    conn.rollback()
+                raise
+            finally:
+                self.ctx._own_cancel_scope(False)
+                session.close()
+        finally:
+            conn.close()
+
+    def _forget_asked(self) -> None:
+        """The block rolled back: what it asked for dies with it (``ctx.fail`` /
+        ``ctx.retry`` and a ``ctx.cancel`` called inside it)."""
+        self.asked = None
+        self.ctx._withdraw_own_cancel()
+
+    def _commit(self, joinable: Joinable, session: Session, conn: Any) -> None:
         ctx, fence = self.ctx, self.fence
         decided = self._decide()
         assert decided.outcome is not None
@@ -608,28 +647,35 @@ class _Transactional:
         if missed is not None:
             reason = Stop.CANCELLED if missed == Status.CANCELLED.value else Stop.LEASE_LOST
             session.rollback()
+            self._forget_asked()
             ctx._interrupt(reason)
             log.warning("celery_outbox: %s %s: the outcome of attempt %d in its handler's "
                         "transaction found the row no longer this attempt's (%s); rolled "
                         "back", self.spec.name, self.row.id, fence.attempt, reason,
                         extra=of_row(self.row))
             raise FencedOut(self.row.id, reason.value)
-        session.commit()
+        session.commit()  # rollback_only: the handler's flushed, the block's still open
+        if conn.in_transaction():  # else the Session's own, begun after a rollback: done
+            conn.commit()
         decided.written = True
         decided.ended = now
         self.settled = decided
+        told, decided.told = decided.told, None
+        if told is not None:
+            told()  # once, the outcome committed
 
     def _decide(self) -> _Decided:
-        """The outcome the block asked for, decided as the runner decides any."""
+        """The outcome the block asked for, decided as the runner decides any (its signals
+        held in :attr:`_Decided.told` until the commit)."""
         runner, spec, row, ctx, fence = self.runner, self.spec, self.row, self.ctx, self.fence
         logs = self.capture.entries()
         if _cancelled_by_handler(ctx):
-            return runner._on_cancel(spec, row, ctx, fence, None, logs, self.began)
+            return runner._on_cancel(spec, row, ctx, fence, None, logs, self.began, held=True)
         if self.asked is None:
-            return runner._on_success(spec, row, ctx, fence, self.began, logs)
+            return runner._on_success(spec, row, ctx, fence, self.began, logs, held=True)
         kind, detail = self.asked
         exc: Exception = DoNotRetry(detail) if kind == "fail" else RetryLater(*detail)
-        return runner._on_error(spec, row, ctx, fence, exc, logs, self.began)
+        return runner._on_error(spec, row, ctx, fence, exc, logs, self.began, held=True)
 
 
 def _own_queue(spec: JobSpec) -> str | None:
@@ -1107,6 +1153,14 @@ class Runner:
         except BaseException as exc:
             if processing is not None:
                 processing.close(exc)
+            settled = _settled(ctx)
+            if settled is not None:
+                # Its handler's transaction committed the outcome, then the handler was
+                # interrupted: the outcome's follow-ups (a retry's dispatch, the counts,
+                # job_end) run all the same, by _leave, as the exception goes on.
+                settled.began = began
+                self.inflight.decided(fence)
+                claim.held.append(settled)
             raise
         decided.ended = self.clock()
         decided.began = began
@@ -1146,8 +1200,9 @@ class Runner:
                                  "(it may call asyncio.run(...))")
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                self.inflight.remove([fence])  # no outcome decided: run() leaves (_leave)
-                raise
+                if tx is None or tx.settled is None:
+                    self.inflight.remove([fence])  # no outcome decided: run() leaves (_leave)
+                raise  # else _isolated holds the committed outcome, followed up by _leave
             if tx is not None and tx.settled is not None:
                 log.warning("celery_outbox: %s %s raised after its ctx.transaction() committed "
                             "its outcome; the outcome stands: %s", spec.name, row.id,
@@ -1172,8 +1227,16 @@ class Runner:
             sealed = True
             try:
                 payload = self.keyring.decrypt(payload)
-            except PayloadUndecryptable as exc:  # no retry can find the key
-                raise DoNotRetry(f"cannot decrypt the payload: {exc}") from None
+            except PayloadUndecryptable as exc:
+                # Most likely this worker lacks the newest key (keys roll to workers first,
+                # but one rolled out late): retried with the policy's backoff, whatever its
+                # `when`, so a worker holding the key runs it; failed once attempts run out.
+                log.warning("celery_outbox: %s %s: this worker cannot decrypt the payload "
+                            "(%s); retrying: roll the newest encryption key out to every "
+                            "worker before the pushers use it", spec.name, row.id, exc,
+                            extra=of_row(row))
+                raise RetryLater(spec.retry.delay(row.attempt),
+                                 f"cannot decrypt the payload: {exc}") from None
         try:
             return spec.schema.model_validate(payload)
         except ValidationError as exc:
@@ -1188,31 +1251,39 @@ class Runner:
 
     def _on_success(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, began: datetime,
-        logs: list[dict[str, Any]],
+        logs: list[dict[str, Any]], *, held: bool = False,
     ) -> _Decided:
+        """``held``: the outcome commits in the handler's transaction; its signal is kept in
+        :attr:`_Decided.told` for then."""
+        decided = _Decided(fence, row, ctx, Succeeded(self._plan(spec).keep_succeeded, logs))
         if signals.job_success.receivers:
-            signals.job_success.send(sender=spec.name, execution_id=row.id,
-                                     attempt=row.attempt, duration=self.clock() - began)
-        return _Decided(fence, row, ctx, Succeeded(self._plan(spec).keep_succeeded, logs))
+            told = partial(signals.job_success.send, sender=spec.name, execution_id=row.id,
+                           attempt=row.attempt, duration=self.clock() - began)
+            _tell(decided, told, held)
+        return decided
 
     def _on_cancel(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
-        exc: Exception | None, logs: list[dict[str, Any]], began: datetime,
+        exc: Exception | None, logs: list[dict[str, Any]], began: datetime, *,
+        held: bool = False,
     ) -> _Decided:
         """The handler called ``ctx.cancel(reason)``, then returned or raised: running ->
         cancelled (``cancelled_by = "handler"``, ``cancelled_by_name = reason``); when the
-        write misses, an admin cancelled it first, or it was rescued."""
+        write misses, an admin cancelled it first, or it was rescued. ``held``: as for
+        :meth:`_on_success`."""
         reason = ctx.cancel_reason
         error = exc if exc is not None else ExecutionCancelled(row.id, reason)
-        signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
-                               exception=error, will_retry=False)
+        told = partial(signals.job_error.send, sender=spec.name, execution_id=row.id,
+                       attempt=row.attempt, exception=error, will_retry=False)
 
         def cancelled() -> None:
             log.info("celery_outbox: %s %s cancelled by its handler on attempt %d: %s",
                      spec.name, row.id, row.attempt, reason, extra=of_row(row))
             signals.job_cancel.send(sender=spec.name, execution_id=row.id, cancelled_by=HANDLER)
 
-        return _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), cancelled)
+        decided = _Decided(fence, row, ctx, Cancelled(HANDLER, reason, logs), cancelled)
+        _tell(decided, told, held)
+        return decided
 
     def _on_snooze(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Snooze,
@@ -1264,8 +1335,9 @@ class Runner:
 
     def _on_error(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence, exc: Exception,
-        logs: list[dict[str, Any]], began: datetime,
+        logs: list[dict[str, Any]], began: datetime, *, held: bool = False,
     ) -> _Decided:
+        """``held``: as for :meth:`_on_success`."""
         if isinstance(exc, ExecutionCancelled) and exc.reason != TIMED_OUT \
                 and ctx.cancelled.is_set() and ctx.cancel_reason != TIMED_OUT:
             # Cancelled by an admin (the row is already cancelled) or handed back at shutdown:
@@ -1279,16 +1351,18 @@ class Runner:
         delay, refused = self._retry_delay(spec, row, exc)
         if refused:
             error = f"{error}\n\nnot retried: {refused}"
-        signals.job_error.send(sender=spec.name, execution_id=row.id, attempt=row.attempt,
-                               exception=exc, will_retry=delay is not None)
+        told = partial(signals.job_error.send, sender=spec.name, execution_id=row.id,
+                       attempt=row.attempt, exception=exc, will_retry=delay is not None)
         if delay is None:
             # The final failure: no attempt left, or not retried. ERROR, so alerting on the
             # worker's log sees it; a failed attempt that will retry stays at INFO.
             log.error("celery_outbox: %s %s failed on attempt %d/%d; no retry: %s",
                       spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0],
                       extra=of_row(row))
-            return _Decided(fence, row, ctx, Failed(error, logs,
-                                                    keep=self._plan(spec).keep_failed))
+            decided = _Decided(fence, row, ctx, Failed(error, logs,
+                                                       keep=self._plan(spec).keep_failed))
+            _tell(decided, told, held)
+            return decided
         run_at = now + delay  # bounded: _retry_delay checked it
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s attempt %d/%d failed, retry in %.1fs: %s", spec.name,
@@ -1302,9 +1376,11 @@ class Runner:
 
         # Eager mode's inline dispatcher holds any eta (its timer runs the retry when due,
         # as no sweep may run): a retry beyond max_eta goes to it too.
-        held = soon or isinstance(self.dispatcher(), InlineDispatcher)
-        return _Decided(fence, row, ctx, Retrying(run_at, error, logs, dispatched=soon),
-                        dispatch if held else None)
+        inline = soon or isinstance(self.dispatcher(), InlineDispatcher)
+        decided = _Decided(fence, row, ctx, Retrying(run_at, error, logs, dispatched=soon),
+                           dispatch if inline else None)
+        _tell(decided, told, held)
+        return decided
 
     def _retry_delay(
         self, spec: JobSpec, row: Claimed, exc: Exception
@@ -1343,6 +1419,21 @@ class Runner:
         """Set ``cancelled`` on a handler of this process at once (an admin cancel, a
         shutdown: never counted as the handler's own cancel). True if it was running here."""
         return self.inflight.cancel(execution_id, reason)
+
+
+def _settled(ctx: JobContext[Any]) -> _Decided | None:
+    """The outcome ``ctx``'s ``ctx.transaction()`` committed, if any."""
+    tx = ctx._completion
+    return tx.settled if isinstance(tx, _Transactional) else None
+
+
+def _tell(decided: _Decided, told: Callable[[], None], held: bool) -> None:
+    """Send an outcome's ``job_success`` / ``job_error`` now, or, ``held``, keep it in
+    ``decided`` for its handler's transaction to send once committed."""
+    if held:
+        decided.told = told
+    else:
+        told()
 
 
 def _outcome_name(decided: _Decided) -> str:

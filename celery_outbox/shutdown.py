@@ -115,11 +115,14 @@ class Drain:
 
     def _on_process_shutdown(self, **_: Any) -> None:
         """This process ends: let its drain finish, hand back what a thread is still trying
-        to (it dies with the process), stop the heartbeat, flush the publisher."""
+        to (it dies with the process), stop the heartbeat, flush the publisher, then write
+        the stats last (the outcomes written above counted in)."""
         self.wait(self.timeout + PUBLISH_WAIT)
         self.runner.hand_back_pending()
         self.runner.heartbeat.stop()
         flush_publisher(self.runner.dispatcher())
+        if self.runner.rollup is not None:
+            self.runner.rollup.close()
 
     # -- the drain --------------------------------------------------------------------------
 

@@ -70,6 +70,33 @@ def write_stats(stats: Table, dialect: str, found: Sequence[dict[str, Any]]) -> 
     return execute("write_stats", _write(stats, dialect), params)
 
 
+ADDED = (*STATS_OUTCOMES, *WAITS, *RUNS)
+"""The columns a worker's rollup adds to (:func:`add_stats`)."""
+
+
+@cache
+def _add(stats: Table, dialect: str) -> Any:
+    insert = upsert(stats, dialect)
+    values: dict[str, Any] = {c: bindparam(f"s_{c}", type_=stats.c[c].type)
+                              for c in (*KEYS, *ADDED)}
+    values["updated_at"] = db_now(dialect)
+    statement = insert.values(**values)
+    set_: dict[str, Any] = {c: stats.c[c] + getattr(statement.excluded, c) for c in ADDED}
+    set_["updated_at"] = statement.excluded.updated_at
+    return statement.on_conflict_do_update(index_elements=[stats.c[k] for k in KEYS],
+                                           set_=set_)
+
+
+@named("stats: add counts to rows of <table>_stats (a worker's rollup; an upsert each)")
+def add_stats(stats: Table, dialect: str, found: Sequence[dict[str, Any]]) -> Query[None]:
+    """``found``: one mapping per row, every key of :data:`KEYS` and the counts of
+    :data:`ADDED` (a missing count is 0) counted since the last write; each is added to the
+    row's (a new row starts at them); ``updated_at`` is the database's time. A late count of
+    a minute written before adds to it, never replaces it."""
+    params = [{f"s_{c}": row.get(c, 0) for c in (*KEYS, *ADDED)} for row in found]
+    return execute("add_stats", _add(stats, dialect), params)
+
+
 @cache
 def _backlog(t: Table, dialect: str) -> Any:
     where = [one_of(t, ACTIVE)]

@@ -23,7 +23,8 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``cron``: advance_tick, last_tick
 - ``loop``: record_run, record_failure, loop_runs (when the sweep and the trim last ran)
 - ``sessions``: revoke_session, session_revoked (the dashboard's sessions ended early)
-- ``stats``: write_stats, snapshot_backlog, trim_stats and the charts' reads (``<table>_stats``)
+- ``stats``: write_stats, add_stats, snapshot_backlog, trim_stats and the charts' reads
+  (``<table>_stats``)
 - ``pauses``: pause, resume, pauses, pause_of (the jobs and queues paused; Pause)
 - ``admin``: cancel, get, status_of, job_stats, status_summary, list_executions
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,

@@ -37,6 +37,15 @@ class StatsStore(StoreBase):
             self.executor.run(q.write_stats(self.tables.stats, self.dialect,
                                             [dict(r) for r in found]))
 
+    def add_stats(self, found: Sequence[Mapping[str, Any]]) -> None:
+        """stats rows -> their counts added to the rows' (a worker's rollup: the counts
+        since its last write; one upsert each, in one statement): each mapping as for
+        :meth:`write_stats`, the outcome and histogram counts only. Nothing is sent for no
+        rows. Raises :class:`StorageError`."""
+        if found:
+            self.executor.run(q.add_stats(self.tables.stats, self.dialect,
+                                          [dict(r) for r in found]))
+
     def snapshot_backlog(self, now: datetime) -> int:
         """stats backlog -> this minute's (``now``, aware) counts of active rows written as
         the sweep's rows (``worker = ''``): per (job, tenant) with active rows, per job and

@@ -4,7 +4,8 @@ The payload column (read with plain SQL) holds an envelope and no plaintext, wha
 push path (push, push_many, apush, trigger, eager mode, the admin's retry); the worker
 decrypts before the job's schema validates; a rotation to ``[B, A]`` keeps rows of ``A``
 readable and ``rotate_keys`` moves them to ``B`` (then ``[B]`` alone opens them, a second run
-rewrites nothing); a wrong key fails the execution at once with a clear error; no key refuses
+rewrites nothing); a worker without the key retries with backoff (a worker with it runs the row), a
+payload no key opens fails once its attempts are spent, with a clear error; no key refuses
 the push before anything is written; the admin's and the dashboard's reads show
 ``"encrypted"`` unless asked to decrypt; ``celery_outbox.testing`` compares decrypted.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -20,7 +22,14 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import func, select, text
 
-from celery_outbox import JobContext, JobRegistry, Outbox, OutboxJob, outbox_job
+from celery_outbox import (
+    JobContext,
+    JobRegistry,
+    Outbox,
+    OutboxJob,
+    RetryPolicy,
+    outbox_job,
+)
 from celery_outbox.admin.keys import rotate_keys
 from celery_outbox.dashboard import Dashboard
 from celery_outbox.encryption import ENV_VAR, MASK, generate_key
@@ -167,24 +176,59 @@ def test_rotation_keeps_old_rows_readable_and_rotate_keys_moves_them_to_the_new_
     assert sorted(p.holder for p in seen) == sorted(f"Ada {n}" for n in (0, 1, 2, 3, 4, 7))
 
 
-def test_an_unknown_key_fails_the_execution_at_once_with_a_clear_error(
-    db_url: str, registry: JobRegistry, charge: OutboxJob[Card], seen: list[Any],
+def test_a_worker_without_the_newest_key_retries_and_a_worker_with_it_runs_it(
+    db_url: str, registry: JobRegistry, seen: list[Any],
     recording: RecordingDispatcher, make_outbox: MakeOutbox,
 ) -> None:
+    """Keys roll to workers first: a worker rolled out late (the pushers already encrypt
+    with the newest key it lacks) retries the execution with the policy's backoff, the
+    work kept, and a worker holding the key runs it."""
+    @outbox_job(schema=Card, name="pay.late", encrypted=True, registry=registry,
+                retry=RetryPolicy(retries=2, backoff=timedelta(0), jitter=False))
+    def late(ctx: JobContext[Card]) -> None:
+        seen.append(ctx.payload)
+
+    pusher = make_outbox(db_url, registry, recording, encryption_keys=[KEY_B, KEY_A])
+    execution_id = late.push(card())
+    behind = make_outbox(db_url, registry, recording, encryption_keys=[KEY_A],
+                         table_name=pusher.config.table_name)
+    result = behind.run_now(late.name, [execution_id])
+    assert (result.claimed, result.retried, result.failed) == (1, 1, 0)
+    assert seen == []
+    detail = behind.admin.get_execution(execution_id)
+    assert detail.status == "scheduled" and detail.attempt == 1
+    assert detail.error is not None and "cannot decrypt the payload" in detail.error
+    assert SECRET not in detail.error
+    # rotate-keys with the late worker's keys reports it and leaves it
+    done = rotate_keys(behind.store, registry, behind.keyring)
+    assert (done.undecryptable, done.rotated) == (1, 0)
+    rolled = make_outbox(db_url, registry, recording, encryption_keys=[KEY_B, KEY_A],
+                         table_name=pusher.config.table_name)
+    assert rolled.run_now(late.name, [execution_id]).succeeded == 1
+    assert [p.number for p in seen] == [SECRET]
+
+
+def test_a_payload_no_key_opens_fails_once_its_attempts_are_spent(
+    db_url: str, registry: JobRegistry, seen: list[Any],
+    recording: RecordingDispatcher, make_outbox: MakeOutbox,
+) -> None:
+    @outbox_job(schema=Card, name="pay.lost", encrypted=True, registry=registry,
+                retry=RetryPolicy(retries=1, backoff=timedelta(0), jitter=False))
+    def lost(ctx: JobContext[Card]) -> None:
+        seen.append(ctx.payload)
+
     box = make_outbox(db_url, registry, recording, encryption_keys=[KEY_A])
-    execution_id = charge.push(card())
+    execution_id = lost.push(card())
     other = make_outbox(db_url, registry, recording, encryption_keys=[KEY_B],
                         table_name=box.config.table_name)
-    result = other.run_now(charge.name, [execution_id])
+    assert other.run_now(lost.name, [execution_id]).retried == 1
+    result = other.run_now(lost.name, [execution_id])
     assert (result.claimed, result.failed) == (1, 1)
     assert seen == []
     detail = other.admin.get_execution(execution_id)
-    assert detail.status == "failed"
+    assert detail.status == "failed" and detail.attempt == 2
     assert detail.traceback is not None and "cannot decrypt the payload" in detail.traceback
     assert SECRET not in detail.traceback
-    # rotate-keys reports it and leaves it
-    done = rotate_keys(other.store, registry, other.keyring)
-    assert (done.undecryptable, done.rotated) == (1, 0)
 
 
 def test_reads_show_encrypted_unless_asked_and_the_retry_stays_encrypted(

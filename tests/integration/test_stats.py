@@ -1,14 +1,19 @@
 """The dashboard's stats table on SQLite and PostgreSQL: two workers' rollups flushing sum
-up, a flush writes absolute values (written again, nothing doubles), the runner counts what
-it writes, the sweep counts the backlog, the trim deletes old minutes, every read is scoped
-to a tenant, and the workers view finds a running execution's holder."""
+up, a flush adds what was counted since the last (a late outcome of a minute written before
+adds to it; two flushes never overlap; the last stats are written after the drain's hand-back),
+the runner counts what it writes, the sweep counts the backlog, the trim deletes old
+minutes, every read is scoped to a tenant, and the workers view finds a running execution's
+holder."""
 
 from __future__ import annotations
 
+import os
+import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from celery import signals as celery_signals
 
 from celery_outbox import Outbox, OutboxJob
 from celery_outbox.admin.stats import StatsReader, percentile
@@ -30,7 +35,7 @@ def rollup(outbox: Outbox, worker: str) -> Rollup:
     return found
 
 
-def test_two_workers_sum_and_a_flush_writes_absolute_values(outbox: Outbox) -> None:
+def test_two_workers_sum_and_a_flush_adds_what_was_counted_since(outbox: Outbox) -> None:
     at = now()
     a, b = rollup(outbox, "host-a:1:aa"), rollup(outbox, "host-b:2:bb")
     for _ in range(3):
@@ -43,8 +48,8 @@ def test_two_workers_sum_and_a_flush_writes_absolute_values(outbox: Outbox) -> N
     # (job, tenant) rows, and the sums per job, per tenant and of all
     assert (a.flush(), b.flush()) == (2 + 4, 1 + 3)
     a.record("shop.receipt", None, "succeeded", at, at, at)
-    assert a.flush() == 1 + 4  # the row that changed, its minute's sums as they stand now
-    assert a.flush() == 0  # nothing changed since
+    assert a.flush() == 1 + 3  # the count since, added to its row and to its sums
+    assert a.flush() == 0  # nothing counted since
 
     reader = StatsReader(outbox.store)
     charts = reader.charts("15m", None, None, at)
@@ -152,3 +157,101 @@ def test_a_failed_flush_is_written_at_the_next(outbox: Outbox) -> None:
     assert a.flush() == 1 + 3  # the row, its sums per job, per tenant and of all
     totals = StatsReader(outbox.store).charts("15m", None, None, at).totals
     assert (totals["succeeded"], totals["failed"]) == (1, 1)
+
+
+def test_a_late_outcome_of_a_minute_written_and_let_go_adds_to_its_row(outbox: Outbox) -> None:
+    """Minutes written are let go from memory; an outcome of such a minute counted later
+    (a retry thread's write, a slow handler's) adds to the row written, never replaces it."""
+    at = now() - timedelta(minutes=10)
+    a = rollup(outbox, "host-a:1:aa")
+    for _ in range(3):
+        a.record("shop.receipt", None, "succeeded", at, at, at)
+    assert a.flush() > 0
+    later = at + timedelta(minutes=5)  # newer minutes: the first one is let go
+    a.record("shop.receipt", None, "succeeded", later, later, later)
+    assert a.flush() > 0
+    a.record("shop.receipt", None, "failed", at, at, at)  # late, for the first minute
+    a.record("shop.receipt", None, "succeeded", at, at, at)
+    assert a.flush() > 0
+    reader = StatsReader(outbox.store)
+    totals = reader.charts("1h", None, None, now()).totals
+    assert (totals["succeeded"], totals["failed"]) == (5, 1)
+    assert reader.charts("1h", "shop.receipt", None, now()).totals["succeeded"] == 5
+
+
+class _Gated:
+    """The store, its stats writes held at a gate: how many are inside at once."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.inside = 0
+        self.most = 0
+        self.entered = threading.Event()
+        self.second = threading.Event()
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+
+    def _through(self, name: str, found: Any) -> None:
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            (self.second if self.entered.is_set() else self.entered).set()
+        try:
+            self.gate.wait(30)
+            getattr(self.store, name)(found)
+        finally:
+            with self.lock:
+                self.inside -= 1
+
+    def write_stats(self, found: Any) -> None:
+        self._through("write_stats", found)
+
+    def add_stats(self, found: Any) -> None:
+        self._through("add_stats", found)
+
+
+def test_two_flushes_never_overlap(outbox: Outbox) -> None:
+    at = now()
+    gated = _Gated(outbox.store)
+    a = Rollup(gated, lambda: "host-a:1:aa")
+    a.enable()
+    a._thread = object()  # type: ignore[assignment]  # flushed by the test
+    a.record("shop.receipt", None, "succeeded", at, at, at)
+    first = threading.Thread(target=a.flush)
+    first.start()
+    try:
+        assert gated.entered.wait(10)
+        a.record("shop.receipt", None, "failed", at, at, at)
+        second = threading.Thread(target=a.close)  # the process ends meanwhile
+        second.start()
+        # The second flush must wait for the first (a bounded look: it never enters).
+        assert not gated.second.wait(0.5)
+    finally:
+        gated.gate.set()
+        first.join(10)
+    second.join(10)
+    assert gated.most == 1
+    totals = StatsReader(outbox.store).charts("15m", None, None, at).totals
+    assert (totals["succeeded"], totals["failed"]) == (1, 1)
+
+
+def test_the_last_stats_are_written_after_the_drains_hand_back(
+        outbox: Outbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process ends: the outcomes a retry thread writes at the hand-back are counted, then
+    the rollup writes what is left (not the other way round, which loses them)."""
+    at = now()
+    stats = outbox.runner.rollup
+    assert stats is not None
+    stats.enable()
+    stats._thread = object()  # type: ignore[assignment]  # flushed by the test
+    written_late = outbox.runner.hand_back_pending
+
+    def hand_back() -> None:
+        written_late()
+        assert stats is not None
+        stats.record("shop.receipt", None, "retried", at, at, at)  # as settle() counts it
+
+    monkeypatch.setattr(outbox.runner, "hand_back_pending", hand_back)
+    celery_signals.worker_process_shutdown.send(sender=None, pid=os.getpid(), exitcode=0)
+    totals = StatsReader(outbox.store).charts("15m", None, None, at).totals
+    assert totals["retried"] == 1

@@ -69,8 +69,19 @@ def outbox(db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, effects:
             with ctx.transaction() as session:
                 if mode in ("cancelled", "moved") and ob.store.dialect == "sqlite":
                     _move(ob, ctx, mode)  # one writer: before the handler's own write
-                session.execute(effects.insert().values(order_id=ctx.payload.order_id,
-                                                        note=mode))
+                if mode in ("split-commit", "split-begin") and ob.store.dialect == "sqlite":
+                    _move(ob, ctx, "moved")  # one writer: before the handler's own write
+                if mode == "split-begin":
+                    with session.begin():  # the handler's own transaction, inside the block
+                        session.execute(effects.insert().values(
+                            order_id=ctx.payload.order_id, note=mode))
+                else:
+                    session.execute(effects.insert().values(order_id=ctx.payload.order_id,
+                                                            note=mode))
+                if mode in ("split-commit", "split-commit-ok"):
+                    session.commit()  # the handler's own commit, inside the block
+                if mode in ("split-commit", "split-begin") and ob.store.dialect != "sqlite":
+                    _move(ob, ctx, "moved")  # after the handler's commit, before the exit
                 if mode in ("cancelled", "moved") and ob.store.dialect != "sqlite":
                     _move(ob, ctx, mode)  # between the handler's write and the block's exit
                 if mode == "raise":
@@ -90,6 +101,44 @@ def outbox(db_url: str, registry: JobRegistry, make_outbox: MakeOutbox, effects:
             raise
 
     state["write"] = write
+
+    @outbox_job(schema=Order, name="tx.twice", registry=registry, record="all",
+                retry=RetryPolicy(retries=3, backoff=timedelta(hours=1), jitter=False))
+    def twice(ctx: JobContext[Order]) -> None:
+        """A first block asks for an outcome, then rolls back on an exception the handler
+        catches; a second block (or none: ``state["second"]``) follows."""
+        try:
+            with ctx.transaction() as session:
+                session.execute(effects.insert().values(order_id=ctx.payload.order_id,
+                                                        note="first"))
+                asked = state["asked"]
+                if asked == "fail":
+                    ctx.fail("asked in the first block")
+                elif asked == "retry":
+                    ctx.retry(timedelta(hours=2), "asked in the first block")
+                else:
+                    ctx.cancel("asked in the first block")
+                raise LookupError("the first block gives up")
+        except LookupError:
+            pass
+        if state["second"]:
+            with ctx.transaction() as session:
+                session.execute(effects.insert().values(order_id=ctx.payload.order_id,
+                                                        note="second"))
+
+    state["twice"] = twice
+
+    @outbox_job(schema=Order, name="tx.interrupted", registry=registry, record="all",
+                retry=RetryPolicy(retries=3, backoff=timedelta(seconds=1), jitter=False))
+    def interrupted(ctx: JobContext[Order]) -> None:
+        """Its block commits a retry, then the handler is interrupted (a BaseException)."""
+        with ctx.transaction() as session:
+            session.execute(effects.insert().values(order_id=ctx.payload.order_id,
+                                                    note="interrupted"))
+            ctx.retry(timedelta(seconds=1), "again soon")
+        raise SystemExit("stopped after the block committed")
+
+    state["interrupted"] = interrupted
     made = make_outbox(db_url, registry)
     effects.create(made.engine, checkfirst=True)
     state["outbox"] = made
@@ -222,3 +271,104 @@ def _push(state: dict[str, Any], order_id: int) -> uuid.UUID:
     found: uuid.UUID = state["write"].push({"order_id": order_id})
     return found
 
+
+
+@pytest.mark.parametrize("mode", ["split-commit", "split-begin"])
+def test_a_commit_of_the_handlers_own_inside_the_block_does_not_end_it(
+        outbox: Outbox, tester: OutboxTester, effects: Table, state: dict[str, Any],
+        mode: str) -> None:
+    """``session.commit()`` or ``with session.begin():`` inside the block commits nothing
+    on its own: the block owns the transaction's end, so a fence miss at its exit rolls the
+    handler's writes back with the outcome (a retry would run them again)."""
+    state["mode"] = mode
+    eid = _push(state, 11)
+    result = tester.drain()
+    assert result.succeeded == 0 and result.failed == 0 and result.retried == 0
+    assert state["seen"] == [("fenced out", "lease lost")]
+    assert _rows(outbox, effects) == []
+    assert outbox.admin.get_execution(eid).status == "running"
+
+
+def test_a_commit_of_the_handlers_own_inside_the_block_keeps_its_writes_with_the_outcome(
+        outbox: Outbox, tester: OutboxTester, effects: Table, state: dict[str, Any]) -> None:
+    """The happy path of a handler that commits inside the block: its writes and the
+    outcome commit together at the block's exit."""
+    state["mode"] = "split-commit-ok"
+    eid = _push(state, 12)
+    assert tester.drain().succeeded == 1
+    assert _rows(outbox, effects) == [(12, "split-commit-ok")]
+    assert outbox.admin.get_execution(eid).status == "succeeded"
+
+
+@pytest.mark.parametrize("asked", ["fail", "retry", "cancel"])
+@pytest.mark.parametrize("second", [True, False])
+def test_an_outcome_asked_in_a_block_that_rolled_back_dies_with_it(
+        outbox: Outbox, tester: OutboxTester, effects: Table, state: dict[str, Any],
+        asked: str, second: bool) -> None:
+    state["asked"], state["second"] = asked, second
+    eid = state["twice"].push({"order_id": 13})
+    result = tester.drain()
+    assert result.succeeded == 1, result
+    assert _rows(outbox, effects) == ([(13, "second")] if second else [])
+    d = outbox.admin.get_execution(eid)
+    assert d.status == "succeeded" and d.attempt == 1 and d.error is None
+
+
+def test_a_base_exception_after_the_committed_block_still_follows_its_outcome_up(
+        outbox: Outbox, tester: OutboxTester, effects: Table, state: dict[str, Any]) -> None:
+    """The block committed a retry; a SystemExit after it must not skip the retry's
+    dispatch, ``job_end`` nor the counts."""
+    heard: list[tuple[str, Any]] = []
+
+    def ended(sender: str, execution_id: Any, status: str, **_: Any) -> None:
+        heard.append((status, execution_id))
+
+    signals.job_end.connect(ended, weak=False)
+    try:
+        eid = state["interrupted"].push({"order_id": 14})
+        with pytest.raises(SystemExit):
+            outbox.runner.run("tx.interrupted", [eid])
+    finally:
+        signals.job_end.disconnect(ended)
+    assert heard == [("scheduled", eid)]
+    assert eid in [i.execution_id for i in tester.dispatched
+                   if i.job_name == "tx.interrupted"][1:]  # the push's, then the retry's
+    assert _rows(outbox, effects) == [(14, "interrupted")]
+    d = outbox.admin.get_execution(eid)
+    assert d.status == "scheduled" and d.attempt == 1
+    assert outbox.runner.inflight.busy() == []
+
+
+@pytest.mark.parametrize("mode,names", [
+    ("succeed", ["job_begin", "job_success", "job_end"]),
+    ("retry", ["job_begin", "job_error", "job_end"]),
+    ("moved", ["job_begin", "job_error", "job_end"]),
+])
+def test_the_signals_of_an_outcome_in_a_block_are_sent_once_after_its_commit(
+        outbox: Outbox, tester: OutboxTester, effects: Table, state: dict[str, Any],
+        mode: str, names: list[str]) -> None:
+    heard: list[tuple[str, str | None]] = []
+
+    def receiver(name: str) -> Any:
+        def heard_it(sender: str, execution_id: Any, **kw: Any) -> None:
+            # What another connection sees of the row as the signal is sent: committed.
+            heard.append((name, outbox.admin.get_execution(execution_id).status))
+        return heard_it
+
+    receivers = {name: receiver(name) for name in ("job_begin", "job_success",
+                                                   "job_error", "job_end")}
+    for name, fn in receivers.items():
+        getattr(signals, name).connect(fn, weak=False)
+    try:
+        state["mode"] = mode
+        _push(state, 15)
+        tester.drain()
+    finally:
+        for name, fn in receivers.items():
+            getattr(signals, name).disconnect(fn)
+    assert [n for n, _ in heard] == names
+    status = dict(heard)
+    if mode == "succeed":
+        assert status["job_success"] == "succeeded"
+    if mode == "retry":
+        assert status["job_error"] == "scheduled"

@@ -38,6 +38,8 @@ NOT_REACHED: dict[str, str] = {
     "session_revoked": "the dashboard's session check (no path; one that fails answers 503, "
                        "tests/web/test_sessions.py)",
     "purge_revoked_sessions": "the dashboard's logout (no path; tests/web/test_sessions.py)",
+    "add_stats": "a worker's rollup flush (its thread writes a failed flush again; "
+                 "tests/integration/test_stats.py)",
     "stats_series": "the dashboard's charts (no path; tests/integration/test_stats.py)",
     "stats_backlog": "the dashboard's charts (no path; tests/integration/test_stats.py)",
     "stats_rates": "the dashboard's queues view (no path; tests/integration/test_stats.py)",
