@@ -90,10 +90,14 @@ class JobContext(Generic[P]):
         writes no outcome of its own afterwards. Pushes made with ``push(...,
         session=session)`` inside are dispatched after the commit.
 
+        The block owns the transaction's end: the handler's ``session.commit()`` or
+        ``with session.begin():`` inside it only flushes, nothing commits before the exit.
+
         Raises :class:`~celery_outbox.errors.FencedOut` (``reason``: ``"cancelled"`` or
         ``"lease lost"``) at the exit when the row is no longer this attempt's: everything
         written in the block is rolled back. An exception leaving the block rolls it back,
-        and the worker decides the outcome as for any exception (retry or fail).
+        forgets the outcome asked in it (``fail`` / ``retry`` / ``cancel``), and the worker
+        decides the outcome as for any exception (retry or fail).
         :class:`~celery_outbox.errors.ConfigurationError` (field ``transaction``): asked
         outside a worker's run (no outbox store), or once the outcome is settled.
         """
