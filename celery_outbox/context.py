@@ -159,7 +159,7 @@ class JobContext(Generic[P]):
         keep their own meaning (a failed attempt; a hand-back). A reason that is no str (an
         exception caught, a number) is recorded as its ``str()``: the outcome's write must not
         fail on it. Inside ``ctx.transaction()`` the cancel is written in that transaction at
-        the block's exit, with the handler's writes.
+        the block's exit, with the handler's writes; a block that rolls back withdraws it.
         """
         self._interrupt(reason if isinstance(reason, str) else str(reason), by_handler=True)
 
