@@ -90,10 +90,14 @@ class JobContext(Generic[P]):
         writes no outcome of its own afterwards. Pushes made with ``push(...,
         session=session)`` inside are dispatched after the commit.
 
+        The block owns the transaction's end: the handler's ``session.commit()`` or
+        ``with session.begin():`` inside it only flushes, nothing commits before the exit.
+
         Raises :class:`~celery_outbox.errors.FencedOut` (``reason``: ``"cancelled"`` or
         ``"lease lost"``) at the exit when the row is no longer this attempt's: everything
         written in the block is rolled back. An exception leaving the block rolls it back,
-        and the worker decides the outcome as for any exception (retry or fail).
+        forgets the outcome asked in it (``fail`` / ``retry`` / ``cancel``), and the worker
+        decides the outcome as for any exception (retry or fail).
         :class:`~celery_outbox.errors.ConfigurationError` (field ``transaction``): asked
         outside a worker's run (no outbox store), or once the outcome is settled.
         """
@@ -155,7 +159,7 @@ class JobContext(Generic[P]):
         keep their own meaning (a failed attempt; a hand-back). A reason that is no str (an
         exception caught, a number) is recorded as its ``str()``: the outcome's write must not
         fail on it. Inside ``ctx.transaction()`` the cancel is written in that transaction at
-        the block's exit, with the handler's writes.
+        the block's exit, with the handler's writes; a block that rolls back withdraws it.
         """
         self._interrupt(reason if isinstance(reason, str) else str(reason), by_handler=True)
 

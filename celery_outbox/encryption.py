@@ -9,8 +9,9 @@ Keys (Fernet keys: 32 random bytes, URL-safe base64, :func:`generate_key`) come 
 outbox setting ``encryption_keys`` (``Outbox(app, encryption_keys=[...])`` or
 ``app.conf.outbox_encryption_keys``), else from the environment variable
 ``CELERY_OUTBOX_ENCRYPTION_KEYS`` (comma-separated), newest first: the first key encrypts,
-every key decrypts, so a rotation puts the new key first and keeps the old ones until
-``celery -A proj outbox rotate-keys`` has re-encrypted the stored payloads.
+every key decrypts, so a rotation gives the new key to every worker first, then puts it
+first everywhere and keeps the old ones until ``celery -A proj outbox rotate-keys`` has
+re-encrypted the stored payloads (a worker without it retries what it cannot open).
 
 ``cryptography`` is imported only when a payload is encrypted or decrypted: the package
 installs and imports without it.
@@ -46,7 +47,8 @@ _JSON = json.JSONEncoder(allow_nan=False)
 class PayloadUndecryptable(OutboxError):
     """A stored encrypted payload cannot be decrypted with the configured keys: no key
     configured, the key that encrypted it is not among them, or the token was altered.
-    Retrying cannot help: the worker fails the execution at once with this message."""
+    The worker retries the attempt with the job's backoff (a worker without the newest key:
+    keys roll to workers first), failing the execution once its attempts run out."""
 
 
 def is_envelope(value: Any) -> bool:

@@ -11,6 +11,10 @@ filters on it) and these keyword arguments:
   timedelta.
 - ``job_error(execution_id, attempt, exception, will_retry)``: the handler raised
   ``exception``; ``will_retry`` is True when a retry was scheduled.
+  Each once per attempt. An outcome the handler's ``ctx.transaction()`` writes sends its
+  ``job_success`` / ``job_error`` once that block committed it, never before (a block whose
+  write finds the row no longer the attempt's sends ``job_error`` with the
+  :class:`~celery_outbox.errors.FencedOut` it raised, once).
 - ``job_snooze(execution_id, attempt, delay, snoozes)``: the handler snoozed
   (``ctx.snooze(delay)``, ``raise Snooze(delay)``) and the row is scheduled again, this
   run's ``attempt`` given back (the next run has the same number); ``delay`` a timedelta;

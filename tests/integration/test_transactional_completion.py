@@ -372,3 +372,35 @@ def test_the_signals_of_an_outcome_in_a_block_are_sent_once_after_its_commit(
         assert status["job_success"] == "succeeded"
     if mode == "retry":
         assert status["job_error"] == "scheduled"
+
+
+def test_a_commit_of_the_handlers_own_costs_no_statement_nor_commit(
+        outbox: Outbox, tester: OutboxTester, effects: Table, state: dict[str, Any]) -> None:
+    """The block owning its end adds nothing to the happy path: a block whose handler calls
+    ``session.commit()`` sends the same statements and commits as one that does not."""
+    from sqlalchemy import event
+
+    def measured(mode: str) -> tuple[list[str], int]:
+        sent: list[str] = []
+        commits: list[Any] = []
+
+        def statement(conn: Any, cursor: Any, text: str, *_: Any) -> None:
+            sent.append(text.split()[0])
+
+        def commit(conn: Any) -> None:
+            commits.append(conn)
+
+        state["mode"] = mode
+        _push(state, 16)
+        event.listen(outbox.engine, "before_cursor_execute", statement)
+        event.listen(outbox.engine, "commit", commit)
+        try:
+            assert tester.drain().succeeded == 1
+        finally:
+            event.remove(outbox.engine, "before_cursor_execute", statement)
+            event.remove(outbox.engine, "commit", commit)
+        return sent, len(commits)
+
+    plain = measured("succeed")
+    assert plain[0] and plain[1] >= 1
+    assert measured("split-commit-ok") == plain
