@@ -22,6 +22,7 @@ release of a lost claim) goes to :class:`_Retries`, which keeps trying for up to
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -35,7 +36,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Protocol
@@ -63,6 +63,7 @@ from celery_outbox.inflight import InFlight
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logfields import execution_fields, guarded, of_row
 from celery_outbox.logs import LogCapture
+from celery_outbox.models import WAITING_RATE
 from celery_outbox.outcomes import (
     Cancelled,
     Failed,
@@ -76,10 +77,9 @@ from celery_outbox.outcomes import (
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.rollup import Rollup
 from celery_outbox.states import Status
-from celery_outbox.models import WAITING_RATE
 from celery_outbox.store import Claimed, Fence
-from celery_outbox.store.worker import Limits
 from celery_outbox.store.protocol import WorkerStore
+from celery_outbox.store.worker import Limits
 
 if TYPE_CHECKING:  # the ORM is imported only by a handler that asks for a transaction
     from sqlalchemy.engine import Engine

@@ -14,6 +14,18 @@ from celery_outbox.errors import StorageError
 from celery_outbox.models import WAITING_RATE, WAITING_SLOT
 from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write, deletes
 from celery_outbox.queries.admin import status_of
+from celery_outbox.queries.limits import (
+    GLOBAL_KEY,
+    clear_waiting,
+    defer_rate,
+    free_slot,
+    mark_waiting,
+    reap_slots,
+    spend_rate,
+    take_slot,
+    trim_rates,
+    wake_waiting,
+)
 from celery_outbox.queries.sweep import Due
 from celery_outbox.queries.worker import (
     claim_rows,
@@ -28,19 +40,6 @@ from celery_outbox.queries.worker import (
     start_many,
     start_unflushed,
 )
-from celery_outbox.queries.limits import (
-    GLOBAL_KEY,
-    clear_waiting,
-    defer_rate,
-    free_slot,
-    mark_waiting,
-    reap_slots,
-    spend_rate,
-    take_slot,
-    trim_rates,
-    wake_waiting,
-)
-from celery_outbox.models import WAITING_RATE, WAITING_SLOT
 from celery_outbox.store.base import Fence, StoreBase
 
 

@@ -17,8 +17,8 @@ Create Date: 2026-12-04
 - ``<table>_rates``: the starts of a rate-limited job per fixed window, keyed ``(job_name,
   rate_key, window_start)``, ``used`` the starts counted.
 
-Both tables are empty after the upgrade (and analyzed, on PostgreSQL). Frozen DDL at this revision: this file never imports
-the current models.
+Both tables are empty after the upgrade (and analyzed, on PostgreSQL). Frozen DDL at this
+revision: this file never imports the current models.
 """
 
 from __future__ import annotations
