@@ -65,6 +65,8 @@ class Claimed:
     """How many times its handlers snoozed it so far (None: never)."""
     concurrency_key: str | None = None
     """The key its job's limits hold for (None: the job's own limit, or no limit)."""
+    started_at: datetime | None = None
+    """When the claim marked it started (the first row of a claim; None: the others)."""
 
 
 @dataclass(frozen=True)
@@ -199,9 +201,7 @@ class WorkerStore(StoreBase):
         that eta when within ``max_eta``; None: any). The slot is held by the claim's fence
         (``worker``, the attempt): free it with :meth:`free_limited` once the attempt's
         outcome is written."""
-        rate_now = None
-        if limits.rate_starts is not None:
-            rate_now = now if now is not None else self.db_now()
+        rate_now: datetime | None = None
         try:
             with self.transaction() as tx:
                 found = tx.run(claim_rows(self.t, self.dialect, [execution_id], job_name,
@@ -213,7 +213,9 @@ class WorkerStore(StoreBase):
                 if limits.concurrency is not None:
                     self._take_slot(tx, row, job_name, worker, limits.concurrency)
                 if limits.rate_starts is not None:
-                    assert rate_now is not None and limits.rate_window is not None
+                    # Counted in the window of its start (the claim's clock, the one
+                    # started_at shows).
+                    rate_now = row.started_at or self._limit_now()
                     self._spend_rate(tx, row, job_name, limits, rate_now)
                 tx.run(clear_waiting(self.t, execution_id))
             return LimitedClaim([row])
