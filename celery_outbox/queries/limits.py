@@ -272,14 +272,3 @@ def defer_rate(t: Table, execution_id: UUID, run_at: datetime, now: datetime,
     return rowcount("defer_rate", _defer(t), {"d_id": execution_id, "d_at": run_at,
                                               "d_now": now,
                                               "d_dispatched": now if dispatched else None})
-
-
-@cache
-def _waiting_of(t: Table) -> Any:
-    return select(t.c.waiting, t.c.concurrency_key, t.c.scheduled_at).where(
-        t.c.id == bindparam("wo_id", type_=t.c.id.type))
-
-
-@named("limits: why a row waits (its waiting mark, key and run time), for the dashboard")
-def waiting_of(t: Table, execution_id: UUID) -> Query[dict[str, Any] | None]:
-    return first("waiting_of", _waiting_of(t), dict, {"wo_id": execution_id})

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import select, update
 
 from celery_outbox import ConfigurationError, JobContext, JobRegistry, OutboxJob, outbox_job
+from celery_outbox.dashboard import Dashboard
 from celery_outbox.models import WAITING_RATE, WAITING_SLOT
 from celery_outbox.registry import Rate
 from celery_outbox.states import Status
@@ -61,6 +62,8 @@ def test_a_claim_over_the_limit_waits_and_the_freed_slot_wakes_it(
         refused = outbox.runner.run("lim.one", [second])
         assert refused.claimed == 0
         assert rows(outbox, "lim.one")[second] == (Status.PENDING.value, 0, WAITING_SLOT)
+        assert Dashboard(outbox.admin).execution(second).waiting == \
+            "waiting for a concurrency slot (1 of 1 taken)"
         recording.calls.clear()
     finally:
         go.set()
