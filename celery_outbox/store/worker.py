@@ -4,6 +4,7 @@ release_claim; every write on a running row fenced by ``claimed_by`` and ``attem
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -67,6 +68,8 @@ class Claimed:
     """The key its job's limits hold for (None: the job's own limit, or no limit)."""
     started_at: datetime | None = None
     """When the claim marked it started (the first row of a claim; None: the others)."""
+    waiting: str | None = None
+    """Why it waited on a limit before this claim (``slot``, ``rate``), else None."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +220,9 @@ class WorkerStore(StoreBase):
                     # started_at shows).
                     rate_now = row.started_at or self._limit_now()
                     self._spend_rate(tx, row, job_name, limits, rate_now)
-                tx.run(clear_waiting(self.t, execution_id))
-            return LimitedClaim([row])
+                if row.waiting is not None:
+                    tx.run(clear_waiting(self.t, execution_id))
+            return LimitedClaim([dataclasses.replace(row, waiting=None)])
         except _Refused as refused:
             if refused.waiting == WAITING_SLOT:
                 assert limits.concurrency is not None
@@ -273,12 +277,14 @@ class WorkerStore(StoreBase):
         """Free the slot ``fence`` held for ``job_name`` (``key``: the row's
         ``concurrency_key``) once its row no longer runs that attempt (an outcome a retry
         thread still writes keeps it), then dispatch the oldest row waiting for a slot of
-        that limit while one is free (answered: the caller publishes it). One transaction."""
-        with self.transaction() as tx:
-            tx.run(free_slot(self.tables.slots, self.t, job_name, slot_key(key=key),
-                             fence.id, fence.claimed_by))
-            woke: list[Due] = tx.run(wake_waiting(self.t, self.tables.slots, self.dialect,
-                                                  job_name, key, concurrency, now))
+        that limit while one is free (answered: the caller publishes it). Two statements,
+        each committing on its own."""
+        self.executor.run(free_slot(self.tables.slots, self.t, job_name, slot_key(key=key),
+                                    fence.id, fence.claimed_by))
+        # Its own statement, after the free committed: a claim refused meanwhile marks its
+        # row, then checks for a free slot itself (claim_limited), so none waits unseen.
+        woke: list[Due] = self.executor.run(wake_waiting(
+            self.t, self.tables.slots, self.dialect, job_name, key, concurrency, now))
         return woke
 
     def start(self, fence: Fence, now: datetime, *, flushed: bool = True,

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
 
+from celery_outbox.models import WAITING_SLOT
 from celery_outbox.states import Status
 from celery_outbox.ticker import TickOutcome
 from tests.matrix.faults import Fault
@@ -282,6 +283,15 @@ def run_limit_held(w: World) -> None:
     w.run(LIM, [w.seeded])  # type: ignore[attr-defined]
 
 
+def _seed_waiting(w: World) -> None:
+    """A row of the limited job that waited for a slot (marked so), its slot free now."""
+    w.seeded = w.push([w.plan("ok")], job=LIM)  # type: ignore[attr-defined]
+    t = w.outbox.tables.executions
+    with w.engine.begin() as conn:
+        conn.execute(update(t).where(t.c.id.in_(w.seeded))  # type: ignore[attr-defined]
+                     .values(waiting=WAITING_SLOT))
+
+
 def _seed_rate(w: World) -> None:
     w.seeded = w.push([w.plan("ok"), w.plan("ok")], job=LIM_RATE)  # type: ignore[attr-defined]
 
@@ -337,4 +347,6 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("worker_limited", _seed_limited, run_limited, {"jobs": (LIM,)}),
     Path("limit_held", _seed_limit_held, run_limit_held, {"jobs": (LIM,)}),
     Path("rate_limited", _seed_rate, run_rate, {"jobs": (LIM_RATE,)}),
+    # A row that waited for a slot is claimed: its mark cleared with the claim.
+    Path("limit_waited", _seed_waiting, run_limited, {"jobs": (LIM,)}),
 ]}
