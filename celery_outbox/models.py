@@ -144,6 +144,10 @@ tenant by creation (its pages across jobs). A push, a claim and a heartbeat of a
 row write the two active ones, its outcome the three finished ones."""
 
 
+WAITING_WHERE = "waiting IS NOT NULL"
+"""The predicate of ``ix_<table>_waiting``: the rows a limit holds back."""
+
+
 def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     """Define the outbox tables on ``metadata``: ``name`` and ``name + "_cron"``."""
     active = sql_list(ACTIVE)
@@ -242,6 +246,11 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         # is uq_<table>_active_key), newest first; the rows of no key take no entry
         f"ix_{name}_finished_key", executions, "unique_key", "created_at", "id",
         where=f"status IN ({finished}) AND unique_key IS NOT NULL",
+    )
+    _index(  # limits: a freed slot's wake, the oldest row of a job waiting for one; only
+        # the rows a limit held back take an entry
+        f"ix_{name}_waiting", executions, "job_name", "priority", "created_at", "id",
+        where=WAITING_WHERE,
     )
     # The same five reads for one tenant (a tenant's principal, or a tenant filter): each
     # index above led by organization_id, of the tenanted rows only, so a tenant's read

@@ -9,7 +9,9 @@ Create Date: 2026-12-04
   without one (and every row written before the upgrade).
 - ``<table>.waiting`` (VARCHAR(8), nullable): why a row its claim refused waits (``slot``:
   every concurrency slot held, it stays pending; ``rate``: its rate spent, it was put back
-  scheduled at the next window); NULL otherwise. No index.
+  scheduled at the next window); NULL otherwise. Indexed by ``ix_<table>_waiting`` on
+  ``(job_name, priority, created_at, id)`` of the rows that wait only (a freed slot's
+  search for the oldest waiting row).
 - ``<table>_slots``: one row per taken concurrency slot, keyed ``(job_name,
   concurrency_key, slot)`` (slot 0..N-1; ``concurrency_key`` '' for a job's own limit), with
   the fence of the attempt that holds it (``holder_id``, ``holder_by``, ``holder_attempt``)
@@ -36,10 +38,15 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+WAITING = "waiting IS NOT NULL"
+
+
 def upgrade() -> None:
     name = table_name()
     op.add_column(name, sa.Column("concurrency_key", sa.String(200), nullable=True))
     op.add_column(name, sa.Column("waiting", sa.String(8), nullable=True))
+    op.create_index(f"ix_{name}_waiting", name, ["job_name", "priority", "created_at", "id"],
+                    postgresql_where=sa.text(WAITING), sqlite_where=sa.text(WAITING))
     op.create_table(
         f"{name}_slots",
         sa.Column("job_name", sa.String(200), primary_key=True),
@@ -67,5 +74,6 @@ def downgrade() -> None:
     name = table_name()
     op.drop_table(f"{name}_rates")
     op.drop_table(f"{name}_slots")
+    op.drop_index(f"ix_{name}_waiting", table_name=name)
     op.drop_column(name, "waiting")
     op.drop_column(name, "concurrency_key")
