@@ -67,7 +67,7 @@ soak: $(BIN)/.installed
 
 # The default suite with the variants it leaves out (tests/conftest.py `variants`): beat's
 # RedBeat and django-celery-beat schedulers, warm shutdown on gevent and eventlet, a longer
-# bounded chaos run.
+# bounded chaos run, the limits e2e at full size (500 executions, 4 workers).
 long: $(BIN)/.installed
 	OUTBOX_TEST_LONG=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 

@@ -162,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import txn
 
         return txn.main(argv[1:])
+    if argv[:1] == ["limits"]:  # a global concurrency limit vs none, e2e (bench/limits.py)
+        from bench import limits
+
+        return limits.main(argv[1:])
     if argv[:1] == ["web"]:  # python -m bench web ...: the dashboard at 1,000,000 rows
         from bench import web
 

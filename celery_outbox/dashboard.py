@@ -57,6 +57,7 @@ from celery_outbox.errors import (
     InvalidTransition,
     OutboxError,
 )
+from celery_outbox.models import WAITING_RATE, WAITING_SLOT
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, Status
@@ -412,8 +413,27 @@ class Dashboard:
         row = self.store.get_visible(execution_id, organization_id)
         if row is None:
             raise self.admin.not_found(execution_id)
-        return _execution_detail(row, self.store.lineage(execution_id, organization_id),
-                                 self.admin.outbox.keyring if show_encrypted else None)
+        detail = _execution_detail(row, self.store.lineage(execution_id, organization_id),
+                                   self.admin.outbox.keyring if show_encrypted else None)
+        waiting = self._waiting(row)
+        return detail if waiting is None else dataclasses.replace(detail, waiting=waiting)
+
+    def _waiting(self, row: dict[str, Any]) -> str | None:
+        """Why ``row`` waits on a limit (:attr:`ExecutionDetail.waiting`), or None."""
+        mark, status = row.get("waiting"), row["status"]
+        if mark == WAITING_RATE and status == Status.SCHEDULED.value \
+                and row["scheduled_at"] is not None:
+            return f"rate limited until {row['scheduled_at']:%H:%M:%S} UTC"
+        if mark != WAITING_SLOT or status != Status.PENDING.value:
+            return None
+        spec = self.registry.jobs.get(row["job_name"])
+        key = row.get("concurrency_key")
+        whose = f" of key {key!r}" if key is not None else ""
+        if spec is None or spec.concurrency is None:
+            return f"waiting for a concurrency slot{whose}"
+        held = self.store.held_slots(row["job_name"], key)
+        return (f"waiting for a concurrency slot{whose} ({min(held, spec.concurrency)} of "
+                f"{spec.concurrency} taken)")
 
     def failures(
         self,

@@ -216,6 +216,8 @@ def outbox_job(
     lock: bool = ..., record: Literal["errors", "all", "none"] | None = ...,
     keep: dict[str, int] | None = ..., description: str | None = ...,
     parallel: int = ..., max_snoozes: int = ..., registry: JobRegistry | None = ...,
+    concurrency: int | None = ..., concurrency_key: Callable[[Any], str] | None = ...,
+    rate: str | None = ..., rate_per_key: bool = ...,
     **unknown: Any,
 ) -> Callable[[Callable[[JobContext[Any]], Any]], OutboxJob[Any]]: ...
 
@@ -243,7 +245,12 @@ def outbox_job(
     "low"), ``queue``, ``lock``, ``record`` ("errors" | "all" | "none"), ``keep``
     ({"succeeded": n, "failed": n}), ``description``, ``parallel`` (int, 1..256, default
     1), ``max_snoozes`` (int, 0..1,000,000, default 100: how many times one execution may
-    be snoozed by ``ctx.snooze`` / ``Snooze`` before the next snooze fails it).
+    be snoozed by ``ctx.snooze`` / ``Snooze`` before the next snooze fails it),
+    ``concurrency`` (int, 1..10,000: at most this many run at once across every worker; per
+    key with ``concurrency_key``, a function of the payload answering a str, default 1),
+    ``rate`` ("N/s" | "N/m" | "N/h": at most N begin per fixed window across every worker;
+    per ``concurrency_key`` with ``rate_per_key=True``). A row over a limit waits (pending,
+    no attempt spent) for a slot or the next window.
     ``registry`` defaults to the process-wide registry that ``Outbox(app)`` serves.
 
     ``parallel=K`` (K > 1): the executions one message carries (up to

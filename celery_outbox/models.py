@@ -42,7 +42,7 @@ from celery_outbox.states import ACTIVE, TERMINAL, Status, sql_list
 DEFAULT_TABLE = "celery_outbox_executions"
 MAX_LENGTHS = {
     "job_name": 200, "unique_key": 255, "organization_id": 64, "triggered_by": 200,
-    "triggered_by_name": 200,
+    "triggered_by_name": 200, "concurrency_key": 200,
 }
 """Lengths of the string columns a caller fills: job names and push arguments are checked
 against them before anything is written."""
@@ -113,11 +113,15 @@ class Tables:
     """The jobs and queues an operator paused: ``<table>_pauses``."""
     stats: Table
     """The dashboard's charts, per minute: ``<table>_stats`` (:func:`stats_table`)."""
+    slots: Table
+    """The concurrency limits' taken slots: ``<table>_slots`` (:func:`slots_table`)."""
+    rates: Table
+    """The rate limits' starts per window: ``<table>_rates`` (:func:`rates_table`)."""
 
     def all(self) -> list[Table]:
         """Every table, in creation order (``create_all`` / ``drop_all`` sort them again)."""
         return [self.executions, self.cron_ticks, self.trim_marks, self.loop_runs,
-                self.revoked_sessions, self.pauses, self.stats]
+                self.revoked_sessions, self.pauses, self.stats, self.slots, self.rates]
 
 
 TENANTED = "organization_id IS NOT NULL"
@@ -138,6 +142,10 @@ job, status) by creation (the overview's capped counts and oldest pending row, a
 pages) and by finish (the last run, the last hour's outcomes, the recent failures); per
 tenant by creation (its pages across jobs). A push, a claim and a heartbeat of a tenant's
 row write the two active ones, its outcome the three finished ones."""
+
+
+WAITING_WHERE = "waiting IS NOT NULL"
+"""The predicate of ``ix_<table>_waiting``: the rows a limit holds back."""
 
 
 def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
@@ -174,6 +182,8 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("traceparent", String(TRACEPARENT_LENGTH), nullable=True),
         Column("attempts", JSONType, nullable=True),
         Column("snoozes", Integer(), nullable=True),
+        Column("concurrency_key", String(MAX_LENGTHS["concurrency_key"]), nullable=True),
+        Column("waiting", String(8), nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),
@@ -237,6 +247,11 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         f"ix_{name}_finished_key", executions, "unique_key", "created_at", "id",
         where=f"status IN ({finished}) AND unique_key IS NOT NULL",
     )
+    _index(  # limits: a freed slot's wake, the oldest row of a job waiting for one; only
+        # the rows a limit held back take an entry
+        f"ix_{name}_waiting", executions, "job_name", "priority", "created_at", "id",
+        where=WAITING_WHERE,
+    )
     # The same five reads for one tenant (a tenant's principal, or a tenant filter): each
     # index above led by organization_id, of the tenanted rows only, so a tenant's read
     # costs its own rows, never the other tenants' (tenant_indexes). A row of no tenant
@@ -257,7 +272,9 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
                   loop_runs=loop_runs_table(metadata, name),
                   revoked_sessions=revoked_sessions_table(metadata, name),
                   pauses=pauses_table(metadata, name),
-                  stats=stats_table(metadata, name))
+                  stats=stats_table(metadata, name),
+                  slots=slots_table(metadata, name),
+                  rates=rates_table(metadata, name))
 
 
 LOOP_TASKS = ("sweep", "trim")
@@ -301,6 +318,51 @@ def revoked_sessions_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tab
         Column("session_id", String(64), primary_key=True),
         Column("expires_at", UTCDateTime(), nullable=False),
         Column("revoked_at", UTCDateTime(), nullable=False),
+    )
+
+
+WAITING_SLOT = "slot"
+"""``<table>.waiting`` of a pending row its claim refused: its job's (or key's) concurrency
+slots were all taken. The runner that frees a slot dispatches the oldest such row."""
+WAITING_RATE = "rate"
+"""``<table>.waiting`` of a row its claim put back scheduled: its job's rate was spent for
+the window; ``scheduled_at`` is the next window's start."""
+
+
+def slots_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
+    """``<table>_slots``: the taken slots of the concurrency limits, numbered 0..N-1 per
+    (job, key) under the primary key, so two claims can never take one slot.
+
+    ``concurrency_key``: the rows' key ('' for a job's global limit); ``holder_id`` /
+    ``holder_by`` / ``holder_attempt``: the execution and the fence of the attempt that holds
+    it (a slot whose holder no longer runs that attempt is free to take again);
+    ``taken_at``: when it was taken.
+    """
+    return Table(
+        f"{name}_slots",
+        metadata,
+        Column("job_name", String(MAX_LENGTHS["job_name"]), primary_key=True),
+        Column("concurrency_key", String(MAX_LENGTHS["concurrency_key"]), primary_key=True),
+        Column("slot", Integer(), primary_key=True, autoincrement=False),
+        Column("holder_id", Uuid(), nullable=False),
+        Column("holder_by", String(200), nullable=False),
+        Column("holder_attempt", Integer(), nullable=False),
+        Column("taken_at", UTCDateTime(), nullable=False),
+    )
+
+
+def rates_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
+    """``<table>_rates``: the starts of a rate-limited job (per key: '' for the job's own
+    rate) in one fixed window beginning at ``window_start``; a claim adds one while
+    ``used`` is under the rate. Windows before the current one are deleted as new ones
+    begin."""
+    return Table(
+        f"{name}_rates",
+        metadata,
+        Column("job_name", String(MAX_LENGTHS["job_name"]), primary_key=True),
+        Column("rate_key", String(MAX_LENGTHS["concurrency_key"]), primary_key=True),
+        Column("window_start", UTCDateTime(), primary_key=True),
+        Column("used", Integer(), nullable=False),
     )
 
 

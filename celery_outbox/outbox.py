@@ -749,6 +749,8 @@ class Outbox:
                 raise ConfigurationError(f"push: key must be a non-empty string, got {key!r}")
             if key is not None:
                 _check_text("key", key, MAX_LENGTHS["unique_key"])
+            limit_key = (None if spec.concurrency_key is None
+                         else _concurrency_key(spec, payload))
             if spec.encrypted or isinstance(payload, Sealed):
                 data = self._sealed(spec, payload, index if many else None)
             else:
@@ -759,7 +761,7 @@ class Outbox:
                 priority=int(prio), max_attempts=spec.retry.max_attempts, run_at=run_at,
                 max_eta=self.config.max_eta, unique_key=key, organization_id=organization_id,
                 triggered_by=triggered_by, triggered_by_name=triggered_by_name,
-                traceparent=traceparent,
+                traceparent=traceparent, concurrency_key=limit_key,
             ))
         return rows
 
@@ -1038,6 +1040,32 @@ def _run_at(
                 f"push: scheduled_at {scheduled_at.isoformat()} is out of range in UTC "
                 f"(years 1..9999)") from None
     return None
+
+
+def _concurrency_key(spec: JobSpec, payload: Any) -> str | None:
+    """The key of ``payload`` for the job's limits: its ``concurrency_key`` of the payload's
+    model (None for a :class:`Sealed` copy, which this process may not read). Raises
+    :class:`ConfigurationError` naming ``concurrency_key`` when the function raises or
+    answers no str of 1..200 characters."""
+    assert spec.concurrency_key is not None
+    if isinstance(payload, Sealed):
+        return None
+    try:
+        model: Any = payload
+        if spec.schema is not None and not isinstance(payload, spec.schema):
+            model = spec.schema.model_validate(
+                payload.model_dump() if isinstance(payload, BaseModel) else payload)
+        key = spec.concurrency_key(model)
+    except ValidationError:
+        return None  # the payload's own check reports it, naming its fields
+    except Exception as exc:
+        raise ConfigurationError(f"job {spec.name!r}: its concurrency_key raised {exc!r}",
+                                 field="concurrency_key") from exc
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError(f"job {spec.name!r}: its concurrency_key must answer a "
+                                 f"non-empty str, got {key!r:.80}", field="concurrency_key")
+    _check_text("concurrency_key", key)
+    return key
 
 
 def _validate(spec: JobSpec, payload: Any, index: int | None) -> Any:

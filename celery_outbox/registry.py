@@ -31,8 +31,40 @@ KEEP_KEYS = ("succeeded", "failed", "cancelled")
 
 OPTIONS = (
     "name", "schema", "cron", "timezone", "retry", "timeout", "priority", "queue", "lock",
-    "record", "keep", "description", "parallel", "max_snoozes", "encrypted",
+    "record", "keep", "description", "parallel", "max_snoozes", "encrypted", "concurrency",
+    "concurrency_key", "rate", "rate_per_key",
 )
+MAX_CONCURRENCY = 10_000
+"""The largest ``concurrency`` a job may set (one row of ``<table>_slots`` per slot)."""
+RATE_UNITS = {"s": timedelta(seconds=1), "m": timedelta(minutes=1), "h": timedelta(hours=1)}
+"""The windows of a ``rate``: ``N/s``, ``N/m``, ``N/h``."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A rate limit: at most ``starts`` executions begin in each fixed ``window`` (windows
+    aligned on the database's epoch: a ``/m`` window begins at each whole minute)."""
+
+    starts: int
+    window: timedelta
+
+    @classmethod
+    def parse(cls, text: object) -> Rate:
+        """``"100/m"``, ``"10/s"``, ``"1000/h"`` (a positive int, a slash, ``s``, ``m`` or
+        ``h``); raises :class:`ValueError` saying what is wrong otherwise."""
+        if not isinstance(text, str):
+            raise ValueError(f"must be a string like '100/m', got {text!r}")
+        count, sep, unit = text.strip().partition("/")
+        if not sep or unit.strip() not in RATE_UNITS or not count.strip().isdigit() \
+                or int(count) < 1:
+            raise ValueError(f"must be '<N>/s', '<N>/m' or '<N>/h' with N a positive int, "
+                             f"got {text!r}")
+        return cls(int(count), RATE_UNITS[unit.strip()])
+
+    def __str__(self) -> str:
+        unit = next(u for u, w in RATE_UNITS.items() if w == self.window)
+        return f"{self.starts}/{unit}"
+
 MAX_PARALLEL = 256
 """The most handlers of one message a parallel job runs at once (``parallel=``)."""
 DEFAULT_MAX_SNOOZES = 100
@@ -50,7 +82,12 @@ class JobSpec:
     ``keep_succeeded`` / ``keep_failed`` / ``keep_cancelled``); ``parallel``: how many
     executions of one message run at once (1: one after the other); ``max_snoozes``: how
     many times one execution may be snoozed (``ctx.snooze``); the snooze beyond fails it;
-    ``encrypted``: the payload is stored encrypted (:mod:`celery_outbox.encryption`).
+    ``encrypted``: the payload is stored encrypted (:mod:`celery_outbox.encryption`);
+    ``concurrency``: at most this many executions of the job (per key when
+    ``concurrency_key`` is given) run at once, across every worker (None: no limit);
+    ``concurrency_key``: a function of the payload (the validated model) answering a str of
+    at most 200 characters, the key each limit holds for; ``rate``: at most
+    ``rate.starts`` executions begin per ``rate.window`` (per key with ``rate_per_key``).
     """
 
     name: str
@@ -70,6 +107,15 @@ class JobSpec:
     parallel: int = 1
     max_snoozes: int = DEFAULT_MAX_SNOOZES
     encrypted: bool = False
+    concurrency: int | None = None
+    concurrency_key: Callable[[Any], str] | None = None
+    rate: Rate | None = None
+    rate_per_key: bool = False
+
+    @property
+    def limited(self) -> bool:
+        """Whether a concurrency or a rate limit holds for the job's executions."""
+        return self.concurrency is not None or self.rate is not None
 
     @classmethod
     def create(cls, handler: Callable[..., Any], **options: Any) -> JobSpec:
@@ -82,7 +128,10 @@ class JobSpec:
         1..:data:`MAX_PARALLEL`, ``parallel`` > 1 on an ``async def`` handler (the worker
         calls handlers, it awaits none), a ``max_snoozes`` that is no int in
         0..:data:`MAX_SNOOZES`, or an ``encrypted`` that is no bool or True without the
-        ``cryptography`` package (extra ``encryption``).
+        ``cryptography`` package (extra ``encryption``), a ``concurrency`` that is no int in
+        1..:data:`MAX_CONCURRENCY`, a ``concurrency_key`` that is not callable, a ``rate``
+        that is not ``"<N>/s"``, ``"<N>/m"`` or ``"<N>/h"``, a ``rate_per_key`` without a
+        ``concurrency_key``, or any of them on a cron job.
         """
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
@@ -168,11 +217,13 @@ class JobSpec:
         if encrypted and not _importable("cryptography"):
             raise bad("encrypted", "needs the cryptography package: "
                       "pip install 'celery-outbox[encryption]'")
+        concurrency, key, rate, per_key = _limits(options, mode, bad)
         return cls(
             name=name, handler=handler, mode=mode, schema=schema, cron=cron, timezone=tz,
             retry=retry, timeout=timeout, priority=priority, queue=queue, lock=lock,
             record=record, keep=keep, description=options.get("description"),
             parallel=parallel, max_snoozes=max_snoozes, encrypted=encrypted,
+            concurrency=concurrency, concurrency_key=key, rate=rate, rate_per_key=per_key,
         )
 
     def lease(self, config: OutboxConfig) -> timedelta:
@@ -321,3 +372,38 @@ def close_names(name: str, names: Iterable[str], most: int = 3) -> tuple[str, ..
 
 default_registry = JobRegistry()
 """Where ``@outbox_job`` registers jobs unless told otherwise (as ``@shared_task`` does)."""
+
+
+def _limits(options: Mapping[str, Any], mode: Mode,
+            bad: Callable[[str, str], ConfigurationError]
+            ) -> tuple[int | None, Callable[[Any], str] | None, Rate | None, bool]:
+    """The checked ``concurrency``, ``concurrency_key``, ``rate`` and ``rate_per_key`` of
+    :meth:`JobSpec.create` (``concurrency`` 1 when only a key is given)."""
+    concurrency = options.get("concurrency")
+    key = options.get("concurrency_key")
+    rate_text = options.get("rate")
+    per_key = options.get("rate_per_key", False)
+    if mode == "cron":
+        for option in ("concurrency", "concurrency_key", "rate"):
+            if options.get(option) is not None:
+                raise bad(option, "only applies to queue jobs")
+    if key is not None and not callable(key):
+        raise bad("concurrency_key", f"must be a function of the payload answering a str, "
+                                     f"got {key!r}")
+    if concurrency is None and key is not None:
+        concurrency = 1
+    if concurrency is not None and (not isinstance(concurrency, int)
+                                    or isinstance(concurrency, bool)
+                                    or not 1 <= concurrency <= MAX_CONCURRENCY):
+        raise bad("concurrency", f"must be an int in 1..{MAX_CONCURRENCY}, got {concurrency!r}")
+    rate = None
+    if rate_text is not None:
+        try:
+            rate = Rate.parse(rate_text)
+        except ValueError as exc:
+            raise bad("rate", str(exc)) from None
+    if not isinstance(per_key, bool):
+        raise bad("rate_per_key", f"must be True or False, got {per_key!r}")
+    if per_key and (key is None or rate is None):
+        raise bad("rate_per_key", "needs a 'rate' and a 'concurrency_key' (the key counted)")
+    return concurrency, key, rate, per_key

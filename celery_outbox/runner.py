@@ -22,6 +22,7 @@ release of a lost claim) goes to :class:`_Retries`, which keeps trying for up to
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -63,6 +64,7 @@ from celery_outbox.inflight import InFlight
 from celery_outbox.interrupts import TIMED_OUT, HandlerScope
 from celery_outbox.logfields import execution_fields, guarded, of_row
 from celery_outbox.logs import LogCapture
+from celery_outbox.models import WAITING_RATE
 from celery_outbox.outcomes import (
     Cancelled,
     Failed,
@@ -78,6 +80,7 @@ from celery_outbox.rollup import Rollup
 from celery_outbox.states import Status
 from celery_outbox.store import Claimed, Fence
 from celery_outbox.store.protocol import WorkerStore
+from celery_outbox.store.worker import Limits
 
 if TYPE_CHECKING:  # the ORM is imported only by a handler that asks for a transaction
     from sqlalchemy.engine import Engine
@@ -761,7 +764,49 @@ class Runner:
         message = self._message(job_name, ids)
         if message is None:
             return RunResult()
-        claim = self._claim(*message)
+        spec, uuids = message
+        if spec.limited:
+            return self._run_limited(spec, uuids)
+        return self._run_claim(self._claim(spec, uuids))
+
+    def _run_limited(self, spec: JobSpec, uuids: list[UUID]) -> RunResult:
+        """The ids of a job with a concurrency or a rate limit, one claim each, one after the
+        other: each claim takes its slot and counts its start in the same transaction
+        (:meth:`~celery_outbox.store.ExecutionStore.claim_limited`), so every start of the
+        job is a claim the limits decided. A row refused waits (for a slot: pending, never
+        begun; for the rate: scheduled at the next window). Once a row's outcome is written
+        its slot is freed and the oldest row waiting for one is dispatched."""
+        total = Counter[str]()
+        for execution_id in uuids:
+            claim = self._claim(spec, [execution_id])
+            try:
+                done = self._run_claim(claim)
+            finally:
+                if claim.rows and spec.concurrency is not None:
+                    self._free_slot(claim)
+            for name, value in dataclasses.asdict(done).items():
+                total[name] += value
+        return RunResult(**total)
+
+    def _free_slot(self, claim: _Claim) -> None:
+        """Free the slot ``claim``'s row held (once its attempt no longer runs) and dispatch
+        the oldest row waiting for one. A failure is logged: the slot is reaped by the next
+        claim that finds none free, the waiting rows redispatched by the sweep."""
+        spec, row, fence = claim.spec, claim.rows[0], claim.fences[0]
+        assert spec.concurrency is not None
+        try:
+            woke = self.store.free_limited(spec.name, row.concurrency_key, fence,
+                                           spec.concurrency, self.clock())
+            if woke:
+                self.dispatcher().dispatch([DispatchItem(d.id, d.job_name, d.priority)
+                                            for d in woke])
+        except Exception as exc:
+            log.warning("celery_outbox: could not free the concurrency slot of %s %s (%s); "
+                        "the next claim finding none free reaps it", spec.name, row.id, exc,
+                        extra=of_row(row))
+
+    def _run_claim(self, claim: _Claim) -> RunResult:
+        """Run the rows of ``claim``, write their outcomes, hand back those never begun."""
         try:
             if claim.spec.parallel > 1 and len(claim.rows) > 1:
                 self._run_parallel(claim)
@@ -804,8 +849,11 @@ class Runner:
         plan = self._plan(spec)
         lease = plan.lease
         try:
-            claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(), lease,
-                                       queue=plan.queue)
+            if spec.limited:
+                claimed = self._claim_limited(spec, uuids[0], token, plan)
+            else:
+                claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(),
+                                           lease, queue=plan.queue)
         except BaseException:
             self._release_lost_claim(spec, uuids, token, lease)
             raise
@@ -829,6 +877,29 @@ class Runner:
         self.heartbeat.track_many([(fence, self._on_lost(fence), self._on_expired(fence))
                                    for fence in claim.fences], lease, sent)
         return claim
+
+    def _claim_limited(self, spec: JobSpec, execution_id: UUID, token: str,
+                       plan: _Plan) -> list[Claimed]:
+        """The limited claim of one row (:meth:`_run_limited`); a row refused by its rate is
+        published again with the next window's start as its eta, one refused a slot waits
+        (and is dispatched at once should a slot have freed meanwhile)."""
+        rate = spec.rate
+        limits = Limits(spec.concurrency, rate.starts if rate else None,
+                        rate.window if rate else None, spec.rate_per_key)
+        inline = isinstance(self.dispatcher(), InlineDispatcher)
+        done = self.store.claim_limited(
+            execution_id, spec.name, token, self.store.lease_now(), plan.lease, limits,
+            queue=plan.queue, max_eta=None if inline else self.config.max_eta)
+        if done.waiting == WAITING_RATE and done.dispatched:
+            self.dispatcher().dispatch([DispatchItem(execution_id, spec.name,
+                                                     int(spec.priority), done.run_at)])
+        elif done.woke:
+            self.dispatcher().dispatch([DispatchItem(d.id, d.job_name, d.priority)
+                                        for d in done.woke])
+        if done.waiting is not None:
+            log.debug("celery_outbox: %s %s waits (%s)", spec.name, execution_id,
+                      done.waiting)
+        return done.rows
 
     def _plan(self, spec: JobSpec) -> _Plan:
         """What runs of ``spec`` need of it and of the config, resolved at its first run

@@ -28,7 +28,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from celery_outbox.config import KEY_WAIT
 from celery_outbox.errors import StorageError
-from celery_outbox.models import build_tables
+from celery_outbox.models import WAITING_RATE, WAITING_SLOT, build_tables
 from celery_outbox.outcomes import (
     Cancelled,
     Failed,
@@ -55,6 +55,7 @@ from celery_outbox.store import (
     RescueVerdict,
     StatusCount,
 )
+from celery_outbox.store.worker import LimitedClaim, Limits, slot_key, window_start
 
 log = logging.getLogger("tests.twin")
 T = TypeVar("T")
@@ -133,6 +134,10 @@ class MemoryStore:
         self.db_clock: Callable[[], datetime] | None = None
         """As ``ExecutionStore.db_clock``; None: the twin's database clock is this process's
         own (as SQLite's is)."""
+        self.slots: dict[tuple[str, str, int], tuple[UUID, str, int]] = {}
+        """``<table>_slots``: (job, key, slot) -> the holder's (id, claimed_by, attempt)."""
+        self.rates: dict[tuple[str, str, datetime], int] = {}
+        """``<table>_rates``: (job, key, window start) -> starts counted."""
 
     def lease_now(self) -> datetime | None:
         return None if self.db_clock is None else self.db_clock()
@@ -483,6 +488,83 @@ class MemoryStore:
                                      row=r, lost=True)
         self._write(r, values)
         return True
+
+    def _alive(self, holder: tuple[UUID, str, int]) -> bool:
+        row = self.rows.get(holder[0])
+        return row is not None and (row["claimed_by"], row["attempt"]) == holder[1:] and (
+            row["status"] == _RUNNING or (row["status"] == Status.CANCELLED.value
+                                          and row["lease_expires_at"] is not None))
+
+    def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
+                      now: datetime | None, lease: timedelta, limits: Limits, *,
+                      queue: str | None = None, max_eta: timedelta | None = None
+                      ) -> LimitedClaim:
+        """As the store's: the claim, a slot (stale ones reaped), the rate's count, all or
+        nothing; a refusal marks the row waiting (pending) or puts it back scheduled at the
+        next window."""
+        with self._lock:
+            before = dict(self.rows.get(execution_id) or {})
+            got = self.claim([execution_id], job_name, worker, now, lease, queue=queue)
+            if not got:
+                return LimitedClaim([])
+            row = got[0]
+            key = slot_key(row)
+            refused: str | None = None
+            if limits.concurrency is not None:
+                for k in [k for k in self.slots if k[:2] == (job_name, key)
+                          and not self._alive(self.slots[k])]:
+                    del self.slots[k]
+                free = [n for n in range(limits.concurrency)
+                        if (job_name, key, n) not in self.slots]
+                if free:
+                    self.slots[(job_name, key, free[0])] = (row.id, worker, row.attempt)
+                else:
+                    refused = WAITING_SLOT
+            at = self._at(now)
+            run_at = None
+            if refused is None and limits.rate_starts is not None:
+                assert limits.rate_window is not None
+                rkey = key if limits.rate_per_key else ""
+                start = window_start(at, limits.rate_window)
+                used = self.rates.get((job_name, rkey, start), 0)
+                if used >= limits.rate_starts:
+                    refused, run_at = WAITING_RATE, start + limits.rate_window
+                else:
+                    self.rates[(job_name, rkey, start)] = used + 1
+            if refused is None:
+                self.rows[execution_id]["waiting"] = None
+                return LimitedClaim([row])
+            self.rows[execution_id].update(before)  # rolled back
+            if refused == WAITING_SLOT:
+                self.rows[execution_id]["waiting"] = WAITING_SLOT
+                return LimitedClaim([], WAITING_SLOT)
+            assert run_at is not None
+            soon = max_eta is None or run_at - at <= max_eta
+            self.rows[execution_id].update(status=_SCHEDULED, scheduled_at=run_at,
+                                           waiting=WAITING_RATE, updated_at=at,
+                                           dispatched_at=at if soon else None)
+            return LimitedClaim([], WAITING_RATE, run_at, soon)
+
+    def free_limited(self, job_name: str, key: str | None, fence: Fence, concurrency: int,
+                     now: datetime) -> list[Due]:
+        """As the store's: the slot freed once its holder no longer runs, the oldest row
+        waiting for one dispatched while one is free."""
+        with self._lock:
+            skey = slot_key(key=key)
+            for k, holder in list(self.slots.items()):
+                if k[:2] == (job_name, skey) and holder[:2] == (fence.id, fence.claimed_by) \
+                        and not self._alive(holder):
+                    del self.slots[k]
+            held = sum(1 for k, h in self.slots.items()
+                       if k[:2] == (job_name, skey) and self._alive(h))
+            waiting = sorted((r for r in self.rows.values()
+                              if r["job_name"] == job_name and r["concurrency_key"] == key
+                              and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
+                             key=lambda r: (r["priority"], r["created_at"], r["id"]))
+            if held >= concurrency or not waiting:
+                return []
+            waiting[0].update(waiting=None, dispatched_at=now, updated_at=now)
+            return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
         """The pending rows among ``ids`` (in ``ids`` order), to dispatch."""

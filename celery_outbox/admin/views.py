@@ -168,6 +168,9 @@ class ExecutionDetail(ExecutionView):
     updated_at: datetime
     attempts: tuple[AttemptView, ...] = ()
     retried_by: UUID | None = None
+    waiting: str | None = None
+    """Why it waits when a limit holds it back, in words ("waiting for a concurrency slot
+    (3 of 3 taken)", "rate limited until 14:02:00 UTC"), else None."""
     payload_encrypted: bool = False
     """The payload is stored encrypted: ``payload`` is ``"encrypted"`` unless the reader
     may see it (then decrypted)."""

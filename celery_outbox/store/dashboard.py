@@ -16,6 +16,7 @@ from uuid import UUID
 
 from celery_outbox.queries import dashboard as reads
 from celery_outbox.queries.dashboard import Cursor, ExecutionQuery, Found
+from celery_outbox.queries.limits import GLOBAL_KEY, held_slots
 from celery_outbox.store.base import StoreBase
 
 
@@ -166,6 +167,14 @@ class DashboardStore(StoreBase):
             return []
         return self.executor.run(reads.bulk_delete(self.t, self.dialect, execution_ids,
                                                    organization_id))
+
+
+    def held_slots(self, job_name: str, key: str | None) -> int:
+        """How many concurrency slots of ``job_name`` (``key``: a row's
+        ``concurrency_key``; None: the job's own limit) attempts that still run hold."""
+        found = self.executor.run(held_slots(self.tables.slots, self.t, job_name,
+                                             GLOBAL_KEY if key is None else key))
+        return found or 0
 
 
 __all__ = ["Cursor", "DashboardStore", "ExecutionQuery", "Found"]

@@ -13,7 +13,7 @@ from uuid import UUID
 
 from celery_outbox.outcomes import Fence, Finished, FinishedMany, Outcome, Write
 from celery_outbox.store.sweep import Due
-from celery_outbox.store.worker import Claimed, Renewed
+from celery_outbox.store.worker import Claimed, LimitedClaim, Limits, Renewed
 
 
 class WorkerStore(Protocol):
@@ -26,6 +26,14 @@ class WorkerStore(Protocol):
 
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime | None,
               lease: timedelta, *, queue: str | None = None) -> list[Claimed]: ...
+
+    def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
+                      now: datetime | None, lease: timedelta, limits: Limits, *,
+                      queue: str | None = None, max_eta: timedelta | None = None
+                      ) -> LimitedClaim: ...
+
+    def free_limited(self, job_name: str, key: str | None, fence: Fence, concurrency: int,
+                     now: datetime) -> list[Due]: ...
 
     def start(self, fence: Fence, now: datetime, *, flushed: bool = True,
               job: str | None = None, queue: str | None = None) -> bool: ...

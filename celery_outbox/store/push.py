@@ -100,6 +100,9 @@ class NewExecution:
     """The failed or cancelled execution an admin retry of it makes this row retry."""
     traceparent: str | None = None
     """The W3C trace context of the push (:mod:`celery_outbox.tracing`); None: tracing off."""
+    concurrency_key: str | None = None
+    """The key its job's limits hold for (the job's ``concurrency_key`` of the payload);
+    None: the job has none."""
 
     @classmethod
     def create(
@@ -118,6 +121,7 @@ class NewExecution:
         triggered_by_name: str | None = None,
         execution_id: UUID | None = None,
         traceparent: str | None = None,
+        concurrency_key: str | None = None,
     ) -> NewExecution:
         """The row of one push (or cron tick) at ``now``, with the id ``execution_id``
         (None: a fresh :func:`~uuid.uuid4`; :func:`new_ids` makes many at once): scheduled when
@@ -143,6 +147,7 @@ class NewExecution:
             triggered_by=triggered_by,
             triggered_by_name=triggered_by_name,
             traceparent=traceparent,
+            concurrency_key=concurrency_key,
         )
 
     def values(self) -> dict[str, Any]:
@@ -167,6 +172,8 @@ class NewExecution:
             values["retry_of"] = self.retry_of
         if self.traceparent is not None:  # only when traced: the same for every row of a push
             values["traceparent"] = self.traceparent
+        if self.concurrency_key is not None:  # only for a keyed job: all rows of a push
+            values["concurrency_key"] = self.concurrency_key
         return values
 
 

@@ -4,15 +4,30 @@ release_claim; every write on a running row fenced by ``claimed_by`` and ``attem
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
 from celery_outbox.errors import StorageError
+from celery_outbox.models import WAITING_RATE, WAITING_SLOT
 from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write, deletes
 from celery_outbox.queries.admin import status_of
+from celery_outbox.queries.limits import (
+    GLOBAL_KEY,
+    clear_waiting,
+    defer_rate,
+    free_slot,
+    mark_waiting,
+    reap_slots,
+    spend_rate,
+    take_slot,
+    trim_rates,
+    wake_waiting,
+)
+from celery_outbox.queries.sweep import Due
 from celery_outbox.queries.worker import (
     claim_rows,
     confirm_stop,
@@ -49,6 +64,65 @@ class Claimed:
     """When it was due: ``scheduled_at`` (a delayed push, a retry), else ``created_at``."""
     snoozes: int | None = None
     """How many times its handlers snoozed it so far (None: never)."""
+    concurrency_key: str | None = None
+    """The key its job's limits hold for (None: the job's own limit, or no limit)."""
+    started_at: datetime | None = None
+    """When the claim marked it started (the first row of a claim; None: the others)."""
+    waiting: str | None = None
+    """Why it waited on a limit before this claim (``slot``, ``rate``), else None."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a claim of a limited job obeys (:meth:`WorkerStore.claim_limited`):
+    ``concurrency`` slots per job (per key for a keyed job; None: no concurrency limit),
+    ``rate_starts`` starts per ``rate_window`` (None: no rate), counted per key with
+    ``rate_per_key``."""
+
+    concurrency: int | None = None
+    rate_starts: int | None = None
+    rate_window: timedelta | None = None
+    rate_per_key: bool = False
+
+
+@dataclass(frozen=True)
+class LimitedClaim:
+    """What :meth:`WorkerStore.claim_limited` did: ``rows`` claimed (one or none); else
+    ``waiting`` says why the row was not (``"slot"``: every slot held, it waits pending;
+    ``"rate"``: the rate spent, it was put back scheduled at ``run_at``, dispatched with that
+    eta when ``dispatched``; None: not claimable, left as it is)."""
+
+    rows: list[Claimed]
+    waiting: str | None = None
+    run_at: datetime | None = None
+    dispatched: bool = False
+    woke: list[Due] = field(default_factory=list)
+    """Rows waiting for a slot to dispatch now: a slot freed between the refusal and the
+    mark, its runner finding none waiting yet (the check after the mark committed)."""
+
+
+class _Refused(Exception):
+    """Rolls back a limited claim's transaction: a limit refused the row."""
+
+    def __init__(self, waiting: str, key: str | None, run_at: datetime | None = None) -> None:
+        super().__init__(waiting)
+        self.waiting = waiting
+        self.key = key
+        self.run_at = run_at
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def window_start(now: datetime, window: timedelta) -> datetime:
+    """The start of the fixed ``window`` holding ``now`` (windows aligned on the epoch)."""
+    return EPOCH + ((now - EPOCH) // window) * window
+
+
+def slot_key(row: Claimed | None = None, key: str | None = None) -> str:
+    """The ``concurrency_key`` of ``<table>_slots`` for a row's key (None: the job's own)."""
+    value = row.concurrency_key if row is not None else key
+    return GLOBAL_KEY if value is None else value
 
 
 class Renewed(set[UUID]):
@@ -112,6 +186,106 @@ class WorkerStore(StoreBase):
                        pauses=self.tables.pauses, queue=queue))
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
+
+    def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
+                      now: datetime | None, lease: timedelta, limits: Limits, *,
+                      queue: str | None = None, max_eta: timedelta | None = None
+                      ) -> LimitedClaim:
+        """claim (as :meth:`claim`, of one row) of a job with a concurrency or a rate limit,
+        decided in the same transaction across every worker: the claim, then the lowest
+        free slot of the job's (or the row's key's) ``limits.concurrency`` taken in
+        ``<table>_slots`` (an INSERT its primary key refuses when another claim took that
+        slot; slots whose holder no longer runs the attempt that took them are reaped
+        first when none is free), then the start counted in the current rate window of
+        ``<table>_rates`` (an upsert adding one only while under the rate). Either refusal
+        rolls the whole transaction back: the row stays as it was, no attempt spent, and is
+        then marked waiting for a slot (pending; :meth:`free_limited` of the next slot freed
+        dispatches it), or put back scheduled at the next window's start (dispatched with
+        that eta when within ``max_eta``; None: any). The slot is held by the claim's fence
+        (``worker``, the attempt): free it with :meth:`free_limited` once the attempt's
+        outcome is written."""
+        rate_now: datetime | None = None
+        try:
+            with self.transaction() as tx:
+                found = tx.run(claim_rows(self.t, self.dialect, [execution_id], job_name,
+                                          worker, now, lease, pauses=self.tables.pauses,
+                                          queue=queue))
+                if not found:
+                    return LimitedClaim([])
+                row = Claimed(**found[0])
+                if limits.concurrency is not None:
+                    self._take_slot(tx, row, job_name, worker, limits.concurrency)
+                if limits.rate_starts is not None:
+                    # Counted in the window of its start (the claim's clock, the one
+                    # started_at shows).
+                    rate_now = row.started_at or self._limit_now()
+                    self._spend_rate(tx, row, job_name, limits, rate_now)
+                if row.waiting is not None:
+                    tx.run(clear_waiting(self.t, execution_id))
+            return LimitedClaim([dataclasses.replace(row, waiting=None)])
+        except _Refused as refused:
+            if refused.waiting == WAITING_SLOT:
+                assert limits.concurrency is not None
+                self.executor.run(mark_waiting(self.t, execution_id))
+                # Committed, then checked: a slot freed before the mark was visible to its
+                # freer's wake is seen free here (each statement a fresh snapshot).
+                woke = self.executor.run(wake_waiting(
+                    self.t, self.tables.slots, self.dialect, job_name, refused.key,
+                    limits.concurrency, rate_now or self._limit_now()))
+                return LimitedClaim([], WAITING_SLOT, woke=woke)
+            assert refused.run_at is not None and rate_now is not None
+            soon = max_eta is None or refused.run_at - rate_now <= max_eta
+            self.executor.run(defer_rate(self.t, execution_id, refused.run_at, rate_now,
+                                         soon))
+            return LimitedClaim([], WAITING_RATE, refused.run_at, soon)
+
+    def _take_slot(self, tx: Any, row: Claimed, job_name: str, worker: str, n: int) -> None:
+        """A slot for ``row`` in ``tx``; raises :class:`_Refused` when every one is held.
+        Tried again after the reap of stale slots, and once more: a free slot a concurrent
+        claim took first is refused by the primary key (after its commit, the next statement
+        sees it taken and another free)."""
+        key = slot_key(row)
+        take = take_slot(self.tables.slots, self.dialect, job_name, key, n, row.id, worker,
+                         row.attempt, self._limit_now())
+        if tx.run(take) is not None:
+            return
+        tx.run(reap_slots(self.tables.slots, self.t, job_name, key))
+        for _ in range(2):
+            if tx.run(take) is not None:
+                return
+        raise _Refused(WAITING_SLOT, row.concurrency_key)
+
+    def _spend_rate(self, tx: Any, row: Claimed, job_name: str, limits: Limits,
+                    now: datetime) -> None:
+        """Count ``row``'s start in the current window in ``tx``; raises :class:`_Refused`
+        with the next window's start when the rate is spent."""
+        assert limits.rate_starts is not None and limits.rate_window is not None
+        key = slot_key(row) if limits.rate_per_key else GLOBAL_KEY
+        start = window_start(now, limits.rate_window)
+        used = tx.run(spend_rate(self.tables.rates, self.dialect, job_name, key, start,
+                                 limits.rate_starts))
+        if used is None:
+            raise _Refused(WAITING_RATE, row.concurrency_key, start + limits.rate_window)
+        if used == 1:  # a new window: the ones before it are spent
+            tx.run(trim_rates(self.tables.rates, job_name, key, start))
+
+    def _limit_now(self) -> datetime:
+        return self.db_clock() if self.db_clock is not None else datetime.now(timezone.utc)
+
+    def free_limited(self, job_name: str, key: str | None, fence: Fence, concurrency: int,
+                     now: datetime) -> list[Due]:
+        """Free the slot ``fence`` held for ``job_name`` (``key``: the row's
+        ``concurrency_key``) once its row no longer runs that attempt (an outcome a retry
+        thread still writes keeps it), then dispatch the oldest row waiting for a slot of
+        that limit while one is free (answered: the caller publishes it). Two statements,
+        each committing on its own."""
+        self.executor.run(free_slot(self.tables.slots, self.t, job_name, slot_key(key=key),
+                                    fence.id, fence.claimed_by))
+        # Its own statement, after the free committed: a claim refused meanwhile marks its
+        # row, then checks for a free slot itself (claim_limited), so none waits unseen.
+        woke: list[Due] = self.executor.run(wake_waiting(
+            self.t, self.tables.slots, self.dialect, job_name, key, concurrency, now))
+        return woke
 
     def start(self, fence: Fence, now: datetime, *, flushed: bool = True,
               job: str | None = None, queue: str | None = None) -> bool:

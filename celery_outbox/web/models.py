@@ -270,6 +270,10 @@ class ExecutionDetailOut(ExecutionOut):
         False, description="The payload is stored encrypted (an encrypted=True job): "
         "`payload` is the string \"encrypted\" unless this principal may see it "
         "(show_encrypted_payloads), then decrypted")
+    waiting: str | None = Field(
+        None, description="Why it waits when a limit holds it back, in words (\"waiting "
+        "for a concurrency slot (3 of 3 taken)\", \"rate limited until 14:02:00 UTC\"); "
+        "null otherwise")
 
     @classmethod
     def of(cls, d: ExecutionDetail) -> ExecutionDetailOut:  # type: ignore[override]
@@ -289,7 +293,7 @@ class ExecutionDetailOut(ExecutionOut):
                                  finished_at=d.finished_at, updated_at=d.updated_at),
             actions=actions, attempts=[AttemptOut.of(a) for a in d.attempts],
             retry_of=d.retry_of, retried_by=d.retried_by,
-            payload_encrypted=d.payload_encrypted,
+            payload_encrypted=d.payload_encrypted, waiting=d.waiting,
         )
 
 

@@ -327,7 +327,7 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
         assert partial | tenant <= _index_names(migrated)
         assert not whole & _index_names(migrated)
         back = describe(url, "mig_outbox")
-        later = {"ix_T_finished_key"}  # 0011_finished_key_index
+        later = {"ix_T_finished_key", "ix_T_waiting"}  # 0011_finished_key_index, 0012_limits
         assert later <= _index_names(migrated)
         assert _index_names(back) == _index_names(migrated) - partial - tenant - later | whole
         assert [r for r in back if r[1] in whole and "WHERE" in r[2]] == []

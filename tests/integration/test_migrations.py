@@ -31,7 +31,8 @@ from tests.procs import ROOT
 OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron",
                  "celery_outbox_executions_trim", "celery_outbox_executions_loop",
                  "celery_outbox_executions_revoked_sessions", "celery_outbox_executions_pauses",
-                 "celery_outbox_executions_stats"}
+                 "celery_outbox_executions_stats", "celery_outbox_executions_slots",
+                 "celery_outbox_executions_rates"}
 VERSION_TABLE = "celery_outbox_alembic_version"
 
 

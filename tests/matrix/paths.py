@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session
 
+from celery_outbox.models import WAITING_SLOT
 from celery_outbox.states import Status
 from celery_outbox.ticker import TickOutcome
 from tests.matrix.faults import Fault
@@ -24,6 +25,8 @@ from tests.matrix.world import (
     CRON,
     JOB,
     LEASE,
+    LIM,
+    LIM_RATE,
     NOKEEP,
     ONCE,
     PAR,
@@ -256,6 +259,48 @@ def seed_retried(w: World) -> None:
     w.delivered = len(w.dispatcher.items)
 
 
+def _seed_limited(w: World) -> None:
+    w.seeded = w.push([w.plan("ok"), w.plan("fail", "ok")], job=LIM)  # type: ignore[attr-defined]
+
+
+def run_limited(w: World) -> None:
+    """A message of the limited job: each row's claim takes the slot and counts its start,
+    its outcome frees the slot (and wakes none: nobody waits)."""
+    w.run(LIM, w.seeded)  # type: ignore[attr-defined]
+
+
+def _seed_limit_held(w: World) -> None:
+    """The limited job's slot held by a worker that died right after its claim (its row
+    running until the rescuer takes it), and a row of it to run."""
+    held, w.seeded = w.push([w.plan("ok"), w.plan("ok")], job=LIM)  # type: ignore[attr-defined]
+    w.claim_dead_limited(LIM, held)
+
+
+def run_limit_held(w: World) -> None:
+    """The claim finds the one slot held (the stale-slot reap frees nothing: its holder
+    runs): the row waits, marked, until the rescuer frees the slot and the sweep sends it
+    again."""
+    w.run(LIM, [w.seeded])  # type: ignore[attr-defined]
+
+
+def _seed_waiting(w: World) -> None:
+    """A row of the limited job that waited for a slot (marked so), its slot free now."""
+    w.seeded = w.push([w.plan("ok")], job=LIM)  # type: ignore[attr-defined]
+    t = w.outbox.tables.executions
+    with w.engine.begin() as conn:
+        conn.execute(update(t).where(t.c.id.in_(w.seeded))  # type: ignore[attr-defined]
+                     .values(waiting=WAITING_SLOT))
+
+
+def _seed_rate(w: World) -> None:
+    w.seeded = w.push([w.plan("ok"), w.plan("ok")], job=LIM_RATE)  # type: ignore[attr-defined]
+
+
+def run_rate(w: World) -> None:
+    """Two rows of a 1/m job in one message: the second is put back to the next window."""
+    w.run(LIM_RATE, w.seeded)  # type: ignore[attr-defined]
+
+
 PATHS: dict[str, Path] = {p.name: p for p in [
     Path("push", _nothing, push_one),
     Path("push_keyed", _nothing, push_keyed),
@@ -299,4 +344,9 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("admin_retry_again", seed_retried, admin_retry),
     Path("admin_reads", seed_pending, admin_reads),
     Path("cron", _nothing, cron_tick, {"jobs": (CRON,)}),
+    Path("worker_limited", _seed_limited, run_limited, {"jobs": (LIM,)}),
+    Path("limit_held", _seed_limit_held, run_limit_held, {"jobs": (LIM,)}),
+    Path("rate_limited", _seed_rate, run_rate, {"jobs": (LIM_RATE,)}),
+    # A row that waited for a slot is claimed: its mark cleared with the claim.
+    Path("limit_waited", _seed_waiting, run_limited, {"jobs": (LIM,)}),
 ]}

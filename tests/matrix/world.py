@@ -34,6 +34,7 @@ from celery_outbox.errors import StorageError
 from celery_outbox.executors.direct import Held
 from celery_outbox.runner import Runner
 from celery_outbox.states import ACTIVE, Status
+from celery_outbox.store.worker import Limits
 from tests.integration.fakes import RecordingDispatcher
 from tests.matrix import internals
 from tests.matrix.faults import Fault, FaultyExecutor
@@ -49,6 +50,8 @@ TRIM = "matrix.trim"  # keeps one succeeded row
 CRON = "matrix.cron"  # every minute, no payload: its handler returns
 PAR = "matrix.par"  # JOB's options, two executions of a message at once (parallel=2)
 PAR_NOKEEP = "matrix.par_nokeep"  # NOKEEP's options, parallel=2: a wave's outcomes, one DELETE
+LIM = "matrix.lim"  # JOB's options, concurrency=1 and a rate of 100/m: slots and windows
+LIM_RATE = "matrix.lim_rate"  # JOB's options, a rate of 1/m: the second start waits a window
 DEAD = "dead:1:0"  # the worker id of a seeded worker that died
 OUTCOMES = {"ok": Status.SUCCEEDED, "stop": Status.FAILED, "cancel": Status.CANCELLED,
             "cancel_self": Status.CANCELLED}
@@ -133,6 +136,8 @@ class World:
             CRON: dict(retry=retry, record="all", cron="* * * * *", schema=None),
             PAR: dict(retry=retry, record="all", parallel=2),
             PAR_NOKEEP: dict(retry=RetryPolicy(retries=0), record="none", parallel=2),
+            LIM: dict(retry=retry, record="all", concurrency=1, rate="100/m"),
+            LIM_RATE: dict(retry=retry, record="all", rate="1/m"),
         }
         for name in jobs:
             outbox_job(**{"schema": Plan, "name": name, "registry": registry,
@@ -298,6 +303,14 @@ class World:
         claimed = self.store.claim(list(ids), job, f"{DEAD}/0", self.now, LEASE)
         if claimed:
             self.dead_begun.add((claimed[0].id, claimed[0].attempt))
+
+    def claim_dead_limited(self, job: str, execution_id: UUID) -> None:
+        """:meth:`claim_dead` of one row of a limited job: its slot taken with its claim."""
+        spec = self.registry.get(job)
+        claimed = self.store.claim_limited(execution_id, job, f"{DEAD}/0", self.now, LEASE,
+                                           Limits(spec.concurrency))
+        if claimed.rows:
+            self.dead_begun.add((claimed.rows[0].id, claimed.rows[0].attempt))
 
     def table(self) -> dict[UUID, dict[str, Any]]:
         t = self.outbox.tables.executions

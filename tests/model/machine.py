@@ -112,6 +112,8 @@ STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop"
          "snooze:30", "snooze:600", "tx:ok", "tx:fail"] + (
     ["cancel"] if "4" in DEFECTS else [])
 KEYS = [None, None, "k1", "k2", "k3"]
+CONCURRENCIES = [None, 1, 1, 2]
+"""A job's ``concurrency`` (None: no limit)."""
 OFFSETS = [-3.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 3.0]
 """A host's clock offset at the start, in leases (the outbox's ``lease``)."""
 HOST_JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=31),
@@ -318,10 +320,12 @@ class OutboxMachine(RuleBasedStateMachine):
                                                    timedelta(days=1)]), label="timeout"),
                 priority=data.draw(st.integers(0, 3), label="priority"),
                 max_snoozes=data.draw(st.sampled_from([0, 1, 2, 100]), label="max_snoozes"),
+                concurrency=data.draw(st.sampled_from(CONCURRENCIES), label="concurrency"),
             )
             outbox_job(schema=Plan, name=job.name, registry=registry, retry=job.retry,
                        record=job.record, keep=job.keep, timeout=job.timeout,
-                       priority=job.priority, max_snoozes=job.max_snoozes)(self.world.handler)
+                       priority=job.priority, max_snoozes=job.max_snoozes,
+                       concurrency=job.concurrency)(self.world.handler)
             jobs[job.name] = job
         self.model = Model(cfg, jobs)
         self.dispatcher = RecordingDispatcher()
@@ -564,10 +568,33 @@ class OutboxMachine(RuleBasedStateMachine):
         self.run_on(slot, job, ids)
 
     def run_on(self, slot: Slot, job: str, ids: list[UUID]) -> None:
+        limit = self.model.jobs[job].concurrency
+        if limit is not None:
+            self.run_limited(slot, job, ids, limit)
+            return
         fences = self.model.claim(slot.runner.worker_id, job, ids, self.lease_base(slot))
         result = slot.runner.run(job, ids)
         assert result.claimed == len(fences), f"claimed {result.claimed}, model {fences}"
         self.follow(slot, fences, 0, set())
+
+    def run_limited(self, slot: Slot, job: str, ids: list[UUID], limit: int) -> None:
+        """A message of a job with ``concurrency=limit``: the runner claims its ids one at a
+        time, each claim refused (the row left as it is, never begun) while ``limit`` of the
+        job's attempts still run; each row claimed runs to its outcome before the next
+        claim."""
+        result = slot.runner.run(job, ids)
+        claimed = 0
+        base = self.lease_base(slot)
+        for i in dict.fromkeys(ids):
+            row = self.model.rows.get(i)
+            if row is not None and self.model.claimable(row, job, base) \
+                    and self.model.holding(job) >= limit:
+                self.hit("limit_refused")
+                continue
+            fences = self.model.claim(slot.runner.worker_id, job, [i], base)
+            claimed += len(fences)
+            self.follow(slot, fences, 0, set())
+        assert result.claimed == claimed, f"claimed {result.claimed}, model {claimed}"
 
     @rule(data=st.data())
     def deliver(self, data: st.DataObject) -> None:
@@ -600,13 +627,22 @@ class OutboxMachine(RuleBasedStateMachine):
         if len(self.background) >= 2 or slot is None or not ids:
             self.idle("run_in_background")
             return
-        worker = slot.runner.worker_id
+        limit = self.model.jobs[job].concurrency
+        if limit is not None:  # its claims take one id each; a full limit claims nothing
+            ids = ids[:1] if self.model.holding(job) < limit else []
         claimable = [i for i in ids if self.model.claimable(self.model.rows[i], job,
                                                              self.lease_base(slot))]
         if not claimable or job in self.model.paused:  # a paused job's claim takes nothing
             self.idle("run_in_background")
             return
         self.hit("run_in_background")
+        self.start_background(slot, job, ids, claimable[0], cooperative, watched)
+
+    def start_background(self, slot: Slot, job: str, ids: list[UUID], first: UUID,
+                         cooperative: bool, watched: bool) -> None:
+        """``slot`` runs the message ``(job, ids)`` in a thread, the handler of ``first``
+        (the first claimable) hanging until its gate opens."""
+        worker = slot.runner.worker_id
         go = threading.Event()
         errors: list[BaseException] = []
 
@@ -621,16 +657,44 @@ class OutboxMachine(RuleBasedStateMachine):
         thread.start()
         assert thread.ident is not None
         gate = Gate(thread.ident, cooperative=cooperative, watched=watched)
-        self.world.gates[claimable[0]] = gate
+        self.world.gates[first] = gate
         fences = self.model.claim(worker, job, ids, self.lease_base(slot))
-        first = self.model.rows[fences[0].id]
+        head = self.model.rows[fences[0].id]
         run = Background(slot, job, fences, gate, thread, list(fences),
-                         lease=self.model.lease_of(self.model.job(first)),
+                         lease=self.model.lease_of(self.model.job(head)),
                          sent=self.clock_now, errors=errors)
         self.background.append(run)
         self.expected_begins.append((run.first.id, run.first.attempt))
         go.set()
         wait_for(f"the handler of {run.first.id} to begin", gate.entered.is_set)
+
+    @rule(data=st.data())
+    def crowd(self, data: st.DataObject) -> None:
+        """Three executions of a limited job are pushed; a worker runs the first in the
+        background (its handler hangs, its slot held) while a slot is free, then another
+        worker runs a message of the other two: each claimed only while a slot is free,
+        the others left pending, never begun."""
+        job = self.draw_job(data)
+        plans = [self.plan(data) for _ in range(3)]
+        one = self.pick(data, self.live_slots(), "runner")
+        other = self.pick(data, self.live_slots(), "other runner")
+        cooperative = data.draw(st.booleans(), label="cooperative")
+        if job.concurrency is None or one is None or other is None or other is one \
+                or job.name in self.model.paused:
+            self.idle("crowd")
+            return
+        assert self.outbox is not None
+        self.hit("crowd")
+        now = self.app_clock()
+        ids = self.outbox.push_many(self.outbox.registry.get(job.name),
+                                    [p.model_dump() for p in plans])
+        for got, plan in zip(ids, plans, strict=True):
+            self.model.push(MRow(id=got, job=job.name, plan=plan, key=None, org=None,
+                                 priority=job.priority, max_attempts=job.retry.max_attempts,
+                                 status=None), now, None)
+        if len(self.background) < 2 and self.model.holding(job.name) < job.concurrency:
+            self.start_background(one, job.name, ids[:1], ids[0], cooperative, True)
+        self.run_on(other, job.name, ids[1:])
 
     @rule(data=st.data())
     def open_gate(self, data: st.DataObject) -> None:
@@ -1040,6 +1104,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.check_dispatches()
         self.check_transitions(table)
         self.check_pauses(table)
+        self.check_limits(table)
         active_keys = Counter((r["job_name"], r["unique_key"]) for r in table.values()
                               if r["unique_key"] and r["status"] in {s.value for s in ACTIVE})
         assert all(n == 1 for n in active_keys.values()), f"two active rows: {active_keys}"
@@ -1053,6 +1118,34 @@ class OutboxMachine(RuleBasedStateMachine):
         self.model.transitions.clear()
         self.stats.states.add(tuple(sorted(
             (r.job[-1], str(r.status), r.attempt) for r in self.model.rows.values())))
+
+    def check_limits(self, table: dict[UUID, dict[str, Any]]) -> None:
+        """No limited job has more than its ``concurrency`` executions running (running
+        with ``started_at``), and each of its attempts that still runs holds exactly one
+        slot, under its own fence, numbered below the limit."""
+        assert self.outbox is not None
+        s = self.outbox.tables.slots
+        with self.outbox.engine.connect() as conn:
+            slots = [dict(r) for r in conn.execute(select(s)).mappings()]
+        for job in self.model.jobs.values():
+            if job.concurrency is None:
+                continue
+            running = [r for r in table.values() if r["job_name"] == job.name
+                       and r["status"] == Status.RUNNING.value and r["started_at"] is not None]
+            assert len(running) <= job.concurrency, (
+                f"{len(running)} of {job.name} running, its concurrency {job.concurrency}")
+            held = [r for r in table.values() if r["job_name"] == job.name and (
+                r["status"] == Status.RUNNING.value or (
+                    r["status"] == Status.CANCELLED.value
+                    and r["lease_expires_at"] is not None))]
+            for r in held:
+                mine = [x for x in slots if x["holder_id"] == r["id"]
+                        and x["holder_by"] == r["claimed_by"]
+                        and x["holder_attempt"] == r["attempt"]]
+                assert len(mine) == 1, f"{r['id']} runs holding {len(mine)} slots: {slots}"
+                assert mine[0]["job_name"] == job.name and mine[0]["slot"] < job.concurrency
+            if held:
+                self.stats.rules["limit_checked"] += 1
 
     def check_snoozes(self, table: dict[UUID, dict[str, Any]]) -> None:
         """A snooze never changes the attempt count: a row whose ``snoozes`` grew since the
@@ -1099,6 +1192,8 @@ class OutboxMachine(RuleBasedStateMachine):
                 continue
             assert actual is not None, f"{row.id} lost: model says {row.status}"
             want = self.expected(row)
+            if row.status is Status.PENDING and self.model.job(row).concurrency is not None:
+                del want["dispatched_at"]  # a freed slot may have woken it (check_dispatches)
             got = {k: actual[k] if k != "started" else actual["started_at"] is not None
                    for k in want}
             if got.get("claimed_by"):  # the model knows the worker, not the claim's own token
@@ -1157,7 +1252,12 @@ class OutboxMachine(RuleBasedStateMachine):
         self.seen_dispatches = len(self.dispatcher.items)
         expected, self.model.expect_dispatch = self.model.expect_dispatch, set()
         assert expected <= new, f"not dispatched: {expected - new}"
-        assert new <= expected, f"dispatched without a reason: {new - expected}"
+        # A freed concurrency slot dispatches the oldest row waiting for one (the model does
+        # not follow which rows wait): allowed for the limited jobs' pending rows.
+        woken = {i for i in new - expected if i in self.model.rows
+                 and self.model.job(self.model.rows[i]).concurrency is not None
+                 and self.model.rows[i].status is Status.PENDING}
+        assert new - woken <= expected, f"dispatched without a reason: {new - expected}"
 
     def check_transitions(self, table: dict[UUID, dict[str, Any]]) -> None:
         """Each row's status change over the step is a path of states.py's transitions."""

@@ -32,6 +32,8 @@ class JobCfg:
     timeout: timedelta | None
     priority: int
     max_snoozes: int = 100
+    concurrency: int | None = None
+    """``@outbox_job(concurrency=...)``: at most this many of its executions run at once."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,14 @@ class Model:
     def keep_succeeded_row(self, job: JobCfg) -> bool:
         keep = (job.keep or {}).get("succeeded", self.cfg.keep_succeeded)
         return job.record == "all" and keep > 0
+
+    def holding(self, job: str) -> int:
+        """How many of ``job``'s rows hold a concurrency slot: the attempts that still run
+        (running, or cancelled while its attempt runs: the lease kept until the stop is
+        confirmed). Every such row of a limited job took its slot with its claim."""
+        return sum(1 for r in self.rows.values() if r.job == job and (
+            r.status is Status.RUNNING or (r.status is Status.CANCELLED
+                                           and r.lease is not None)))
 
     def active_holder(self, job: str, key: str) -> MRow | None:
         for row in self.rows.values():

@@ -298,3 +298,31 @@ class AddSnoozesColumn(_AddExecutionsColumn):
     without spending an attempt; INTEGER, NULL for none) unless the table has it already."""
 
     column = "snoozes"
+
+
+class AddConcurrencyKeyColumn(_AddExecutionsColumn):
+    """Add ``<table>.concurrency_key`` (the key a job's limits hold for, VARCHAR(200),
+    nullable) unless the table has it already."""
+
+    column = "concurrency_key"
+
+
+class AddWaitingColumn(_AddExecutionsColumn):
+    """Add ``<table>.waiting`` (why a refused row waits: ``slot`` or ``rate``, VARCHAR(8),
+    nullable) unless the table has it already."""
+
+    column = "waiting"
+
+
+class CreateSlotsTable(_CreateSideTable):
+    """Create ``<table>_slots`` (the concurrency limits' taken slots) unless it exists."""
+
+    table = "slots"
+    what = "slots"
+
+
+class CreateRatesTable(_CreateSideTable):
+    """Create ``<table>_rates`` (the rate limits' windows) unless it exists."""
+
+    table = "rates"
+    what = "rates"

@@ -1,0 +1,274 @@
+"""The concurrency and rate limits' queries: a slot taken (numbered 0..N-1 under the primary
+key of ``<table>_slots``, so two claims can never hold one), a stale slot reaped, a slot
+freed, the oldest row waiting for a slot dispatched again, a start counted in its rate
+window (``<table>_rates``: an upsert that adds one only while under the rate), and a row
+put back to wait (for a slot, or for the next window).
+
+A slot is held by one attempt: ``(holder_id, holder_by, holder_attempt)`` is its row's
+fence. It is free when its row no longer runs that attempt (:func:`alive` is false): the
+runner deletes it with the outcome, and a crashed worker's slot frees when the rescuer
+takes its row, so no slot is held forever.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy import (
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
+
+from celery_outbox.models import WAITING_RATE, WAITING_SLOT
+from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
+from celery_outbox.queries.clauses import upsert
+from celery_outbox.queries.sweep import Due
+from celery_outbox.states import Status
+
+GLOBAL_KEY = ""
+"""The ``concurrency_key`` / ``rate_key`` of a job's own limit (no key function)."""
+
+
+def alive(s: Table, t: Table) -> Any:
+    """The slot's holder still runs the attempt that took it: its row running under that
+    fence, or cancelled while that attempt still runs (lease set until the stop is
+    confirmed)."""
+    return exists(select(literal(1)).where(
+        t.c.id == s.c.holder_id,
+        t.c.claimed_by == s.c.holder_by,
+        t.c.attempt == s.c.holder_attempt,
+        or_(t.c.status == Status.RUNNING.value,
+            and_(t.c.status == Status.CANCELLED.value, t.c.lease_expires_at.is_not(None))),
+    ))
+
+
+def _of(s: Table, prefix: str) -> Any:
+    return and_(s.c.job_name == bindparam(f"{prefix}_job", type_=s.c.job_name.type),
+                s.c.concurrency_key == bindparam(f"{prefix}_key",
+                                                 type_=s.c.concurrency_key.type))
+
+
+@cache
+def _take(s: Table, dialect: str) -> Any:
+    """INSERT of the lowest slot number below ``n`` no row of ``s`` holds for the job and
+    key (a recursive CTE counts 0..n-1), ON CONFLICT DO NOTHING: a slot another claim took
+    meanwhile is refused by the primary key, never held twice."""
+    nums = select(literal(0, Integer()).label("n")).cte("nums", recursive=True)
+    nums = nums.union_all(select((nums.c.n + 1).label("n"))
+                          .where(nums.c.n + 1 < bindparam("take_n", type_=Integer())))
+    taken = select(literal(1)).where(_of(s, "take"), s.c.slot == nums.c.n)
+    pick = (select(bindparam("take_job", type_=s.c.job_name.type),
+                   bindparam("take_key", type_=s.c.concurrency_key.type),
+                   nums.c.n,
+                   bindparam("take_id", type_=s.c.holder_id.type),
+                   bindparam("take_by", type_=s.c.holder_by.type),
+                   bindparam("take_attempt", type_=s.c.holder_attempt.type),
+                   bindparam("take_now", type_=s.c.taken_at.type))
+            .where(~exists(taken)).order_by(nums.c.n).limit(1))
+    return (upsert(s, dialect)
+            .from_select(["job_name", "concurrency_key", "slot", "holder_id", "holder_by",
+                          "holder_attempt", "taken_at"], pick)
+            .on_conflict_do_nothing()
+            .returning(s.c.slot))
+
+
+@named("slots: take the lowest free slot of a job's (or key's) concurrency limit for an "
+       "attempt; refused by the primary key when another claim took it")
+def take_slot(s: Table, dialect: str, job: str, key: str, n: int, holder: UUID, by: str,
+              attempt: int, now: datetime) -> Query[int | None]:
+    """Answers the slot number taken, or None when every slot of ``n`` is held (or the one
+    found free was taken by a concurrent claim first)."""
+    return first("take_slot", _take(s, dialect), _slot,
+                 {"take_job": job, "take_key": key, "take_n": n, "take_id": holder,
+                  "take_by": by, "take_attempt": attempt, "take_now": now})
+
+
+def _slot(row: Row) -> int:
+    return int(row["slot"])
+
+
+@cache
+def _reap(s: Table, t: Table) -> Any:
+    return delete(s).where(_of(s, "reap"), ~alive(s, t))
+
+
+@named("slots: free the slots of a job's (or key's) limit whose holder no longer runs the "
+       "attempt that took them (a crash, a rescue, an outcome written without its free)")
+def reap_slots(s: Table, t: Table, job: str, key: str) -> Query[int]:
+    """Answers the number of slots freed."""
+    return rowcount("reap_slots", _reap(s, t), {"reap_job": job, "reap_key": key})
+
+
+@cache
+def _free(s: Table, t: Table) -> Any:
+    return delete(s).where(_of(s, "free"),
+                           s.c.holder_id == bindparam("free_id", type_=s.c.holder_id.type),
+                           s.c.holder_by == bindparam("free_by", type_=s.c.holder_by.type),
+                           ~alive(s, t))
+
+
+@named("slots: free the slot an attempt held once its row no longer runs that attempt (its "
+       "outcome written, or handed back)")
+def free_slot(s: Table, t: Table, job: str, key: str, holder: UUID, by: str) -> Query[int]:
+    """Answers the number of slots freed (1, or 0 when it held none or still runs: an outcome
+    a retry thread still writes keeps its slot until it is written)."""
+    return rowcount("free_slot", _free(s, t), {"free_job": job, "free_key": key,
+                                               "free_id": holder, "free_by": by})
+
+
+@cache
+def _held(s: Table, t: Table) -> Any:
+    return select(func.count().label("n")).where(_of(s, "held"), alive(s, t))
+
+
+@named("slots: how many slots of a job's (or key's) limit are held by running attempts")
+def held_slots(s: Table, t: Table, job: str, key: str) -> Query[int | None]:
+    return first("held_slots", _held(s, t), _count,
+                 {"held_job": job, "held_key": key})
+
+
+def _count(row: Row) -> int:
+    return int(row["n"])
+
+
+def _row_key(t: Table, keyed: bool) -> Any:
+    return (t.c.concurrency_key == bindparam("w_key", type_=t.c.concurrency_key.type)
+            if keyed else t.c.concurrency_key.is_(None))
+
+
+@cache
+def _wake(t: Table, s: Table, dialect: str, keyed: bool) -> Any:
+    pick = (select(t.c.id)
+            .where(t.c.job_name == bindparam("w_job", type_=t.c.job_name.type),
+                   _row_key(t, keyed),
+                   t.c.status == Status.PENDING.value, t.c.waiting == WAITING_SLOT)
+            .order_by(t.c.priority, t.c.created_at, t.c.id).limit(1))
+    if dialect == "postgresql":
+        pick = pick.with_for_update(skip_locked=True)
+    held = (select(func.count()).select_from(s)
+            .where(s.c.job_name == bindparam("w_job", type_=s.c.job_name.type),
+                   s.c.concurrency_key == bindparam("w_slot_key",
+                                                    type_=s.c.concurrency_key.type),
+                   alive(s, t))
+            .scalar_subquery())
+    now = bindparam("w_now", type_=t.c.dispatched_at.type)
+    return (update(t)
+            .where(t.c.id.in_(pick), held < bindparam("w_n", type_=Integer()))
+            .values(waiting=None, dispatched_at=now, updated_at=now)
+            .returning(t.c.id, t.c.job_name, t.c.priority))
+
+
+@named("slots: the oldest row waiting for a slot of a job's (or key's) limit, dispatched "
+       "again, while a slot is free (locked SKIP LOCKED)")
+def wake_waiting(t: Table, s: Table, dialect: str, job: str, key: str | None, n: int,
+                 now: datetime) -> Query[list[Due]]:
+    """Answers the row dispatched (none while every slot of ``n`` is held, or none waits).
+    ``key``: the rows' ``concurrency_key`` (None: the job's own limit)."""
+    return rows("wake_waiting", _wake(t, s, dialect, key is not None), _due,
+                {"w_job": job, "w_key": key, "w_slot_key": GLOBAL_KEY if key is None else key,
+                 "w_n": n, "w_now": now})
+
+
+def _due(row: Row) -> Due:
+    return Due(row["id"], row["job_name"], row["priority"])
+
+
+@cache
+def _wait(t: Table) -> Any:
+    return (update(t)
+            .where(t.c.id == bindparam("wait_id", type_=t.c.id.type),
+                   t.c.status == Status.PENDING.value)
+            .values(waiting=WAITING_SLOT))
+
+
+@named("slots: a pending row its claim refused (every slot held) marked waiting for one")
+def mark_waiting(t: Table, execution_id: UUID) -> Query[int]:
+    return rowcount("mark_waiting", _wait(t), {"wait_id": execution_id})
+
+
+@cache
+def _clear(t: Table) -> Any:
+    return (update(t)
+            .where(t.c.id == bindparam("clear_id", type_=t.c.id.type),
+                   t.c.waiting.is_not(None))
+            .values(waiting=None))
+
+
+@named("limits: a claimed row no longer marked waiting")
+def clear_waiting(t: Table, execution_id: UUID) -> Query[int]:
+    return rowcount("clear_waiting", _clear(t), {"clear_id": execution_id})
+
+
+@cache
+def _spend(r: Table, dialect: str) -> Any:
+    stmt = upsert(r, dialect).values(
+        job_name=bindparam("r_job", type_=r.c.job_name.type),
+        rate_key=bindparam("r_key", type_=r.c.rate_key.type),
+        window_start=bindparam("r_window", type_=r.c.window_start.type),
+        used=literal(1, Integer()),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[r.c.job_name, r.c.rate_key, r.c.window_start],
+        set_={"used": r.c.used + 1},
+        where=r.c.used < bindparam("r_n", type_=Integer()),
+    ).returning(r.c.used)
+
+
+@named("rates: count a start in its window (an upsert adding one only while under the rate)")
+def spend_rate(r: Table, dialect: str, job: str, key: str, window: datetime,
+               n: int) -> Query[int | None]:
+    """Answers the window's starts with this one, or None when ``n`` were counted already."""
+    return first("spend_rate", _spend(r, dialect), _used,
+                 {"r_job": job, "r_key": key, "r_window": window, "r_n": n})
+
+
+def _used(row: Row) -> int:
+    return int(row["used"])
+
+
+@cache
+def _trim_rates(r: Table) -> Any:
+    return delete(r).where(r.c.job_name == bindparam("tr_job", type_=r.c.job_name.type),
+                           r.c.rate_key == bindparam("tr_key", type_=r.c.rate_key.type),
+                           r.c.window_start < bindparam("tr_before",
+                                                        type_=r.c.window_start.type))
+
+
+@named("rates: the windows of a job's (or key's) rate before the current one deleted")
+def trim_rates(r: Table, job: str, key: str, before: datetime) -> Query[int]:
+    return rowcount("trim_rates", _trim_rates(r), {"tr_job": job, "tr_key": key,
+                                                   "tr_before": before})
+
+
+@cache
+def _defer(t: Table) -> Any:
+    now = bindparam("d_now", type_=t.c.updated_at.type)
+    return (update(t)
+            .where(t.c.id == bindparam("d_id", type_=t.c.id.type),
+                   t.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]))
+            .values(status=Status.SCHEDULED.value,
+                    scheduled_at=bindparam("d_at", type_=t.c.scheduled_at.type),
+                    waiting=WAITING_RATE, updated_at=now,
+                    dispatched_at=bindparam("d_dispatched", type_=t.c.dispatched_at.type)))
+
+
+@named("rates: a row over its job's rate put back scheduled at the next window's start, no "
+       "attempt spent")
+def defer_rate(t: Table, execution_id: UUID, run_at: datetime, now: datetime,
+               dispatched: bool) -> Query[int]:
+    """``dispatched``: the caller publishes it now with an eta (else the sweep stages it)."""
+    return rowcount("defer_rate", _defer(t), {"d_id": execution_id, "d_at": run_at,
+                                              "d_now": now,
+                                              "d_dispatched": now if dispatched else None})
