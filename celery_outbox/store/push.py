@@ -100,6 +100,8 @@ class NewExecution:
     """The failed or cancelled execution an admin retry of it makes this row retry."""
     traceparent: str | None = None
     """The W3C trace context of the push (:mod:`celery_outbox.tracing`); None: tracing off."""
+    batch_id: UUID | None = None
+    """The batch the row is a member of (``push_batch``); None: none."""
 
     @classmethod
     def create(
@@ -167,6 +169,8 @@ class NewExecution:
             values["retry_of"] = self.retry_of
         if self.traceparent is not None:  # only when traced: the same for every row of a push
             values["traceparent"] = self.traceparent
+        if self.batch_id is not None:  # only a batch's members: the same for every row
+            values["batch_id"] = self.batch_id
         return values
 
 

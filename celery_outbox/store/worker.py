@@ -49,6 +49,9 @@ class Claimed:
     """When it was due: ``scheduled_at`` (a delayed push, a retry), else ``created_at``."""
     snoozes: int | None = None
     """How many times its handlers snoozed it so far (None: never)."""
+    batch_id: UUID | None = None
+    """The batch it is a member of (None: none): its row is kept when it finishes, and the
+    callback its outcome may make is dispatched after the outcome's commit."""
 
 
 class Renewed(set[UUID]):
