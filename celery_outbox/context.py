@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 from uuid import UUID
 

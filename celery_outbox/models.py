@@ -459,7 +459,8 @@ def batch_triggers(table: str, batches: str) -> tuple[dict[str, list[str]], dict
     execution (pending, never dispatched: ``dispatched_at`` NULL, so the next sweep
     dispatches it unless the writer did after its commit) with the id chosen at the push.
     Rows of no batch pay the triggers' WHEN test only. The member's ``updated_at`` (the
-    writer's clock) is the time written; a delete's is the database's.
+    writer's clock) is the time written; a delete's, its lease's end (else its last
+    ``updated_at``): never the database's own clock, so a test's clock holds.
     """
     terminal = sql_list(TERMINAL)
     active = sql_list(ACTIVE)
@@ -472,7 +473,8 @@ def batch_triggers(table: str, batches: str) -> tuple[dict[str, list[str]], dict
         "DECLARE\n  mid uuid; bid uuid; st text; at timestamptz; b record;\n"
         "BEGIN\n"
         "  IF TG_OP = 'DELETE' THEN\n"
-        f"    mid := OLD.id; bid := OLD.batch_id; st := '{f}'; at := now();\n"
+        f"    mid := OLD.id; bid := OLD.batch_id; st := '{f}';\n"
+        "    at := COALESCE(OLD.lease_expires_at, OLD.updated_at);\n"
         "  ELSE\n"
         "    mid := NEW.id; bid := NEW.batch_id; st := NEW.status; at := NEW.updated_at;\n"
         "  END IF;\n"
@@ -531,14 +533,14 @@ def batch_triggers(table: str, batches: str) -> tuple[dict[str, list[str]], dict
             f"AND NOT EXISTS (SELECT 1 FROM {table} WHERE id = callback_id); END"
         )
 
-    db_now = "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
+    gone_at = "COALESCE(OLD.lease_expires_at, OLD.updated_at)"
     sqlite = [
         f"CREATE TRIGGER IF NOT EXISTS {table}_batch_done AFTER UPDATE OF status ON {table} "
         f"FOR EACH ROW WHEN NEW.batch_id IS NOT NULL AND NEW.status IN ({terminal}) "
         f"AND OLD.status IN ({active}) {body('NEW', 'NEW.status', 'NEW.updated_at')}",
         f"CREATE TRIGGER IF NOT EXISTS {table}_batch_gone AFTER DELETE ON {table} "
         f"FOR EACH ROW WHEN OLD.batch_id IS NOT NULL AND OLD.status IN ({active}) "
-        f"{body('OLD', repr(f), db_now)}",
+        f"{body('OLD', repr(f), gone_at)}",
     ]
     drop = {
         "postgresql": [f"DROP FUNCTION IF EXISTS {fn}() CASCADE"],

@@ -37,8 +37,8 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 from __future__ import annotations
 
 from celery_outbox.store.admin import AdminStore, JobStats, StatusCount
-from celery_outbox.store.batches import BatchStore
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
+from celery_outbox.store.batches import BatchStore
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
 from celery_outbox.store.keys import KeyStore

@@ -111,9 +111,11 @@ def test_on_success_makes_no_callback_when_a_member_failed(
         tester: OutboxTester) -> None:
     state["fail"] = {1}
     failed = jobs["member"].push_batch([{"order_id": i} for i in range(3)],
-                                       callback=jobs["done"], on="success", callback_payload={})
+                                       callback=jobs["done"], on="success",
+                                       callback_payload={})
     ok = jobs["member"].push_batch([{"order_id": i} for i in (4, 5)],
-                                   callback=jobs["done"], on="success", callback_payload={})
+                                   callback=jobs["done"], on="success",
+                                       callback_payload={})
     tester.drain()
     f, s = outbox.batch(failed), outbox.batch(ok)
     assert f is not None and s is not None
@@ -158,13 +160,15 @@ def test_the_batch_joins_the_callers_transaction(
         outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any],
         tester: OutboxTester) -> None:
     with Session(outbox.engine) as session:
-        gone = jobs["member"].push_batch([{"order_id": 1}], callback=jobs["done"], callback_payload={},
+        gone = jobs["member"].push_batch([{"order_id": 1}], callback=jobs["done"],
+                                         callback_payload={},
                                          session=session)
         session.rollback()
     assert outbox.batch(gone) is None
     assert outbox.admin.list_executions("b.member") == []
     with Session(outbox.engine) as session, session.begin():
-        kept = jobs["member"].push_batch([{"order_id": 1}], callback=jobs["done"], callback_payload={},
+        kept = jobs["member"].push_batch([{"order_id": 1}], callback=jobs["done"],
+                                         callback_payload={},
                                          session=session)
     tester.drain()
     assert [c[2].id for c in state["calls"]] == [kept]
@@ -191,7 +195,8 @@ def test_bad_arguments_are_refused_naming_them(
 def test_the_trim_keeps_a_batch_until_its_callback_finished(
         outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any],
         tester: OutboxTester) -> None:
-    batch_id = jobs["member"].push_batch([{"order_id": 1}], callback=jobs["done"], callback_payload={})
+    batch_id = jobs["member"].push_batch([{"order_id": 1}], callback=jobs["done"],
+                                         callback_payload={})
     waiting = jobs["member"].push_batch([{"order_id": 2}], callback=jobs["done"],
                                         callback_payload={}, delay=timedelta(days=365))
     first_member = next(e.id for e in outbox.admin.list_executions("b.member", limit=10)

@@ -47,7 +47,8 @@ def _triggers(table: str, batches: str) -> tuple[dict[str, list[str]], dict[str,
         "DECLARE\n  mid uuid; bid uuid; st text; at timestamptz; b record;\n"
         "BEGIN\n"
         "  IF TG_OP = 'DELETE' THEN\n"
-        f"    mid := OLD.id; bid := OLD.batch_id; st := '{f}'; at := now();\n"
+        f"    mid := OLD.id; bid := OLD.batch_id; st := '{f}';\n"
+        "    at := COALESCE(OLD.lease_expires_at, OLD.updated_at);\n"
         "  ELSE\n"
         "    mid := NEW.id; bid := NEW.batch_id; st := NEW.status; at := NEW.updated_at;\n"
         "  END IF;\n"
@@ -106,14 +107,14 @@ def _triggers(table: str, batches: str) -> tuple[dict[str, list[str]], dict[str,
             f"AND NOT EXISTS (SELECT 1 FROM {table} WHERE id = callback_id); END"
         )
 
-    db_now = "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
+    gone_at = "COALESCE(OLD.lease_expires_at, OLD.updated_at)"
     sqlite = [
         f"CREATE TRIGGER IF NOT EXISTS {table}_batch_done AFTER UPDATE OF status ON {table} "
         f"FOR EACH ROW WHEN NEW.batch_id IS NOT NULL AND NEW.status IN ({terminal}) "
         f"AND OLD.status IN ({active}) {body('NEW', 'NEW.status', 'NEW.updated_at')}",
         f"CREATE TRIGGER IF NOT EXISTS {table}_batch_gone AFTER DELETE ON {table} "
         f"FOR EACH ROW WHEN OLD.batch_id IS NOT NULL AND OLD.status IN ({active}) "
-        f"{body('OLD', repr(f), db_now)}",
+        f"{body('OLD', repr(f), gone_at)}",
     ]
     drop = {
         "postgresql": [f"DROP FUNCTION IF EXISTS {fn}() CASCADE"],
