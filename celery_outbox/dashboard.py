@@ -52,9 +52,11 @@ from celery_outbox.admin.views import _execution_detail, _execution_view
 from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
+    ExecutionNotFound,
     InvalidTransition,
     OutboxError,
 )
+from celery_outbox.outcomes import Batch
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, Status
@@ -401,6 +403,17 @@ class Dashboard:
             raise self.admin.not_found(execution_id)
         return _execution_detail(row, self.store.lineage(execution_id, organization_id),
                                  self.admin.outbox.keyring if show_encrypted else None)
+
+    def batch(self, some_id: UUID | str, organization_id: str | None = None) -> Batch:
+        """The batch ``some_id`` (``push_batch``), or the one an execution ``some_id`` is a
+        member or the callback of; :class:`ExecutionNotFound` when there is none or, with
+        ``organization_id``, it is another tenant's."""
+        some_id = _uuid(some_id)
+        found = self.admin.batch(some_id)
+        if found is None or (organization_id is not None
+                             and found.organization_id != organization_id):
+            raise ExecutionNotFound(some_id, explain=False)
+        return found
 
     def failures(
         self,

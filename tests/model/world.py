@@ -134,6 +134,9 @@ class World:
         self.seq = 0
         self.spans: list[Span] = []
         self.begins: list[tuple[UUID, int]] = []
+        self.snoozed: Callable[[tuple[UUID, int]], int] = lambda key: 0
+        """How many times the model says an attempt was snoozed (it begins once more per
+        snooze); the machine sets it."""
         self.live: dict[UUID, dict[int, int]] = {}  # id -> {thread ident: attempt}
         self.violations: list[str] = []
         self.gates: dict[UUID, Gate] = {}
@@ -146,7 +149,7 @@ class World:
         me = threading.get_ident()
         with self.lock:
             key = (ctx.execution_id, ctx.attempt)
-            if key in self.begins:
+            if self.begins.count(key) > self.snoozed(key):  # a snooze: that attempt again
                 self.violations.append(f"attempt {ctx.attempt} of {ctx.execution_id} "
                                        "begun twice")
             live = self.live.setdefault(ctx.execution_id, {})
