@@ -1037,7 +1037,9 @@ class OutboxMachine(RuleBasedStateMachine):
             self.idle("settle")
             return
         self.hit("settle")
-        row = self.model.rows[ids[0]]
+        self.settle_row(slot, self.model.rows[ids[0]])
+
+    def settle_row(self, slot: Slot, row: MRow) -> None:
         for _ in range(70):
             if row.status is Status.SCHEDULED:
                 assert row.scheduled_at is not None
@@ -1046,6 +1048,22 @@ class OutboxMachine(RuleBasedStateMachine):
                 return
             self.run_on(slot, row.job, [row.id])
             self.readback()
+
+    @rule(data=st.data())
+    def settle_batch(self, data: st.DataObject) -> None:
+        """A worker settles each member of a batch in turn (as :meth:`settle`), then its
+        callback when that was made."""
+        batch = self.pick(data, list(self.model.batches.values()), "batch")
+        slot = self.pick(data, self.live_slots(), "runner")
+        if batch is None or slot is None:
+            self.idle("settle_batch")
+            return
+        self.hit("settle_batch")
+        for i in batch.members:
+            self.settle_row(slot, self.model.rows[i])
+        if batch.called:
+            self.hit("settle_batch_callback")
+            self.settle_row(slot, batch.callback)
 
     # -- checks --------------------------------------------------------------------------
 
