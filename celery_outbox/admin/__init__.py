@@ -53,9 +53,9 @@ from celery_outbox.errors import (
     InvalidTransition,
     StorageError,
 )
+from celery_outbox.outcomes import Batch
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
-from celery_outbox.outcomes import Batch
 from celery_outbox.states import Status, can_retry
 from celery_outbox.store import ExecutionQuery, LoopRun
 

@@ -8,6 +8,8 @@ finished."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -209,3 +211,78 @@ def test_the_trim_keeps_a_batch_until_its_callback_finished(
     outbox.trim(tester.advance(timedelta(days=30)))
     assert outbox.batch(batch_id) is None
     assert outbox.batch(waiting) is not None  # never completed: kept
+
+
+def test_progress_and_waiting_read_as_words(
+        outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any],
+        tester: OutboxTester) -> None:
+    from celery_outbox.admin.batches import batch_progress, batch_waiting
+
+    state["fail"] = {1}
+    batch_id = jobs["member"].push_batch([{"order_id": i} for i in range(3)],
+                                         callback=jobs["done"], callback_payload={},
+                                         on="success")
+    members = sorted(e.id for e in outbox.admin.list_executions("b.member", limit=10))
+    batch = outbox.admin.batch(members[0])  # a member's id finds its batch
+    assert batch is not None and batch.id == batch_id
+    assert outbox.admin.batch(batch.callback_id) == batch  # so does its callback's
+    assert outbox.admin.batch(batch_id) == batch
+    assert batch_progress(batch) == "0 of 3 members finished (0 succeeded, 0 failed, 0 cancelled)"
+    assert batch_waiting(batch, batch.callback_id) == "waiting for batch: 0 of 3 members finished"
+    assert batch_waiting(batch, members[0]) is None
+    tester.drain()
+    done = outbox.admin.batch(batch_id)
+    assert done is not None and batch_waiting(done, done.callback_id) is None
+    assert batch_progress(done) == ("3 of 3 members finished (2 succeeded, 1 failed, 0 "
+                                    "cancelled); no callback: not every member succeeded "
+                                    "(on success)")
+    assert done.to_dict()["state"] == "failed"
+    assert outbox.admin.batch(uuid.uuid4()) is None
+
+
+def test_the_cli_and_the_api_show_a_batch(
+        outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any]) -> None:
+    from types import SimpleNamespace
+
+    from celery import Celery
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from celery_outbox.cli import outbox as outbox_group
+    from celery_outbox.web import Auth, Token, create_app, hash_secret
+
+    batch_id = jobs["member"].push_batch([{"order_id": i} for i in range(2)],
+                                         callback=jobs["done"], callback_payload={},
+                                         organization_id="acme")
+    app = Celery("batches-cli", set_as_current=False)
+    app.outbox = outbox  # type: ignore[attr-defined]
+    runner = CliRunner()
+    shown = runner.invoke(outbox_group, ["batch", str(batch_id)],
+                          obj=SimpleNamespace(app=outbox.app))
+    assert shown.exit_code == 0, shown.output
+    assert "0 of 2 members finished" in shown.stdout
+    assert "waiting for batch: 0 of 2 members finished" in shown.stdout
+    as_json = runner.invoke(outbox_group, ["batch", str(batch_id), "--json"],
+                            obj=SimpleNamespace(app=outbox.app))
+    assert json.loads(as_json.stdout)["data"]["total"] == 2
+    missing = runner.invoke(outbox_group, ["batch", str(uuid.uuid4())],
+                            obj=SimpleNamespace(app=outbox.app))
+    assert missing.exit_code == 1 and "no batch" in missing.output
+    token = "t" * 40
+    auth = Auth(tokens=[Token("ci", token_hash=hash_secret(token, kind="token"))])
+    with TestClient(create_app(outbox, auth=auth),
+                    headers={"Authorization": f"Bearer {token}"}) as client:
+        got = client.get(f"/api/v1/batches/{batch_id}")
+        assert got.status_code == 200, got.text
+        body = got.json()
+        assert (body["total"], body["state"], body["waiting"]) == (
+            2, "waiting", "waiting for batch: 0 of 2 members finished")
+        assert client.get(f"/api/v1/batches/{uuid.uuid4()}").status_code == 404
+        assert client.get("/api/v1/batches/nope").status_code in (400, 422)
+    from celery_outbox.dashboard import Dashboard
+    from celery_outbox.errors import ExecutionNotFound
+
+    board = Dashboard(outbox.admin)
+    assert board.batch(batch_id, "acme").id == batch_id
+    with pytest.raises(ExecutionNotFound):
+        board.batch(batch_id, "globex")  # another tenant's: as if absent
