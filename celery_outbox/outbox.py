@@ -916,13 +916,29 @@ class Outbox:
         A handler running in this process sees ``ctx.cancelled`` at once; on another host,
         within one heartbeat interval. Sends ``job_cancel``.
         """
-        cancelled = self.store.cancel(execution_id, self._now(), by=by, by_name=by_name,
+        now = self._now()
+        cancelled = self.store.cancel(execution_id, now, by=by, by_name=by_name,
                                       job_name=job_name)
         if cancelled is None:
             return False
         self.runner.cancel_local(execution_id)
         signals.job_cancel.send(sender=cancelled, execution_id=execution_id, cancelled_by=by)
+        self._dispatch_callback_of(execution_id, now)
         return True
+
+    def _dispatch_callback_of(self, member_id: UUID, now: datetime) -> None:
+        """Dispatch the callback a cancel of ``member_id`` made (the last member of its
+        batch to finish), if any; a failure is logged: the sweep dispatches it."""
+        try:
+            due = self.store.member_callback_due(member_id, now)
+        except Exception as exc:
+            log.warning("celery_outbox: reading the batch callback of %s after its cancel "
+                        "failed; the sweep dispatches it (%s)", member_id,
+                        " ".join(str(exc).split())[:300])
+            return
+        if due:
+            self.dispatcher.dispatch([DispatchItem(r.id, r.job_name, r.priority)
+                                      for r in due])
 
     def trigger(
         self,

@@ -109,6 +109,28 @@ def batch_callbacks_due(t: Table, b: Table, batch_ids: Sequence[UUID],
 
 
 @cache
+def _member_callback_due(t: Table, b: Table) -> Any:
+    member = select(t.c.batch_id).where(
+        t.c.id == bindparam("b_member", type_=t.c.id.type)).scalar_subquery()
+    made = select(b.c.callback_id).where(b.c.id == member, b.c.callback_at.is_not(None))
+    return (update(t)
+            .where(t.c.id.in_(made), t.c.status == Status.PENDING.value,
+                   t.c.dispatched_at.is_(None))
+            .values(dispatched_at=bindparam("b_now", type_=t.c.dispatched_at.type))
+            .returning(t.c.id, t.c.job_name, t.c.priority))
+
+
+@named("batches: the callback a member's cancel made, never dispatched, marked dispatched "
+       "now (to dispatch it after the cancel committed)")
+def member_callback_due(t: Table, b: Table, member_id: UUID,
+                        now: datetime) -> Query[list[Due]]:
+    """The callback execution of the batch ``member_id`` is a member of, when it exists,
+    pending, with no ``dispatched_at``: set to ``now``; none for a row of no batch."""
+    return rows("member_callback_due", _member_callback_due(t, b), _due,
+                {"b_member": member_id, "b_now": now})
+
+
+@cache
 def _trim(t: Table, b: Table) -> Any:
     active = [s.value for s in ACTIVE]
     live = exists(select(literal(1)).where(t.c.id == b.c.callback_id,

@@ -72,6 +72,13 @@ class BatchStore(StoreBase):
         return self.executor.run(q.batch_callbacks_due(self.t, self.tables.batches,
                                                        batch_ids, now))
 
+    def member_callback_due(self, member_id: UUID, now: datetime) -> list[Due]:
+        """batch callback: pending, never dispatched -> dispatched at ``now`` (aware), for
+        the callback of the batch ``member_id`` is a member of (a cancel of it may have
+        made it); the one to dispatch, or none. Raises :class:`StorageError`."""
+        return self.executor.run(q.member_callback_due(self.t, self.tables.batches,
+                                                       member_id, now))
+
     def trim_batches(self, before: datetime) -> None:
         """trim: the rows of batches completed before ``before`` (aware) whose callback is
         not active -> deleted. Raises :class:`StorageError`."""

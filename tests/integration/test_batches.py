@@ -141,7 +141,7 @@ def test_a_cancelled_member_is_finished(
     assert (seen.succeeded, seen.failed, seen.cancelled) == (1, 0, 2)
 
 
-def test_cancels_alone_complete_the_batch_and_the_sweep_dispatches_its_callback(
+def test_cancels_alone_complete_the_batch_and_dispatch_its_callback(
         outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any],
         tester: OutboxTester) -> None:
     batch_id = jobs["member"].push_batch([{"order_id": i} for i in range(2)],
@@ -151,8 +151,7 @@ def test_cancels_alone_complete_the_batch_and_the_sweep_dispatches_its_callback(
     batch = outbox.batch(batch_id)
     assert batch is not None and batch.state == "called"
     row = outbox.store.get(batch.callback_id)
-    assert row is not None and row["status"] == "pending" and row["dispatched_at"] is None
-    outbox.sweep()
+    assert row is not None and row["status"] == "pending"
     assert [d for d in tester.dispatched if d.execution_id == batch.callback_id]
     tester.drain()
     assert [c[2].cancelled for c in state["calls"]] == [2]
@@ -286,3 +285,21 @@ def test_the_cli_and_the_api_show_a_batch(
     assert board.batch(batch_id, "acme").id == batch_id
     with pytest.raises(ExecutionNotFound):
         board.batch(batch_id, "globex")  # another tenant's: as if absent
+
+
+def test_a_cancel_that_completes_a_batch_dispatches_its_callback(
+        outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any],
+        tester: OutboxTester) -> None:
+    batch_id = jobs["member"].push_batch([{"order_id": 1}], callback=jobs["done"],
+                                         callback_payload={})
+    [member] = outbox.admin.list_executions("b.member", limit=10)
+    plain = jobs["plain"].push({"order_id": 2})
+    assert outbox.cancel(plain)  # a row of no batch: nothing to dispatch
+    assert outbox.cancel(member.id)
+    batch = outbox.batch(batch_id)
+    assert batch is not None
+    row = outbox.store.get(batch.callback_id)
+    assert row is not None and row["dispatched_at"] is not None
+    assert [d.execution_id for d in tester.dispatched].count(batch.callback_id) == 1
+    tester.drain()
+    assert [c[2].cancelled for c in state["calls"]] == [1]

@@ -449,10 +449,12 @@ class Model:
     def cancel(self, row: MRow, now: datetime) -> None:
         """cancel: a running row keeps its claim and lease (its handler may still run)."""
         held = (row.claimed_by, row.claim, row.lease) if row.status is Status.RUNNING else None
+        self.made.clear()
         self.move(row, "cancel", Status.CANCELLED)
         row.finished_at = now
         if held is not None:
             row.claimed_by, row.claim, row.lease = held
+        self.dispatch_made(now)  # the callback its cancel made: dispatched after the commit
 
     def still_running(self, row: MRow, now: datetime) -> bool:
         """Whether an admin retry of ``row`` must wait (``ExecutionStillRunning``): cancelled
