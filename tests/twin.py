@@ -495,6 +495,10 @@ class MemoryStore:
         """The twin keeps no batches: none."""
         return []
 
+    def member_callback_due(self, member_id: UUID, now: datetime) -> list[Due]:
+        """The twin keeps no batches: none."""
+        return []
+
     def batch_of_callback(self, callback_id: UUID) -> Batch | None:
         """The twin keeps no batches: None."""
         return None
