@@ -303,3 +303,29 @@ def test_a_cancel_that_completes_a_batch_dispatches_its_callback(
     assert [d.execution_id for d in tester.dispatched].count(batch.callback_id) == 1
     tester.drain()
     assert [c[2].cancelled for c in state["calls"]] == [1]
+
+
+def test_the_execution_page_shows_a_members_batch_and_why_a_callback_waits(
+        outbox: Outbox, jobs: dict[str, Any]) -> None:
+    from fastapi.testclient import TestClient
+
+    from celery_outbox.web import Auth, Token, create_app, hash_secret
+
+    batch_id = jobs["member"].push_batch([{"order_id": i} for i in range(2)],
+                                         callback=jobs["done"], callback_payload={})
+    batch = outbox.batch(batch_id)
+    assert batch is not None
+    member = outbox.admin.list_executions("b.member", limit=10)[0].id
+    plain = jobs["plain"].push({"order_id": 9})
+    token = "t" * 40
+    auth = Auth(tokens=[Token("ci", token_hash=hash_secret(token, kind="token"))])
+    with TestClient(create_app(outbox, auth=auth),
+                    headers={"Authorization": f"Bearer {token}"}) as client:
+        page = client.get(f"/executions/{member}")
+        assert page.status_code == 200
+        assert "0 of 2 members finished (0 succeeded, 0 failed, 0 cancelled)" in page.text
+        assert str(batch_id) in page.text
+        assert 'id="batch"' not in client.get(f"/executions/{plain}").text
+        waiting = client.get(f"/executions/{batch.callback_id}")
+        assert waiting.status_code == 404
+        assert "waiting for batch: 0 of 2 members finished" in waiting.text
