@@ -5,12 +5,14 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 from uuid import UUID
 
 from celery_outbox.errors import ConfigurationError, ExecutionCancelled, Snooze
+from celery_outbox.outcomes import Batch
 
 if TYPE_CHECKING:  # the ORM is imported only by a handler that asks for a transaction
     from contextlib import AbstractContextManager
@@ -79,6 +81,17 @@ class JobContext(Generic[P]):
     no block open)."""
     _swallowed: str | None = field(default=None, repr=False)
     """The runner's cancel that came while the handler's own was set (its reason)."""
+    _batch_of: Callable[[UUID], Batch | None] | None = field(default=None, repr=False)
+
+    @property
+    def batch(self) -> Batch | None:
+        """In a batch's callback (``push_batch``): the batch, read from the database at
+        each access (a :class:`~celery_outbox.outcomes.Batch`: ``total``, ``succeeded``,
+        ``failed``, ``cancelled``, ``failed_ids``, ``on``); None in any other execution.
+        Raises :class:`~celery_outbox.errors.StorageError` when the database fails."""
+        if self._batch_of is None:
+            return None
+        return self._batch_of(self.execution_id)
 
     def transaction(self) -> AbstractContextManager[Session]:
         """``with ctx.transaction() as session:``: a SQLAlchemy ``Session`` on the outbox's

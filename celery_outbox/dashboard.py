@@ -53,11 +53,13 @@ from celery_outbox.admin.written import KEY_HELD
 from celery_outbox.cron import CronSchedule
 from celery_outbox.errors import (
     ConfigurationError,
+    ExecutionNotFound,
     ExecutionStillRunning,
     InvalidTransition,
     OutboxError,
 )
 from celery_outbox.models import WAITING_RATE, WAITING_SLOT
+from celery_outbox.outcomes import Batch
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import ACTIVE, RETRYABLE, TERMINAL, Status
@@ -434,6 +436,17 @@ class Dashboard:
         held = self.store.held_slots(row["job_name"], key)
         return (f"waiting for a concurrency slot{whose} ({min(held, spec.concurrency)} of "
                 f"{spec.concurrency} taken)")
+
+    def batch(self, some_id: UUID | str, organization_id: str | None = None) -> Batch:
+        """The batch ``some_id`` (``push_batch``), or the one an execution ``some_id`` is a
+        member or the callback of; :class:`ExecutionNotFound` when there is none or, with
+        ``organization_id``, it is another tenant's."""
+        some_id = _uuid(some_id)
+        found = self.admin.batch(some_id)
+        if found is None or (organization_id is not None
+                             and found.organization_id != organization_id):
+            raise ExecutionNotFound(some_id, explain=False)
+        return found
 
     def failures(
         self,

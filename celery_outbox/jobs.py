@@ -115,6 +115,42 @@ class OutboxJob(Generic[P]):
             triggered_by_name=triggered_by_name,
         )
 
+    def push_batch(
+        self,
+        items: Sequence[P | dict[str, Any]],
+        *,
+        callback: OutboxJob[Any],
+        callback_payload: Any = None,
+        on: str = "finish",
+        session: Session | scoped_session[Any] | None = None,
+        connection: Connection | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        callback_priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> UUID:
+        """Create a batch: one execution per item (its members) and a callback, an execution
+        of the job ``callback`` with ``callback_payload``, made exactly once when every
+        member has finished (``on="finish"``) or only when all succeeded
+        (``on="success"``); returns the batch's id. The callback's handler reads the
+        members' outcomes as ``ctx.batch``. Written like :meth:`push_many` (in the caller's
+        transaction with ``session`` / ``connection``); errors as there, and
+        :class:`ConfigurationError` for no items or a bad ``on``. See
+        :meth:`Outbox.push_batch`.
+        """
+        self._queue_mode("push_batch")
+        callback._queue_mode("push_batch's callback")
+        return self.outbox.push_batch(
+            self.spec, list(items), callback=callback.spec, callback_payload=callback_payload,
+            on=on, session=session, connection=connection, delay=delay,
+            scheduled_at=scheduled_at, priority=priority, callback_priority=callback_priority,
+            organization_id=organization_id, triggered_by=triggered_by,
+            triggered_by_name=triggered_by_name,
+        )
+
     async def apush(
         self,
         payload: P | dict[str, Any] | None = None,

@@ -117,11 +117,15 @@ class Tables:
     """The concurrency limits' taken slots: ``<table>_slots`` (:func:`slots_table`)."""
     rates: Table
     """The rate limits' starts per window: ``<table>_rates`` (:func:`rates_table`)."""
+    batches: Table
+    """The batches with callbacks and their members' outcomes: ``<table>_batches``
+    (:func:`batches_table`)."""
 
     def all(self) -> list[Table]:
         """Every table, in creation order (``create_all`` / ``drop_all`` sort them again)."""
         return [self.executions, self.cron_ticks, self.trim_marks, self.loop_runs,
-                self.revoked_sessions, self.pauses, self.stats, self.slots, self.rates]
+                self.revoked_sessions, self.pauses, self.stats, self.slots, self.rates,
+                self.batches]
 
 
 TENANTED = "organization_id IS NOT NULL"
@@ -184,6 +188,7 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("snoozes", Integer(), nullable=True),
         Column("concurrency_key", String(MAX_LENGTHS["concurrency_key"]), nullable=True),
         Column("waiting", String(8), nullable=True),
+        Column("batch_id", Uuid(), nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),
@@ -274,7 +279,8 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
                   pauses=pauses_table(metadata, name),
                   stats=stats_table(metadata, name),
                   slots=slots_table(metadata, name),
-                  rates=rates_table(metadata, name))
+                  rates=rates_table(metadata, name),
+                  batches=batches_table(metadata, executions))
 
 
 LOOP_TASKS = ("sweep", "trim")
@@ -440,6 +446,171 @@ def stats_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
         *(Column(c, Integer(), nullable=False, server_default=text("0")) for c in counts),
         Column("updated_at", UTCDateTime(), nullable=False),
     )
+
+
+BATCH_ON = ("finish", "success")
+"""When a batch's callback runs: ``finish`` once every member is finished (succeeded, failed
+or cancelled), ``success`` only when every member succeeded (else no callback: the batch is
+done, failed)."""
+
+
+def batches_table(metadata: MetaData, executions: Table) -> Table:
+    """``<table>_batches``: one row per batch with a callback (``push_batch``).
+
+    ``total`` members (the executions whose ``batch_id`` is the batch's ``id``); how many of
+    them ``succeeded``, ``failed`` and were ``cancelled`` so far, and the ids of the failed
+    ones (``failed_ids``, a JSON list of strings; NULL for none), counted by the triggers of
+    :func:`batch_triggers` in the transaction of each member's terminal outcome.
+    ``callback_on`` (:data:`BATCH_ON`); the callback execution's id (``callback_id``, chosen
+    at the push), job, payload, priority and attempts. ``completed_at``: when the last
+    member finished (NULL while some are active); ``callback_at``: when the callback
+    execution was made (NULL: not yet, or never for an ``on="success"`` batch whose members
+    did not all succeed). ``organization_id``: the tenant of the push. The trim deletes a
+    batch's row once it completed longer ago than :data:`BATCH_KEEP` and its callback is
+    finished (or never made).
+    """
+    name = f"{executions.name}_batches"
+    batches = Table(
+        name,
+        metadata,
+        Column("id", Uuid(), primary_key=True),
+        Column("callback_id", Uuid(), nullable=False, unique=True),
+        Column("callback_job", String(MAX_LENGTHS["job_name"]), nullable=False),
+        Column("callback_payload", JSONType, nullable=True),
+        Column("callback_priority", SmallInteger(), nullable=False),
+        Column("callback_max_attempts", Integer(), nullable=False),
+        Column("callback_on", String(8), nullable=False),
+        Column("total", Integer(), nullable=False),
+        Column("succeeded", Integer(), nullable=False, server_default=text("0")),
+        Column("failed", Integer(), nullable=False, server_default=text("0")),
+        Column("cancelled", Integer(), nullable=False, server_default=text("0")),
+        Column("failed_ids", JSONType, nullable=True),
+        Column("organization_id", String(MAX_LENGTHS["organization_id"]), nullable=True),
+        Column("created_at", UTCDateTime(), nullable=False),
+        Column("completed_at", UTCDateTime(), nullable=True),
+        Column("callback_at", UTCDateTime(), nullable=True),
+        CheckConstraint(f"callback_on IN ({', '.join(repr(o) for o in BATCH_ON)})",
+                        name=f"ck_{name}_on"),
+        CheckConstraint("total >= 1", name=f"ck_{name}_total"),
+    )
+    batches.add_is_dependent_on(executions)  # created after it (its triggers), dropped before
+    create, drop = batch_triggers(executions.name, name)
+    for dialect in ("postgresql", "sqlite"):
+        for when, statements in (("after_create", create), ("before_drop", drop)):
+            for statement in statements[dialect]:  # DDL formats with %: a literal one doubled
+                ddl = DDL(statement.replace("%", "%%"))  # type: ignore[no-untyped-call]
+                event.listen(batches, when, ddl.execute_if(dialect=dialect))
+    return batches
+
+
+BATCH_KEEP = timedelta(days=7)
+"""How long the trim keeps a completed batch's row after its callback finished (or after
+the batch completed without one)."""
+
+
+def batch_triggers(table: str, batches: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """DDL of the triggers that count a batch's members: ``(create, drop)``, each
+    ``{dialect: [statement, ...]}``; ``create`` may run again on a schema that has them.
+
+    In the statement that moves a member (a row with ``batch_id``) from an active status to
+    a terminal one (a worker's outcome, the rescuer's failure, a cancel), the batch's count
+    of that outcome goes up by one (``failed_ids`` gets the id of a failed one); a member
+    deleted while active (the rescuer's failure of a job that keeps no failed rows) counts
+    as failed. The update that makes the counts reach ``total`` sets ``completed_at`` (its
+    WHERE ``completed_at IS NULL`` lets exactly one do it) and, when the batch's callback is
+    due (``finish``, or every member succeeded), ``callback_at`` and inserts the callback
+    execution (pending, never dispatched: ``dispatched_at`` NULL, so the next sweep
+    dispatches it unless the writer did after its commit) with the id chosen at the push.
+    Rows of no batch pay the triggers' WHEN test only. The member's ``updated_at`` (the
+    writer's clock) is the time written; a delete's, its lease's end (else its last
+    ``updated_at``): never the database's own clock, so a test's clock holds.
+    """
+    terminal = sql_list(TERMINAL)
+    active = sql_list(ACTIVE)
+    s, f, c = Status.SUCCEEDED.value, Status.FAILED.value, Status.CANCELLED.value
+    fn = f"{table}_batch_member"
+    cols = ("id, job_name, status, priority, attempt, max_attempts, payload, created_at, "
+            "updated_at, organization_id")
+    postgresql = [
+        f"CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        "DECLARE\n  mid uuid; bid uuid; st text; at timestamptz; b record;\n"
+        "BEGIN\n"
+        "  IF TG_OP = 'DELETE' THEN\n"
+        f"    mid := OLD.id; bid := OLD.batch_id; st := '{f}';\n"
+        "    at := COALESCE(OLD.lease_expires_at, OLD.updated_at);\n"
+        "  ELSE\n"
+        "    mid := NEW.id; bid := NEW.batch_id; st := NEW.status; at := NEW.updated_at;\n"
+        "  END IF;\n"
+        f"  UPDATE {batches} SET\n"
+        f"    succeeded = succeeded + CASE WHEN st = '{s}' THEN 1 ELSE 0 END,\n"
+        f"    failed = failed + CASE WHEN st = '{f}' THEN 1 ELSE 0 END,\n"
+        f"    cancelled = cancelled + CASE WHEN st = '{c}' THEN 1 ELSE 0 END,\n"
+        f"    failed_ids = CASE WHEN st = '{f}' THEN\n"
+        "      COALESCE(failed_ids, '[]'::jsonb) || to_jsonb(mid::text) ELSE failed_ids END,\n"
+        "    completed_at = CASE WHEN succeeded + failed + cancelled + 1 >= total\n"
+        "      THEN at END,\n"
+        "    callback_at = CASE WHEN succeeded + failed + cancelled + 1 >= total AND\n"
+        f"      (callback_on = 'finish' OR succeeded + CASE WHEN st = '{s}' THEN 1 ELSE 0 END\n"
+        "       >= total) THEN at END\n"
+        "  WHERE id = bid AND completed_at IS NULL\n"
+        "  RETURNING callback_id, callback_job, callback_payload, callback_priority,\n"
+        "    callback_max_attempts, organization_id, callback_at INTO b;\n"
+        "  IF FOUND AND b.callback_at IS NOT NULL THEN\n"
+        f"    INSERT INTO {table} ({cols})\n"
+        f"    VALUES (b.callback_id, b.callback_job, '{Status.PENDING.value}',\n"
+        "      b.callback_priority, 0, b.callback_max_attempts, b.callback_payload, at, at,\n"
+        "      b.organization_id)\n"
+        "    ON CONFLICT DO NOTHING;\n"
+        "  END IF;\n"
+        "  RETURN NULL;\n"
+        "END\n$$",
+        f"DROP TRIGGER IF EXISTS {table}_batch_done ON {table}",
+        f"CREATE TRIGGER {table}_batch_done AFTER UPDATE OF status ON {table} FOR EACH ROW "
+        f"WHEN (NEW.batch_id IS NOT NULL AND NEW.status IN ({terminal}) "
+        f"AND OLD.status IN ({active})) EXECUTE FUNCTION {fn}()",
+        f"DROP TRIGGER IF EXISTS {table}_batch_gone ON {table}",
+        f"CREATE TRIGGER {table}_batch_gone AFTER DELETE ON {table} FOR EACH ROW "
+        f"WHEN (OLD.batch_id IS NOT NULL AND OLD.status IN ({active})) "
+        f"EXECUTE FUNCTION {fn}()",
+    ]
+
+    def body(member: str, status: str, at: str) -> str:
+        one = f"CASE WHEN {status} = '{s}' THEN 1 ELSE 0 END"
+        return (
+            f"BEGIN UPDATE {batches} SET "
+            f"succeeded = succeeded + {one}, "
+            f"failed = failed + CASE WHEN {status} = '{f}' THEN 1 ELSE 0 END, "
+            f"cancelled = cancelled + CASE WHEN {status} = '{c}' THEN 1 ELSE 0 END, "
+            f"failed_ids = CASE WHEN {status} = '{f}' THEN "
+            f"json_insert(COALESCE(failed_ids, '[]'), '$[#]', {member}.id) ELSE failed_ids END, "
+            f"completed_at = CASE WHEN succeeded + failed + cancelled + 1 >= total "
+            f"THEN {at} END, "
+            f"callback_at = CASE WHEN succeeded + failed + cancelled + 1 >= total AND "
+            f"(callback_on = 'finish' OR succeeded + {one} >= total) THEN {at} END "
+            f"WHERE id = {member}.batch_id AND completed_at IS NULL; "
+            f"INSERT INTO {table} ({cols}) "
+            f"SELECT callback_id, callback_job, '{Status.PENDING.value}', callback_priority, 0, "
+            f"callback_max_attempts, callback_payload, callback_at, callback_at, "
+            f"organization_id FROM {batches} WHERE id = {member}.batch_id "
+            f"AND callback_at IS NOT NULL "
+            f"AND NOT EXISTS (SELECT 1 FROM {table} WHERE id = callback_id); END"
+        )
+
+    gone_at = "COALESCE(OLD.lease_expires_at, OLD.updated_at)"
+    sqlite = [
+        f"CREATE TRIGGER IF NOT EXISTS {table}_batch_done AFTER UPDATE OF status ON {table} "
+        f"FOR EACH ROW WHEN NEW.batch_id IS NOT NULL AND NEW.status IN ({terminal}) "
+        f"AND OLD.status IN ({active}) {body('NEW', 'NEW.status', 'NEW.updated_at')}",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_batch_gone AFTER DELETE ON {table} "
+        f"FOR EACH ROW WHEN OLD.batch_id IS NOT NULL AND OLD.status IN ({active}) "
+        f"{body('OLD', repr(f), gone_at)}",
+    ]
+    drop = {
+        "postgresql": [f"DROP FUNCTION IF EXISTS {fn}() CASCADE"],
+        "sqlite": [f"DROP TRIGGER IF EXISTS {table}_batch_done",
+                   f"DROP TRIGGER IF EXISTS {table}_batch_gone"],
+    }
+    return {"postgresql": postgresql, "sqlite": sqlite}, drop
 
 
 def _trim_marks(metadata: MetaData, executions: Table) -> Table:

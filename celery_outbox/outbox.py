@@ -61,6 +61,8 @@ from celery_outbox.maintenance import (
 )
 from celery_outbox.maintenance.service import check_now
 from celery_outbox.models import (
+    BATCH_KEEP,
+    BATCH_ON,
     DEFAULT_TABLE,
     MAX_LENGTHS,
     TABLES,
@@ -69,6 +71,7 @@ from celery_outbox.models import (
     analyze_statements,
     build_tables,
 )
+from celery_outbox.outcomes import Batch
 from celery_outbox.queries.clauses import storable, unstorable
 from celery_outbox.registry import JobRegistry, JobSpec, default_registry
 from celery_outbox.rollup import Rollup
@@ -413,7 +416,18 @@ class Outbox:
         moment = check_now(now) if now is not None else self._now()
         return self._recorded("trim", lambda: self._with_stats(
             lambda: self.trimmer.run_once(moment), "trim",
-            lambda: self.store.trim_stats(moment)))
+            lambda: self._trim_side_tables(moment)))
+
+    def _trim_side_tables(self, moment: datetime) -> None:
+        """The trim of the stats table, then of the batches completed longer than
+        ``BATCH_KEEP`` ago whose callback finished (a database not yet migrated to the
+        batches table logs its failure and trims on)."""
+        self.store.trim_stats(moment)
+        try:
+            self.store.trim_batches(moment - BATCH_KEEP)
+        except Exception as exc:
+            log.warning("celery_outbox: the trim of the batches table failed: %s",
+                        " ".join(str(exc).split())[:300])
 
     @staticmethod
     def _with_stats(run: Callable[[], R], what: str, stats: Callable[[], object]) -> R:
@@ -560,6 +574,87 @@ class Outbox:
             self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now, dispatcher),
                                      dispatcher, pushing)
         return [execution_id for execution_id, _ in results]
+
+    def push_batch(
+        self,
+        spec: JobSpec,
+        payloads: Sequence[Any],
+        *,
+        callback: JobSpec,
+        callback_payload: Any = None,
+        on: str = "finish",
+        session: Session | scoped_session[Any] | None = None,
+        connection: Connection | None = None,
+        delay: timedelta | None = None,
+        scheduled_at: datetime | None = None,
+        priority: str | int | None = None,
+        callback_priority: str | int | None = None,
+        organization_id: str | None = None,
+        triggered_by: str | None = None,
+        triggered_by_name: str | None = None,
+    ) -> UUID:
+        """Create a batch: one execution of ``spec`` per payload (its members) and a callback,
+        an execution of ``callback`` with ``callback_payload`` made exactly once, when every
+        member has finished; returns the batch's id.
+
+        ``on``: ``"finish"`` (default): the callback runs once every member is succeeded,
+        failed or cancelled; ``"success"``: only when every member succeeded (a member that
+        failed or was cancelled completes the batch with no callback: its state is
+        ``"failed"``). A retry is not finished; a cancel is. The callback's handler reads the
+        members' outcomes as ``ctx.batch`` (a :class:`~celery_outbox.outcomes.Batch`:
+        counts, the failed members' ids). The members' outcomes are counted, and the
+        callback made, by the database in the transaction of each member's outcome, on any
+        host; a member's row is kept when it finishes, whatever its job's ``record``, until
+        the trim.
+
+        Written in the caller's transaction like :meth:`push_many` (``session`` or
+        ``connection``; without, one of the outbox's own), the members dispatched after the
+        commit. ``delay`` / ``scheduled_at`` / ``priority`` apply to the members,
+        ``callback_priority`` (default: the callback job's) to the callback. Raises
+        :class:`PayloadInvalid` (naming the item's index, or ``callback_payload``) or
+        :class:`ConfigurationError` (no payloads, a bad ``on``) before anything is written,
+        :class:`StorageError` when the database fails.
+        """
+        if on not in BATCH_ON:
+            raise ConfigurationError(f"push_batch: on must be one of {BATCH_ON}, got {on!r}",
+                                     field="on")
+        if not payloads:
+            raise ConfigurationError("push_batch: a batch needs at least one payload",
+                                     field="payloads")
+        session = _check_target(session, connection)
+        now = self._now()
+        rows = self._new_rows(spec, payloads, now, None, delay, scheduled_at, priority,
+                              organization_id, triggered_by, triggered_by_name, True, None)
+        [call] = self._rows(callback, [callback_payload], [None], now, None,
+                            callback_priority, organization_id, triggered_by,
+                            triggered_by_name, False)
+        batch_id = new_ids(1)[0]
+        rows = [dataclasses.replace(r, batch_id=batch_id) for r in rows]
+        batch = {"id": batch_id, "callback_id": call.id, "callback_job": callback.name,
+                 "callback_payload": call.payload, "callback_priority": call.priority,
+                 "callback_max_attempts": call.max_attempts, "callback_on": on,
+                 "total": len(rows), "succeeded": 0, "failed": 0, "cancelled": 0,
+                 "organization_id": organization_id, "created_at": now}
+        caller = session if session is not None else connection
+        dispatcher = self.dispatcher  # read once per push: eager mode may change
+        if caller is not None:
+            joined: AbstractContextManager[Transaction] = nullcontext(self.store.join(caller))
+        elif self.joiner is not None:
+            joined = self.joiner()
+        else:
+            results = self.store.insert_batch_alone(batch, rows)
+            dispatcher.dispatch(self._to_dispatch(rows, results, now, dispatcher))
+            return batch_id
+        with joined as tx:
+            results = self.store.insert_batch(tx, batch, rows)
+            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now, dispatcher),
+                                     dispatcher)
+        return batch_id
+
+    def batch(self, batch_id: UUID) -> Batch | None:
+        """The batch ``batch_id`` (:class:`~celery_outbox.outcomes.Batch`: its counts, its
+        failed members' ids, its state), or None. Raises :class:`StorageError`."""
+        return self.store.batch(batch_id)
 
     async def apush_many(
         self,
@@ -816,13 +911,29 @@ class Outbox:
         A handler running in this process sees ``ctx.cancelled`` at once; on another host,
         within one heartbeat interval. Sends ``job_cancel``.
         """
-        cancelled = self.store.cancel(execution_id, self._now(), by=by, by_name=by_name,
+        now = self._now()
+        cancelled = self.store.cancel(execution_id, now, by=by, by_name=by_name,
                                       job_name=job_name)
         if cancelled is None:
             return False
         self.runner.cancel_local(execution_id)
         signals.job_cancel.send(sender=cancelled, execution_id=execution_id, cancelled_by=by)
+        self._dispatch_callback_of(execution_id, now)
         return True
+
+    def _dispatch_callback_of(self, member_id: UUID, now: datetime) -> None:
+        """Dispatch the callback a cancel of ``member_id`` made (the last member of its
+        batch to finish), if any; a failure is logged: the sweep dispatches it."""
+        try:
+            due = self.store.member_callback_due(member_id, now)
+        except Exception as exc:
+            log.warning("celery_outbox: reading the batch callback of %s after its cancel "
+                        "failed; the sweep dispatches it (%s)", member_id,
+                        " ".join(str(exc).split())[:300])
+            return
+        if due:
+            self.dispatcher.dispatch([DispatchItem(r.id, r.job_name, r.priority)
+                                      for r in due])
 
     def trigger(
         self,

@@ -159,3 +159,58 @@ class FinishedMany:
     starts: list[bool] = field(default_factory=list)
     """Per fence of ``finish_many(..., starts=...)``, in order, whether it was still the
     claim's and is now marked started (empty when none was asked)."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch with a callback, as ``<table>_batches`` holds it (``push_batch``).
+
+    ``id``: the batch's id; ``callback_id``: its callback execution's id (chosen at the
+    push; the row exists once ``callback_at`` is set); ``callback_job``; ``on``: ``"finish"``
+    (the callback runs once every member finished) or ``"success"`` (only when every member
+    succeeded); ``total`` members, of which ``succeeded``, ``failed`` and ``cancelled`` so
+    far; ``failed_ids``: the failed members' ids (in the order they failed);
+    ``created_at`` / ``completed_at`` (when the last member finished; None while some are
+    active) / ``callback_at`` (when the callback execution was made; None: not yet, or
+    never for an ``on="success"`` batch whose members did not all succeed), aware UTC.
+    """
+
+    id: UUID
+    callback_id: UUID
+    callback_job: str
+    on: str
+    total: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    failed_ids: tuple[UUID, ...]
+    created_at: datetime
+    completed_at: datetime | None = None
+    callback_at: datetime | None = None
+    organization_id: str | None = None
+
+    @property
+    def finished(self) -> int:
+        """Members finished so far (succeeded, failed or cancelled)."""
+        return self.succeeded + self.failed + self.cancelled
+
+    @property
+    def state(self) -> str:
+        """``"waiting"`` (members still active), ``"called"`` (the callback execution was
+        made) or ``"failed"`` (an ``on="success"`` batch with a member that did not
+        succeed: no callback)."""
+        if self.completed_at is None:
+            return "waiting"
+        return "called" if self.callback_at is not None else "failed"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ids as strings, times as ISO 8601."""
+        def iso(t: datetime | None) -> str | None:
+            return None if t is None else t.isoformat()
+        return {"id": str(self.id), "callback_id": str(self.callback_id),
+                "callback_job": self.callback_job, "on": self.on, "total": self.total,
+                "succeeded": self.succeeded, "failed": self.failed,
+                "cancelled": self.cancelled, "finished": self.finished,
+                "failed_ids": [str(i) for i in self.failed_ids], "state": self.state,
+                "created_at": iso(self.created_at), "completed_at": iso(self.completed_at),
+                "callback_at": iso(self.callback_at), "organization_id": self.organization_id}

@@ -77,7 +77,7 @@ from celery_outbox.outcomes import (
 )
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.rollup import Rollup
-from celery_outbox.states import Status
+from celery_outbox.states import TERMINAL, Status
 from celery_outbox.store import Claimed, Fence
 from celery_outbox.store.protocol import WorkerStore
 from celery_outbox.store.worker import Limits
@@ -517,6 +517,11 @@ class _Outcomes:
             if d.release and self.runner._release_stopped(spec.name, d.fence):
                 continue
             self.runner._confirm_stop(d.fence, d.row)
+        batches = [d.row.batch_id for d in held if d.row.batch_id is not None
+                   and d.outcome is not None and hits.get(d.fence)
+                   and d.outcome.status in TERMINAL]
+        if batches:  # a batch's member only: the callback its outcome made, if any
+            self.runner._dispatch_callbacks(batches)
         rollup = self.runner.rollup
         for d in held:
             hit = d.outcome if hits.get(d.fence) else None
@@ -1184,6 +1189,21 @@ class Runner:
             items = [DispatchItem(i, job_name, priority) for i in released]
         self.dispatcher().dispatch(items)
 
+    def _dispatch_callbacks(self, batch_ids: list[UUID]) -> None:
+        """Dispatch the callbacks that the committed outcomes of members of ``batch_ids``
+        made (the database made them in those outcomes' statements); a failure is logged:
+        the sweep's redispatch takes a callback never dispatched."""
+        try:
+            due = self.store.batch_callbacks_due(list(dict.fromkeys(batch_ids)), self.clock())
+        except Exception as exc:
+            log.warning("celery_outbox: reading the callbacks of %d batch(es) failed; the "
+                        "sweep dispatches them (%s)", len(set(batch_ids)),
+                        " ".join(str(exc).split())[:300])
+            return
+        if due:
+            self.dispatcher().dispatch([DispatchItem(r.id, r.job_name, r.priority)
+                                        for r in due])
+
     def hand_back_pending(self) -> None:
         """Try once more, now, every write a retry thread is still trying (the process is
         about to end, and its threads with it: a prefork child's exit): decided outcomes,
@@ -1202,6 +1222,7 @@ class Runner:
             max_attempts=row.max_attempts,
             now=now,
             log=plan.logger,
+            _batch_of=self.store.batch_of_callback,
         )
 
     def _isolated(self, claim: _Claim, index: int) -> _Decided:
@@ -1220,7 +1241,8 @@ class Runner:
                           "failing the execution", spec.name, row.id, row.attempt,
                           extra=of_row(row))
             error = f"celery_outbox could not record this attempt's outcome: {describe(exc)}"
-            decided = _Decided(fence, row, ctx, Failed(error, keep=self._plan(spec).keep_failed))
+            decided = _Decided(fence, row, ctx,
+                               Failed(error, keep=self._keeps_failed(spec, row)))
         except BaseException as exc:
             if processing is not None:
                 processing.close(exc)
@@ -1326,12 +1348,18 @@ class Runner:
     ) -> _Decided:
         """``held``: the outcome commits in the handler's transaction; its signal is kept in
         :attr:`_Decided.told` for then."""
-        decided = _Decided(fence, row, ctx, Succeeded(self._plan(spec).keep_succeeded, logs))
+        decided = _Decided(fence, row, ctx, Succeeded(
+            self._plan(spec).keep_succeeded or row.batch_id is not None, logs))
         if signals.job_success.receivers:
             told = partial(signals.job_success.send, sender=spec.name, execution_id=row.id,
                            attempt=row.attempt, duration=self.clock() - began)
             _tell(decided, told, held)
         return decided
+
+    def _keeps_failed(self, spec: JobSpec, row: Claimed) -> bool:
+        """Whether ``row``'s failure keeps its row: the job's ``record``, and always for a
+        batch's member (its batch lists its failed members; the trim deletes it later)."""
+        return self._plan(spec).keep_failed or row.batch_id is not None
 
     def _on_cancel(
         self, spec: JobSpec, row: Claimed, ctx: JobContext[Any], fence: Fence,
@@ -1384,7 +1412,7 @@ class Runner:
             log.error("celery_outbox: %s %s failed on attempt %d: %s", spec.name, row.id,
                       row.attempt, refused, extra=of_row(row))
             return _Decided(fence, row, ctx, Failed(error, logs,
-                                                    keep=self._plan(spec).keep_failed))
+                                                    keep=self._keeps_failed(spec, row)))
         soon = delay <= self.config.max_eta
         log.info("celery_outbox: %s %s snoozed on attempt %d (snooze %d of at most %d), "
                  "runs again in %.1fs%s", spec.name, row.id, row.attempt, done + 1,
@@ -1431,7 +1459,7 @@ class Runner:
                       spec.name, row.id, row.attempt, row.max_attempts, error.splitlines()[0],
                       extra=of_row(row))
             decided = _Decided(fence, row, ctx, Failed(error, logs,
-                                                       keep=self._plan(spec).keep_failed))
+                                                       keep=self._keeps_failed(spec, row)))
             _tell(decided, told, held)
             return decided
         run_at = now + delay  # bounded: _retry_delay checked it

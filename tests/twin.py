@@ -30,6 +30,7 @@ from celery_outbox.config import KEY_WAIT
 from celery_outbox.errors import StorageError
 from celery_outbox.models import WAITING_RATE, WAITING_SLOT, build_tables
 from celery_outbox.outcomes import (
+    Batch,
     Cancelled,
     Failed,
     Fence,
@@ -571,6 +572,18 @@ class MemoryStore:
         with self._lock:
             return [Due(r["id"], r["job_name"], r["priority"]) for r in
                     (self.rows.get(i) for i in ids) if r is not None and r["status"] == _PENDING]
+
+    def batch_callbacks_due(self, batch_ids: Sequence[UUID], now: datetime) -> list[Due]:
+        """The twin keeps no batches: none."""
+        return []
+
+    def member_callback_due(self, member_id: UUID, now: datetime) -> list[Due]:
+        """The twin keeps no batches: none."""
+        return []
+
+    def batch_of_callback(self, callback_id: UUID) -> Batch | None:
+        """The twin keeps no batches: None."""
+        return None
 
     def trim(self, job_name: str, *, keep_succeeded: int, keep_failed: int, now: datetime,
              keep_cancelled: int | None = None) -> int:

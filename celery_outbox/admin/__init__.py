@@ -53,6 +53,7 @@ from celery_outbox.errors import (
     InvalidTransition,
     StorageError,
 )
+from celery_outbox.outcomes import Batch
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
 from celery_outbox.states import Status, can_retry
@@ -387,6 +388,12 @@ class OutboxAdmin(PauseAdmin):
             raise self.not_found(execution_id)
         return _execution_detail(row, self.store.lineage(execution_id),
                                  self.outbox.keyring if show_encrypted else None)
+
+    def batch(self, batch_id: UUID | str) -> Batch | None:
+        """The batch ``batch_id`` (``push_batch``), or the batch an execution ``batch_id`` is
+        a member or the callback of; None when neither. Raises :class:`StorageError`."""
+        some_id = _uuid(batch_id)
+        return self.store.batch(some_id) or self.store.batch_of_execution(some_id)
 
     def not_found(self, execution_id: UUID) -> ExecutionNotFound:
         """The :class:`ExecutionNotFound` of an id no row has: its message says why (a

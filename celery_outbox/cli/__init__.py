@@ -400,6 +400,32 @@ def show_command(box: Outbox, execution_id: str, show_encrypted: bool, as_json: 
     print_attempts(detail)
 
 
+@outbox.command("batch")
+@click.argument("batch_id", metavar="ID")
+@json_option
+@admin_command
+def batch_command(box: Outbox, batch_id: str, as_json: bool) -> None:
+    """A batch's progress (push_batch): ID is the batch's id, or the id of one of its
+    members or of its callback. Prints its members' counts (succeeded, failed, cancelled),
+    the failed members' ids and its callback's state; exits 1 when no batch matches."""
+    from celery_outbox.admin.batches import batch_progress, batch_waiting
+
+    some_id = _execution_id(batch_id)
+    batch = box.admin.batch(some_id)
+    if batch is None:
+        raise CommandError(f"no batch {some_id} (nor one it is a member or the callback of)",
+                           "BatchNotFound")
+    if as_json:
+        print_json(batch.to_dict())
+        return
+    waiting = batch_waiting(batch, batch.callback_id)
+    lines = [f"batch {batch.id} (on {batch.on}): {batch_progress(batch)}",
+             f"callback {batch.callback_id} ({batch.callback_job}): "
+             f"{waiting or batch.state}"]
+    lines += [f"failed: {i}" for i in batch.failed_ids]
+    click.echo("\n".join(lines))
+
+
 @outbox.command("logs")
 @click.argument("execution_id", metavar="ID")
 @click.option("--follow", "-f", is_flag=True,

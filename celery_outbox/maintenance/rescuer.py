@@ -138,15 +138,16 @@ class Rescuer:
         if row.started_at is None:
             return RescueVerdict(f"{error} before it began", release=True)
         spec = self.registry.get(row.job_name)
+        keep = spec.keep_failed_row() or row.batch_id is not None  # a member: always kept
         try:
             retry = spec.retry.should_retry(error, row.attempt, row.max_attempts)
         except Exception as exc:
             log.exception("celery_outbox: %s: RetryPolicy.when raised; failing %s",
                           row.job_name, row.id, extra=of_row(row))
             return RescueVerdict(f"{error}; not retried: RetryPolicy.when raised "
-                                 f"{type(exc).__name__}: {exc}", keep=spec.keep_failed_row())
+                                 f"{type(exc).__name__}: {exc}", keep=keep)
         if not retry:
-            return RescueVerdict(str(error), keep=spec.keep_failed_row())
+            return RescueVerdict(str(error), keep=keep)
         delay = spec.retry.delay(row.attempt)
         try:
             run_at = now + delay
@@ -154,7 +155,7 @@ class Rescuer:
             log.error("celery_outbox: %s: retry delay %s of %s is past the last date; "
                       "failing it", row.job_name, delay, row.id, extra=of_row(row))
             return RescueVerdict(f"{error}; not retried: retry delay {delay} cannot be "
-                                 "scheduled", keep=spec.keep_failed_row())
+                                 "scheduled", keep=keep)
         return RescueVerdict(str(error), run_at=run_at, dispatched=delay <= self.config.max_eta)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 # Every area's builders, so QUERIES names them all once the package is imported.
 from celery_outbox.queries import (
     admin,
+    batches,
     cron,
     dashboard,
     identity,
@@ -51,6 +52,7 @@ __all__ = [
     "Shape",
     "admin",
     "adrive",
+    "batches",
     "cron",
     "dashboard",
     "drive",

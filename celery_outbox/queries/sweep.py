@@ -48,6 +48,8 @@ class Expired:
     """None: claimed with others in one message, and its handler never began."""
     organization_id: str | None = None
     """Its tenant (the records logged about it carry it)."""
+    batch_id: UUID | None = None
+    """The batch it is a member of (None: none): its failure keeps its row."""
 
 
 def _due(row: Row) -> Due:
@@ -149,7 +151,7 @@ def redispatch_stale(t: Table, now: datetime, job_names: Sequence[str], stale_be
 def _expired_leases(t: Table) -> Any:
     return (
         select(t.c.id, t.c.job_name, t.c.claimed_by, t.c.attempt, t.c.max_attempts,
-               t.c.priority, t.c.started_at, t.c.organization_id)
+               t.c.priority, t.c.started_at, t.c.organization_id, t.c.batch_id)
         .where(t.c.status == Status.RUNNING.value, t.c.lease_expires_at < _now(t), _jobs(t))
         .order_by(t.c.lease_expires_at, t.c.id)
         .limit(bindparam("limit", type_=Integer()))

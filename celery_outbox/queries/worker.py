@@ -103,7 +103,7 @@ def _claim_statement(t: Table, p: Table, dialect: str, db_clock: bool) -> Any:
             t.c.id, t.c.job_name, t.c.attempt, t.c.max_attempts, t.c.payload, t.c.priority,
             t.c.unique_key, t.c.organization_id, t.c.lease_expires_at, t.c.traceparent,
             t.c.created_at, t.c.scheduled_at, t.c.snoozes, t.c.concurrency_key, t.c.started_at,
-            t.c.waiting,
+            t.c.waiting, t.c.batch_id,
         )
     )
 

@@ -30,6 +30,8 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 - ``dashboard``: capped_counts, oldest_pending, last_finished, outcomes_since, page, get_visible,
   recent_failures, matching_ids, count_matching (the reads of the HTTP API and the CLI's
   pages; ExecutionQuery, Cursor)
+- ``batches``: insert_batch, batch, batch_of_callback, batch_of_execution,
+  batch_callbacks_due, trim_batches (batches with callbacks, ``<table>_batches``)
 - ``keys``: encrypted_payloads, rewrite_payload (the key rotation of encrypted payloads)
 """
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 from celery_outbox.store.admin import AdminStore, JobStats, StatusCount
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
+from celery_outbox.store.batches import BatchStore
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
 from celery_outbox.store.keys import KeyStore
@@ -79,7 +82,7 @@ __all__ = [
 
 class ExecutionStore(
     PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
-    StatsStore, LoopStore, SessionStore, PauseStore, KeyStore,
+    StatsStore, LoopStore, SessionStore, PauseStore, KeyStore, BatchStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 from uuid import UUID
 
-from celery_outbox.outcomes import Fence, Finished, FinishedMany, Outcome, Write
+from celery_outbox.outcomes import Batch, Fence, Finished, FinishedMany, Outcome, Write
 from celery_outbox.store.sweep import Due
 from celery_outbox.store.worker import Claimed, LimitedClaim, Limits, Renewed
 
@@ -62,3 +62,7 @@ class WorkerStore(Protocol):
     def release_claim(self, ids: Sequence[UUID], token: str, now: datetime) -> list[UUID]: ...
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]: ...
+
+    def batch_callbacks_due(self, batch_ids: Sequence[UUID], now: datetime) -> list[Due]: ...
+
+    def batch_of_callback(self, callback_id: UUID) -> Batch | None: ...

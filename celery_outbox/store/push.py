@@ -103,6 +103,8 @@ class NewExecution:
     concurrency_key: str | None = None
     """The key its job's limits hold for (the job's ``concurrency_key`` of the payload);
     None: the job has none."""
+    batch_id: UUID | None = None
+    """The batch the row is a member of (``push_batch``); None: none."""
 
     @classmethod
     def create(
@@ -174,6 +176,8 @@ class NewExecution:
             values["traceparent"] = self.traceparent
         if self.concurrency_key is not None:  # only for a keyed job: all rows of a push
             values["concurrency_key"] = self.concurrency_key
+        if self.batch_id is not None:  # only a batch's members: the same for every row
+            values["batch_id"] = self.batch_id
         return values
 
 

@@ -70,6 +70,9 @@ class Claimed:
     """When the claim marked it started (the first row of a claim; None: the others)."""
     waiting: str | None = None
     """Why it waited on a limit before this claim (``slot``, ``rate``), else None."""
+    batch_id: UUID | None = None
+    """The batch it is a member of (None: none): its row is kept when it finishes, and the
+    callback its outcome may make is dispatched after the outcome's commit."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from celery_outbox.states import Status
 from celery_outbox.web.auth import Principal
 from celery_outbox.web.models import (
     ActionOut,
+    BatchOut,
     BulkIn,
     BulkOut,
     ErrorOut,
@@ -247,6 +248,14 @@ def cancel(execution_id: UUID, who: Operator, board: Board) -> ActionOut:
                         organization_id=who.organization_id)
     return ActionOut(action="cancel", job_name=view.job_name, execution_id=view.id,
                      new_execution_id=None, status=Status(view.status))
+
+
+@router.get("/batches/{batch_id}", response_model=BatchOut, responses=READ,
+            tags=["executions"])
+def batch(batch_id: UUID, who: Who, board: Board) -> BatchOut:
+    """A batch's progress: ``batch_id`` is the batch's id, or the id of one of its members
+    or of its callback (404 when none, or another tenant's)."""
+    return BatchOut.of(board.batch(batch_id, who.organization_id))
 
 
 @router.get("/failures", response_model=FailuresOut, responses=READ, tags=["executions"])

@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from celery_outbox.admin import AttemptView, ExecutionDetail, ExecutionView, LogEntry
 from celery_outbox.dashboard import BulkResult, FailureGroup, JobOverview, Overview
+from celery_outbox.outcomes import Batch
 from celery_outbox.states import Status
 
 
@@ -339,6 +340,44 @@ class TriggerIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     payload: Any = None
+
+
+class BatchOut(BaseModel):
+    """A batch with a callback (``push_batch``): its members' counts, the failed members'
+    ids, its callback's state (``waiting``: members still active; ``called``: the
+    callback execution was made; ``failed``: an ``on="success"`` batch with a member that
+    did not succeed, so no callback), ``progress`` in words and, while its callback waits,
+    ``waiting`` (``"waiting for batch: 37 of 1,000 members finished"``)."""
+
+    id: UUID
+    callback_id: UUID
+    callback_job: str
+    on: Literal["finish", "success"]
+    total: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    finished: int
+    failed_ids: list[UUID]
+    state: Literal["waiting", "called", "failed"]
+    created_at: datetime
+    completed_at: datetime | None
+    callback_at: datetime | None
+    progress: str
+    waiting: str | None
+
+    @classmethod
+    def of(cls, batch: Batch) -> BatchOut:
+        from celery_outbox.admin.batches import batch_progress, batch_waiting
+
+        return cls(id=batch.id, callback_id=batch.callback_id,
+                   callback_job=batch.callback_job, on=batch.on,  # type: ignore[arg-type]
+                   total=batch.total, succeeded=batch.succeeded, failed=batch.failed,
+                   cancelled=batch.cancelled, finished=batch.finished,
+                   failed_ids=list(batch.failed_ids), state=batch.state,  # type: ignore[arg-type]
+                   created_at=batch.created_at, completed_at=batch.completed_at,
+                   callback_at=batch.callback_at, progress=batch_progress(batch),
+                   waiting=batch_waiting(batch, batch.callback_id))
 
 
 class ActionOut(BaseModel):

@@ -38,6 +38,7 @@ from celery_outbox.errors import (
     OutboxError,
     PayloadInvalid,
 )
+from celery_outbox.outcomes import Batch
 from celery_outbox.states import Priority, Status
 from celery_outbox.web.api import (
     WHO,
@@ -239,13 +240,33 @@ def executions(request: Request) -> Response:
 @router.get("/executions/{execution_id}", response_class=HTMLResponse)
 def execution(request: Request, execution_id: str) -> Response:
     who: Principal = request.state.principal
+    board = _board(request)
     try:
-        detail = _board(request).execution(execution_id, who.organization_id,
-                                           show_encrypted=who.show_encrypted_payloads)
+        detail = board.execution(execution_id, who.organization_id,
+                                 show_encrypted=who.show_encrypted_payloads)
     except ExecutionNotFound as exc:
+        waiting = _batch_of(board, execution_id, who)
+        if waiting is not None and waiting[1]:  # a batch's callback, not made yet
+            return error_page(request, 404, f"{exc} ({waiting[1]})")
         return error_page(request, 404, str(exc))
+    batch = _batch_of(board, detail.id, who)
     return render(request, "execution.html", e=detail,
-                  payload=_json(detail.payload), live=detail.can_cancel)
+                  payload=_json(detail.payload), live=detail.can_cancel,
+                  batch=batch[0] if batch else None, batch_line=batch[2] if batch else None)
+
+
+def _batch_of(board: Dashboard, execution_id: object,
+              who: Principal) -> tuple[Batch, str | None, str] | None:
+    """The batch ``execution_id`` is a member or the callback of (the reader's tenant's),
+    why that callback waits (None: it does not) and its progress in words; None when
+    none."""
+    from celery_outbox.admin.batches import batch_progress, batch_waiting
+
+    try:
+        batch = board.batch(str(execution_id), who.organization_id)
+    except ExecutionNotFound:
+        return None
+    return batch, batch_waiting(batch, batch.callback_id), batch_progress(batch)
 
 
 @router.get("/failures", response_class=HTMLResponse)

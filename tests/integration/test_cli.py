@@ -369,7 +369,8 @@ def test_create_schema_is_idempotent(cli_app: ModuleType, cli_env: dict[str, str
     assert data(result.stdout) == {"tables": [table, f"{table}_cron", f"{table}_trim",
                                               f"{table}_loop", f"{table}_revoked_sessions",
                                               f"{table}_pauses", f"{table}_stats",
-                                              f"{table}_slots", f"{table}_rates"]}
+                                              f"{table}_slots", f"{table}_rates",
+                                              f"{table}_batches"]}
 
 
 def test_without_an_app_or_outbox_exits_with_one_line(cli_app: ModuleType) -> None:
@@ -565,7 +566,7 @@ def test_a_missing_table_says_to_create_the_schema(cli_env: dict[str, str]) -> N
     database = cli_env["OUTBOX_CLI_DATABASE_URL"].rsplit("/", 1)[1]
     expected = (f"the outbox tables ({table}, {table}_cron, {table}_trim, {table}_loop, "
                 f"{table}_revoked_sessions, {table}_pauses, {table}_stats, "
-                f"{table}_slots, {table}_rates) are "
+                f"{table}_slots, {table}_rates, {table}_batches) are "
                 f"missing at "
                 f"127.0.0.1:5432 (database {database}): create them with "
                 f"`celery -A tests.cli_app outbox create-schema` (or run the migrations)")

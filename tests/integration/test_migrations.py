@@ -32,7 +32,7 @@ OUTBOX_TABLES = {"celery_outbox_executions", "celery_outbox_executions_cron",
                  "celery_outbox_executions_trim", "celery_outbox_executions_loop",
                  "celery_outbox_executions_revoked_sessions", "celery_outbox_executions_pauses",
                  "celery_outbox_executions_stats", "celery_outbox_executions_slots",
-                 "celery_outbox_executions_rates"}
+                 "celery_outbox_executions_rates", "celery_outbox_executions_batches"}
 VERSION_TABLE = "celery_outbox_alembic_version"
 
 
@@ -139,7 +139,8 @@ def reference_schema(new_database: Callable[[], str]) -> dict[str, Any]:
     found = schema(url)
     assert {t for t, *_ in found["columns"]} == OUTBOX_TABLES
     assert {name for _, name, _ in found["triggers"]} == {
-        "celery_outbox_executions_trim_gone", "celery_outbox_executions_trim_moved"}
+        "celery_outbox_executions_trim_gone", "celery_outbox_executions_trim_moved",
+        "celery_outbox_executions_batch_done", "celery_outbox_executions_batch_gone"}
     return found
 
 
@@ -279,7 +280,9 @@ def test_sqlite_upgrade_head_equals_create_schema_and_downgrades(tmp_path: Path)
     expected = sqlite_schema(reference)
     assert {(kind, name) for kind, name, _ in expected if kind == "trigger"} == {
         ("trigger", "celery_outbox_executions_trim_gone"),
-        ("trigger", "celery_outbox_executions_trim_moved")}
+        ("trigger", "celery_outbox_executions_trim_moved"),
+        ("trigger", "celery_outbox_executions_batch_done"),
+        ("trigger", "celery_outbox_executions_batch_gone")}
     assert sqlite_schema(migrated) == expected
     before = f"sqlite:///{tmp_path}/at_0007.db"
     upgrade(before, "celery_outbox_0007")

@@ -105,6 +105,21 @@ def _seed_message(*plans: tuple[str, ...]) -> Callable[[World], None]:
     return seed
 
 
+def push_batch(w: World) -> None:
+    w.push_batch([w.plan("ok"), w.plan("fail", "ok")], w.plan("ok"))
+
+
+def _seed_batch(*plans: tuple[str, ...], on: str = "finish") -> Callable[[World], None]:
+    """A batch of one member per plan, its callback a plain success: the step's message is
+    its members; the outcome of the last one makes the callback, which the worker
+    dispatches after its commit (or, failing that, the sweep)."""
+    def seed(w: World) -> None:
+        w.seeded = w.push_batch([w.plan(*steps) for steps in plans],  # type: ignore[attr-defined]
+                                w.plan("ok"), on=on)
+
+    return seed
+
+
 def run_seeded(w: World) -> None:
     w.run(JOB, w.seeded)  # type: ignore[attr-defined]
 
@@ -337,6 +352,10 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     # The hand-back fails too: a retry thread holds it, the process's exit tries it.
     Path("hand_back_retry", _seed_message(("age+ok",), ("ok",)), run_then_exit,
          given=(Fault("extend_leases", 1, "error"), Fault("release_fenced", 1, "error"))),
+    Path("push_batch", _nothing, push_batch),
+    Path("worker_batch", _seed_batch(("ok",), ("fail", "ok"), ("stop",)), run_seeded),
+    Path("worker_batch_success", _seed_batch(("ok",), ("cancel",), on="success"),
+         run_seeded),
     Path("sweep", seed_sweep, sweep),
     Path("trim", seed_trim, trim, {"jobs": (TRIM,)}),
     Path("admin_cancel", seed_pending, admin_cancel),

@@ -54,6 +54,12 @@ NOT_REACHED: dict[str, str] = {
                           "tests/integration/test_encryption.py)",
     "rewrite_payload": "the key rotation's write, guarded by the token it replaces (no path; "
                        "tests/integration/test_encryption.py)",
+    "batch_by_id": "a batch's read (outbox.batch, the CLI's and the dashboard's; no path; "
+                   "tests/integration/test_batches.py)",
+    "batch_of_callback": "a callback's ctx.batch, a read in its handler, whose failure is the "
+                         "handler's (no path; tests/integration/test_batches.py)",
+    "batch_of_execution": "an execution detail's batch (the dashboard's, the CLI's; no path; "
+                          "tests/integration/test_batches.py)",
 }
 """Named queries no path's clean step runs, and why. A query registered later that no path
 reaches fails :func:`test_every_query_is_reached` until a path runs it or it is listed."""

@@ -33,7 +33,7 @@ from celery_outbox.engine import make_engine
 from celery_outbox.errors import StorageError
 from celery_outbox.executors.direct import Held
 from celery_outbox.runner import Runner
-from celery_outbox.states import ACTIVE, Status
+from celery_outbox.states import ACTIVE, TERMINAL, Status
 from celery_outbox.store.worker import Limits
 from tests.integration.fakes import RecordingDispatcher
 from tests.matrix import internals
@@ -258,6 +258,20 @@ class World:
                                          session=session, **options)
         return push.ids
 
+    def push_batch(self, payloads: Sequence[dict[str, Any]], callback: dict[str, Any], *,
+                   on: str = "finish", job: str = JOB) -> list[UUID]:
+        """push_batch of ``payloads`` with a callback of ``job`` (``callback``: its plan),
+        recorded as a push of the members (the callback's row comes later, from the
+        database); the members' ids."""
+        push = Push([p["tag"] for p in payloads], len(self.dispatcher.items))
+        if self.executor.active:
+            self.pushes.append(push)
+        spec = self.registry.get(job)
+        batch_id = self.outbox.push_batch(spec, list(payloads), callback=spec,
+                                          callback_payload=callback, on=on)
+        push.ids = [i for i, r in self.table().items() if r["batch_id"] == batch_id]
+        return push.ids
+
     def run(self, job: str, ids: Sequence[UUID], runner: Runner | None = None) -> None:
         """A message ``(job, ids)`` reaches ``runner`` (default: the step's worker)."""
         runner = runner or self.runner
@@ -458,6 +472,7 @@ class World:
             if missing:
                 self.violations.append(f"{i}: attempt(s) {missing} counted without a handler "
                                        f"run (ended {row['status']}, attempt {row['attempt']})")
+        self.check_batches(table)
         for (i, attempt), status in sorted(self.decided.items(), key=str):
             row = table.get(i)
             if row is None:
@@ -472,6 +487,42 @@ class World:
                 self.violations.append(
                     f"{word} thrown away: attempt {attempt} of {i} decided it, the row ended "
                     f"{row['status']} at attempt {row['attempt']}")
+
+
+    def check_batches(self, table: dict[UUID, dict[str, Any]]) -> None:
+        """Each batch: its counts are its members' outcomes; it completed iff every member
+        finished; its callback exists iff it completed and was due (``finish``, or every
+        member succeeded), and once (its id is the batch's)."""
+        b = self.outbox.tables.batches
+        with self.engine.connect() as conn:
+            batches = [dict(r) for r in conn.execute(select(b)).mappings()]
+        for batch in batches:
+            members = [r for r in table.values() if r["batch_id"] == batch["id"]]
+            got = {s.value: 0 for s in TERMINAL} | {
+                k: v for k, v in _counts(members).items() if Status(k) in TERMINAL}
+            if len(members) != batch["total"]:
+                self.violations.append(f"batch {batch['id']}: {len(members)} members, "
+                                       f"total {batch['total']}")
+            counted = {s: batch[s] for s in ("succeeded", "failed", "cancelled")}
+            if counted != got:
+                self.violations.append(f"batch {batch['id']}: counted {counted}, its "
+                                       f"members ended {got}")
+            done = all(Status(r["status"]) in TERMINAL for r in members)
+            if done != (batch["completed_at"] is not None):
+                self.violations.append(f"batch {batch['id']}: members finished {done}, "
+                                       f"completed_at {batch['completed_at']}")
+            due = done and (batch["callback_on"] == "finish"
+                            or got[Status.SUCCEEDED.value] == batch["total"])
+            if due != (batch["callback_id"] in table):
+                self.violations.append(f"batch {batch['id']}: callback due {due}, its row "
+                                       f"{'exists' if batch['callback_id'] in table else 'none'}")
+
+
+def _counts(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
 
 
 def _plan(payload: Any) -> Plan:

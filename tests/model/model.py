@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from celery_outbox import RetryPolicy
-from celery_outbox.states import ACTIVE, TRANSITIONS, Status
+from celery_outbox.states import ACTIVE, TERMINAL, TRANSITIONS, Status
 from tests.model.world import Flaky, Plan
 
 DELETED_INSTEAD = {"complete", "fail", "rescue_fail"}
@@ -81,6 +81,24 @@ class MRow:
     finished_at: datetime | None = None
     gone: str | None = None
     snoozes: int = 0
+    batch: UUID | None = None
+    """The batch it is a member of: its outcome is counted there, its row always kept
+    when a worker or the rescuer finishes it."""
+
+
+@dataclass
+class MBatch:
+    """A batch with a callback: its members, what their outcomes counted, its callback
+    (made once, when the last member finished and the callback is due)."""
+
+    id: UUID
+    members: list[UUID]
+    callback: MRow
+    """The callback's row as it will be made (status None until then)."""
+    on: str
+    counts: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in TERMINAL})
+    completed: bool = False
+    called: bool = False
 
 
 @dataclass
@@ -112,6 +130,10 @@ class Model:
     once more for each."""
     effects: set[tuple[UUID, int]] = field(default_factory=set)
     """The handlers' rows transactional completion committed: (execution id, attempt)."""
+    batches: dict[UUID, MBatch] = field(default_factory=dict)
+    made: list[MRow] = field(default_factory=list)
+    """The callbacks the last transitions made (the worker dispatches those its outcome
+    write made, after the commit)."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -123,7 +145,10 @@ class Model:
         assert to == end or (to is None and name in DELETED_INSTEAD), (
             f"model: {name} to {to} but states.py says {end}")
         self.transitions[name] = self.transitions.get(name, 0) + 1
+        was = row.status
         row.status = to
+        if row.batch is not None and was in ACTIVE and (to is None or to in TERMINAL):
+            self.member_finished(row, to or Status.FAILED)
         if to is None:
             row.gone = name
         if to is not Status.RUNNING:
@@ -131,6 +156,32 @@ class Model:
 
     def job(self, row: MRow) -> JobCfg:
         return self.jobs[row.job]
+
+    def member_finished(self, row: MRow, status: Status) -> None:
+        """What the database's triggers do in the statement of a member's terminal outcome:
+        count it; the count that reaches the total completes the batch and, when its
+        callback is due, makes the callback's row (pending, never dispatched)."""
+        assert row.batch is not None
+        batch = self.batches[row.batch]
+        assert not batch.completed, f"batch {batch.id}: a member finished after completion"
+        batch.counts[status.value] += 1
+        if sum(batch.counts.values()) < len(batch.members):
+            return
+        batch.completed = True
+        if batch.on == "finish" or batch.counts[Status.SUCCEEDED.value] == len(batch.members):
+            batch.called = True
+            call = batch.callback
+            self.rows[call.id] = call
+            self.transitions["push"] = self.transitions.get("push", 0) + 1
+            call.status = Status.PENDING
+            self.made.append(call)
+
+    def dispatch_made(self, now: datetime) -> None:
+        """The worker's dispatch, after its outcome's commit, of the callbacks it made."""
+        for call in self.made:
+            if call.status is Status.PENDING and call.dispatched_at is None:
+                self.dispatch(call, now)
+        self.made.clear()
 
     def lease_of(self, job: JobCfg) -> timedelta:
         return 2 * job.timeout if job.timeout is not None else self.cfg.lease
@@ -225,8 +276,15 @@ class Model:
         row = self.rows[fence.id]
         job = self.job(row)
         joined, step = step.startswith("tx:"), step.removeprefix("tx:")
+        self.made.clear()
+        hit = self._outcome(row, job, fence, step, joined, now, fixed=fixed)
+        self.dispatch_made(now)
+        return hit
+
+    def _outcome(self, row: MRow, job: JobCfg, fence: MFence, step: str, joined: bool,
+                 now: datetime, *, fixed: bool) -> bool:
         if step == "ok":
-            keep = self.keep_succeeded_row(job)
+            keep = self.keep_succeeded_row(job) or row.batch is not None
             self.move(row, "complete", Status.SUCCEEDED if keep else None)
             row.finished_at = now
             if joined:  # the handler's row committed with the success, in its transaction
@@ -241,7 +299,8 @@ class Model:
             return self.snooze(row, job, step, now)
         delay = self.retry_delay(row, job, step, fixed=fixed)
         if delay is None:
-            self.move(row, "fail", Status.FAILED if job.record != "none" else None)
+            self.move(row, "fail", Status.FAILED if job.record != "none" or row.batch
+                      else None)
             row.finished_at = now
             return True
         self.move(row, "retry", Status.SCHEDULED)
@@ -254,7 +313,8 @@ class Model:
         counted given back, one more snooze; past the job's ``max_snoozes`` it fails
         instead."""
         if row.snoozes >= job.max_snoozes:
-            self.move(row, "fail", Status.FAILED if job.record != "none" else None)
+            self.move(row, "fail", Status.FAILED if job.record != "none" or row.batch
+                      else None)
             row.finished_at = now
             return True
         key = (row.id, row.attempt)
@@ -388,7 +448,8 @@ class Model:
         # LeaseExpired: reject_flaky retries it; a raising predicate fails the row.
         retry = row.attempt < row.max_attempts and job.when != "raises"
         if not retry:
-            self.move(row, "rescue_fail", Status.FAILED if job.record != "none" else None)
+            self.move(row, "rescue_fail", Status.FAILED if job.record != "none" or row.batch
+                      else None)
             row.finished_at = now
             return
         delay = job.retry.delay(row.attempt, rng=lambda: 1.0)
@@ -398,10 +459,12 @@ class Model:
     def cancel(self, row: MRow, now: datetime) -> None:
         """cancel: a running row keeps its claim and lease (its handler may still run)."""
         held = (row.claimed_by, row.claim, row.lease) if row.status is Status.RUNNING else None
+        self.made.clear()
         self.move(row, "cancel", Status.CANCELLED)
         row.finished_at = now
         if held is not None:
             row.claimed_by, row.claim, row.lease = held
+        self.dispatch_made(now)  # the callback its cancel made: dispatched after the commit
 
     def still_running(self, row: MRow, now: datetime) -> bool:
         """Whether an admin retry of ``row`` must wait (``ExecutionStillRunning``): cancelled

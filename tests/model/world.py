@@ -138,6 +138,9 @@ class World:
         self.seq = 0
         self.spans: list[Span] = []
         self.begins: list[tuple[UUID, int]] = []
+        self.snoozed: Callable[[tuple[UUID, int]], int] = lambda key: 0
+        """How many times the model says an attempt was snoozed (it begins once more per
+        snooze); the machine sets it."""
         self.live: dict[UUID, dict[int, int]] = {}  # id -> {thread ident: attempt}
         self.violations: list[str] = []
         self.gates: dict[UUID, Gate] = {}

@@ -46,7 +46,7 @@ def routes(execution_id: str) -> list[tuple[str, str, dict[str, Any] | None]]:
     return [
         ("GET", "/api/v1/me", None), ("GET", "/api/v1/jobs", None),
         ("GET", "/api/v1/executions", None), ("GET", f"/api/v1/executions/{execution_id}", None),
-        ("GET", "/api/v1/failures", None),
+        ("GET", "/api/v1/failures", None), ("GET", f"/api/v1/batches/{execution_id}", None),
         ("POST", "/api/v1/jobs/shop.receipt/trigger", {"payload": {"order_id": 5}}),
         ("POST", f"/api/v1/executions/{execution_id}/retry", None),
         ("POST", f"/api/v1/executions/{execution_id}/cancel", None),
@@ -71,6 +71,7 @@ def test_every_operation_answers_401_without_credentials_and_writes_nothing(
     tried = {path.replace(execution_id, "{execution_id}").replace("shop.receipt", "{job_name}")
              .replace("bulk/retry", "bulk/{action}").replace("bulk/cancel", "bulk/{action}")
              .replace("/queues/celery/", "/queues/{queue_name}/")
+             .replace("/batches/{execution_id}", "/batches/{batch_id}")
              for _, path, _ in routes(execution_id)}
     assert openapi_paths <= tried, f"operations not covered: {openapi_paths - tried}"
     bad = [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic b3BzOndyb25n"},

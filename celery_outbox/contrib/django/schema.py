@@ -18,6 +18,7 @@ from celery_outbox.models import (
     DEFAULT_TABLE,
     Tables,
     analyze_statements,
+    batch_triggers,
     build_tables,
     trim_triggers,
 )
@@ -40,6 +41,8 @@ def create_statements(tables: Tables, vendor: str) -> list[str]:
             out.append(str(CreateIndex(index).compile(dialect=dialect)).strip())
     create, _ = trim_triggers(tables.executions.name, tables.trim_marks.name)
     out.extend(_escaped(s) for s in create[vendor])
+    create, _ = batch_triggers(tables.executions.name, tables.batches.name)
+    out.extend(_escaped(s) for s in create[vendor])
     return out
 
 
@@ -48,6 +51,8 @@ def drop_statements(tables: Tables, vendor: str) -> list[str]:
     dialect = dialect_for(vendor)
     _, drop = trim_triggers(tables.executions.name, tables.trim_marks.name)
     out = [_escaped(s) for s in drop[vendor]]
+    _, drop = batch_triggers(tables.executions.name, tables.batches.name)
+    out.extend(_escaped(s) for s in drop[vendor])
     out.extend(str(DropTable(t, if_exists=True).compile(dialect=dialect)).strip()
                for t in reversed(tables.all()))
     return out
@@ -222,6 +227,31 @@ class CreatePausesTable(_CreateSideTable):
     what = "pauses"
 
 
+class CreateBatchesTable(_CreateSideTable):
+    """Create ``<table>_batches`` (batches with callbacks) unless it exists."""
+
+    table = "batches"
+    what = "batches"
+
+
+class CreateBatchTriggers(_OutboxOperation):
+    """Create the triggers that count a batch's members and make its callback (replaced
+    when ``0001_initial`` made them already); reversed, drop them."""
+
+    def forwards(self, vendor: str) -> list[str]:
+        tables = configured_tables()
+        create, _ = batch_triggers(tables.executions.name, tables.batches.name)
+        return [_escaped(s) for s in create[vendor]]
+
+    def backwards(self, vendor: str) -> list[str]:
+        tables = configured_tables()
+        _, drop = batch_triggers(tables.executions.name, tables.batches.name)
+        return [_escaped(s) for s in drop[vendor]]
+
+    def describe(self) -> str:
+        return "Create the celery_outbox batch triggers"
+
+
 class CreateStatsTable(_CreateSideTable):
     """Create ``<table>_stats`` (the dashboard's per-minute charts) and its index unless they
     exist."""
@@ -326,3 +356,8 @@ class CreateRatesTable(_CreateSideTable):
 
     table = "rates"
     what = "rates"
+class AddBatchIdColumn(_AddExecutionsColumn):
+    """Add ``<table>.batch_id`` (the batch an execution is a member of, UUID, nullable)
+    unless the table has it already."""
+
+    column = "batch_id"

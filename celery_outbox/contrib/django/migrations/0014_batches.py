@@ -1,0 +1,15 @@
+"""``<table>.batch_id``, ``<table>_batches`` (batches with callbacks) and the triggers that
+count a batch's members, each made unless ``0001_initial`` made it already."""
+
+from django.db import migrations
+
+from celery_outbox.contrib.django.schema import (
+    AddBatchIdColumn,
+    CreateBatchesTable,
+    CreateBatchTriggers,
+)
+
+
+class Migration(migrations.Migration):  # type: ignore[misc]
+    dependencies = [("celery_outbox", "0012_limits")]
+    operations = [AddBatchIdColumn(), CreateBatchesTable(), CreateBatchTriggers()]
