@@ -17,6 +17,8 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 
 - ``push``: insert, insert_alone (one bulk insert, keyed ON CONFLICT DO NOTHING, an admin retry
   once per retried execution)
+- ``debounce``: debounce, adebounce, debounce_alone (a debounced push replaces its key's
+  waiting row; coalesce keeps one follow-up row while the key's row runs)
 - ``worker``: claim, start, finish (an attempt's outcome), heartbeat, release, release_claim
 - ``sweep``: stage, redispatch, rescue, dispatchable
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
@@ -38,6 +40,7 @@ from celery_outbox.store.admin import AdminStore, JobStats, StatusCount
 from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
+from celery_outbox.store.debounce import Debounced, DebounceStore
 from celery_outbox.store.keys import KeyStore
 from celery_outbox.store.loop import LoopRun, LoopStore
 from celery_outbox.store.pauses import PAUSE_KINDS, Pause, PauseStore
@@ -55,6 +58,7 @@ __all__ = [
     "SUPPORTED_DIALECTS",
     "Claimed",
     "Cursor",
+    "Debounced",
     "Due",
     "ExecutionQuery",
     "ExecutionStore",
@@ -78,7 +82,7 @@ __all__ = [
 
 class ExecutionStore(
     PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
-    StatsStore, LoopStore, SessionStore, PauseStore, KeyStore,
+    StatsStore, LoopStore, SessionStore, PauseStore, KeyStore, DebounceStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

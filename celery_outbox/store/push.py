@@ -100,6 +100,9 @@ class NewExecution:
     """The failed or cancelled execution an admin retry of it makes this row retry."""
     traceparent: str | None = None
     """The W3C trace context of the push (:mod:`celery_outbox.tracing`); None: tracing off."""
+    debounce_deadline: datetime | None = None
+    """A debounced push's latest run time (its first push plus ``max_wait``); None: not
+    debounced (:mod:`celery_outbox.store.debounce`)."""
 
     @classmethod
     def create(
@@ -167,6 +170,8 @@ class NewExecution:
             values["retry_of"] = self.retry_of
         if self.traceparent is not None:  # only when traced: the same for every row of a push
             values["traceparent"] = self.traceparent
+        if self.debounce_deadline is not None:  # only then: a plain push never needs it
+            values["debounce_deadline"] = self.debounce_deadline
         return values
 
 
