@@ -203,7 +203,7 @@ def test_concurrent_transactions_pushing_one_key_keep_one_waiting_row(
                                       coalesce=True, session=one)
             inserted.set()
 
-            def second() -> None:
+            def second(key: str = key, answers: dict[str, Any] = answers) -> None:
                 with Session(outbox.engine) as two:
                     answers["two"] = deb.push({"order_id": 2}, key=key, debounce=SECOND,
                                               coalesce=True, session=two)
