@@ -23,10 +23,11 @@ from tests.matrix.paths import PATHS, Path
 from tests.matrix.world import DATABASES, World
 
 PG_PATHS = ("worker", "worker_window", "worker_parallel", "worker_parallel_nokeep", "push",
-            "push_many_keyed", "push_session")
+            "push_many_keyed", "push_session", "push_coalesced")
 """The paths run on PostgreSQL too in the default suite: those whose statements or executor
 path differ there (the combined outcome and start, the unflushed start, the direct psycopg
-path alone and in a caller's transaction, the keyed push's savepoints)."""
+path alone and in a caller's transaction, the keyed push's savepoints, the debounced
+push's per-key lock)."""
 PG_PATHS_FULL = (*PG_PATHS, "worker_one", "hand_back", "lease_watch", "heartbeat",
                  "admin_retry", "sweep", "lost_claim")
 """The paths run on PostgreSQL with ``OUTBOX_TEST_FAULTS=full`` (``make faults``)."""
