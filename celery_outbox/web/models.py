@@ -270,6 +270,10 @@ class ExecutionDetailOut(ExecutionOut):
         False, description="The payload is stored encrypted (an encrypted=True job): "
         "`payload` is the string \"encrypted\" unless this principal may see it "
         "(show_encrypted_payloads), then decrypted")
+    waiting: str | None = Field(
+        None, description="Why the execution waits, in words (a debounced push: \"debounced: "
+        "runs at 12:00:03 unless pushed again, at the latest 12:00:05\", UTC); null when "
+        "nothing holds it back beyond its run time")
 
     @classmethod
     def of(cls, d: ExecutionDetail) -> ExecutionDetailOut:  # type: ignore[override]
@@ -289,7 +293,7 @@ class ExecutionDetailOut(ExecutionOut):
                                  finished_at=d.finished_at, updated_at=d.updated_at),
             actions=actions, attempts=[AttemptOut.of(a) for a in d.attempts],
             retry_of=d.retry_of, retried_by=d.retried_by,
-            payload_encrypted=d.payload_encrypted,
+            payload_encrypted=d.payload_encrypted, waiting=d.waiting,
         )
 
 
