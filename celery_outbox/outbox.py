@@ -868,7 +868,7 @@ class Outbox:
             if not written or run_at is None:
                 continue
             if not inline and limit is not None and run_at - row.created_at > limit:
-                continue
+                continue  # as the store decided its dispatched_at: the stager sends it
             items.append(DispatchItem(execution_id, row.job_name, row.priority, run_at))
         return items
 

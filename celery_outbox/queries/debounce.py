@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Table, case, literal, or_, select, text, update
+from sqlalchemy import Table, case, literal, null, or_, select, text, update
 
 from celery_outbox.models import FOLLOW_KEY_WHERE
 from celery_outbox.queries.base import Query, Row, execute, first, named, rows
@@ -44,13 +44,19 @@ def _replaced(row: Row) -> tuple[UUID, datetime]:
 @named("debounce: pending or scheduled -> scheduled, a debounced key's waiting row given the "
        "latest payload and run time (never beyond its deadline)")
 def replace_waiting(t: Table, job_name: str, key: str, payload: Any, run_at: datetime,
-                    now: datetime, dispatched_at: datetime | None
+                    now: datetime, eta_until: datetime | None
                     ) -> Query[list[tuple[UUID, datetime]]]:
     """One conditional UPDATE of the debounced rows of ``job_name`` holding ``key`` (as
     their unique key or their follow-up key) that are still pending or scheduled: payload
-    ``payload``, run time ``run_at`` or the row's ``debounce_deadline`` if earlier.
-    Answers ``(id, run time)`` of each row written (none when a worker claimed it first)."""
+    ``payload``, run time ``run_at`` or the row's ``debounce_deadline`` if earlier,
+    dispatched at ``now`` when that run time is at most ``eta_until`` (None: always), else
+    left to the stager (``dispatched_at`` NULL). Answers ``(id, run time)`` of each row
+    written (none when a worker claimed it first)."""
     at = literal(run_at, t.c.scheduled_at.type)
+    clamped = case((t.c.debounce_deadline < at, t.c.debounce_deadline), else_=at)
+    when = literal(now, t.c.dispatched_at.type)
+    dispatched = when if eta_until is None else case(
+        (clamped <= literal(eta_until, t.c.scheduled_at.type), when), else_=null())
     stmt = (
         update(t)
         .where(t.c.job_name == job_name,
@@ -58,9 +64,7 @@ def replace_waiting(t: Table, job_name: str, key: str, payload: Any, run_at: dat
                t.c.debounce_deadline.is_not(None),
                or_(t.c.unique_key == key, t.c.follow_key == key))
         .values(payload=payload, status=Status.SCHEDULED.value,
-                scheduled_at=case((t.c.debounce_deadline < at, t.c.debounce_deadline),
-                                  else_=at),
-                updated_at=now, dispatched_at=dispatched_at)
+                scheduled_at=clamped, updated_at=now, dispatched_at=dispatched)
         .returning(t.c.id, t.c.scheduled_at)
     )
     return rows("replace_waiting", stmt, _replaced)

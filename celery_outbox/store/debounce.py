@@ -109,10 +109,10 @@ def _debounce_plan(tables: Tables, wait: KeyWait, row: NewExecution, coalesce: b
         yield debounce_lock(lock_id(t.name, row.job_name, key))
     now = row.created_at
     run_at = row.scheduled_at or now
-    dispatched_at = now if max_eta is None or run_at - now <= max_eta else None
+    eta_until = None if max_eta is None else now + max_eta
     for _ in range(_ROUNDS):
         replaced = yield replace_waiting(t, row.job_name, key, row.payload, run_at, now,
-                                         dispatched_at)
+                                         eta_until)
         if replaced:
             return replaced[0][0], True, replaced[0][1]
         inserted = yield insert_keyed(t, wait.dialect, tables.active_key_where, [row.values()])
