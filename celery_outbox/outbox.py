@@ -843,7 +843,16 @@ class Outbox:
         elif self.joiner is not None:
             joined = self.joiner()
         else:
-            joined = self.store.transaction()
+            done = self.store.debounce_alone(rows, coalesce=bounce.coalesce,
+                                             max_eta=self.config.max_eta,
+                                             key_wait=self.config.key_wait)
+            dispatcher = self.dispatcher  # read once per push: eager mode may change
+            items = self._debounce_items(rows, done, dispatcher)
+            if pushing is None:
+                dispatcher.dispatch(items)
+            else:
+                Dispatch(dispatcher, items, self.tables.executions, pushing.own)()
+            return [execution_id for execution_id, _, _ in done]
         with joined as tx:
             done = self.store.debounce(tx, rows, coalesce=bounce.coalesce,
                                        max_eta=self.config.max_eta,

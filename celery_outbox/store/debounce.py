@@ -4,9 +4,12 @@ row runs keeps one follow-up row, whatever the number of pushes meanwhile.
 
 One debounced row is settled by :func:`_debounce_plan`, in the push's transaction:
 
-1. on PostgreSQL, the key's advisory lock (:func:`~celery_outbox.queries.debounce.lock_id`),
-   held to the transaction's end: the debounced pushes of one key take turns, so a push
-   never misses the row another one inserted and has not committed yet;
+1. with ``coalesce``, on PostgreSQL, the key's advisory lock
+   (:func:`~celery_outbox.queries.debounce.lock_id`), held to the transaction's end: the
+   coalesced pushes of one key take turns, so a push never adds a follow-up beside a row
+   another one inserted and has not committed yet (without ``coalesce`` no follow-up is
+   made: the keyed insert's wait on the active-key index is turn enough, and a push
+   saves the statement);
 2. the conditional UPDATE of the key's waiting row (pending or scheduled: a worker's claim
    of it and the replace are one row's writes, whichever commits first wins and the other
    sees the row as the winner left it);
@@ -41,7 +44,7 @@ from celery_outbox.queries.debounce import (
 from celery_outbox.queries.push import insert_keyed
 from celery_outbox.states import Status
 from celery_outbox.store.base import StoreBase
-from celery_outbox.store.push import KeyWait, NewExecution, _waited
+from celery_outbox.store.push import LOCK_WAITS, KeyWait, NewExecution, _sqlstate, _waited
 
 _ROUNDS = 5
 
@@ -75,23 +78,37 @@ class DebounceStore(StoreBase):
     def debounce_alone(self, rows: Sequence[NewExecution], *, coalesce: bool,
                        max_eta: timedelta | None,
                        key_wait: timedelta = KEY_WAIT) -> Debounced:
-        """:meth:`debounce` in a transaction of the store's own."""
-        with self.transaction() as tx:
-            return self.debounce(tx, rows, coalesce=coalesce, max_eta=max_eta,
-                                 key_wait=key_wait)
+        """:meth:`debounce` in a transaction of the store's own, no savepoint in it: a
+        lock wait that ran out (PostgreSQL) rolls the whole transaction back and starts it
+        again, up to ``key_wait`` in all, then :class:`KeyBusy`."""
+        wait = KeyWait(self.dialect, key_wait, in_transaction=False)
+        started = wait.clock()
+        while True:
+            try:
+                with self.transaction() as tx:
+                    return drive(tx.run, _many_plan(self.tables, wait, rows, coalesce,
+                                                    max_eta, guarded=False))
+            except StorageError as exc:
+                if not (wait.again and _sqlstate(exc) in LOCK_WAITS):
+                    raise
+                waited = wait.clock() - started
+                if waited >= key_wait.total_seconds():
+                    raise _busy(rows[0], timedelta(seconds=waited)) from exc
 
 
 def _many_plan(tables: Tables, wait: KeyWait, rows: Sequence[NewExecution], coalesce: bool,
-               max_eta: timedelta | None) -> Plan[Debounced]:
+               max_eta: timedelta | None, *, guarded: bool = True) -> Plan[Debounced]:
     """Each row in one canonical order, sorted by (job, key) (stable: of a key given twice
     the later payload is the one kept), so two pushes of the same keys never wait on each
-    other's locks in opposite orders."""
+    other's locks in opposite orders. ``guarded``: each row's statements in a savepoint of
+    their own, tried again after a lock wait that ran out (:func:`_waited`); else as they
+    are (the caller starts the transaction again)."""
     order = sorted(range(len(rows)), key=lambda i: (rows[i].job_name, rows[i].unique_key or ""))
     out: dict[int, tuple[UUID, bool, datetime | None]] = {}
     for i in order:
-        out[i] = yield from _waited(
-            functools.partial(_debounce_plan, tables, wait, rows[i], coalesce, max_eta),
-            wait, functools.partial(_busy, rows[i]))
+        plan = functools.partial(_debounce_plan, tables, wait, rows[i], coalesce, max_eta)
+        out[i] = (yield from _waited(plan, wait, functools.partial(_busy, rows[i]))) \
+            if guarded else (yield from plan())
     return [out[i] for i in range(len(rows))]
 
 
@@ -105,7 +122,7 @@ def _debounce_plan(tables: Tables, wait: KeyWait, row: NewExecution, coalesce: b
     t = tables.executions
     key = row.unique_key
     assert key is not None and row.debounce_deadline is not None
-    if wait.dialect == "postgresql":
+    if coalesce and wait.dialect == "postgresql":
         yield debounce_lock(lock_id(t.name, row.job_name, key))
     now = row.created_at
     run_at = row.scheduled_at or now
