@@ -80,14 +80,18 @@ class DebounceStore(StoreBase):
                        key_wait: timedelta = KEY_WAIT) -> Debounced:
         """:meth:`debounce` in a transaction of the store's own, no savepoint in it: a
         lock wait that ran out (PostgreSQL) rolls the whole transaction back and starts it
-        again, up to ``key_wait`` in all, then :class:`KeyBusy`."""
+        again, up to ``key_wait`` in all, then :class:`KeyBusy`. One row not coalesced
+        needs no transaction: each statement commits on its own (each is whole: the replace,
+        the insert, the read of the holders), so a replace costs one statement."""
         wait = KeyWait(self.dialect, key_wait, in_transaction=False)
         started = wait.clock()
         while True:
             try:
+                plan = _many_plan(self.tables, wait, rows, coalesce, max_eta, guarded=False)
+                if len(rows) == 1 and not coalesce:
+                    return drive(self.executor.run, plan)
                 with self.transaction() as tx:
-                    return drive(tx.run, _many_plan(self.tables, wait, rows, coalesce,
-                                                    max_eta, guarded=False))
+                    return drive(tx.run, plan)
             except StorageError as exc:
                 if not (wait.again and _sqlstate(exc) in LOCK_WAITS):
                     raise
