@@ -221,3 +221,35 @@ def test_concurrent_transactions_pushing_one_key_keep_one_waiting_row(
         waiting = [r for r in rows if r["status"] in (Status.PENDING, Status.SCHEDULED)]
         assert len(waiting) == 1 and waiting[0]["payload"] == {"order_id": 2}
         assert len(rows) == (2 if running else 1)
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_threads_pushing_one_key_at_once_leave_one_waiting_row(
+        outbox: Outbox, jobs: dict[str, Any], coalesce: bool) -> None:
+    """Four threads push one key 25 times each, at once (SQLite's write lock or PostgreSQL's
+    row and advisory locks serialise them): one waiting row holds the key, with one of the
+    payloads pushed, and every push answered its id."""
+    deb = jobs["deb"]
+    start = threading.Barrier(4)
+    answers: list[Any] = []
+    errors: list[BaseException] = []
+
+    def pusher(base: int) -> None:
+        start.wait()
+        try:
+            for n in range(25):
+                answers.append(deb.push({"order_id": base + n}, key="t", debounce=SECOND,
+                                        coalesce=coalesce))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pusher, args=(1000 * i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    [row] = _rows(outbox)
+    assert row["status"] == "scheduled" and row["unique_key"] == "t"
+    assert set(answers) == {row["id"]} and len(answers) == 100
+    assert row["payload"]["order_id"] % 1000 < 25
