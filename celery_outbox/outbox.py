@@ -652,11 +652,8 @@ class Outbox:
                               options["organization_id"], options["triggered_by"],
                               options["triggered_by_name"], options["index_items"], None,
                               pushing.traceparent if pushing is not None else None, bounce)
-        if caller is None and bounce is not None:
-            return await asyncio.to_thread(self._push_debounced, rows, now, bounce, None,
-                                           pushing)
         if caller is None:
-            return await self._apush_alone(rows, now, pushing)
+            return await self._apush_alone(rows, now, pushing, bounce)
         dispatcher = self.dispatcher  # read once per push: eager mode may change
         if dispatcher is not self._prepared:  # its first call prepares the broker client:
             await asyncio.to_thread(getattr(dispatcher, "prepare", lambda: None))  # not here
@@ -685,7 +682,8 @@ class Outbox:
         return [execution_id for execution_id, _ in results]
 
     async def _apush_alone(self, rows: list[NewExecution], now: datetime,
-                           pushing: tracing.Pushing | None = None) -> list[UUID]:
+                           pushing: tracing.Pushing | None = None,
+                           bounce: _Debounce | None = None) -> list[UUID]:
         """``rows`` in a transaction of the outbox's own, in a worker thread, that a
         cancelled caller leaves with nothing behind.
 
@@ -701,7 +699,7 @@ class Outbox:
         import functools
 
         gate = _CommitGate()
-        run = functools.partial(self._push_gated, rows, now, gate, pushing)
+        run = functools.partial(self._push_gated, rows, now, gate, pushing, bounce)
         future = asyncio.get_running_loop().run_in_executor(
             None, contextvars.copy_context().run, run)
         # A rolled-back push's _Cancelled is nobody's error: retrieve it.
@@ -717,19 +715,29 @@ class Outbox:
                 # The commit is under way: its answer is the push's.
 
     def _push_gated(self, rows: list[NewExecution], now: datetime,
-                    gate: _CommitGate, pushing: tracing.Pushing | None = None) -> list[UUID]:
+                    gate: _CommitGate, pushing: tracing.Pushing | None = None,
+                    bounce: _Debounce | None = None) -> list[UUID]:
         """``rows`` in a transaction of the store's own, committed only if ``gate`` is still
-        open just before the commit (else rolled back: :class:`_Cancelled`)."""
+        open just before the commit (else rolled back: :class:`_Cancelled`); debounced
+        when ``bounce`` is given (:meth:`ExecutionStore.debounce`)."""
         if gate.cancelled:
             raise _Cancelled
         with self.store.transaction() as tx:
-            results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
             dispatcher = self.dispatcher  # read once per push: eager mode may change
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now, dispatcher),
-                                     dispatcher, pushing)
+            if bounce is not None:
+                done = self.store.debounce(tx, rows, coalesce=bounce.coalesce,
+                                           max_eta=self.config.max_eta,
+                                           key_wait=self.config.key_wait)
+                ids = [execution_id for execution_id, _, _ in done]
+                items = self._debounce_items(rows, done, dispatcher)
+            else:
+                results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
+                ids = [execution_id for execution_id, _ in results]
+                items = self._to_dispatch(rows, results, now, dispatcher)
+            self._dispatch_on_commit(tx, items, dispatcher, pushing)
             if not gate.enter_commit():
                 raise _Cancelled
-        return [execution_id for execution_id, _ in results]
+        return ids
 
     def _dispatch_on_commit(self, tx: Transaction | AsyncTransaction,
                             items: list[DispatchItem], dispatcher: Dispatcher,
