@@ -1,5 +1,5 @@
 """The debounce queries (``push(key=..., debounce=..., max_wait=..., coalesce=...)``): the
-per-key lock that serialises the debounced pushes of one key (PostgreSQL), the replace of a
+per-key lock that serialises the coalesced pushes of one key (PostgreSQL), the replace of a
 waiting row's payload and run time (a conditional UPDATE: only a row still pending or
 scheduled, so a worker's claim and a replace never both win), the insert of a coalesced
 key's follow-up row (``INSERT ... ON CONFLICT DO NOTHING`` on ``uq_<table>_follow_key``) and
@@ -32,7 +32,7 @@ _LOCK = text("SELECT pg_advisory_xact_lock(:d_lock)")
 
 @named("debounce: the lock of one (job, key) until the transaction ends (PostgreSQL)")
 def debounce_lock(lock: int) -> Query[None]:
-    """``pg_advisory_xact_lock(lock)`` (:func:`lock_id`): a second debounced push of the key
+    """``pg_advisory_xact_lock(lock)`` (:func:`lock_id`): a second coalesced push of the key
     waits for this transaction's commit or rollback."""
     return execute("debounce_lock", _LOCK, {"d_lock": lock})
 
