@@ -61,9 +61,10 @@ class DebounceStore(StoreBase):
                  max_eta: timedelta | None, key_wait: timedelta = KEY_WAIT) -> Debounced:
         """debounce: pending or scheduled -> scheduled (a replace), or none -> pending or
         scheduled (a push): each of ``rows`` (keyed, ``debounce_deadline`` set) replaces
-        the payload and the run time of its key's waiting debounced row, else is inserted, else (``coalesce``) becomes the key's follow-up row, else is absorbed by
-        the key's running row; in ``tx``. A replaced row is dispatched again when its run
-        time is within ``max_eta`` (None: always). Waits on another push of the key as
+        the payload and the run time of its key's waiting debounced row, else is inserted,
+        else (``coalesce``) becomes the key's follow-up row, else is absorbed by the key's
+        running row; in ``tx``. A replaced row is dispatched again when its run time is
+        within ``max_eta`` (None: always). Waits on another push of the key as
         :meth:`insert` (``key_wait``, then :class:`KeyBusy`). Returns :data:`Debounced`."""
         wait = KeyWait(self.dialect, key_wait, in_transaction=True)
         return drive(tx.run, _many_plan(self.tables, wait, rows, coalesce, max_eta))
