@@ -67,6 +67,9 @@ class OutboxJob(Generic[P]):
         organization_id: str | None = None,
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        coalesce: bool = False,
     ) -> UUID:
         """Create one execution; returns its id (or the id of the active one holding ``key``).
 
@@ -75,6 +78,12 @@ class OutboxJob(Generic[P]):
         row is written in the caller's transaction and dispatched after it commits; without,
         the outbox commits its own transaction. ``delay`` (timedelta) or ``scheduled_at``
         (aware datetime) make a scheduled execution.
+
+        ``debounce`` (timedelta, with ``key``): a push whose key's row still waits replaces
+        its payload and moves its run time to now + ``debounce``, never beyond the first
+        push + ``max_wait`` (timedelta >= ``debounce``; None: no limit). ``coalesce``: while
+        the key's row runs, keep one follow-up execution (the latest payload) instead of
+        absorbing the push. See :meth:`Outbox.push_many`.
 
         Raises :class:`PayloadInvalid` before anything is written, :class:`ConfigurationError`
         on a bad argument, :class:`StorageError` when the database fails.
@@ -85,6 +94,7 @@ class OutboxJob(Generic[P]):
             delay=delay, scheduled_at=scheduled_at, priority=priority,
             organization_id=organization_id, triggered_by=triggered_by,
             triggered_by_name=triggered_by_name, index_items=False,
+            debounce=debounce, max_wait=max_wait, coalesce=coalesce,
         )[0]
 
     def push_many(
@@ -100,6 +110,9 @@ class OutboxJob(Generic[P]):
         organization_id: str | None = None,
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        coalesce: bool = False,
     ) -> list[UUID]:
         """Create one execution per item with one batched INSERT; ids in input order.
 
@@ -113,6 +126,7 @@ class OutboxJob(Generic[P]):
             delay=delay, scheduled_at=scheduled_at, priority=priority,
             organization_id=organization_id, triggered_by=triggered_by,
             triggered_by_name=triggered_by_name,
+            debounce=debounce, max_wait=max_wait, coalesce=coalesce,
         )
 
     def push_batch(
@@ -164,6 +178,9 @@ class OutboxJob(Generic[P]):
         organization_id: str | None = None,
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        coalesce: bool = False,
     ) -> UUID:
         """:meth:`push` for an event loop: ``await job.apush(payload, session=...)``.
 
@@ -181,6 +198,7 @@ class OutboxJob(Generic[P]):
             delay=delay, scheduled_at=scheduled_at, priority=priority,
             organization_id=organization_id, triggered_by=triggered_by,
             triggered_by_name=triggered_by_name, index_items=False,
+            debounce=debounce, max_wait=max_wait, coalesce=coalesce,
         ))[0]
 
     async def apush_many(
@@ -196,6 +214,9 @@ class OutboxJob(Generic[P]):
         organization_id: str | None = None,
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        coalesce: bool = False,
     ) -> list[UUID]:
         """:meth:`push_many` for an event loop; ``session`` / ``connection`` as
         :meth:`apush`, the rest as :meth:`push_many`."""
@@ -205,6 +226,7 @@ class OutboxJob(Generic[P]):
             delay=delay, scheduled_at=scheduled_at, priority=priority,
             organization_id=organization_id, triggered_by=triggered_by,
             triggered_by_name=triggered_by_name,
+            debounce=debounce, max_wait=max_wait, coalesce=coalesce,
         )
 
     def trigger(

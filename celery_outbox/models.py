@@ -128,6 +128,10 @@ class Tables:
                 self.batches]
 
 
+FOLLOW_KEY_WHERE = f"status IN ({sql_list(ACTIVE)}) AND follow_key IS NOT NULL"
+"""The predicate of ``uq_<table>_follow_key`` (a coalesced key's follow-up row), verbatim
+(SQLite's ON CONFLICT must repeat it)."""
+
 TENANTED = "organization_id IS NOT NULL"
 """The predicate of the tenant's indexes, beside their side's statuses."""
 TENANT_INDEXES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -189,6 +193,12 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("concurrency_key", String(MAX_LENGTHS["concurrency_key"]), nullable=True),
         Column("waiting", String(8), nullable=True),
         Column("batch_id", Uuid(), nullable=True),
+        # debounce: the latest run time of a debounced row (its first push + max_wait);
+        # NULL for a row pushed without debounce
+        Column("debounce_deadline", UTCDateTime(), nullable=True),
+        # coalesce: the key of a follow-up row (its unique_key is NULL while the key's
+        # own row runs); NULL for every other row
+        Column("follow_key", String(MAX_LENGTHS["unique_key"]), nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),
@@ -199,6 +209,10 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
     _index(  # push: one active row per (job, unique key); ON CONFLICT targets it
         f"uq_{name}_active_key", executions, "job_name", "unique_key", unique=True,
         where=active_key_where,
+    )
+    _index(  # coalesce: at most one follow-up row per (job, key) among the active rows
+        f"uq_{name}_follow_key", executions, "job_name", "follow_key", unique=True,
+        where=FOLLOW_KEY_WHERE,
     )
     _index(  # stager: due scheduled rows
         f"ix_{name}_scheduled", executions, "scheduled_at",

@@ -78,7 +78,7 @@ from celery_outbox.rollup import Rollup
 from celery_outbox.runner import Runner, utcnow
 from celery_outbox.shutdown import Drain, cooperative_broker_waits
 from celery_outbox.states import Priority
-from celery_outbox.store import ExecutionStore, NewExecution, new_ids
+from celery_outbox.store import Debounced, ExecutionStore, NewExecution, new_ids
 from celery_outbox.ticker import ENTRY_PREFIX, CronTicker, TickOutcome
 from celery_outbox.ticker import install as install_cron_task
 
@@ -503,6 +503,9 @@ class Outbox:
         index_items: bool = True,
         retry_of: UUID | None = None,
         traceparent: str | None = None,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        coalesce: bool = False,
     ) -> list[UUID]:
         """Create one execution per payload; dispatch them after the transaction commits.
 
@@ -524,17 +527,31 @@ class Outbox:
         ``traceparent``: the W3C trace context stored on the rows instead of the push's own
         span's (the admin's retry passes the retried execution's: its attempts stay in the
         trace that pushed it); see :mod:`celery_outbox.tracing`.
+
+        ``debounce`` (timedelta, every payload keyed): a push whose key's debounced row still
+        waits (pending or scheduled) replaces its payload and moves its run time to now +
+        ``debounce``, never beyond its first push + ``max_wait`` (timedelta, at least
+        ``debounce``; None: no limit); a first push creates the row scheduled at now +
+        ``debounce``. While the key's row runs, the push is absorbed by it (its id
+        returned, nothing written), unless ``coalesce``: then it is kept as the key's one
+        follow-up execution (later pushes replace its payload). ``coalesce`` without
+        ``debounce`` debounces by zero. Raises ConfigurationError naming the argument when
+        one is missing, negative or inconsistent (a key missing, ``max_wait`` below
+        ``debounce``, with ``delay``, ``scheduled_at`` or ``retry_of``).
         """
+        bounce = _check_debounce(keys, delay, scheduled_at, retry_of, debounce, max_wait,
+                                 coalesce)
         found = tracing.tracer()
         if found is None:
             return self._push_many(spec, payloads, session, connection, keys, delay,
                                    scheduled_at, priority, organization_id, triggered_by,
-                                   triggered_by_name, index_items, retry_of, traceparent, None)
+                                   triggered_by_name, index_items, retry_of, traceparent, None,
+                                   bounce)
         with tracing.Pushing(found, spec.name, len(payloads), traceparent) as pushing:
             ids = self._push_many(spec, payloads, session, connection, keys, delay,
                                   scheduled_at, priority, organization_id, triggered_by,
                                   triggered_by_name, index_items, retry_of,
-                                  pushing.traceparent, pushing)
+                                  pushing.traceparent, pushing, bounce)
             pushing.done(ids)
             return ids
 
@@ -546,14 +563,17 @@ class Outbox:
         organization_id: str | None, triggered_by: str | None,
         triggered_by_name: str | None, index_items: bool, retry_of: UUID | None,
         traceparent: str | None, pushing: tracing.Pushing | None,
+        bounce: _Debounce | None = None,
     ) -> list[UUID]:
         """:meth:`push_many`, in the push's span ``pushing`` (None: not traced)."""
         session = _check_target(session, connection)
         now = self._now()  # the system's time, or a test's clock
         rows = self._new_rows(spec, payloads, now, keys, delay, scheduled_at, priority,
                               organization_id, triggered_by, triggered_by_name, index_items,
-                              retry_of, traceparent)
+                              retry_of, traceparent, bounce)
         caller = session if session is not None else connection
+        if bounce is not None:
+            return self._push_debounced(rows, now, bounce, caller, pushing)
         # The caller's transaction: its Session or Connection, else the framework's (joiner).
         if caller is not None:
             joined: AbstractContextManager[Transaction] = nullcontext(self.store.join(caller))
@@ -671,6 +691,9 @@ class Outbox:
         triggered_by: str | None = None,
         triggered_by_name: str | None = None,
         index_items: bool = True,
+        debounce: timedelta | None = None,
+        max_wait: timedelta | None = None,
+        coalesce: bool = False,
     ) -> list[UUID]:
         """:meth:`push_many` for an event loop: arguments, result and errors the same.
 
@@ -685,7 +708,9 @@ class Outbox:
         options: dict[str, Any] = dict(
             keys=keys, delay=delay, scheduled_at=scheduled_at, priority=priority,
             organization_id=organization_id, triggered_by=triggered_by,
-            triggered_by_name=triggered_by_name, index_items=index_items)
+            triggered_by_name=triggered_by_name, index_items=index_items,
+            debounce=debounce, max_wait=max_wait, coalesce=coalesce)
+        _check_debounce(keys, delay, scheduled_at, None, debounce, max_wait, coalesce)
         caller = _check_async_target(session, connection)
         import asyncio  # only here: a worker that never pushes from a loop does not import it
 
@@ -706,19 +731,29 @@ class Outbox:
         (None: not traced)."""
         import asyncio
 
+        bounce = _check_debounce(options["keys"], options["delay"], options["scheduled_at"],
+                                 None, options["debounce"], options["max_wait"],
+                                 options["coalesce"])
         now = self._now()  # the system's time, or a test's clock
         rows = self._new_rows(spec, payloads, now, options["keys"], options["delay"],
                               options["scheduled_at"], options["priority"],
                               options["organization_id"], options["triggered_by"],
                               options["triggered_by_name"], options["index_items"], None,
-                              pushing.traceparent if pushing is not None else None)
+                              pushing.traceparent if pushing is not None else None, bounce)
         if caller is None:
-            return await self._apush_alone(rows, now, pushing)
+            return await self._apush_alone(rows, now, pushing, bounce)
         dispatcher = self.dispatcher  # read once per push: eager mode may change
         if dispatcher is not self._prepared:  # its first call prepares the broker client:
             await asyncio.to_thread(getattr(dispatcher, "prepare", lambda: None))  # not here
             self._prepared = dispatcher
         tx = await self.store.ajoin(caller)
+        if bounce is not None:
+            done = await self.store.adebounce(tx, rows, coalesce=bounce.coalesce,
+                                              max_eta=self.config.max_eta,
+                                              key_wait=self.config.key_wait)
+            self._dispatch_on_commit(tx, self._debounce_items(rows, done, dispatcher),
+                                     dispatcher, pushing)
+            return [execution_id for execution_id, _, _ in done]
         try:
             results = await self.store.ainsert(tx, rows, key_wait=self.config.key_wait)
         except BaseException as exc:
@@ -735,7 +770,8 @@ class Outbox:
         return [execution_id for execution_id, _ in results]
 
     async def _apush_alone(self, rows: list[NewExecution], now: datetime,
-                           pushing: tracing.Pushing | None = None) -> list[UUID]:
+                           pushing: tracing.Pushing | None = None,
+                           bounce: _Debounce | None = None) -> list[UUID]:
         """``rows`` in a transaction of the outbox's own, in a worker thread, that a
         cancelled caller leaves with nothing behind.
 
@@ -751,7 +787,7 @@ class Outbox:
         import functools
 
         gate = _CommitGate()
-        run = functools.partial(self._push_gated, rows, now, gate, pushing)
+        run = functools.partial(self._push_gated, rows, now, gate, pushing, bounce)
         future = asyncio.get_running_loop().run_in_executor(
             None, contextvars.copy_context().run, run)
         # A rolled-back push's _Cancelled is nobody's error: retrieve it.
@@ -767,19 +803,29 @@ class Outbox:
                 # The commit is under way: its answer is the push's.
 
     def _push_gated(self, rows: list[NewExecution], now: datetime,
-                    gate: _CommitGate, pushing: tracing.Pushing | None = None) -> list[UUID]:
+                    gate: _CommitGate, pushing: tracing.Pushing | None = None,
+                    bounce: _Debounce | None = None) -> list[UUID]:
         """``rows`` in a transaction of the store's own, committed only if ``gate`` is still
-        open just before the commit (else rolled back: :class:`_Cancelled`)."""
+        open just before the commit (else rolled back: :class:`_Cancelled`); debounced
+        when ``bounce`` is given (:meth:`ExecutionStore.debounce`)."""
         if gate.cancelled:
             raise _Cancelled
         with self.store.transaction() as tx:
-            results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
             dispatcher = self.dispatcher  # read once per push: eager mode may change
-            self._dispatch_on_commit(tx, self._to_dispatch(rows, results, now, dispatcher),
-                                     dispatcher, pushing)
+            if bounce is not None:
+                done = self.store.debounce(tx, rows, coalesce=bounce.coalesce,
+                                           max_eta=self.config.max_eta,
+                                           key_wait=self.config.key_wait)
+                ids = [execution_id for execution_id, _, _ in done]
+                items = self._debounce_items(rows, done, dispatcher)
+            else:
+                results = self.store.insert(tx, rows, key_wait=self.config.key_wait)
+                ids = [execution_id for execution_id, _ in results]
+                items = self._to_dispatch(rows, results, now, dispatcher)
+            self._dispatch_on_commit(tx, items, dispatcher, pushing)
             if not gate.enter_commit():
                 raise _Cancelled
-        return [execution_id for execution_id, _ in results]
+        return ids
 
     def _dispatch_on_commit(self, tx: Transaction | AsyncTransaction,
                             items: list[DispatchItem], dispatcher: Dispatcher,
@@ -796,7 +842,7 @@ class Outbox:
         scheduled_at: datetime | None, priority: str | int | None,
         organization_id: str | None, triggered_by: str | None,
         triggered_by_name: str | None, index_items: bool, retry_of: UUID | None,
-        traceparent: str | None = None,
+        traceparent: str | None = None, bounce: _Debounce | None = None,
     ) -> list[NewExecution]:
         """The rows of one push at ``now``, every argument checked (push_many's errors)."""
         if retry_of is not None and len(payloads) != 1:
@@ -809,10 +855,14 @@ class Outbox:
                 f"push_many: {len(keys)} keys for {len(payloads)} payloads; give one per payload"
             )
         run_at = _run_at(now, delay, scheduled_at)
+        if bounce is not None:
+            run_at, deadline = bounce.times(now)
         rows = self._rows(spec, payloads, keys, now, run_at, priority, organization_id,
                           triggered_by, triggered_by_name, index_items, traceparent)
         if retry_of is not None:
             rows = [dataclasses.replace(rows[0], retry_of=retry_of)]
+        if bounce is not None:
+            rows = [dataclasses.replace(r, debounce_deadline=deadline) for r in rows]
         return rows
 
     def _rows(
@@ -879,6 +929,55 @@ class Outbox:
         keyring.require(spec.name)
         data = _validate(spec, payload, index)
         return None if data is None else keyring.encrypt(data, spec.name)
+
+    def _push_debounced(self, rows: list[NewExecution], now: datetime, bounce: _Debounce,
+                        caller: Session | Connection | None,
+                        pushing: tracing.Pushing | None) -> list[UUID]:
+        """The debounced ``rows`` (:meth:`ExecutionStore.debounce`) in the caller's
+        transaction (its Session or Connection, else the joiner's), else in one of the
+        store's own; each row written dispatched for its run time after the commit."""
+        if caller is not None:
+            joined: AbstractContextManager[Transaction] = nullcontext(self.store.join(caller))
+        elif self.joiner is not None:
+            joined = self.joiner()
+        else:
+            done = self.store.debounce_alone(rows, coalesce=bounce.coalesce,
+                                             max_eta=self.config.max_eta,
+                                             key_wait=self.config.key_wait)
+            dispatcher = self.dispatcher  # read once per push: eager mode may change
+            items = self._debounce_items(rows, done, dispatcher)
+            if pushing is None:
+                dispatcher.dispatch(items)
+            else:
+                Dispatch(dispatcher, items, self.tables.executions, pushing.own)()
+            return [execution_id for execution_id, _, _ in done]
+        with joined as tx:
+            done = self.store.debounce(tx, rows, coalesce=bounce.coalesce,
+                                       max_eta=self.config.max_eta,
+                                       key_wait=self.config.key_wait)
+            dispatcher = self.dispatcher  # read once per push: eager mode may change
+            self._dispatch_on_commit(tx, self._debounce_items(rows, done, dispatcher),
+                                     dispatcher, pushing)
+        return [execution_id for execution_id, _, _ in done]
+
+    def _debounce_items(self, rows: list[NewExecution], done: Debounced,
+                        dispatcher: Dispatcher) -> list[DispatchItem]:
+        """What a debounced push dispatches: each row it wrote, for its run time (with an
+        eta), unless that is beyond ``max_eta`` and the dispatcher is not the inline one
+        (the sweep stages it). A replaced row's earlier message finds it not due and
+        leaves it."""
+        if signals.jobs_pushed.receivers:
+            _signal_pushed(rows, [(i, w) for i, w, _ in done])
+        inline = isinstance(dispatcher, InlineDispatcher)
+        limit = self.config.max_eta
+        items = []
+        for row, (execution_id, written, run_at) in zip(rows, done, strict=True):
+            if not written or run_at is None:
+                continue
+            if not inline and limit is not None and run_at - row.created_at > limit:
+                continue  # as the store decided its dispatched_at: the stager sends it
+            items.append(DispatchItem(execution_id, row.job_name, row.priority, run_at))
+        return items
 
     def _to_dispatch(
         self, rows: list[NewExecution], results: list[tuple[UUID, bool]], now: datetime,
@@ -1266,3 +1365,61 @@ def _check_text(option: str, value: str | None, limit: int | None = None) -> Non
     if what is not None:
         raise ConfigurationError(
             f"push: option {option!r} cannot be stored: it holds {what}, got {value!r:.80}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Debounce:
+    """A push's ``debounce``, ``max_wait`` and ``coalesce``, checked (:func:`_check_debounce`)."""
+
+    debounce: timedelta
+    max_wait: timedelta | None
+    coalesce: bool
+
+    def times(self, now: datetime) -> tuple[datetime, datetime]:
+        """``(run_at, deadline)`` of a push at ``now``: now + debounce, and now + max_wait
+        (no max_wait: the last date a push takes, now + MAX_DURATION)."""
+        try:
+            return now + self.debounce, now + (self.max_wait or MAX_DURATION)
+        except OverflowError:
+            raise ConfigurationError(
+                f"push: debounce/max_wait from {now.isoformat()} is past the last date",
+                field="max_wait") from None
+
+
+def _check_debounce(
+    keys: Sequence[str | None] | None, delay: timedelta | None,
+    scheduled_at: datetime | None, retry_of: UUID | None, debounce: timedelta | None,
+    max_wait: timedelta | None, coalesce: bool,
+) -> _Debounce | None:
+    """The push's debounce options checked (None: a plain push); ConfigurationError (a
+    ValueError) naming the argument at fault."""
+    if debounce is None and max_wait is None and not coalesce:
+        return None
+    if not isinstance(coalesce, bool):
+        raise ConfigurationError(f"push: coalesce must be True or False, got {coalesce!r}",
+                                 field="coalesce")
+    if debounce is None and max_wait is not None:
+        raise ConfigurationError("push: max_wait needs debounce= (a timedelta)",
+                                 field="max_wait")
+    durations: tuple[tuple[str, timedelta | None], ...] = (
+        ("debounce", debounce), ("max_wait", max_wait))
+    for name, value in durations:
+        if value is not None and (not isinstance(value, timedelta)
+                                  or not timedelta(0) <= value <= MAX_DURATION):
+            raise ConfigurationError(
+                f"push: {name} must be a timedelta in 0..{MAX_DURATION}, got {value!r}",
+                field=name)
+    wait = debounce or timedelta(0)
+    if max_wait is not None and max_wait < wait:
+        raise ConfigurationError(
+            f"push: max_wait ({max_wait}) must be at least debounce ({wait})", field="max_wait")
+    what = "debounce" if debounce is not None else "coalesce"
+    others: tuple[tuple[str, object], ...] = (
+        ("delay", delay), ("scheduled_at", scheduled_at), ("retry_of", retry_of))
+    for name, other in others:
+        if other is not None:
+            raise ConfigurationError(f"push: pass {what}= or {name}=, not both", field=name)
+    if keys is None or any(k is None for k in keys):
+        raise ConfigurationError(f"push: {what} needs a key (key= / keys=, one per payload)",
+                                 field="key")
+    return _Debounce(wait, max_wait, coalesce)

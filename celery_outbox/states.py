@@ -34,6 +34,7 @@ RETRYABLE: frozenset[Status] = frozenset({Status.FAILED, Status.CANCELLED})
 TRANSITIONS: dict[str, tuple[frozenset[Status | None], Status | None]] = {
     "push": (frozenset({None}), Status.PENDING),
     "push_scheduled": (frozenset({None}), Status.SCHEDULED),
+    "debounce": (frozenset({Status.PENDING, Status.SCHEDULED}), Status.SCHEDULED),
     "claim": (frozenset({Status.PENDING, Status.SCHEDULED}), Status.RUNNING),
     "heartbeat": (frozenset({Status.RUNNING}), Status.RUNNING),
     "complete": (frozenset({Status.RUNNING}), Status.SUCCEEDED),

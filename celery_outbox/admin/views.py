@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
+from celery_outbox.config import MAX_DURATION
 from celery_outbox.encryption import Keyring, shown
 from celery_outbox.errors import ConfigurationError
 from celery_outbox.queries.clauses import storable
@@ -168,12 +169,14 @@ class ExecutionDetail(ExecutionView):
     updated_at: datetime
     attempts: tuple[AttemptView, ...] = ()
     retried_by: UUID | None = None
-    waiting: str | None = None
-    """Why it waits when a limit holds it back, in words ("waiting for a concurrency slot
-    (3 of 3 taken)", "rate limited until 14:02:00 UTC"), else None."""
     payload_encrypted: bool = False
     """The payload is stored encrypted: ``payload`` is ``"encrypted"`` unless the reader
     may see it (then decrypted)."""
+    waiting: str | None = None
+    """Why the execution waits, in words, None when nothing holds it back beyond its run
+    time: a limit ("waiting for a concurrency slot (3 of 3 taken)", "rate limited until
+    14:02:00 UTC"; the dashboard reads the slots), a debounced push
+    (:func:`waiting_reason`), a batch's callback not yet made."""
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,36 @@ def _execution_detail(
         lease_expires_at=row["lease_expires_at"],
         dispatched_at=row["dispatched_at"],
         updated_at=row["updated_at"],
+        waiting=waiting_reason(row),
     )
+
+
+def waiting_reason(row: dict[str, Any]) -> str | None:
+    """Why the row waits (:attr:`ExecutionDetail.waiting`): the first of the reasons below
+    that holds, None when none does (or the row is not waiting)."""
+    if row["status"] not in (Status.PENDING.value, Status.SCHEDULED.value):
+        return None
+    for reason in (debounce_waiting,):
+        found = reason(row)
+        if found is not None:
+            return found
+    return None
+
+
+def debounce_waiting(row: dict[str, Any]) -> str | None:
+    """A debounced row's wait: ``"debounced: runs at 12:00:03 unless pushed again, at the
+    latest 12:00:05"`` (UTC; no latest time without ``max_wait``), a coalesced follow-up
+    saying so first; None for a row pushed without debounce."""
+    deadline = row.get("debounce_deadline")
+    run_at = row["scheduled_at"]
+    if deadline is None or run_at is None:
+        return None
+    text = f"debounced: runs at {run_at.astimezone(timezone.utc):%H:%M:%S} unless pushed again"
+    if deadline - row["created_at"] < MAX_DURATION:
+        text += f", at the latest {deadline.astimezone(timezone.utc):%H:%M:%S}"
+    if row.get("follow_key") is not None:
+        text = f"follow-up of key {row['follow_key']!r} (coalesced), {text}"
+    return text
 
 
 def attempt_views(row: dict[str, Any]) -> tuple[AttemptView, ...]:

@@ -353,7 +353,8 @@ def detail_table(d: ExecutionDetail) -> Grid:
     fields: list[tuple[str, object]] = [
         ("id", d.id), ("job", d.job_name), ("status", d.status), ("priority", d.priority),
         ("attempt", f"{d.attempt}/{d.max_attempts}"),
-        ("snoozed", f"{d.snoozes} times" if d.snoozes else "never"), ("key", d.unique_key),
+        ("snoozed", f"{d.snoozes} times" if d.snoozes else "never"), ("waiting", d.waiting),
+        ("key", d.unique_key),
         ("organization", d.organization_id), ("created", d.created_at),
         ("scheduled", d.scheduled_at), ("started", d.started_at), ("finished", d.finished_at),
         ("claimed by", d.claimed_by), ("triggered by", d.triggered_by_name or d.triggered_by),

@@ -17,6 +17,8 @@ transactions, the fence, statements built once); :class:`ExecutionStore` combine
 
 - ``push``: insert, insert_alone (one bulk insert, keyed ON CONFLICT DO NOTHING, an admin retry
   once per retried execution)
+- ``debounce``: debounce, adebounce, debounce_alone (a debounced push replaces its key's
+  waiting row; coalesce keeps one follow-up row while the key's row runs)
 - ``worker``: claim, start, finish (an attempt's outcome), heartbeat, release, release_claim
 - ``sweep``: stage, redispatch, rescue, dispatchable
 - ``trim``: trim, on the watermarks of ``watermark`` (TrimMark, advance_trim: pure)
@@ -42,6 +44,7 @@ from celery_outbox.store.base import SUPPORTED_DIALECTS, Fence
 from celery_outbox.store.batches import BatchStore
 from celery_outbox.store.cron import CronStore
 from celery_outbox.store.dashboard import Cursor, DashboardStore, ExecutionQuery
+from celery_outbox.store.debounce import Debounced, DebounceStore
 from celery_outbox.store.keys import KeyStore
 from celery_outbox.store.loop import LoopRun, LoopStore
 from celery_outbox.store.pauses import PAUSE_KINDS, Pause, PauseStore
@@ -59,6 +62,7 @@ __all__ = [
     "SUPPORTED_DIALECTS",
     "Claimed",
     "Cursor",
+    "Debounced",
     "Due",
     "ExecutionQuery",
     "ExecutionStore",
@@ -82,7 +86,7 @@ __all__ = [
 
 class ExecutionStore(
     PushStore, WorkerStore, SweepStore, TrimStore, CronStore, AdminStore, DashboardStore,
-    StatsStore, LoopStore, SessionStore, PauseStore, KeyStore, BatchStore,
+    StatsStore, LoopStore, SessionStore, PauseStore, KeyStore, BatchStore, DebounceStore,
 ):
     """The SQL of the outbox, one method per transition, on PostgreSQL or SQLite.
 

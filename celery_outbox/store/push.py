@@ -105,6 +105,9 @@ class NewExecution:
     None: the job has none."""
     batch_id: UUID | None = None
     """The batch the row is a member of (``push_batch``); None: none."""
+    debounce_deadline: datetime | None = None
+    """A debounced push's latest run time (its first push plus ``max_wait``); None: not
+    debounced (:mod:`celery_outbox.store.debounce`)."""
 
     @classmethod
     def create(
@@ -178,6 +181,8 @@ class NewExecution:
             values["concurrency_key"] = self.concurrency_key
         if self.batch_id is not None:  # only a batch's members: the same for every row
             values["batch_id"] = self.batch_id
+        if self.debounce_deadline is not None:  # only then: a plain push never needs it
+            values["debounce_deadline"] = self.debounce_deadline
         return values
 
 

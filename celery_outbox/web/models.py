@@ -272,9 +272,10 @@ class ExecutionDetailOut(ExecutionOut):
         "`payload` is the string \"encrypted\" unless this principal may see it "
         "(show_encrypted_payloads), then decrypted")
     waiting: str | None = Field(
-        None, description="Why it waits when a limit holds it back, in words (\"waiting "
-        "for a concurrency slot (3 of 3 taken)\", \"rate limited until 14:02:00 UTC\"); "
-        "null otherwise")
+        None, description="Why the execution waits, in words: a limit (\"waiting for a "
+        "concurrency slot (3 of 3 taken)\", \"rate limited until 14:02:00 UTC\"), a debounced "
+        "push (\"debounced: runs at 12:00:03 unless pushed again, at the latest 12:00:05\", "
+        "UTC), a batch's callback; null when nothing holds it back beyond its run time")
 
     @classmethod
     def of(cls, d: ExecutionDetail) -> ExecutionDetailOut:  # type: ignore[override]

@@ -279,7 +279,8 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
     ``0001_initial`` made), drops the traceparent column and the tenant's indexes, ``migrate``
     again replaces the indexes by the partial ones, adds the column (``0005_traceparent``)
     and the tenant's indexes (``0006_tenant_indexes``) and the finished rows' key index
-    (``0011_finished_key_index``), and ``migrate celery_outbox zero`` drops them all."""
+    (``0011_finished_key_index``) and the follow-up key index (``0013_debounce``), and
+    ``migrate celery_outbox zero`` drops them all."""
     with ExitStack() as stack:
         env = {"DJANGO_SETTINGS_MODULE": "tests.djangoproj.settings",
                "OUTBOX_DJANGO_SQLITE": str(tmp_path / "fresh.sqlite3"),
@@ -332,6 +333,9 @@ def test_manage_py_migrate_creates_what_create_schema_creates(
         assert _index_names(back) == _index_names(migrated) - partial - tenant - later | whole
         assert [r for r in back if r[1] in whole and "WHERE" in r[2]] == []
         assert "traceparent" not in " ".join(v for r in back for v in r)
+        assert "uq_T_follow_key" in flat  # 0013_debounce, and its columns gone back at 0003
+        assert not {"uq_T_follow_key", "follow_key", "debounce_deadline"} & {
+            w for r in back for v in r for w in v.replace(",", " ").replace('"', " ").split()}
         manage("migrate")
         again = describe(url, "mig_outbox")
         if database == "sqlite":  # ALTER TABLE ADD COLUMN puts the column last in the DDL text

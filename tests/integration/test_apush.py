@@ -336,3 +336,24 @@ async def test_the_async_executor_runs_plans_in_transactions_of_its_own(
     assert await executor.run(counted) == [1] == [count(aoutbox)]
     with pytest.raises(ConfigurationError, match="only joins"):
         await AsyncSqlAlchemyExecutor(dialect=executor.dialect).run(counted)
+
+
+async def test_a_debounced_apush_replaces_in_the_callers_async_transaction(
+    aoutbox: Outbox, receipt: OutboxJob[Order], recording: RecordingDispatcher,
+    aengine: AsyncEngine,
+) -> None:
+    from datetime import timedelta
+
+    wait = timedelta(seconds=30)
+    async with AsyncSession(aengine) as session, session.begin():
+        first = await receipt.apush({"order_id": 1}, session=session, key="d", debounce=wait,
+                                    coalesce=True)
+        assert await receipt.apush({"order_id": 2}, session=session, key="d",
+                                   debounce=wait, coalesce=True) == first
+        assert recording.calls == []  # nothing before the commit
+    async with AsyncSession(aengine) as session:
+        await receipt.apush({"order_id": 3}, session=session, key="d", debounce=wait)
+        await session.rollback()
+    row = aoutbox.store.get(first)
+    assert count(aoutbox) == 1 and row is not None and row["payload"] == {"order_id": 2}
+    assert recording.ids == [first, first]

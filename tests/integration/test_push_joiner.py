@@ -56,3 +56,36 @@ def test_a_push_without_session_writes_in_the_joiners_transaction(
     with outbox.engine.begin() as conn:  # session= / connection= still win over the joiner
         receipt.push({"order_id": 3}, connection=conn)
     assert len(opened) == 2 and count(outbox) == 2
+
+
+def test_a_debounced_push_without_session_writes_in_the_joiners_transaction(
+    db_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
+    recording: RecordingDispatcher, make_outbox: Callable[..., Outbox],
+) -> None:
+    """The debounced push (Django's path: the joiner) replaces in the joiner's transaction;
+    its rollback leaves the payload the last committed push wrote."""
+    from datetime import timedelta
+
+    opened: list[Transaction] = []
+    fail = {"now": False}
+
+    @contextmanager
+    def joiner() -> Iterator[Transaction]:
+        with outbox.store.transaction() as tx:
+            opened.append(tx)
+            yield tx
+            if fail["now"]:
+                raise Boom
+
+    outbox: Any = make_outbox(db_url, registry, recording)
+    outbox.joiner = joiner
+    wait = timedelta(seconds=30)
+    first = receipt.push({"order_id": 1}, key="j", debounce=wait)
+    assert receipt.push({"order_id": 2}, key="j", debounce=wait) == first
+    fail["now"] = True
+    with pytest.raises(Boom):
+        receipt.push({"order_id": 3}, key="j", debounce=wait)
+    assert len(opened) == 3 and count(outbox) == 1
+    assert recording.ids == [first, first]  # each committed push dispatched it, after commit
+    row = outbox.store.get(first)
+    assert row is not None and row["payload"] == {"order_id": 2}

@@ -166,6 +166,44 @@ def _seed_skip(w: World) -> None:
     w.delivered = len(w.dispatcher.items)
 
 
+# -- debounce ------------------------------------------------------------------------------
+
+BOUNCE: dict[str, Any] = {"debounce": timedelta(seconds=2), "max_wait": timedelta(seconds=5)}
+
+
+def push_debounced(w: World) -> None:
+    """A first debounced push of a key: the replace misses, the keyed insert makes it."""
+    w.push([w.plan("ok")], keys=["d1"], **BOUNCE)
+
+
+def seed_debounced(w: World) -> None:
+    w.push([w.plan("ok")], keys=["d1"], **BOUNCE)
+    w.now += timedelta(seconds=1)
+
+
+def push_debounced_again(w: World) -> None:
+    """A second push of the key: its waiting row takes the payload and a later run time."""
+    w.push([w.plan("ok")], keys=["d1"], **BOUNCE)
+
+
+def seed_debounced_running(w: World) -> None:
+    """The key's debounced row claimed by a worker that died (the rescuer runs it again)."""
+    (i,) = w.push([w.plan("ok")], keys=["c1"], **BOUNCE)
+    w.now += BOUNCE["debounce"]  # due
+    w.claim_dead(JOB, [i])
+    w.delivered = len(w.dispatcher.items)
+
+
+def push_coalesced(w: World) -> None:
+    """While the key's row runs: a push absorbed by it, then two coalesced pushes, the first
+    making the follow-up row, the second replacing its payload (only the last recorded: the
+    others leave no row of their payload's tag)."""
+    spec = w.registry.get(JOB)
+    w.outbox.push_many(spec, [w.plan("ok")], keys=["c1"], **BOUNCE)
+    w.outbox.push_many(spec, [w.plan("ok")], keys=["c1"], coalesce=True, **BOUNCE)
+    w.push([w.plan("ok")], keys=["c1"], coalesce=True, **BOUNCE)
+
+
 # -- sweep ---------------------------------------------------------------------------------
 
 
@@ -319,6 +357,9 @@ def run_rate(w: World) -> None:
 PATHS: dict[str, Path] = {p.name: p for p in [
     Path("push", _nothing, push_one),
     Path("push_keyed", _nothing, push_keyed),
+    Path("push_debounced", _nothing, push_debounced),
+    Path("push_debounced_again", seed_debounced, push_debounced_again),
+    Path("push_coalesced", seed_debounced_running, push_coalesced),
     Path("push_many", _nothing, push_many),
     Path("push_many_keyed", _nothing, push_many_keyed),
     Path("push_session", _nothing, push_session),

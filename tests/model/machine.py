@@ -115,6 +115,10 @@ STEPS = ["ok", "ok", "fail", "flaky", "later:0", "later:30", "later:600", "stop"
 KEYS = [None, None, "k1", "k2", "k3"]
 CONCURRENCIES = [None, 1, 1, 2]
 """A job's ``concurrency`` (None: no limit)."""
+DEBOUNCE_KEYS = ["d1", "d2"]
+"""The keys of the debounced pushes (:meth:`OutboxMachine.push_debounced`)."""
+DEBOUNCES = [timedelta(0), timedelta(seconds=30), timedelta(minutes=10)]
+MAX_WAITS = [timedelta(0), timedelta(seconds=30), timedelta(minutes=1), timedelta(hours=1)]
 OFFSETS = [-3.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 3.0]
 """A host's clock offset at the start, in leases (the outbox's ``lease``)."""
 HOST_JUMPS = [timedelta(seconds=1), timedelta(seconds=59), timedelta(minutes=31),
@@ -604,6 +608,53 @@ class OutboxMachine(RuleBasedStateMachine):
                 max_attempts=job.retry.max_attempts, status=None), now, run_at)
             if key:
                 fresh[key] = got
+
+    @rule(data=st.data())
+    def push_debounced(self, data: st.DataObject) -> None:
+        """A debounced push (keys of their own: no plain push uses them), coalesced or not,
+        in the outbox's own transaction or a caller's that commits or rolls back."""
+        assert self.outbox is not None
+        self.hit("push_debounced")
+        job = self.draw_job(data)
+        self.host_jump(data, self.app)
+        key = data.draw(st.sampled_from(DEBOUNCE_KEYS), label="key")
+        plan = self.plan(data)
+        debounce = data.draw(st.sampled_from(DEBOUNCES), label="debounce")
+        max_wait = data.draw(st.sampled_from(
+            [None, *(w for w in MAX_WAITS if w >= debounce)]), label="max_wait")
+        coalesce = data.draw(st.booleans(), label="coalesce")
+        how = data.draw(st.sampled_from(["own", "commit", "rollback"]))
+        spec = self.outbox.registry.get(job.name)
+        kwargs: dict[str, Any] = dict(keys=[key], debounce=debounce, max_wait=max_wait,
+                                      coalesce=coalesce)
+        if how == "own":
+            [got] = self.outbox.push_many(spec, [plan.model_dump()], **kwargs)
+        else:
+            with Session(self.outbox.engine) as session:
+                [got] = self.outbox.push_many(spec, [plan.model_dump()], session=session,
+                                              **kwargs)
+                if how == "commit":
+                    session.commit()
+                else:
+                    session.rollback()
+                    return
+        now = self.app_clock()
+        known = got in self.model.rows
+        row = MRow(id=self.next_id(), job=job.name, plan=plan, key=key, org=None,
+                   priority=job.priority, max_attempts=job.retry.max_attempts, status=None,
+                   deadline=now + (max_wait or timedelta(days=3650)))
+        expected, added = self.model.debounce(row, now, debounce, coalesce)
+        if added is not None:  # a new row: its id is the push's
+            assert not known, f"debounced push of {key!r} returned a known id {got}"
+            self.model.rows[got] = self.model.rows.pop(added.id)
+            self.model.expect_dispatch = {got if i == added.id else i
+                                          for i in self.model.expect_dispatch}
+            added.id = got
+            self.stats.rules["debounce_new" if added.key else "debounce_follow_up"] += 1
+        else:
+            assert got in expected, f"debounced push of {key!r}: got {got}, expected {expected}"
+            waiting = self.model.rows[got].status is Status.SCHEDULED
+            self.stats.rules["debounce_replaced" if waiting else "debounce_absorbed"] += 1
 
     # -- run -----------------------------------------------------------------------------
 
@@ -1185,6 +1236,7 @@ class OutboxMachine(RuleBasedStateMachine):
             self.check_history(r)
         self.check_snoozes(table)
         self.check_batches(table)
+        self.check_debounce(table)
         self.stats.transitions.update(self.model.transitions)
         self.model.transitions.clear()
         self.stats.states.add(tuple(sorted(
@@ -1264,6 +1316,29 @@ class OutboxMachine(RuleBasedStateMachine):
                 self.stats.rules["snooze_checked"] += 1
         self.last_seen = seen
 
+    def check_debounce(self, table: dict[UUID, dict[str, Any]]) -> None:
+        """Per debounced key: at most one waiting row never claimed (a push replaces it, never
+        adds a second), its run time never beyond its deadline (first push + max_wait); at
+        most one follow-up active, two active rows in all."""
+        claimed = {f.id for f in self.model.claims}
+        waiting: Counter[tuple[str, str]] = Counter()
+        follow: Counter[tuple[str, str]] = Counter()
+        active: Counter[tuple[str, str]] = Counter()
+        statuses = {s.value for s in ACTIVE}
+        for i, r in table.items():
+            if r["debounce_deadline"] is None or r["status"] not in statuses:
+                continue
+            key = (r["job_name"], r["unique_key"] or r["follow_key"])
+            active[key] += 1
+            follow[key] += r["follow_key"] is not None
+            if r["status"] != Status.RUNNING.value and i not in claimed:
+                waiting[key] += 1
+                assert r["scheduled_at"] is None or r["scheduled_at"] <= r["debounce_deadline"], (
+                    f"runs after its debounce deadline: {r}")
+        assert all(n <= 1 for n in waiting.values()), f"two waiting rows of one key: {waiting}"
+        assert all(n <= 1 for n in follow.values()), f"two follow-ups of one key: {follow}"
+        assert all(n <= 2 for n in active.values()), f"three active rows of one key: {active}"
+
     @staticmethod
     def check_history(r: dict[str, Any]) -> None:
         """The row's history holds its earlier attempts: bounded, numbered in order, each
@@ -1306,7 +1381,10 @@ class OutboxMachine(RuleBasedStateMachine):
             "max_attempts": row.max_attempts, "unique_key": row.key,
             "organization_id": row.org, "priority": row.priority,
             "snoozes": row.snoozes or None,
+            "follow_key": row.follow, "debounce_deadline": row.deadline,
         }
+        if row.deadline is not None:  # a debounced row holds the last payload pushed
+            want["payload"] = row.plan.model_dump()
         if row.status is Status.RUNNING:
             want.update(claimed_by=row.claimed_by, lease_expires_at=row.lease,
                         started=row.started)

@@ -84,6 +84,10 @@ class MRow:
     batch: UUID | None = None
     """The batch it is a member of: its outcome is counted there, its row always kept
     when a worker or the rescuer finishes it."""
+    deadline: datetime | None = None
+    """A debounced row's latest run time (its first push + max_wait); None: not debounced."""
+    follow: str | None = None
+    """A coalesced follow-up row's key (its ``key`` is None)."""
 
 
 @dataclass
@@ -225,6 +229,41 @@ class Model:
         row.scheduled_at = run_at if due_later else None
         if not due_later or (run_at is not None and run_at - now <= self.cfg.max_eta):
             self.dispatch(row, now)
+
+    def debounce(self, row: MRow, now: datetime, debounce: timedelta,
+                 coalesce: bool) -> tuple[set[UUID], MRow | None]:
+        """A debounced push of ``row`` (new: ``row.key`` its key, ``row.deadline`` set) at
+        ``now``: the key's waiting debounced rows take its plan and run at now + debounce
+        (never beyond their deadline), dispatched when that is at most max_eta away; else ``row`` is
+        pushed (scheduled at now + debounce); else, with ``coalesce`` and no follow-up yet,
+        it is pushed as the key's follow-up; else the key's own row absorbs it. Answers the
+        ids the push may return and the row it added (None: none)."""
+        key = row.key
+        assert key is not None and row.deadline is not None
+        waiting = [r for r in self.ordered()
+                   if r.job == row.job and r.deadline is not None
+                   and r.status in (Status.PENDING, Status.SCHEDULED)
+                   and key in (r.key, r.follow)]
+        for r in waiting:
+            assert r.deadline is not None
+            self.move(r, "debounce", Status.SCHEDULED)
+            r.plan = row.plan
+            r.scheduled_at = min(now + debounce, r.deadline)
+            r.dispatched_at = None
+            if r.scheduled_at - now <= self.cfg.max_eta:
+                self.dispatch(r, now)
+        if waiting:
+            return {r.id for r in waiting}, None
+        holder = self.active_holder(row.job, key)
+        if holder is None:
+            self.push(row, now, now + debounce)
+            return {row.id}, row
+        if coalesce and not any(r.job == row.job and r.follow == key and r.status in ACTIVE
+                                for r in self.rows.values()):
+            row.key, row.follow = None, key
+            self.push(row, now, now + debounce)
+            return {row.id}, row
+        return {holder.id}, None
 
     # -- worker -------------------------------------------------------------------------
 

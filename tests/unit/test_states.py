@@ -54,6 +54,7 @@ def test_retryable_is_failed_or_cancelled_only() -> None:
         ("release", {Status.RUNNING}, Status.PENDING),
         ("release_claim", {Status.RUNNING}, Status.PENDING),
         ("stage", {Status.SCHEDULED}, Status.PENDING),
+        ("debounce", {Status.PENDING, Status.SCHEDULED}, Status.SCHEDULED),
         ("redispatch", {Status.PENDING}, Status.PENDING),
         ("rescue_retry", {Status.RUNNING}, Status.SCHEDULED),
         ("rescue_fail", {Status.RUNNING}, Status.FAILED),

@@ -1,7 +1,7 @@
 """celery_outbox: batches with callbacks.
 
 Revision ID: celery_outbox_0018
-Revises: celery_outbox_0016
+Revises: celery_outbox_0017
 Create Date: 2026-12-04
 
 - ``<table>.batch_id`` (UUID, nullable): the batch an execution is a member of; NULL for
@@ -29,7 +29,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from celery_outbox.migrations import table_name
 
 revision: str = "celery_outbox_0018"
-down_revision: str | Sequence[str] | None = "celery_outbox_0016"
+down_revision: str | Sequence[str] | None = "celery_outbox_0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -11,5 +11,5 @@ from celery_outbox.contrib.django.schema import (
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
-    dependencies = [("celery_outbox", "0012_limits")]
+    dependencies = [("celery_outbox", "0013_debounce")]
     operations = [AddBatchIdColumn(), CreateBatchesTable(), CreateBatchTriggers()]
