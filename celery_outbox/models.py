@@ -192,13 +192,13 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
         Column("snoozes", Integer(), nullable=True),
         Column("concurrency_key", String(MAX_LENGTHS["concurrency_key"]), nullable=True),
         Column("waiting", String(8), nullable=True),
-        Column("batch_id", Uuid(), nullable=True),
         # debounce: the latest run time of a debounced row (its first push + max_wait);
         # NULL for a row pushed without debounce
         Column("debounce_deadline", UTCDateTime(), nullable=True),
         # coalesce: the key of a follow-up row (its unique_key is NULL while the key's
         # own row runs); NULL for every other row
         Column("follow_key", String(MAX_LENGTHS["unique_key"]), nullable=True),
+        Column("batch_id", Uuid(), nullable=True),
         CheckConstraint(
             f"status IN ({sql_list(ACTIVE | TERMINAL)})", name=f"ck_{name}_status"
         ),
