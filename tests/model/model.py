@@ -79,6 +79,9 @@ class MRow:
     finished_at: datetime | None = None
     gone: str | None = None
     snoozes: int = 0
+    handed_back: set[int] = field(default_factory=set)
+    """The attempts handed back after they began (:meth:`Model.release` of a started row):
+    kept, never begun again, and never recorded in the row's history."""
 
 
 @dataclass
@@ -214,7 +217,8 @@ class Model:
             return False
         row = self.rows[fence.id]
         job = self.job(row)
-        joined, step = step.startswith("tx:"), step.removeprefix("tx:")
+        joined = step.startswith("tx:")
+        step = step.removeprefix("tx:").removeprefix("commit:")
         if step == "ok":
             keep = self.keep_succeeded_row(job)
             self.move(row, "complete", Status.SUCCEEDED if keep else None)
@@ -323,6 +327,7 @@ class Model:
         self.move(row, "release", Status.PENDING)
         if row.started:
             row.max_attempts += 1
+            row.handed_back.add(row.attempt)
         else:
             row.attempt -= 1
         row.started = False
