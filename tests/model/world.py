@@ -40,9 +40,9 @@ class Plan(BaseModel):
     ``snooze:<seconds>`` (``ctx.snooze``: the attempt is not spent, so the same step runs
     again, until the job's ``max_snoozes`` turns the snooze into a failure); ``tx:<step>``
     (the step inside ``ctx.transaction()``, which first writes an effect row: ``tx:ok``
-    commits it with the success, ``tx:fail`` raises in the block and rolls it back; for the
-    executions of odd ids the handler calls ``session.commit()`` after the write, which must
-    end nothing).
+    commits it with the success, ``tx:fail`` raises in the block and rolls it back,
+    ``tx:commit:ok`` calls ``session.commit()`` after the write, then succeeds; the other
+    ``tx:`` steps call it too for the executions of odd ids: it must end nothing).
     """
 
     steps: list[str]
