@@ -994,6 +994,10 @@ class OutboxMachine(RuleBasedStateMachine):
                 return
             self.run_on(slot, row.job, [row.id])
             self.readback()
+            # check_snoozes compares each row with the last check, one run apart: the model
+            # once checked only after the whole rule, which here may snooze the row many
+            # times (and retry it between), so "two snoozes in one step" misfired.
+            self.check_snoozes(self.table())
 
     # -- checks --------------------------------------------------------------------------
 
