@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from celery_outbox import (
 )
 from celery_outbox import signals as outbox_signals
 from celery_outbox.cli.output import detail_table
+from celery_outbox.outcomes import Fence
 from celery_outbox.testing import OutboxTester
 from tests.integration.conftest import MakeOutbox, Order
 
@@ -78,14 +79,24 @@ def jobs(registry: JobRegistry, state: dict[str, Any]) -> dict[str, Any]:
 
         asyncio.run(body())
 
+    @outbox_job(schema=Order, name="t.once", record="all", registry=registry,
+                retry=RetryPolicy(retries=0), max_snoozes=1)
+    def once(ctx: JobContext[Order]) -> None:
+        """No retry, one snooze: always snoozes (the model test's plan ``['snooze:30']``);
+        records each run's attempt and the claim token it runs under."""
+        row = state["outbox"].store.get(ctx.execution_id)
+        state["runs"].append((ctx.attempt, row["claimed_by"], row["snoozes"]))
+        ctx.snooze(timedelta(seconds=30))
+
     return {"snoozy": snoozy, "raises": raises, "bad": bad, "par": par, "cron": cron,
-            "loop": in_loop}
+            "loop": in_loop, "once": once}
 
 
 @pytest.fixture
-def outbox(db_url: str, registry: JobRegistry, jobs: dict[str, Any],
+def outbox(db_url: str, registry: JobRegistry, jobs: dict[str, Any], state: dict[str, Any],
            make_outbox: MakeOutbox) -> Outbox:
-    return make_outbox(db_url, registry)
+    state["outbox"] = made = make_outbox(db_url, registry)
+    return made
 
 
 @pytest.fixture
@@ -189,3 +200,49 @@ def test_parallel_cron_and_async_code_snooze_too(
     assert tester.drain(within=timedelta(minutes=1)).snoozed == 1
     d = outbox.admin.get_execution(loop_id)
     assert (d.status, d.attempt, d.snoozes) == ("succeeded", 1, 1)
+
+
+def test_a_snoozed_attempt_begins_again_each_time_under_a_claim_of_its_own(
+        outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any],
+        tester: OutboxTester) -> None:
+    """The model test's "attempt 1 begun twice" (no retry, max_snoozes 1, a handler that
+    snoozes; run until it ends), outside the model: attempt 1 begins twice by contract (the
+    snooze gives it back), each time under another claim (token), the snooze count between;
+    no claim begins twice, and the snooze past max_snoozes fails the execution at attempt 1."""
+    execution_id = jobs["once"].push({"order_id": 11})
+    result = tester.drain(within=timedelta(hours=1))
+    assert (result.snoozed, result.failed) == (1, 1)
+    runs = state["runs"]
+    assert [(attempt, snoozes) for attempt, _, snoozes in runs] == [(1, None), (1, 1)]
+    tokens = [token for _, token, _ in runs]
+    assert all(tokens) and len(set(tokens)) == 2, f"a claim begun twice: {tokens}"
+    d = outbox.admin.get_execution(execution_id)
+    assert (d.status, d.attempt, d.snoozes) == ("failed", 1, 1)
+
+
+def test_a_snooze_after_a_begun_hand_back_goes_back_to_the_kept_attempt(
+        outbox: Outbox, jobs: dict[str, Any], state: dict[str, Any],
+        tester: OutboxTester) -> None:
+    """The model test's "retry not recorded", outside the model: attempt 1 begun, then
+    handed back (shutdown: kept, one more allowed, not recorded); attempt 2 snoozes, so the
+    row is scheduled at attempt 1 with no history (no retry happened); the next claim begins
+    attempt 2 again, never attempt 1."""
+    execution_id = jobs["once"].push({"order_id": 12})
+    [claimed] = outbox.store.claim([execution_id], "t.once", "w1/token-a", None,
+                                   timedelta(minutes=1))  # the first of a claim: started
+    assert claimed.attempt == 1
+    fence = Fence(execution_id, "w1/token-a", 1)
+    assert outbox.store.release([fence], datetime.now(timezone.utc)) == [execution_id]
+    row = outbox.store.get(execution_id)
+    assert row is not None
+    assert (row["status"], row["attempt"], row["max_attempts"]) == ("pending", 1, 2)
+    assert tester.drain().snoozed == 1
+    row = outbox.store.get(execution_id)
+    assert row is not None
+    assert (row["status"], row["attempt"], row["max_attempts"], row["snoozes"]) == (
+        "scheduled", 1, 2, 1)
+    assert row["attempts"] is None  # attempt 1 handed back, attempt 2 snoozed: none recorded
+    assert tester.drain(within=timedelta(hours=1)).failed == 1  # past max_snoozes
+    assert [attempt for attempt, _, _ in state["runs"]] == [2, 2]
+    d = outbox.admin.get_execution(execution_id)
+    assert (d.status, d.attempt, d.snoozes) == ("failed", 2, 1)

@@ -89,6 +89,9 @@ class MRow:
     follow: str | None = None
     """A coalesced follow-up row's key (its ``key`` is None)."""
 
+    handed_back: set[int] = field(default_factory=set)
+    """The attempts handed back after they began (:meth:`Model.release` of a started row):
+    kept, never begun again, and never recorded in the row's history."""
 
 @dataclass
 class MBatch:
@@ -314,7 +317,8 @@ class Model:
             return False
         row = self.rows[fence.id]
         job = self.job(row)
-        joined, step = step.startswith("tx:"), step.removeprefix("tx:")
+        joined = step.startswith("tx:")
+        step = step.removeprefix("tx:").removeprefix("commit:")
         self.made.clear()
         hit = self._outcome(row, job, fence, step, joined, now, fixed=fixed)
         self.dispatch_made(now)
@@ -432,6 +436,7 @@ class Model:
         self.move(row, "release", Status.PENDING)
         if row.started:
             row.max_attempts += 1
+            row.handed_back.add(row.attempt)
         else:
             row.attempt -= 1
         row.started = False

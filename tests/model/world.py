@@ -24,7 +24,7 @@ from uuid import UUID
 from pydantic import BaseModel
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
 
-from celery_outbox import DoNotRetry, JobContext, RetryLater
+from celery_outbox import DoNotRetry, JobContext, RetryLater, Snooze
 from celery_outbox.errors import ExecutionCancelled
 
 HANG_LIMIT = 60.0
@@ -40,9 +40,9 @@ class Plan(BaseModel):
     ``snooze:<seconds>`` (``ctx.snooze``: the attempt is not spent, so the same step runs
     again, until the job's ``max_snoozes`` turns the snooze into a failure); ``tx:<step>``
     (the step inside ``ctx.transaction()``, which first writes an effect row: ``tx:ok``
-    commits it with the success, ``tx:fail`` raises in the block and rolls it back; for the
-    executions of odd ids the handler calls ``session.commit()`` after the write, which must
-    end nothing).
+    commits it with the success, ``tx:fail`` raises in the block and rolls it back,
+    ``tx:commit:ok`` calls ``session.commit()`` after the write, then succeeds; the other
+    ``tx:`` steps call it too for the executions of odd ids: it must end nothing).
     """
 
     steps: list[str]
@@ -68,9 +68,12 @@ def act(step: str, ctx: JobContext[Any], effects: Table | None = None) -> None:
         with ctx.transaction() as session:
             session.execute(insert(effects).values(execution_id=str(ctx.execution_id),
                                                    attempt=ctx.attempt))
-            if ctx.execution_id.int % 2:  # half the rows: the handler's own commit, which
-                session.commit()  # must end nothing (the block owns the transaction's end)
-            act(step[3:], ctx, effects)
+            inner = step[3:]
+            # ``tx:commit:<step>`` always, and half the rows of the other tx: steps: the
+            # handler's own commit, which must end nothing (the block owns the transaction's end)
+            if inner.startswith("commit:") or ctx.execution_id.int % 2:
+                session.commit()
+            act(inner.removeprefix("commit:"), ctx, effects)
         return
     if step == "ok":
         return
@@ -138,9 +141,8 @@ class World:
         self.seq = 0
         self.spans: list[Span] = []
         self.begins: list[tuple[UUID, int]] = []
-        self.snoozed: Callable[[tuple[UUID, int]], int] = lambda key: 0
-        """How many times the model says an attempt was snoozed (it begins once more per
-        snooze); the machine sets it."""
+        self.snoozed_runs: dict[tuple[UUID, int], int] = {}
+        """How many runs of each (execution id, attempt) left their handler snoozing."""
         self.live: dict[UUID, dict[int, int]] = {}  # id -> {thread ident: attempt}
         self.violations: list[str] = []
         self.gates: dict[UUID, Gate] = {}
@@ -153,8 +155,14 @@ class World:
         me = threading.get_ident()
         with self.lock:
             key = (ctx.execution_id, ctx.attempt)
-            # An attempt begun twice is checked by the machine (check_begins), which knows
-            # the snoozes: a snoozed run spent no attempt, so its attempt begins again.
+            # A snooze gives its attempt back: the same attempt begins once more after each
+            # run of it that snoozed. This check once took any second begin for a violation
+            # (only the machine's check_begins knew of snoozes): a run after a snooze is no
+            # second begin of that run's claim. A snooze the job's max_snoozes turned into a
+            # failure counts here too; check_begins holds the exact count (the model's).
+            if self.begins.count(key) > self.snoozed_runs.get(key, 0):
+                self.violations.append(f"attempt {ctx.attempt} of {ctx.execution_id} "
+                                       "begun twice")
             live = self.live.setdefault(ctx.execution_id, {})
             # A zombie (an older attempt still running after a rescue or a cancel) may live
             # on; its writes are fenced out. A live handler of this attempt or a later one
@@ -177,6 +185,10 @@ class World:
                 self._wait(gate, ctx)
             assert isinstance(ctx.payload, Plan)
             act(ctx.payload.step(ctx.attempt), ctx, self.effects)
+        except Snooze:
+            with self.lock:
+                self.snoozed_runs[key] = self.snoozed_runs.get(key, 0) + 1
+            raise
         finally:
             with self.lock:
                 self.live[ctx.execution_id].pop(me, None)
