@@ -15,10 +15,10 @@ $(BIN)/.installed: pyproject.toml
 example: $(BIN)/.installed
 	$(BIN)/python -m example_project $(if $(DASHBOARD),--dashboard)
 
-# Two pytest workers (pytest-xdist), each test file in one of them: the suite mostly waits on
-# processes and servers, so two halve its time on two cores.
+# Three pytest workers (pytest-xdist), each test file in one of them: the suite mostly waits on
+# processes and servers, so three on two cores take 8:40 where two took 10:49 (4,919 tests).
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=20
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=20
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check celery_outbox tests example_project examples bench
@@ -69,7 +69,7 @@ soak: $(BIN)/.installed
 # RedBeat and django-celery-beat schedulers, warm shutdown on gevent and eventlet, a longer
 # bounded chaos run, the limits e2e at full size (500 executions, 4 workers).
 long: $(BIN)/.installed
-	OUTBOX_TEST_LONG=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
+	OUTBOX_TEST_LONG=1 $(BIN)/python -m pytest -q -n 3 --dist loadfile
 
 # Every extra (core, redis, amqp, web, async, django) installed into a fresh venv of its own,
 # then a real worker from that venv runs a job (`make test` runs core and redis only).
