@@ -7,6 +7,12 @@ while held (its stop not confirmed) fires ``on_lost`` once and stays held, its l
 until it is untracked: its handler may still run, and an admin retry waits for it. A failed
 write is logged and tried again at the next interval; it never ends the thread.
 
+It renews the concurrency slots this process's handlers hold too (:meth:`Heartbeat.hold_slot`),
+in one UPDATE per beat (per lease length), from the claim until the runner lets the slot go
+after the handler returned: a slot is held by the process running its handler, whatever
+its row's status (a transactional outcome commits while the handler still runs), and a dead
+process's slot frees once its lease runs out.
+
 A worker cut off from the database cannot learn that its row was rescued (its writes fail,
 or hang until the engine's timeouts), so the heartbeat also keeps, per held execution, when
 the lease it last wrote runs out (this process's monotonic clock, counted from before the
@@ -30,7 +36,7 @@ from datetime import timedelta
 from uuid import UUID
 
 from celery_outbox.logfields import execution_fields, guarded
-from celery_outbox.store import Fence, Renewed
+from celery_outbox.store import Fence, Renewed, Slot
 from celery_outbox.store.protocol import WorkerStore
 
 log = guarded(logging.getLogger(__name__))
@@ -79,6 +85,8 @@ class Heartbeat:
         # By fence, not by execution: a later claim of the same row in this process (after a
         # hand-back) is held on its own, and the earlier claim's end does not stop it.
         self._held: dict[Fence, _Held] = {}
+        self._slots: dict[Slot, timedelta] = {}
+        """The concurrency slots this process's handlers hold, each with its lease."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -126,6 +134,26 @@ class Heartbeat:
         if watch_sooner:
             self._watch_wake.set()
 
+    def hold_slot(self, slot: Slot, lease: timedelta) -> None:
+        """Renew ``slot``'s lease (written by its claim) every ``lease / 3`` until
+        :meth:`let_go_slot`, whatever becomes of its execution's row: its handler runs."""
+        with self._lock:
+            self._ensure_thread()
+            self._slots[slot] = lease
+            sooner = time.monotonic() + lease.total_seconds() / 3 < self._next_beat
+        if sooner:
+            self._wake.set()
+
+    def let_go_slot(self, slot: Slot) -> None:
+        """Stop renewing ``slot`` (its handler returned; the runner frees it)."""
+        with self._lock:
+            self._slots.pop(slot, None)
+
+    def held_slots(self) -> list[Slot]:
+        """The concurrency slots this process holds now."""
+        with self._lock:
+            return list(self._slots)
+
     def stale(self, fence: Fence) -> bool:
         """Whether ``fence``'s lease is near its end (or past it) unrenewed: renew it
         (:meth:`renewed`) before beginning its handler. False when not held."""
@@ -171,7 +199,7 @@ class Heartbeat:
         still run."""
         with self._lock:
             self._retiring = True
-            idle = not self._held
+            idle = not self._held and not self._slots
         if idle:
             self.stop()
 
@@ -187,6 +215,7 @@ class Heartbeat:
             return
         if self._pid != pid:
             self._held = {}
+            self._slots = {}
             self._pid = pid
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="celery-outbox-heartbeat",
@@ -198,16 +227,17 @@ class Heartbeat:
             self._watch_thread.start()
 
     def _interval(self) -> float:
-        """Seconds to the next beat: a third of the shortest held lease (caller holds the
-        lock)."""
-        if not self._held:
+        """Seconds to the next beat: a third of the shortest held lease, a slot's too
+        (caller holds the lock)."""
+        leases = [h.lease for h in self._held.values()] + list(self._slots.values())
+        if not leases:
             return self.idle_interval.total_seconds()
-        return min(h.lease for h in self._held.values()).total_seconds() / 3
+        return min(leases).total_seconds() / 3
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             with self._lock:  # one step: a track() sees this beat's time, or is counted in it
-                if self._retiring and not self._held:
+                if self._retiring and not self._held and not self._slots:
                     self.stop()  # retired, its last lease let go
                     return
                 interval = self._interval()
@@ -227,9 +257,13 @@ class Heartbeat:
                 log.exception("celery_outbox: heartbeat failed; retrying next interval")
 
     def beat(self) -> int:
-        """Renew every held lease now. Returns how many were lost (cancelled or rescued)."""
+        """Renew every held lease now, the slots' too. Returns how many were lost (cancelled
+        or rescued)."""
         with self._lock:
             held = list(self._held.values())
+            slots = list(self._slots.items())
+        if slots:
+            self._renew_slots(slots)
         if not held:
             return 0
         # One UPDATE per lease length, each naming an execution once: the UPDATE returns ids,
@@ -267,6 +301,25 @@ class Heartbeat:
                     continue
                 lost += self._settle([h], alone, written, lease)
         return lost
+
+    def _renew_slots(self, slots: list[tuple[Slot, timedelta]]) -> None:
+        """Renew the leases of ``slots``: one UPDATE per lease length (one in practice). A
+        failure is logged and tried again at the next beat."""
+        by_lease: dict[timedelta, list[Slot]] = defaultdict(list)
+        for slot, lease in slots:
+            by_lease[lease].append(slot)
+        now = self.store.lease_now()
+        for lease, group in by_lease.items():
+            try:
+                renewed = self.store.renew_slots(group, now, lease)
+            except Exception as exc:
+                log.warning("celery_outbox: renewing %d concurrency slot(s) failed (%s); "
+                            "retrying next interval", len(group), exc)
+                continue
+            if renewed < len(group):
+                log.warning("celery_outbox: %d of %d concurrency slot(s) held here were "
+                            "reaped (their leases ran out unrenewed)", len(group) - renewed,
+                            len(group))
 
     def _settle(self, group: list[_Held], kept: Renewed, written: float,
                 lease: timedelta) -> int:

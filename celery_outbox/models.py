@@ -355,8 +355,10 @@ def slots_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
 
     ``concurrency_key``: the rows' key ('' for a job's global limit); ``holder_id`` /
     ``holder_by`` / ``holder_attempt``: the execution and the fence of the attempt that holds
-    it (a slot whose holder no longer runs that attempt is free to take again);
-    ``taken_at``: when it was taken.
+    it; ``taken_at``: when it was taken; ``lease_expires_at``: when it frees unless the
+    worker process running its handler renews it (the database's clock; its heartbeat renews
+    it while the handler runs). NULL: a slot an older release took, free once its holder no
+    longer runs that attempt.
     """
     return Table(
         f"{name}_slots",
@@ -368,6 +370,7 @@ def slots_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
         Column("holder_by", String(200), nullable=False),
         Column("holder_attempt", Integer(), nullable=False),
         Column("taken_at", UTCDateTime(), nullable=False),
+        Column("lease_expires_at", UTCDateTime(), nullable=True),
     )
 
 

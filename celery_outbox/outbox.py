@@ -420,14 +420,18 @@ class Outbox:
 
     def _trim_side_tables(self, moment: datetime) -> None:
         """The trim of the stats table, then of the batches completed longer than
-        ``BATCH_KEEP`` ago whose callback finished (a database not yet migrated to the
-        batches table logs its failure and trims on)."""
+        ``BATCH_KEEP`` ago whose callback finished, then of the concurrency slots no longer
+        held (their leases run out in the database's clock: a key never claimed again keeps
+        none); a database not yet migrated to a table logs its failure and trims on."""
         self.store.trim_stats(moment)
-        try:
-            self.store.trim_batches(moment - BATCH_KEEP)
-        except Exception as exc:
-            log.warning("celery_outbox: the trim of the batches table failed: %s",
-                        " ".join(str(exc).split())[:300])
+        for what, trim in (("batches", lambda: self.store.trim_batches(moment - BATCH_KEEP)),
+                           ("slots", lambda: self.store.reap_dead_slots(
+                               self.store.lease_now()))):
+            try:
+                trim()
+            except Exception as exc:
+                log.warning("celery_outbox: the trim of the %s table failed: %s", what,
+                            " ".join(str(exc).split())[:300])
 
     @staticmethod
     def _with_stats(run: Callable[[], R], what: str, stats: Callable[[], object]) -> R:

@@ -23,6 +23,7 @@ release of a lost claim) goes to :class:`_Retries`, which keeps trying for up to
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -80,7 +81,7 @@ from celery_outbox.rollup import Rollup
 from celery_outbox.states import TERMINAL, Status
 from celery_outbox.store import Claimed, Fence
 from celery_outbox.store.protocol import WorkerStore
-from celery_outbox.store.worker import Limits
+from celery_outbox.store.worker import Limits, Slot
 
 if TYPE_CHECKING:  # the ORM is imported only by a handler that asks for a transaction
     from sqlalchemy.engine import Engine
@@ -164,6 +165,17 @@ class _Claim:
     counts: Counter[OutcomeName] = field(default_factory=Counter)
     queue: str | None = None
     """The job's Celery queue (:attr:`_Plan.queue`): a start misses while it is paused."""
+    slot: Slot | None = None
+    """The concurrency slot the claim took (a limited job's), renewed by the heartbeat until
+    it is freed (:meth:`Runner._free_slot`)."""
+    after_later: Callable[[], None] | None = None
+    """Run once a retry thread holding a fence of this claim is done (the slot's free)."""
+
+    def later_done(self) -> None:
+        """A retry thread that held fences of this claim is done (or gave up)."""
+        hook, self.after_later = self.after_later, None
+        if hook is not None:
+            hook()
 
     def result(self) -> RunResult:
         counts = self.counts
@@ -504,6 +516,7 @@ class _Outcomes:
             for fence in fences:
                 runner.heartbeat.untrack(fence)
             runner.inflight.remove(fences)
+            claim.later_done()
 
         runner._retries.start(_Retry("outcome-write", attempt, end), claim.lease)
 
@@ -779,26 +792,35 @@ class Runner:
         other: each claim takes its slot and counts its start in the same transaction
         (:meth:`~celery_outbox.store.ExecutionStore.claim_limited`), so every start of the
         job is a claim the limits decided. A row refused waits (for a slot: pending, never
-        begun; for the rate: scheduled at the next window). Once a row's outcome is written
-        its slot is freed and the oldest row waiting for one is dispatched."""
+        begun; for the rate: scheduled at the next window). The slot is held by this process
+        (its lease renewed by the heartbeat) until the handler has returned and its outcome
+        is written, or left to a retry thread (then freed when that thread is done), whatever
+        the row's status meanwhile (a transactional outcome commits while the handler still
+        runs); then it is freed and the oldest row waiting for one is dispatched."""
         total = Counter[str]()
         for execution_id in uuids:
             claim = self._claim(spec, [execution_id])
+            if claim.slot is not None:
+                claim.after_later = functools.partial(self._free_slot, claim)
             try:
                 done = self._run_claim(claim)
             finally:
-                if claim.rows and spec.concurrency is not None:
+                # A fence a retry thread holds (its outcome or its hand-back still to write)
+                # keeps the slot until that thread is done (_Claim.later_done).
+                if claim.slot is not None and not claim.later:
                     self._free_slot(claim)
             for name, value in dataclasses.asdict(done).items():
                 total[name] += value
         return RunResult(**total)
 
     def _free_slot(self, claim: _Claim) -> None:
-        """Free the slot ``claim``'s row held (once its attempt no longer runs) and dispatch
-        the oldest row waiting for one. A failure is logged: the slot is reaped by the next
-        claim that finds none free, the waiting rows redispatched by the sweep."""
+        """Stop renewing the slot ``claim``'s row held (its handler returned, its outcome
+        written or given up), free it and dispatch the oldest row waiting for one. A failure
+        is logged: the slot's lease runs out unrenewed and the next claim that finds none
+        free reaps it, the waiting rows redispatched by the sweep."""
         spec, row, fence = claim.spec, claim.rows[0], claim.fences[0]
-        assert spec.concurrency is not None
+        assert spec.concurrency is not None and claim.slot is not None
+        self.heartbeat.let_go_slot(claim.slot)
         try:
             woke = self.store.free_limited(spec.name, row.concurrency_key, fence,
                                            spec.concurrency, self.clock())
@@ -853,9 +875,10 @@ class Runner:
         token = self.claim_token()
         plan = self._plan(spec)
         lease = plan.lease
+        slot: Slot | None = None
         try:
             if spec.limited:
-                claimed = self._claim_limited(spec, uuids[0], token, plan)
+                claimed, slot = self._claim_limited(spec, uuids[0], token, plan)
             else:
                 claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(),
                                            lease, queue=plan.queue)
@@ -875,7 +898,9 @@ class Runner:
                        [Fence(row.id, token, row.attempt) for row in claimed],
                        [self._context(plan, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0],
-                       queue=plan.queue)
+                       queue=plan.queue, slot=slot)
+        if slot is not None:  # renewed from the claim on, by this process, until freed
+            self.heartbeat.hold_slot(slot, lease)
         # Every row held and heartbeated from the claim on, each on its own (renewed, told
         # of its loss, let go), registered once for the message.
         self.inflight.add_many(zip(claim.fences, claim.contexts, strict=True))
@@ -884,10 +909,11 @@ class Runner:
         return claim
 
     def _claim_limited(self, spec: JobSpec, execution_id: UUID, token: str,
-                       plan: _Plan) -> list[Claimed]:
-        """The limited claim of one row (:meth:`_run_limited`); a row refused by its rate is
-        published again with the next window's start as its eta, one refused a slot waits
-        (and is dispatched at once should a slot have freed meanwhile)."""
+                       plan: _Plan) -> tuple[list[Claimed], Slot | None]:
+        """The limited claim of one row (:meth:`_run_limited`), with the slot it took; a row
+        refused by its rate is published again with the next window's start as its eta, one
+        refused a slot waits (and is dispatched at once should a slot have freed
+        meanwhile)."""
         rate = spec.rate
         limits = Limits(spec.concurrency, rate.starts if rate else None,
                         rate.window if rate else None, spec.rate_per_key)
@@ -904,7 +930,7 @@ class Runner:
         if done.waiting is not None:
             log.debug("celery_outbox: %s %s waits (%s)", spec.name, execution_id,
                       done.waiting)
-        return done.rows
+        return done.rows, done.slot
 
     def _plan(self, spec: JobSpec) -> _Plan:
         """What runs of ``spec`` need of it and of the config, resolved at its first run
@@ -1128,6 +1154,7 @@ class Runner:
         def end() -> None:
             for fence in fences:
                 self.heartbeat.untrack(fence)
+            claim.later_done()
 
         self._retries.start(_Retry("hand-back", lambda final: self._try_hand_back(
             name, fences, final=final), end), claim.lease)

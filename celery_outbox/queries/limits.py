@@ -4,15 +4,24 @@ freed, the oldest row waiting for a slot dispatched again, a start counted in it
 window (``<table>_rates``: an upsert that adds one only while under the rate), and a row
 put back to wait (for a slot, or for the next window).
 
-A slot is held by one attempt: ``(holder_id, holder_by, holder_attempt)`` is its row's
-fence. It is free when its row no longer runs that attempt (:func:`alive` is false): the
-runner deletes it with the outcome, and a crashed worker's slot frees when the rescuer
-takes its row, so no slot is held forever.
+A slot is held by the worker process running its handler, never derived from the
+execution row's status: its own ``lease_expires_at`` is written at the take (the database's
+time plus the job's lease), renewed by that process's heartbeat while the handler runs
+(:func:`renew_slots`), and the runner deletes it once the handler returned and its outcome
+is written or given up (:func:`free_slot`). A slot whose lease ran out in the database's
+clock is free (:func:`live` is false): a claim reaps it, and so does the trim
+(:func:`reap_dead_slots`), so a crashed worker's slot frees within a lease. A slot an older
+release took (no lease) is judged by its row's fence (:func:`alive`).
+
+Each statement that compares or writes a slot's lease comes in two forms (as the execution
+leases do, :mod:`celery_outbox.queries.clock`): the database's clock (``now`` None), or a
+stand-in bound as a parameter (tests).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 from uuid import UUID
@@ -34,6 +43,7 @@ from sqlalchemy import (
 from celery_outbox.models import WAITING_RATE, WAITING_SLOT
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
 from celery_outbox.queries.clauses import upsert
+from celery_outbox.queries.clock import db_after, db_now, lease_param
 from celery_outbox.queries.sweep import Due
 from celery_outbox.states import Status
 
@@ -42,9 +52,9 @@ GLOBAL_KEY = ""
 
 
 def alive(s: Table, t: Table) -> Any:
-    """The slot's holder still runs the attempt that took it: its row running under that
-    fence, or cancelled while that attempt still runs (lease set until the stop is
-    confirmed)."""
+    """The old rule, for a slot an older release took (no lease of its own): its holder
+    still runs the attempt that took it: its row running under that fence, or cancelled
+    while that attempt still runs (lease set until the stop is confirmed)."""
     return exists(select(literal(1)).where(
         t.c.id == s.c.holder_id,
         t.c.claimed_by == s.c.holder_by,
@@ -54,6 +64,33 @@ def alive(s: Table, t: Table) -> Any:
     ))
 
 
+def live(s: Table, t: Table, now: Any) -> Any:
+    """The slot is held: its lease runs out at or after ``now`` (a SQL expression: the
+    database's time, or a bound stand-in), or it has none (an older release took it) and its
+    holder still runs the attempt that took it (:func:`alive`). Never NULL."""
+    return or_(and_(s.c.lease_expires_at.is_not(None), s.c.lease_expires_at >= now),
+               and_(s.c.lease_expires_at.is_(None), alive(s, t)))
+
+
+def _now(s: Table, dialect: str, clocked: bool, name: str) -> Any:
+    """Now in a slot statement: the bound ``name`` when a stand-in clock is given
+    (``clocked``), else the database's own."""
+    return (bindparam(name, type_=s.c.lease_expires_at.type) if clocked
+            else db_now(dialect))
+
+
+def _lease_end(s: Table, dialect: str, clocked: bool, name: str) -> Any:
+    """A slot's lease end: the bound ``name`` (the stand-in clock plus the lease) when
+    ``clocked``, else the database's time plus the lease bound in ``name``."""
+    return (bindparam(name, type_=s.c.lease_expires_at.type) if clocked
+            else db_after(dialect, name))
+
+
+def _lease_value(dialect: str, now: datetime | None, lease: timedelta) -> Any:
+    """The bound value of :func:`_lease_end`'s parameter."""
+    return now + lease if now is not None else lease_param(dialect, lease)
+
+
 def _of(s: Table, prefix: str) -> Any:
     return and_(s.c.job_name == bindparam(f"{prefix}_job", type_=s.c.job_name.type),
                 s.c.concurrency_key == bindparam(f"{prefix}_key",
@@ -61,38 +98,50 @@ def _of(s: Table, prefix: str) -> Any:
 
 
 @cache
-def _take(s: Table, dialect: str) -> Any:
+def _take(s: Table, dialect: str, clocked: bool) -> Any:
     """INSERT of the lowest slot number below ``n`` no row of ``s`` holds for the job and
     key (a recursive CTE counts 0..n-1), ON CONFLICT DO NOTHING: a slot another claim took
-    meanwhile is refused by the primary key, never held twice."""
+    meanwhile is refused by the primary key, never held twice. Nothing while any slot
+    numbered ``n`` or more is there (taken under a larger limit: lowered since, its holder
+    may still run), so a lowered limit is exact; the reap frees it once it is dead. The
+    slot's lease is written as the database's time plus the lease (``clocked``: a stand-in
+    clock's)."""
     nums = select(literal(0, Integer()).label("n")).cte("nums", recursive=True)
     nums = nums.union_all(select((nums.c.n + 1).label("n"))
                           .where(nums.c.n + 1 < bindparam("take_n", type_=Integer())))
     taken = select(literal(1)).where(_of(s, "take"), s.c.slot == nums.c.n)
+    above = select(literal(1)).where(_of(s, "take"),
+                                     s.c.slot >= bindparam("take_n", type_=Integer()))
     pick = (select(bindparam("take_job", type_=s.c.job_name.type),
                    bindparam("take_key", type_=s.c.concurrency_key.type),
                    nums.c.n,
                    bindparam("take_id", type_=s.c.holder_id.type),
                    bindparam("take_by", type_=s.c.holder_by.type),
                    bindparam("take_attempt", type_=s.c.holder_attempt.type),
-                   bindparam("take_now", type_=s.c.taken_at.type))
-            .where(~exists(taken)).order_by(nums.c.n).limit(1))
+                   bindparam("take_now", type_=s.c.taken_at.type),
+                   _lease_end(s, dialect, clocked, "take_lease"))
+            .where(~exists(taken), ~exists(above)).order_by(nums.c.n).limit(1))
     return (upsert(s, dialect)
             .from_select(["job_name", "concurrency_key", "slot", "holder_id", "holder_by",
-                          "holder_attempt", "taken_at"], pick)
+                          "holder_attempt", "taken_at", "lease_expires_at"], pick)
             .on_conflict_do_nothing()
             .returning(s.c.slot))
 
 
 @named("slots: take the lowest free slot of a job's (or key's) concurrency limit for an "
-       "attempt; refused by the primary key when another claim took it")
+       "attempt, its lease set; refused by the primary key when another claim took it, and "
+       "while a slot numbered at or above the limit is there")
 def take_slot(s: Table, dialect: str, job: str, key: str, n: int, holder: UUID, by: str,
-              attempt: int, now: datetime) -> Query[int | None]:
+              attempt: int, now: datetime, lease_now: datetime | None,
+              lease: timedelta) -> Query[int | None]:
     """Answers the slot number taken, or None when every slot of ``n`` is held (or the one
-    found free was taken by a concurrent claim first)."""
-    return first("take_slot", _take(s, dialect), _slot,
+    found free was taken by a concurrent claim first, or a slot numbered ``n`` or more is
+    there). ``now``: its ``taken_at``; its lease runs out ``lease`` after ``lease_now``
+    (None: the database's clock)."""
+    return first("take_slot", _take(s, dialect, lease_now is not None), _slot,
                  {"take_job": job, "take_key": key, "take_n": n, "take_id": holder,
-                  "take_by": by, "take_attempt": attempt, "take_now": now})
+                  "take_by": by, "take_attempt": attempt, "take_now": now,
+                  "take_lease": _lease_value(dialect, lease_now, lease)})
 
 
 def _slot(row: Row) -> int:
@@ -100,43 +149,84 @@ def _slot(row: Row) -> int:
 
 
 @cache
-def _reap(s: Table, t: Table) -> Any:
-    return delete(s).where(_of(s, "reap"), ~alive(s, t))
+def _reap(s: Table, t: Table, dialect: str, clocked: bool) -> Any:
+    return delete(s).where(_of(s, "reap"), ~live(s, t, _now(s, dialect, clocked, "reap_now")))
 
 
-@named("slots: free the slots of a job's (or key's) limit whose holder no longer runs the "
-       "attempt that took them (a crash, a rescue, an outcome written without its free)")
-def reap_slots(s: Table, t: Table, job: str, key: str) -> Query[int]:
-    """Answers the number of slots freed."""
-    return rowcount("reap_slots", _reap(s, t), {"reap_job": job, "reap_key": key})
+@named("slots: free the slots of a job's (or key's) limit no longer held: their lease ran "
+       "out (their worker died, or stopped renewing), or, taken by an older release with no "
+       "lease, their holder no longer runs the attempt that took them")
+def reap_slots(s: Table, t: Table, dialect: str, job: str, key: str,
+               now: datetime | None) -> Query[int]:
+    """Answers the number of slots freed. ``now``: None, the database's clock."""
+    return rowcount("reap_slots", _reap(s, t, dialect, now is not None),
+                    {"reap_job": job, "reap_key": key, "reap_now": now})
 
 
 @cache
-def _free(s: Table, t: Table) -> Any:
+def _reap_dead(s: Table, t: Table, dialect: str, clocked: bool) -> Any:
+    return delete(s).where(~live(s, t, _now(s, dialect, clocked, "dead_now")))
+
+
+@named("slots: the trim's reap of every slot no longer held, of any job or key (a key never "
+       "claimed again keeps no dead slot)")
+def reap_dead_slots(s: Table, t: Table, dialect: str, now: datetime | None) -> Query[int]:
+    """Answers the number of slots freed. ``now``: None, the database's clock."""
+    return rowcount("reap_dead_slots", _reap_dead(s, t, dialect, now is not None),
+                    {"dead_now": now})
+
+
+@cache
+def _free(s: Table) -> Any:
     return delete(s).where(_of(s, "free"),
                            s.c.holder_id == bindparam("free_id", type_=s.c.holder_id.type),
-                           s.c.holder_by == bindparam("free_by", type_=s.c.holder_by.type),
-                           ~alive(s, t))
+                           s.c.holder_by == bindparam("free_by", type_=s.c.holder_by.type))
 
 
-@named("slots: free the slot an attempt held once its row no longer runs that attempt (its "
-       "outcome written, or handed back)")
-def free_slot(s: Table, t: Table, job: str, key: str, holder: UUID, by: str) -> Query[int]:
-    """Answers the number of slots freed (1, or 0 when it held none or still runs: an outcome
-    a retry thread still writes keeps its slot until it is written)."""
-    return rowcount("free_slot", _free(s, t), {"free_job": job, "free_key": key,
-                                               "free_id": holder, "free_by": by})
+@named("slots: free the slot an attempt held, its handler returned and its outcome written "
+       "or given up")
+def free_slot(s: Table, job: str, key: str, holder: UUID, by: str) -> Query[int]:
+    """Answers the number of slots freed (1, or 0 when it held none: reaped already, its
+    lease having run out)."""
+    return rowcount("free_slot", _free(s), {"free_job": job, "free_key": key,
+                                            "free_id": holder, "free_by": by})
+
+
+@named("slots: the heartbeat renews the leases of the slots its process holds, found by "
+       "primary key and holder")
+def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]],
+                now: datetime | None, lease: timedelta) -> Query[int]:
+    """The slots ``held`` (each ``(job, key, slot, holder_by)``: found by primary key, still
+    the holder's) renewed: their leases run out ``lease`` after ``now`` (None: the database's
+    clock). Answers how many were renewed (a slot missing was reaped: its lease ran out)."""
+    params: dict[str, Any] = {}
+    matches = []
+    for i, (job, key, slot, by) in enumerate(held):
+        names = (f"rs_job_{i}", f"rs_key_{i}", f"rs_slot_{i}", f"rs_by_{i}")
+        params.update(zip(names, (job, key, slot, by), strict=True))
+        matches.append(and_(
+            s.c.job_name == bindparam(names[0], type_=s.c.job_name.type),
+            s.c.concurrency_key == bindparam(names[1], type_=s.c.concurrency_key.type),
+            s.c.slot == bindparam(names[2], type_=Integer()),
+            s.c.holder_by == bindparam(names[3], type_=s.c.holder_by.type)))
+    params["rs_lease"] = _lease_value(dialect, now, lease)
+    stmt = (update(s).where(or_(*matches))
+            .values(lease_expires_at=_lease_end(s, dialect, now is not None, "rs_lease")))
+    return rowcount("renew_slots", stmt, params)
 
 
 @cache
-def _held(s: Table, t: Table) -> Any:
-    return select(func.count().label("n")).where(_of(s, "held"), alive(s, t))
+def _held(s: Table, t: Table, dialect: str, clocked: bool) -> Any:
+    return select(func.count().label("n")).where(
+        _of(s, "held"), live(s, t, _now(s, dialect, clocked, "held_now")))
 
 
-@named("slots: how many slots of a job's (or key's) limit are held by running attempts")
-def held_slots(s: Table, t: Table, job: str, key: str) -> Query[int | None]:
-    return first("held_slots", _held(s, t), _count,
-                 {"held_job": job, "held_key": key})
+@named("slots: how many slots of a job's (or key's) limit are held")
+def held_slots(s: Table, t: Table, dialect: str, job: str, key: str,
+               now: datetime | None) -> Query[int | None]:
+    """``now``: None, the database's clock."""
+    return first("held_slots", _held(s, t, dialect, now is not None), _count,
+                 {"held_job": job, "held_key": key, "held_now": now})
 
 
 def _count(row: Row) -> int:
@@ -149,7 +239,7 @@ def _row_key(t: Table, keyed: bool) -> Any:
 
 
 @cache
-def _wake(t: Table, s: Table, dialect: str, keyed: bool) -> Any:
+def _wake(t: Table, s: Table, dialect: str, keyed: bool, clocked: bool) -> Any:
     pick = (select(t.c.id)
             .where(t.c.job_name == bindparam("w_job", type_=t.c.job_name.type),
                    _row_key(t, keyed),
@@ -157,15 +247,17 @@ def _wake(t: Table, s: Table, dialect: str, keyed: bool) -> Any:
             .order_by(t.c.priority, t.c.created_at, t.c.id).limit(1))
     if dialect == "postgresql":
         pick = pick.with_for_update(skip_locked=True)
-    held = (select(func.count()).select_from(s)
-            .where(s.c.job_name == bindparam("w_job", type_=s.c.job_name.type),
-                   s.c.concurrency_key == bindparam("w_slot_key",
-                                                    type_=s.c.concurrency_key.type),
-                   alive(s, t))
-            .scalar_subquery())
+    of = and_(s.c.job_name == bindparam("w_job", type_=s.c.job_name.type),
+              s.c.concurrency_key == bindparam("w_slot_key", type_=s.c.concurrency_key.type),
+              live(s, t, _now(s, dialect, clocked, "w_lease_now")))
+    n = bindparam("w_n", type_=Integer())
+    held = select(func.count()).select_from(s).where(of).scalar_subquery()
+    # A claim refuses a slot while one numbered n or more is held (a lowered limit): no
+    # wake then, or the woken row's refusal would wake it again.
+    above = exists(select(literal(1)).select_from(s).where(of, s.c.slot >= n))
     now = bindparam("w_now", type_=t.c.dispatched_at.type)
     return (update(t)
-            .where(t.c.id.in_(pick), held < bindparam("w_n", type_=Integer()))
+            .where(t.c.id.in_(pick), held < n, ~above)
             .values(waiting=None, dispatched_at=now, updated_at=now)
             .returning(t.c.id, t.c.job_name, t.c.priority))
 
@@ -173,12 +265,15 @@ def _wake(t: Table, s: Table, dialect: str, keyed: bool) -> Any:
 @named("slots: the oldest row waiting for a slot of a job's (or key's) limit, dispatched "
        "again, while a slot is free (locked SKIP LOCKED)")
 def wake_waiting(t: Table, s: Table, dialect: str, job: str, key: str | None, n: int,
-                 now: datetime) -> Query[list[Due]]:
-    """Answers the row dispatched (none while every slot of ``n`` is held, or none waits).
-    ``key``: the rows' ``concurrency_key`` (None: the job's own limit)."""
-    return rows("wake_waiting", _wake(t, s, dialect, key is not None), _due,
-                {"w_job": job, "w_key": key, "w_slot_key": GLOBAL_KEY if key is None else key,
-                 "w_n": n, "w_now": now})
+                 now: datetime, lease_now: datetime | None = None) -> Query[list[Due]]:
+    """Answers the row dispatched (none while every slot of ``n`` is held, or one numbered
+    ``n`` or more, or none waits). ``key``: the rows' ``concurrency_key`` (None: the job's
+    own limit). ``now`` becomes its ``dispatched_at``; ``lease_now``: the clock the slots'
+    leases are compared in (None: the database's)."""
+    return rows("wake_waiting", _wake(t, s, dialect, key is not None, lease_now is not None),
+                _due, {"w_job": job, "w_key": key,
+                       "w_slot_key": GLOBAL_KEY if key is None else key,
+                       "w_n": n, "w_now": now, "w_lease_now": lease_now})
 
 
 def _due(row: Row) -> Due:

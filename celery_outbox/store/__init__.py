@@ -54,7 +54,7 @@ from celery_outbox.store.stats import StatsStore
 from celery_outbox.store.sweep import Due, Expired, RescueVerdict, SweepStore
 from celery_outbox.store.trim import TrimStore
 from celery_outbox.store.watermark import FINISHED, Key, TrimFresh, TrimMark, TrimStep, advance_trim
-from celery_outbox.store.worker import Claimed, Renewed, WorkerStore
+from celery_outbox.store.worker import Claimed, Renewed, Slot, WorkerStore
 
 __all__ = [
     "FINISHED",
@@ -75,6 +75,7 @@ __all__ = [
     "Pause",
     "Renewed",
     "RescueVerdict",
+    "Slot",
     "StatusCount",
     "TrimFresh",
     "TrimMark",

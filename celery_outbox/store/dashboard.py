@@ -171,9 +171,10 @@ class DashboardStore(StoreBase):
 
     def held_slots(self, job_name: str, key: str | None) -> int:
         """How many concurrency slots of ``job_name`` (``key``: a row's
-        ``concurrency_key``; None: the job's own limit) attempts that still run hold."""
-        found = self.executor.run(held_slots(self.tables.slots, self.t, job_name,
-                                             GLOBAL_KEY if key is None else key))
+        ``concurrency_key``; None: the job's own limit) are held (their leases running)."""
+        found = self.executor.run(held_slots(self.tables.slots, self.t, self.dialect,
+                                             job_name, GLOBAL_KEY if key is None else key,
+                                             self.lease_now()))
         return found or 0
 
 

@@ -13,7 +13,7 @@ from uuid import UUID
 
 from celery_outbox.outcomes import Batch, Fence, Finished, FinishedMany, Outcome, Write
 from celery_outbox.store.sweep import Due
-from celery_outbox.store.worker import Claimed, LimitedClaim, Limits, Renewed
+from celery_outbox.store.worker import Claimed, LimitedClaim, Limits, Renewed, Slot
 
 
 class WorkerStore(Protocol):
@@ -34,6 +34,9 @@ class WorkerStore(Protocol):
 
     def free_limited(self, job_name: str, key: str | None, fence: Fence, concurrency: int,
                      now: datetime) -> list[Due]: ...
+
+    def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
+                    lease: timedelta) -> int: ...
 
     def start(self, fence: Fence, now: datetime, *, flushed: bool = True,
               job: str | None = None, queue: str | None = None) -> bool: ...

@@ -21,7 +21,9 @@ from celery_outbox.queries.limits import (
     defer_rate,
     free_slot,
     mark_waiting,
+    reap_dead_slots,
     reap_slots,
+    renew_slots,
     spend_rate,
     take_slot,
     trim_rates,
@@ -89,6 +91,21 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Slot:
+    """A concurrency slot a claim took (a row of ``<table>_slots``, by its primary key and
+    its holder's claim token): renewed by the heartbeat of the process running its handler
+    (:meth:`WorkerStore.renew_slots`), freed once the handler returned
+    (:meth:`WorkerStore.free_limited`)."""
+
+    job_name: str
+    key: str
+    """The slot's ``concurrency_key`` ('' for the job's own limit)."""
+    number: int
+    holder_by: str
+    """The claim's token (its row's ``claimed_by``)."""
+
+
+@dataclass(frozen=True)
 class LimitedClaim:
     """What :meth:`WorkerStore.claim_limited` did: ``rows`` claimed (one or none); else
     ``waiting`` says why the row was not (``"slot"``: every slot held, it waits pending;
@@ -102,6 +119,9 @@ class LimitedClaim:
     woke: list[Due] = field(default_factory=list)
     """Rows waiting for a slot to dispatch now: a slot freed between the refusal and the
     mark, its runner finding none waiting yet (the check after the mark committed)."""
+    slot: Slot | None = None
+    """The concurrency slot the claimed row holds (None: no concurrency limit, or none
+    claimed): the caller renews it while the handler runs and frees it after."""
 
 
 class _Refused(Exception):
@@ -198,15 +218,17 @@ class WorkerStore(StoreBase):
         decided in the same transaction across every worker: the claim, then the lowest
         free slot of the job's (or the row's key's) ``limits.concurrency`` taken in
         ``<table>_slots`` (an INSERT its primary key refuses when another claim took that
-        slot; slots whose holder no longer runs the attempt that took them are reaped
-        first when none is free), then the start counted in the current rate window of
+        slot, and refused while a slot numbered at or above the limit is held; its lease
+        runs out ``lease`` after ``now``; slots whose lease ran out are reaped first when
+        none is free), then the start counted in the current rate window of
         ``<table>_rates`` (an upsert adding one only while under the rate). Either refusal
         rolls the whole transaction back: the row stays as it was, no attempt spent, and is
         then marked waiting for a slot (pending; :meth:`free_limited` of the next slot freed
         dispatches it), or put back scheduled at the next window's start (dispatched with
         that eta when within ``max_eta``; None: any). The slot is held by the claim's fence
-        (``worker``, the attempt): free it with :meth:`free_limited` once the attempt's
-        outcome is written."""
+        (``worker``, the attempt) and by its own lease (answered in ``LimitedClaim.slot``):
+        renew it with :meth:`renew_slots` while the handler runs, free it with
+        :meth:`free_limited` once the handler returned and its outcome is written."""
         rate_now: datetime | None = None
         try:
             with self.transaction() as tx:
@@ -216,8 +238,10 @@ class WorkerStore(StoreBase):
                 if not found:
                     return LimitedClaim([])
                 row = Claimed(**found[0])
+                slot = None
                 if limits.concurrency is not None:
-                    self._take_slot(tx, row, job_name, worker, limits.concurrency)
+                    slot = self._take_slot(tx, row, job_name, worker, limits.concurrency,
+                                           now, lease)
                 if limits.rate_starts is not None:
                     # Counted in the window of its start (the claim's clock, the one
                     # started_at shows).
@@ -225,7 +249,7 @@ class WorkerStore(StoreBase):
                     self._spend_rate(tx, row, job_name, limits, rate_now)
                 if row.waiting is not None:
                     tx.run(clear_waiting(self.t, execution_id))
-            return LimitedClaim([dataclasses.replace(row, waiting=None)])
+            return LimitedClaim([dataclasses.replace(row, waiting=None)], slot=slot)
         except _Refused as refused:
             if refused.waiting == WAITING_SLOT:
                 assert limits.concurrency is not None
@@ -234,7 +258,7 @@ class WorkerStore(StoreBase):
                 # freer's wake is seen free here (each statement a fresh snapshot).
                 woke = self.executor.run(wake_waiting(
                     self.t, self.tables.slots, self.dialect, job_name, refused.key,
-                    limits.concurrency, rate_now or self._limit_now()))
+                    limits.concurrency, rate_now or self._limit_now(), now))
                 return LimitedClaim([], WAITING_SLOT, woke=woke)
             assert refused.run_at is not None and rate_now is not None
             soon = max_eta is None or refused.run_at - rate_now <= max_eta
@@ -242,21 +266,26 @@ class WorkerStore(StoreBase):
                                          soon))
             return LimitedClaim([], WAITING_RATE, refused.run_at, soon)
 
-    def _take_slot(self, tx: Any, row: Claimed, job_name: str, worker: str, n: int) -> None:
-        """A slot for ``row`` in ``tx``; raises :class:`_Refused` when every one is held.
-        Tried again after the reap of stale slots, and once more: a free slot a concurrent
-        claim took first is refused by the primary key (after its commit, the next statement
-        sees it taken and another free)."""
+    def _take_slot(self, tx: Any, row: Claimed, job_name: str, worker: str, n: int,
+                   now: datetime | None, lease: timedelta) -> Slot:
+        """A slot for ``row`` in ``tx``, its lease running out ``lease`` after ``now``
+        (None: the database's clock); raises :class:`_Refused` when every one is held (or
+        one numbered ``n`` or more). Tried again after the reap of the slots no longer
+        held, and once more: a free slot a concurrent claim took first is refused by the
+        primary key (after its commit, the next statement sees it taken and another free)."""
         key = slot_key(row)
         take = take_slot(self.tables.slots, self.dialect, job_name, key, n, row.id, worker,
-                         row.attempt, self._limit_now())
-        if tx.run(take) is not None:
-            return
-        tx.run(reap_slots(self.tables.slots, self.t, job_name, key))
-        for _ in range(2):
-            if tx.run(take) is not None:
-                return
-        raise _Refused(WAITING_SLOT, row.concurrency_key)
+                         row.attempt, self._limit_now(), now, lease)
+        number = tx.run(take)
+        if number is None:
+            tx.run(reap_slots(self.tables.slots, self.t, self.dialect, job_name, key, now))
+            for _ in range(2):
+                number = tx.run(take)
+                if number is not None:
+                    break
+            else:
+                raise _Refused(WAITING_SLOT, row.concurrency_key)
+        return Slot(job_name, key, number, worker)
 
     def _spend_rate(self, tx: Any, row: Claimed, job_name: str, limits: Limits,
                     now: datetime) -> None:
@@ -278,17 +307,41 @@ class WorkerStore(StoreBase):
     def free_limited(self, job_name: str, key: str | None, fence: Fence, concurrency: int,
                      now: datetime) -> list[Due]:
         """Free the slot ``fence`` held for ``job_name`` (``key``: the row's
-        ``concurrency_key``) once its row no longer runs that attempt (an outcome a retry
-        thread still writes keeps it), then dispatch the oldest row waiting for a slot of
-        that limit while one is free (answered: the caller publishes it). Two statements,
-        each committing on its own."""
-        self.executor.run(free_slot(self.tables.slots, self.t, job_name, slot_key(key=key),
+        ``concurrency_key``): the caller's handler returned and its outcome is written (or
+        given up), whatever the row's status now; then dispatch the oldest row waiting for a
+        slot of that limit while one is free (answered: the caller publishes it). Two
+        statements, each committing on its own. ``now`` becomes the woken row's
+        ``dispatched_at``."""
+        self.executor.run(free_slot(self.tables.slots, job_name, slot_key(key=key),
                                     fence.id, fence.claimed_by))
         # Its own statement, after the free committed: a claim refused meanwhile marks its
         # row, then checks for a free slot itself (claim_limited), so none waits unseen.
         woke: list[Due] = self.executor.run(wake_waiting(
-            self.t, self.tables.slots, self.dialect, job_name, key, concurrency, now))
+            self.t, self.tables.slots, self.dialect, job_name, key, concurrency, now,
+            self.lease_now()))
         return woke
+
+    def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
+                    lease: timedelta) -> int:
+        """renew slots: the leases of ``slots`` (held by this process's running handlers)
+        run out ``lease`` after ``now`` (None: the database's clock; an aware datetime
+        stands in for it), in one UPDATE by primary key. Guard per slot: its holder is still
+        the claim that took it. Answers how many were renewed (one missing was reaped, its
+        lease having run out: the process was away longer than a lease)."""
+        if not slots:
+            return 0
+        renewed: int = self.executor.run(renew_slots(
+            self.tables.slots, self.dialect,
+            [(x.job_name, x.key, x.number, x.holder_by) for x in slots], now, lease))
+        return renewed
+
+    def reap_dead_slots(self, now: datetime | None) -> int:
+        """reap: the slots of every job and key whose lease ran out before ``now`` (None:
+        the database's clock), and those an older release took whose holder no longer runs
+        (the trim's: a key never claimed again keeps none). Answers how many."""
+        reaped: int = self.executor.run(reap_dead_slots(self.tables.slots, self.t,
+                                                        self.dialect, now))
+        return reaped
 
     def start(self, fence: Fence, now: datetime, *, flushed: bool = True,
               job: str | None = None, queue: str | None = None) -> bool:

@@ -280,13 +280,15 @@ class _AddExecutionsColumn(_OutboxOperation):
     release that creates it); reversed, drop it."""
 
     column = ""
+    table = "executions"
+    """The :class:`Tables` attribute of the table the column is added to."""
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
                           to_state: Any) -> None:
         connection = schema_editor.connection
         if not router_allows(connection.alias, app_label):
             return
-        table = configured_tables().executions.name
+        table = getattr(configured_tables(), self.table).name
         with connection.cursor() as cursor:
             columns = {c.name for c in connection.introspection.get_table_description(
                 cursor, table)}
@@ -296,17 +298,18 @@ class _AddExecutionsColumn(_OutboxOperation):
 
     def forwards(self, vendor: str) -> list[str]:
         dialect = dialect_for(vendor)
-        executions = configured_tables().executions
-        table = dialect.identifier_preparer.quote(executions.name)
-        kind = executions.c[self.column].type.compile(dialect=dialect)
+        target = getattr(configured_tables(), self.table)
+        table = dialect.identifier_preparer.quote(target.name)
+        kind = target.c[self.column].type.compile(dialect=dialect)
         return [f"ALTER TABLE {table} ADD COLUMN {self.column} {kind} NULL"]
 
     def backwards(self, vendor: str) -> list[str]:
-        table = dialect_for(vendor).identifier_preparer.quote(configured_tables().executions.name)
+        name = getattr(configured_tables(), self.table).name
+        table = dialect_for(vendor).identifier_preparer.quote(name)
         return [f"ALTER TABLE {table} DROP COLUMN {self.column}"]
 
     def describe(self) -> str:
-        return f"Add the celery_outbox executions' {self.column} column"
+        return f"Add the celery_outbox {self.table}' {self.column} column"
 
 
 class AddTraceparentColumn(_AddExecutionsColumn):
@@ -361,3 +364,11 @@ class AddBatchIdColumn(_AddExecutionsColumn):
     unless the table has it already."""
 
     column = "batch_id"
+
+
+class AddSlotLeaseColumn(_AddExecutionsColumn):
+    """Add ``<table>_slots.lease_expires_at`` (when a slot frees unless its holder's
+    heartbeat renews it, timestamp, nullable) unless the table has it already."""
+
+    column = "lease_expires_at"
+    table = "slots"
