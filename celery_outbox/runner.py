@@ -953,7 +953,7 @@ class Runner:
             # Queued while its lease ran low (a busy process, the database away a while):
             # renewed before it is marked started, so the rescuer never finds it begun with
             # its lease run out.
-            self._vouch(fence, claim.lease, ctx)
+            self._vouch(fence, claim.lease, ctx, claim.slot)
         if (index or not claim.first_started) and not self._outcomes.start(claim, fence):
             # Cancelled, rescued or handed back meanwhile, or its job or queue paused since
             # the claim: it never begins, and the end of the run hands it back (fenced: a
@@ -963,8 +963,9 @@ class Runner:
         if not ctx.cancelled.is_set():
             # Its lease ran low unrenewed while its start was written or the claim answered
             # late: renewed before its handler begins (the watch stops only handlers that
-            # run), or the rescuer could take it from under the handler.
-            self._vouch(fence, claim.lease, ctx)
+            # run), or the rescuer could take it from under the handler (its slot too, or
+            # a claim could reap it).
+            self._vouch(fence, claim.lease, ctx, claim.slot)
 
     def _run_parallel(self, claim: _Claim) -> None:
         """The rows of ``claim`` in waves of up to ``spec.parallel``: each wave's rows marked
@@ -1043,13 +1044,22 @@ class Runner:
         if raised is not None:
             raise raised
 
-    def _vouch(self, fence: Fence, lease: timedelta, ctx: JobContext[Any]) -> None:
-        """Renew ``fence``'s lease now if it is near its end unrenewed; a miss (no longer
-        this claim's) cancels ``ctx``. Raises :class:`StorageError`."""
+    def _vouch(self, fence: Fence, lease: timedelta, ctx: JobContext[Any],
+               slot: Slot | None = None) -> None:
+        """Renew ``fence``'s lease now if it is near its end unrenewed (and ``slot``'s, the
+        concurrency slot its claim took, written with it); a miss (no longer this claim's)
+        cancels ``ctx``. Raises :class:`StorageError`."""
         if not self.heartbeat.stale(fence):
             return
         written = time.monotonic()
-        renewed = self.store.heartbeat(None, [fence], self.store.lease_now(), lease)
+        now = self.store.lease_now()
+        renewed = self.store.heartbeat(None, [fence], now, lease)
+        if fence.id in renewed and slot is not None \
+                and not self.store.renew_slots([slot], now, lease):
+            # Reaped (its lease ran out before this renewal): another claim may hold it, so
+            # the row is handed back, never begun.
+            raise StorageError(f"the concurrency slot of {fence.id} ran out before its "
+                               "handler began")
         if fence.id in renewed:
             self.heartbeat.renewed(fence, written)
         elif fence.id in renewed.unknown:

@@ -56,7 +56,7 @@ from celery_outbox.store import (
     RescueVerdict,
     StatusCount,
 )
-from celery_outbox.store.worker import LimitedClaim, Limits, slot_key, window_start
+from celery_outbox.store.worker import LimitedClaim, Limits, Slot, slot_key, window_start
 
 log = logging.getLogger("tests.twin")
 T = TypeVar("T")
@@ -135,8 +135,10 @@ class MemoryStore:
         self.db_clock: Callable[[], datetime] | None = None
         """As ``ExecutionStore.db_clock``; None: the twin's database clock is this process's
         own (as SQLite's is)."""
-        self.slots: dict[tuple[str, str, int], tuple[UUID, str, int]] = {}
-        """``<table>_slots``: (job, key, slot) -> the holder's (id, claimed_by, attempt)."""
+        self.slots: dict[tuple[str, str, int], tuple[UUID, str, int, datetime | None]] = {}
+        """``<table>_slots``: (job, key, slot) -> the holder's (id, claimed_by, attempt) and
+        the slot's own lease end (None: an older release's slot, judged by its holder's
+        fence)."""
         self.rates: dict[tuple[str, str, datetime], int] = {}
         """``<table>_rates``: (job, key, window start) -> starts counted."""
 
@@ -490,11 +492,20 @@ class MemoryStore:
         self._write(r, values)
         return True
 
-    def _alive(self, holder: tuple[UUID, str, int]) -> bool:
+    def _alive(self, holder: tuple[UUID, str, int, datetime | None]) -> bool:
         row = self.rows.get(holder[0])
-        return row is not None and (row["claimed_by"], row["attempt"]) == holder[1:] and (
+        return row is not None and (row["claimed_by"], row["attempt"]) == holder[1:3] and (
             row["status"] == _RUNNING or (row["status"] == Status.CANCELLED.value
                                           and row["lease_expires_at"] is not None))
+
+    def _live(self, holder: tuple[UUID, str, int, datetime | None],
+              now: datetime | None) -> bool:
+        """As the store's ``live``: its lease not run out at ``now`` (None: the twin's
+        database clock), or no lease and its holder's fence still running."""
+        lease = holder[3]
+        if lease is None:
+            return self._alive(holder)
+        return lease >= self._at(now)
 
     def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
                       now: datetime | None, lease: timedelta, limits: Limits, *,
@@ -511,14 +522,19 @@ class MemoryStore:
             row = got[0]
             key = slot_key(row)
             refused: str | None = None
+            slot: Slot | None = None
             if limits.concurrency is not None:
                 for k in [k for k in self.slots if k[:2] == (job_name, key)
-                          and not self._alive(self.slots[k])]:
+                          and not self._live(self.slots[k], now)]:
                     del self.slots[k]
                 free = [n for n in range(limits.concurrency)
                         if (job_name, key, n) not in self.slots]
-                if free:
-                    self.slots[(job_name, key, free[0])] = (row.id, worker, row.attempt)
+                above = any(k[:2] == (job_name, key) and k[2] >= limits.concurrency
+                            for k in self.slots)
+                if free and not above:
+                    self.slots[(job_name, key, free[0])] = (row.id, worker, row.attempt,
+                                                            self._at(now) + lease)
+                    slot = Slot(job_name, key, free[0], worker)
                 else:
                     refused = WAITING_SLOT
             at = self._at(now)
@@ -534,7 +550,7 @@ class MemoryStore:
                     self.rates[(job_name, rkey, start)] = used + 1
             if refused is None:
                 self.rows[execution_id]["waiting"] = None
-                return LimitedClaim([row])
+                return LimitedClaim([row], slot=slot)
             self.rows[execution_id].update(before)  # rolled back
             if refused == WAITING_SLOT:
                 self.rows[execution_id]["waiting"] = WAITING_SLOT
@@ -548,16 +564,17 @@ class MemoryStore:
 
     def free_limited(self, job_name: str, key: str | None, fence: Fence, concurrency: int,
                      now: datetime) -> list[Due]:
-        """As the store's: the slot freed once its holder no longer runs, the oldest row
-        waiting for one dispatched while one is free."""
+        """As the store's: the slot freed (its handler returned), the oldest row waiting for
+        one dispatched while one is free (none while one numbered ``concurrency`` or more is
+        held)."""
         with self._lock:
             skey = slot_key(key=key)
             for k, holder in list(self.slots.items()):
-                if k[:2] == (job_name, skey) and holder[:2] == (fence.id, fence.claimed_by) \
-                        and not self._alive(holder):
+                if k[:2] == (job_name, skey) and holder[:2] == (fence.id, fence.claimed_by):
                     del self.slots[k]
-            held = sum(1 for k, h in self.slots.items()
-                       if k[:2] == (job_name, skey) and self._alive(h))
+            live = [k for k, h in self.slots.items()
+                    if k[:2] == (job_name, skey) and self._live(h, self.lease_now())]
+            held = len(live) + (concurrency if any(k[2] >= concurrency for k in live) else 0)
             waiting = sorted((r for r in self.rows.values()
                               if r["job_name"] == job_name and r["concurrency_key"] == key
                               and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
@@ -566,6 +583,21 @@ class MemoryStore:
                 return []
             waiting[0].update(waiting=None, dispatched_at=now, updated_at=now)
             return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
+
+    def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
+                    lease: timedelta) -> int:
+        """As the store's: each slot still its holder's, its lease not run out, renewed to
+        ``now`` + ``lease``."""
+        with self._lock:
+            renewed = 0
+            for x in slots:
+                holder = self.slots.get((x.job_name, x.key, x.number))
+                if holder is not None and holder[1] == x.holder_by \
+                        and holder[3] is not None and holder[3] >= self._at(now):
+                    self.slots[(x.job_name, x.key, x.number)] = (*holder[:3],
+                                                                 self._at(now) + lease)
+                    renewed += 1
+            return renewed
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:
         """The pending rows among ``ids`` (in ``ids`` order), to dispatch."""

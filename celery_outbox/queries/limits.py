@@ -197,8 +197,9 @@ def free_slot(s: Table, job: str, key: str, holder: UUID, by: str) -> Query[int]
 def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]],
                 now: datetime | None, lease: timedelta) -> Query[int]:
     """The slots ``held`` (each ``(job, key, slot, holder_by)``: found by primary key, still
-    the holder's) renewed: their leases run out ``lease`` after ``now`` (None: the database's
-    clock). Answers how many were renewed (a slot missing was reaped: its lease ran out)."""
+    the holder's, its lease not run out) renewed: their leases run out ``lease`` after
+    ``now`` (None: the database's clock). Answers how many were renewed (a slot missing ran
+    out unrenewed: it is free, reaped or not)."""
     params: dict[str, Any] = {}
     matches = []
     for i, (job, key, slot, by) in enumerate(held):
@@ -210,7 +211,10 @@ def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]
             s.c.slot == bindparam(names[2], type_=Integer()),
             s.c.holder_by == bindparam(names[3], type_=s.c.holder_by.type)))
     params["rs_lease"] = _lease_value(dialect, now, lease)
-    stmt = (update(s).where(or_(*matches))
+    params["rs_now"] = now
+    # A slot whose lease ran out is free, reaped yet or not: never held again.
+    stmt = (update(s).where(or_(*matches),
+                            s.c.lease_expires_at >= _now(s, dialect, now is not None, "rs_now"))
             .values(lease_expires_at=_lease_end(s, dialect, now is not None, "rs_lease")))
     return rowcount("renew_slots", stmt, params)
 

@@ -326,8 +326,9 @@ class WorkerStore(StoreBase):
         """renew slots: the leases of ``slots`` (held by this process's running handlers)
         run out ``lease`` after ``now`` (None: the database's clock; an aware datetime
         stands in for it), in one UPDATE by primary key. Guard per slot: its holder is still
-        the claim that took it. Answers how many were renewed (one missing was reaped, its
-        lease having run out: the process was away longer than a lease)."""
+        the claim that took it and its lease has not run out (one that ran out is free,
+        reaped yet or not). Answers how many were renewed (one missing ran out: the process
+        was away longer than a lease)."""
         if not slots:
             return 0
         renewed: int = self.executor.run(renew_slots(

@@ -1248,7 +1248,7 @@ class OutboxMachine(RuleBasedStateMachine):
     def check_limits(self, table: dict[UUID, dict[str, Any]]) -> None:
         """No limited job has more than its ``concurrency`` executions running (running
         with ``started_at``), and each of its attempts that still runs holds exactly one
-        slot, under its own fence, numbered below the limit."""
+        slot, under its own fence, numbered below the limit, with a lease of its own."""
         assert self.outbox is not None
         s = self.outbox.tables.slots
         with self.outbox.engine.connect() as conn:
@@ -1270,6 +1270,8 @@ class OutboxMachine(RuleBasedStateMachine):
                         and x["holder_attempt"] == r["attempt"]]
                 assert len(mine) == 1, f"{r['id']} runs holding {len(mine)} slots: {slots}"
                 assert mine[0]["job_name"] == job.name and mine[0]["slot"] < job.concurrency
+                # Held by its worker's lease, renewed with the row's: never one without.
+                assert mine[0]["lease_expires_at"] is not None, f"a slot with no lease: {mine}"
             if held:
                 self.stats.rules["limit_checked"] += 1
     def check_batches(self, table: dict[UUID, dict[str, Any]]) -> None:

@@ -200,7 +200,11 @@ class Model:
     def holding(self, job: str) -> int:
         """How many of ``job``'s rows hold a concurrency slot: the attempts that still run
         (running, or cancelled while its attempt runs: the lease kept until the stop is
-        confirmed). Every such row of a limited job took its slot with its claim."""
+        confirmed). Every such row of a limited job took its slot with its claim. The slot
+        is held by its own lease, written and renewed with the row's (a renewal never
+        revives one that ran out), and freed after the handler returns: in the model's
+        sequential steps that is the row's lease (no gated handler runs on after a
+        transactional outcome), so the rows count the slots."""
         return sum(1 for r in self.rows.values() if r.job == job and (
             r.status is Status.RUNNING or (r.status is Status.CANCELLED
                                            and r.lease is not None)))
