@@ -690,12 +690,16 @@ class OutboxMachine(RuleBasedStateMachine):
         for i in dict.fromkeys(ids):
             row = self.model.rows.get(i)
             if row is not None and self.model.claimable(row, job, base) \
-                    and self.model.holding(job) >= limit:
+                    and self.model.holding(job, base) >= limit:
                 self.hit("limit_refused")
                 continue
             fences = self.model.claim(slot.runner.worker_id, job, [i], base)
             claimed += len(fences)
+            for fence in fences:
+                self.model.take_slot(fence, job, base)
             self.follow(slot, fences, 0, set())
+            for fence in fences:  # its handler returned: the runner frees its slot
+                self.model.free_slot(fence)
         assert result.claimed == claimed, f"claimed {result.claimed}, model {claimed}"
 
     @rule(data=st.data())
@@ -731,7 +735,7 @@ class OutboxMachine(RuleBasedStateMachine):
             return
         limit = self.model.jobs[job].concurrency
         if limit is not None:  # its claims take one id each; a full limit claims nothing
-            ids = ids[:1] if self.model.holding(job) < limit else []
+            ids = ids[:1] if self.model.holding(job, self.lease_base(slot)) < limit else []
         claimable = [i for i in ids if self.model.claimable(self.model.rows[i], job,
                                                              self.lease_base(slot))]
         if not claimable or job in self.model.paused:  # a paused job's claim takes nothing
@@ -761,6 +765,8 @@ class OutboxMachine(RuleBasedStateMachine):
         gate = Gate(thread.ident, cooperative=cooperative, watched=watched)
         self.world.gates[first] = gate
         fences = self.model.claim(worker, job, ids, self.lease_base(slot))
+        if self.model.jobs[job].concurrency is not None:
+            self.model.take_slot(fences[0], job, self.lease_base(slot))
         head = self.model.rows[fences[0].id]
         run = Background(slot, job, fences, gate, thread, list(fences),
                          lease=self.model.lease_of(self.model.job(head)),
@@ -794,7 +800,8 @@ class OutboxMachine(RuleBasedStateMachine):
             self.model.push(MRow(id=got, job=job.name, plan=plan, key=None, org=None,
                                  priority=job.priority, max_attempts=job.retry.max_attempts,
                                  status=None), now, None)
-        if len(self.background) < 2 and self.model.holding(job.name) < job.concurrency:
+        if len(self.background) < 2 \
+                and self.model.holding(job.name, self.lease_base(one)) < job.concurrency:
             self.start_background(one, job.name, ids[:1], ids[0], cooperative, True)
         self.run_on(other, job.name, ids[1:])
 
@@ -814,6 +821,7 @@ class OutboxMachine(RuleBasedStateMachine):
         assert not run.thread.is_alive(), "a background run did not end"
         self.background.remove(run)
         del self.world.gates[run.first.id]
+        self.model.free_slot(run.first)  # its handler returned: the runner freed its slot
         assert not run.errors, f"Runner.run raised: {run.errors[0]!r}"
         first = run.first
         if run.stopped or (run.gate.cooperative and first.id in run.cancelled):
@@ -890,6 +898,9 @@ class OutboxMachine(RuleBasedStateMachine):
                 def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
                     raise StorageError("heartbeat write failed (injected)")
 
+                def renew_slots(self, *args: Any, **kwargs: Any) -> Any:
+                    raise StorageError("heartbeat write failed (injected)")
+
             beat.store = Failing()  # type: ignore[assignment]
             try:
                 assert beat.beat() == 0
@@ -901,6 +912,8 @@ class OutboxMachine(RuleBasedStateMachine):
         for run in self.background:
             if run.slot is not slot:
                 continue
+            # Its slot renewed while its handler runs, whatever became of its row.
+            self.model.renew_slot(run.first, self.lease_base(slot))
             for fence in list(run.held):
                 state = self.model.heartbeat(fence, self.lease_base(slot))
                 if state == "lost":

@@ -141,6 +141,9 @@ class Model:
     made: list[MRow] = field(default_factory=list)
     """The callbacks the last transitions made (the worker dispatches those its outcome
     write made, after the commit)."""
+    slots: dict[int, tuple[str, datetime]] = field(default_factory=dict)
+    """The concurrency slots taken: per claim (``MFence.claim``), its job and when its
+    lease runs out in the database's clock."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -197,17 +200,27 @@ class Model:
         keep = (job.keep or {}).get("succeeded", self.cfg.keep_succeeded)
         return job.record == "all" and keep > 0
 
-    def holding(self, job: str) -> int:
-        """How many of ``job``'s rows hold a concurrency slot: the attempts that still run
-        (running, or cancelled while its attempt runs: the lease kept until the stop is
-        confirmed). Every such row of a limited job took its slot with its claim. The slot
-        is held by its own lease, written and renewed with the row's (a renewal never
-        revives one that ran out), and freed after the handler returns: in the model's
-        sequential steps that is the row's lease (no gated handler runs on after a
-        transactional outcome), so the rows count the slots."""
-        return sum(1 for r in self.rows.values() if r.job == job and (
-            r.status is Status.RUNNING or (r.status is Status.CANCELLED
-                                           and r.lease is not None)))
+    def holding(self, job: str, now: datetime) -> int:
+        """How many of ``job``'s concurrency slots are held at ``now`` (the database's
+        time): each taken by a claim (:meth:`take_slot`), held by its own lease (renewed by
+        its worker's heartbeat while the handler runs, never once it ran out), freed once
+        the handler returned (:meth:`free_slot`), whatever its row's status meanwhile."""
+        return sum(1 for name, end in self.slots.values() if name == job and end >= now)
+
+    def take_slot(self, fence: MFence, job: str, now: datetime) -> None:
+        """A limited claim's slot, its lease running out a lease after ``now``."""
+        self.slots[fence.claim] = (job, now + self.lease_of(self.jobs[job]))
+
+    def renew_slot(self, fence: MFence, now: datetime) -> None:
+        """The heartbeat of the worker running ``fence``'s handler renews its slot, unless
+        its lease ran out (then it is free, reaped or not)."""
+        held = self.slots.get(fence.claim)
+        if held is not None and held[1] >= now:
+            self.slots[fence.claim] = (held[0], now + self.lease_of(self.jobs[held[0]]))
+
+    def free_slot(self, fence: MFence) -> None:
+        """The handler of ``fence``'s claim returned: its slot freed."""
+        self.slots.pop(fence.claim, None)
 
     def active_holder(self, job: str, key: str) -> MRow | None:
         for row in self.rows.values():

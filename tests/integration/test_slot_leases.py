@@ -1,0 +1,220 @@
+"""A concurrency slot is held by the worker process running its handler, by a lease of its
+own, on SQLite and PostgreSQL: a crashed worker's slot frees once its lease runs out, even
+when its row was cancelled while it ran (D1); a handler whose transactional outcome committed
+still holds its slot until it returns (D2); a lowered limit is exact: a slot numbered at or
+above the new limit, still held, refuses every claim (D6); the trim reaps the dead slots of a
+key never claimed again."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import select, update
+
+from celery_outbox import JobContext, JobRegistry, outbox_job
+from celery_outbox.models import WAITING_SLOT
+from celery_outbox.states import Status
+from celery_outbox.store.worker import Limits
+from tests.integration.conftest import MakeOutbox, Order
+from tests.integration.fakes import RecordingDispatcher
+from tests.integration.test_limits import rows, slots
+
+UTC = timezone.utc
+T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+LEASE = timedelta(minutes=30)
+
+
+def clocked(outbox: Any, start: datetime = T0) -> list[datetime]:
+    """The store's stand-in for the database's clock (leases, reaps): ``now[0]``."""
+    now = [start]
+    outbox.store.db_clock = lambda: now[0]
+    return now
+
+
+def test_a_dead_workers_slot_frees_when_its_lease_runs_out_even_cancelled_while_it_ran(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """D1: a row cancelled while its handler ran, then its worker SIGKILLed: the row stays
+    cancelled with its lease set (nothing clears it), so a slot judged by the row was held
+    forever. The slot's own lease, never renewed by the dead worker, runs out."""
+    @outbox_job(schema=Order, name="lease.d1", concurrency=1, registry=registry)
+    def d1(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    first, second = d1.push_many([Order(order_id=1), Order(order_id=2)])
+    store = outbox.store
+    got = store.claim_limited(first, "lease.d1", "dead:1/a", now[0], LEASE, Limits(1))
+    assert [r.id for r in got.rows] == [first] and got.slot is not None
+    assert outbox.cancel(first)  # cancelled while it runs; then the worker is killed
+    assert rows(outbox, "lease.d1")[first][0] == Status.CANCELLED.value
+
+    now[0] = T0 + LEASE  # the lease's last instant: still held
+    held = store.claim_limited(second, "lease.d1", "live:2/b", now[0], LEASE, Limits(1))
+    assert held.rows == [] and held.waiting == WAITING_SLOT
+    now[0] = T0 + LEASE + timedelta(seconds=1)  # run out, never renewed
+    taken = store.claim_limited(second, "lease.d1", "live:2/b", now[0], LEASE, Limits(1))
+    assert [r.id for r in taken.rows] == [second], "the dead worker's slot was reaped"
+    assert slots(outbox) == [("lease.d1", "", 0)]
+
+
+def test_a_renewed_slot_stays_held_and_one_that_ran_out_is_never_renewed(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """The heartbeat's renewal keeps a slot held past its first lease; a renewal after the
+    lease ran out renews nothing (the slot is free, reaped yet or not)."""
+    @outbox_job(schema=Order, name="lease.renew", concurrency=1, registry=registry)
+    def renew(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    first, second = renew.push_many([Order(order_id=1), Order(order_id=2)])
+    store = outbox.store
+    got = store.claim_limited(first, "lease.renew", "w:1/a", now[0], LEASE, Limits(1))
+    assert got.slot is not None
+    now[0] = T0 + LEASE / 2
+    assert store.renew_slots([got.slot], now[0], LEASE) == 1
+    now[0] = T0 + LEASE + timedelta(minutes=1)  # past the first lease, within the renewed
+    refused = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
+    assert refused.rows == [] and refused.waiting == WAITING_SLOT
+    now[0] = T0 + LEASE / 2 + LEASE + timedelta(seconds=1)
+    assert store.renew_slots([got.slot], now[0], LEASE) == 0, "ran out: never held again"
+    taken = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
+    assert [r.id for r in taken.rows] == [second]
+
+
+def test_the_trim_reaps_the_dead_slots_of_a_key_never_claimed_again(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    @outbox_job(schema=Order, name="lease.trim", concurrency=1,
+                concurrency_key=lambda o: f"k{o.order_id}", registry=registry)
+    def trimmed(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    dead, live = trimmed.push_many([Order(order_id=1), Order(order_id=2)])
+    store = outbox.store
+    assert store.claim_limited(dead, "lease.trim", "dead:1/a", now[0], LEASE, Limits(1)).rows
+    now[0] = T0 + LEASE / 2
+    assert store.claim_limited(live, "lease.trim", "live:2/b", now[0], LEASE, Limits(1)).rows
+    now[0] = T0 + LEASE + timedelta(seconds=1)
+    outbox.trim(now[0])
+    assert slots(outbox) == [("lease.trim", "k2", 0)], "k1's dead slot reaped, k2's kept"
+
+
+def test_a_transactional_outcome_keeps_the_slot_until_the_handler_returns(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """D2: the outcome committed inside ``ctx.transaction()``, the handler runs on after the
+    block: its slot stays held (a slot judged by the row was reaped by the next claim, and
+    two handlers of a concurrency=1 job ran at once). The second waits, woken by the free
+    once the first returned."""
+    after = threading.Event()
+    go = threading.Event()
+    running: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+
+    @outbox_job(schema=Order, name="lease.d2", concurrency=1, registry=registry)
+    def d2(ctx: JobContext[Order]) -> None:
+        with lock:
+            running.append(ctx.payload.order_id)
+            most[0] = max(most[0], len(running))
+        try:
+            if ctx.payload.order_id == 1:
+                with ctx.transaction():
+                    pass  # the outcome (succeeded) commits with the block
+                after.set()
+                assert go.wait(20)
+        finally:
+            with lock:
+                running.remove(ctx.payload.order_id)
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
+    first, second = d2.push_many([Order(order_id=1), Order(order_id=2)])
+    worker = threading.Thread(target=outbox.runner.run, args=("lease.d2", [first]))
+    worker.start()
+    try:
+        assert after.wait(20)
+        assert first not in rows(outbox, "lease.d2") or \
+            rows(outbox, "lease.d2")[first][0] == Status.SUCCEEDED.value, "committed"
+        refused = outbox.runner.run("lease.d2", [second])
+        assert refused.claimed == 0, "the first handler still runs: its slot is held"
+        assert rows(outbox, "lease.d2")[second] == (Status.PENDING.value, 0, WAITING_SLOT)
+        recording.calls.clear()
+    finally:
+        go.set()
+        worker.join(20)
+    assert not worker.is_alive()
+    assert recording.ids == [second], "the free after the handler returned woke it"
+    assert outbox.runner.run("lease.d2", [second]).succeeded == 1
+    assert most[0] == 1 and slots(outbox) == []
+
+
+def test_a_lowered_limit_refuses_while_a_slot_at_or_above_it_is_held(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """D6: lowered from 5 to 2, the old holders of slots 2..4 still run: a claim under the new
+    limit is refused while any of them is held (slots 0 and 1 free), so no more than the new
+    limit runs; once their leases run out it takes slot 0."""
+    @outbox_job(schema=Order, name="lease.d6", concurrency=2, registry=registry)
+    def d6(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    old, new = d6.push_many([Order(order_id=1), Order(order_id=2)])
+    t, s = outbox.tables.executions, outbox.tables.slots
+    with outbox.engine.begin() as conn:  # taken under concurrency=5, its handler running
+        conn.execute(update(t).where(t.c.id == old).values(
+            status=Status.RUNNING.value, attempt=1, claimed_by="old:1/a", started_at=T0,
+            lease_expires_at=T0 + LEASE))
+        conn.execute(s.insert().values(job_name="lease.d6", concurrency_key="", slot=3,
+                                       holder_id=old, holder_by="old:1/a", holder_attempt=1,
+                                       taken_at=T0, lease_expires_at=T0 + LEASE))
+    store = outbox.store
+    now[0] = T0 + timedelta(minutes=1)
+    refused = store.claim_limited(new, "lease.d6", "new:2/b", now[0], LEASE, Limits(2))
+    assert refused.rows == [] and refused.waiting == WAITING_SLOT
+    assert refused.woke == [], "no wake while a slot above the limit is held"
+    assert slots(outbox) == [("lease.d6", "", 3)]
+    now[0] = T0 + LEASE + timedelta(seconds=1)  # the old holder's lease ran out
+    taken = store.claim_limited(new, "lease.d6", "new:2/b", now[0], LEASE, Limits(2))
+    assert [r.id for r in taken.rows] == [new]
+    assert slots(outbox) == [("lease.d6", "", 0)]
+
+
+def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """No lease (written before the upgrade): held while its holder's row runs the attempt
+    that took it, whatever the clock says; free once it no longer does."""
+    @outbox_job(schema=Order, name="lease.old", concurrency=1, registry=registry)
+    def older(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    holder, waiter = older.push_many([Order(order_id=1), Order(order_id=2)])
+    t, s = outbox.tables.executions, outbox.tables.slots
+    with outbox.engine.begin() as conn:
+        conn.execute(update(t).where(t.c.id == holder).values(
+            status=Status.RUNNING.value, attempt=1, claimed_by="old:1/a", started_at=T0,
+            lease_expires_at=T0 + LEASE))
+        conn.execute(s.insert().values(job_name="lease.old", concurrency_key="", slot=0,
+                                       holder_id=holder, holder_by="old:1/a",
+                                       holder_attempt=1, taken_at=T0))
+    store = outbox.store
+    now[0] = T0 + 10 * LEASE
+    assert store.claim_limited(waiter, "lease.old", "new:2/b", now[0], LEASE,
+                               Limits(1)).rows == []
+    with outbox.engine.begin() as conn:  # its attempt ends
+        conn.execute(update(t).where(t.c.id == holder).values(status=Status.FAILED.value,
+                                                              lease_expires_at=None))
+    assert [r.id for r in store.claim_limited(waiter, "lease.old", "new:2/b", now[0], LEASE,
+                                              Limits(1)).rows] == [waiter]
+    with outbox.engine.connect() as conn:
+        lease = conn.execute(select(s.c.lease_expires_at).where(
+            s.c.job_name == "lease.old")).scalar()
+    assert lease == now[0] + LEASE
+
