@@ -316,6 +316,11 @@ def _seed_limited(w: World) -> None:
     w.seeded = w.push([w.plan("ok"), w.plan("fail", "ok")], job=LIM)  # type: ignore[attr-defined]
 
 
+def _seed_limited_beat(w: World) -> None:
+    """A row of the limited job whose handler asks for a heartbeat as it runs."""
+    w.seeded = w.push([w.plan("beat+ok")], job=LIM)  # type: ignore[attr-defined]
+
+
 def run_limited(w: World) -> None:
     """A message of the limited job: each row's claim takes the slot and counts its start,
     its outcome frees the slot (and wakes none: nobody waits)."""
@@ -405,6 +410,8 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("admin_reads", seed_pending, admin_reads),
     Path("cron", _nothing, cron_tick, {"jobs": (CRON,)}),
     Path("worker_limited", _seed_limited, run_limited, {"jobs": (LIM,)}),
+    # The heartbeat renews the slot with the row's lease while the handler runs.
+    Path("heartbeat_limited", _seed_limited_beat, run_limited, {"jobs": (LIM,)}),
     Path("limit_held", _seed_limit_held, run_limit_held, {"jobs": (LIM,)}),
     Path("rate_limited", _seed_rate, run_rate, {"jobs": (LIM_RATE,)}),
     # A row that waited for a slot is claimed: its mark cleared with the claim.
