@@ -47,7 +47,7 @@ def test_a_dead_workers_slot_frees_when_its_lease_runs_out_even_cancelled_while_
     first, second = d1.push_many([Order(order_id=1), Order(order_id=2)])
     store = outbox.store
     got = store.claim_limited(first, "lease.d1", "dead:1/a", now[0], LEASE, Limits(1))
-    assert [r.id for r in got.rows] == [first] and got.slot is not None
+    assert [r.id for r in got.rows] == [first]
     assert outbox.cancel(first)  # cancelled while it runs; then the worker is killed
     assert rows(outbox, "lease.d1")[first][0] == Status.CANCELLED.value
 
@@ -183,6 +183,38 @@ def test_a_lowered_limit_refuses_while_a_slot_at_or_above_it_is_held(
     taken = store.claim_limited(new, "lease.d6", "new:2/b", now[0], LEASE, Limits(2))
     assert [r.id for r in taken.rows] == [new]
     assert slots(outbox) == [("lease.d6", "", 0)]
+
+
+def test_a_lowered_limit_is_exact_for_a_slot_an_older_release_took(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """D6 for a holder with no lease (taken before the upgrade): held while its row runs
+    the attempt that took it, and numbered above the lowered limit, it refuses a claim."""
+    @outbox_job(schema=Order, name="lease.d6old", concurrency=2, registry=registry)
+    def d6old(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    old, new = d6old.push_many([Order(order_id=1), Order(order_id=2)])
+    t, s = outbox.tables.executions, outbox.tables.slots
+    with outbox.engine.begin() as conn:
+        conn.execute(update(t).where(t.c.id == old).values(
+            status=Status.RUNNING.value, attempt=1, claimed_by="old:1/a", started_at=T0,
+            lease_expires_at=T0 + LEASE))
+        conn.execute(s.insert().values(job_name="lease.d6old", concurrency_key="", slot=4,
+                                       holder_id=old, holder_by="old:1/a", holder_attempt=1,
+                                       taken_at=T0))
+    store = outbox.store
+    now[0] = T0 + timedelta(minutes=1)
+    refused = store.claim_limited(new, "lease.d6old", "new:2/b", now[0], LEASE, Limits(2))
+    assert refused.rows == [] and refused.waiting == WAITING_SLOT
+    assert slots(outbox) == [("lease.d6old", "", 4)]
+    with outbox.engine.begin() as conn:  # its attempt ends
+        conn.execute(update(t).where(t.c.id == old).values(status=Status.FAILED.value,
+                                                           lease_expires_at=None))
+    taken = store.claim_limited(new, "lease.d6old", "new:2/b", now[0], LEASE, Limits(2))
+    assert [r.id for r in taken.rows] == [new]
+    assert slots(outbox) == [("lease.d6old", "", 0)]
 
 
 def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
