@@ -99,6 +99,12 @@ def crash_timed(ctx: JobContext[Step]) -> None:
     body(ctx)
 
 
+@outbox_job(name="crash.limited", schema=Step, record="all", concurrency=1, registry=REGISTRY)
+def crash_limited(ctx: JobContext[Step]) -> None:
+    """One at a time (a concurrency slot); no retry."""
+    body(ctx)
+
+
 def build(broker: str, database_url: str, queue: str, **settings: Any) -> tuple[Celery, Outbox]:
     """A Celery app on ``broker`` routing to ``queue``, with the outbox on ``database_url``."""
     app = Celery("crash", broker=broker, set_as_current=False)

@@ -34,6 +34,7 @@ from tests.e2e.crash_app import (
     RUNS,
     Step,
     build,
+    crash_limited,
     crash_once,
     crash_step,
     crash_timed,
@@ -200,6 +201,36 @@ def test_sigkill_mid_handler_is_rescued_after_the_lease_and_succeeds_once(
     assert done["attempt"] == 2
     assert done["last_error"].startswith(f"lease expired: attempt 1 of execution "
                                          f"{execution_id}, held by {holder}")
+
+
+def test_a_worker_sigkilled_after_a_cancel_mid_handler_frees_its_slot_after_the_lease(
+    crash: Stack, tmp_path: Path
+) -> None:
+    """A handler of a concurrency=1 job (deaf to ``ctx.cancelled``) is cancelled while it
+    runs, then its worker is killed: the row stays cancelled with its lease set (nothing
+    clears it; the rescuer takes running rows only). Its slot frees once the lease the dead
+    worker no longer renews runs out, and the job runs again."""
+    m, hold = marker(), tmp_path / "hold"
+    held = push(crash.outbox, crash_limited, Step(marker=m, hold=str(hold), watch_cancel=False))
+    first = crash.wait_run(m, "start", 1)
+    assert crash.outbox.cancel(held)
+    os.kill(first.pid, signal.SIGKILL)  # the pool child running the handler
+    hold.touch()
+    t = crash.outbox.tables.executions
+
+    def lease_ran_out() -> bool:  # the slot's lease is renewed with the row's, never later
+        with crash.outbox.engine.connect() as conn:
+            return bool(conn.execute(select(t.c.lease_expires_at < func.now())
+                                     .where(t.c.id == held)).scalar())
+
+    procs.wait_for(lease_ran_out, 15, "the killed worker's lease to run out", 0.1)
+    row = crash.row(held)
+    assert row["status"] == Status.CANCELLED.value and row["lease_expires_at"] is not None
+    m2 = marker()
+    later = push(crash.outbox, crash_limited, Step(marker=m2))
+    crash.wait_status(later, Status.SUCCEEDED.value)
+    assert [(r.attempt, r.phase) for r in crash.runs(m2)] == [(1, "start"), (1, "end")]
+    assert [r.phase for r in crash.runs(m)] == ["start"], "the killed handler never ended"
 
 
 def test_sigkill_mid_message_fails_only_the_execution_that_was_running(

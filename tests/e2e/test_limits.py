@@ -120,8 +120,8 @@ def test_a_global_limit_of_3_holds_across_workers(limits_stack: Stack,
             return conn.execute(select(func.count()).select_from(slots)
                                 .where(slots.c.job_name == LIMIT3)).scalar_one() == 0
 
-    # A slot is free once its holder's outcome committed (judged by the fence); its row is
-    # deleted by the statement just after, so the last ones may still be there for a moment.
+    # A slot is deleted by its runner once the handler returned and its outcome committed,
+    # a statement of its own just after, so the last ones may still be there for a moment.
     procs.wait_for(slots_left, 30, "every slot row deleted after its outcome")
 
 
