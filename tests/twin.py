@@ -68,6 +68,7 @@ WRITES = frozenset({
     "insert", "claim", "start", "finish", "finish_many", "heartbeat", "release",
     "release_claim", "stage",
     "redispatch", "rescue", "rescue_write", "trim", "advance_tick", "cancel", "confirm_stop",
+    "renew_slots",
 })
 """The names :meth:`MemoryStore.fail_next` takes (``rescue``: the rescue's read)."""
 
@@ -588,7 +589,7 @@ class MemoryStore:
                     lease: timedelta) -> int:
         """As the store's: each slot still its holder's, its lease not run out, renewed to
         ``now`` + ``lease``."""
-        with self._lock:
+        with self._op("renew_slots"):
             renewed = 0
             for x in slots:
                 holder = self.slots.get((x.job_name, x.key, x.number))

@@ -11,6 +11,7 @@ import pytest
 
 from celery_outbox.heartbeat import Heartbeat
 from celery_outbox.outcomes import Fence
+from celery_outbox.store import Slot
 from tests.twin import MemoryStore
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -129,3 +130,35 @@ def test_untrack(store: MemoryStore, heartbeat: Heartbeat) -> None:
     heartbeat.untrack(b)
     assert (lost_a.calls, lost_b.calls) == (0, 0)
     assert heartbeat.beat() == 0 and "heartbeat" not in store.calls
+
+
+def test_beat_renews_the_held_slots_in_one_write_also_after_their_rows_are_lost(
+    store: MemoryStore, heartbeat: Heartbeat,
+) -> None:
+    """A slot is held by the process running its handler: renewed while held, whatever
+    became of its row (a transactional outcome committed, a cancel), until let go; one that
+    ran out is never renewed again."""
+    fence = running(store)
+    store.slots[("j", "", 0)] = (fence.id, fence.claimed_by, 1, T0 + LEASE)
+    store.slots[("j", "k", 0)] = (fence.id, "w1/other", 1, T0 + LEASE)
+    mine, theirs = Slot("j", "", 0, fence.claimed_by), Slot("j", "k", 0, "w1/other")
+    heartbeat.track(fence, LEASE, Lost())
+    heartbeat.hold_slot(mine, LEASE)
+    heartbeat.hold_slot(theirs, LEASE)
+    heartbeat.untrack(fence)  # its row no longer this attempt's: the handler still runs
+
+    now = T0 + LEASE / 2
+    store.db_clock = lambda: now
+    heartbeat.beat()
+    assert store.calls.count("renew_slots") == 1 and "heartbeat" not in store.calls
+    assert store.slots[("j", "", 0)][3] == store.slots[("j", "k", 0)][3] == now + LEASE
+
+    heartbeat.let_go_slot(theirs)
+    later = now + 2 * LEASE  # ran out unrenewed: never held again
+    store.db_clock = lambda: later
+    heartbeat.beat()
+    assert store.slots[("j", "", 0)][3] == now + LEASE
+    assert heartbeat.held_slots() == [mine]
+    heartbeat.let_go_slot(mine)
+    heartbeat.beat()
+    assert store.calls.count("renew_slots") == 2, "nothing held: no statement"
