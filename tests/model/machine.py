@@ -703,6 +703,24 @@ class OutboxMachine(RuleBasedStateMachine):
             for fence in fences:  # its handler returned: the runner frees its slot
                 self.model.free_slot(fence)
         assert result.claimed == claimed, f"claimed {result.claimed}, model {claimed}"
+        self.follow_wakes(job)
+
+    def follow_wakes(self, job: str) -> None:
+        """A freed slot dispatched the oldest row of ``job`` waiting for one, its
+        ``dispatched_at`` set by the worker (the model does not follow which rows wait): the
+        model takes the table's, so a later sweep's redispatch is judged on it."""
+        assert self.outbox is not None
+        t = self.outbox.tables.executions
+        pending = [r for r in self.model.rows.values()
+                   if r.job == job and r.status is Status.PENDING]
+        if not pending:
+            return
+        with self.outbox.engine.connect() as conn:
+            found = dict(conn.execute(select(t.c.id, t.c.dispatched_at).where(
+                t.c.id.in_([r.id for r in pending]))).all())
+        for r in pending:
+            if r.id in found:
+                r.dispatched_at = found[r.id]
 
     @rule(data=st.data())
     def deliver(self, data: st.DataObject) -> None:
@@ -824,6 +842,8 @@ class OutboxMachine(RuleBasedStateMachine):
         self.background.remove(run)
         del self.world.gates[run.first.id]
         self.model.free_slot(run.first)  # its handler returned: the runner freed its slot
+        if self.model.jobs[run.job].concurrency is not None:
+            self.follow_wakes(run.job)
         assert not run.errors, f"Runner.run raised: {run.errors[0]!r}"
         first = run.first
         if run.stopped or (run.gate.cooperative and first.id in run.cancelled):
