@@ -18,11 +18,16 @@ from celery_outbox.states import Status
 
 
 def _not_a_number(value: Any) -> Any:
-    """An ISO 8601 time only: pydantic would take a number (or a text of one) as a Unix time,
-    so ``created_before=20261204`` meant a day of 1970."""
+    """An ISO 8601 time only, read as the pages read it (``datetime.fromisoformat``: the
+    basic form ``20261204`` is 2026-12-04): pydantic would take a number (or a text of one
+    that is no ISO time) as a Unix time, so ``created_before=20261204`` meant a day of 1970."""
     if isinstance(value, (int, float)):
         raise ValueError("must be an ISO 8601 time (e.g. 2026-12-04T10:00:00Z), not a number")
     if isinstance(value, str):
+        try:  # ISO 8601's basic form too (20261204), as the pages read it
+            return datetime.fromisoformat(value.strip())
+        except ValueError:
+            pass
         try:
             float(value)
         except ValueError:
