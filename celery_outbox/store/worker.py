@@ -243,11 +243,11 @@ class WorkerStore(StoreBase):
             assert row is not None
             if refused.waiting == WAITING_SLOT:
                 assert limits.concurrency is not None
-                wake_now = rate_now or self._limit_now()
+                # The claim's clock (the one started_at shows), as the rate's.
+                wake_now = row.started_at or self._limit_now()
                 # Whatever due state it was claimed from (a due scheduled row -> pending),
                 # unless changed since: the refused claim's now bounds its scheduled_at.
-                self.executor.run(mark_waiting(self.t, execution_id,
-                                               row.started_at or wake_now, wake_now))
+                self.executor.run(mark_waiting(self.t, execution_id, wake_now, wake_now))
                 # Committed, then checked: a slot freed before the mark was visible to its
                 # freer's wake is seen free here (each statement a fresh snapshot).
                 woke = self.executor.run(wake_waiting(
