@@ -65,6 +65,7 @@ from celery_outbox.models import (
     BATCH_ON,
     DEFAULT_TABLE,
     MAX_LENGTHS,
+    RATE_KEEP,
     TABLES,
     TRACEPARENT_LENGTH,
     EncodedJson,
@@ -420,14 +421,17 @@ class Outbox:
 
     def _trim_side_tables(self, moment: datetime) -> None:
         """The trim of the stats table, then of the batches completed longer than
-        ``BATCH_KEEP`` ago whose callback finished (a database not yet migrated to the
-        batches table logs its failure and trims on)."""
+        ``BATCH_KEEP`` ago whose callback finished, then of the rate windows begun longer
+        than ``RATE_KEEP`` ago (a database not yet migrated to a table logs its failure and
+        trims on)."""
         self.store.trim_stats(moment)
-        try:
-            self.store.trim_batches(moment - BATCH_KEEP)
-        except Exception as exc:
-            log.warning("celery_outbox: the trim of the batches table failed: %s",
-                        " ".join(str(exc).split())[:300])
+        for what, trim in (("batches", lambda: self.store.trim_batches(moment - BATCH_KEEP)),
+                           ("rates", lambda: self.store.purge_rates(moment - RATE_KEEP))):
+            try:
+                trim()
+            except Exception as exc:
+                log.warning("celery_outbox: the trim of the %s table failed: %s", what,
+                            " ".join(str(exc).split())[:300])
 
     @staticmethod
     def _with_stats(run: Callable[[], R], what: str, stats: Callable[[], object]) -> R:

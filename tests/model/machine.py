@@ -681,9 +681,9 @@ class OutboxMachine(RuleBasedStateMachine):
 
     def run_limited(self, slot: Slot, job: str, ids: list[UUID], limit: int) -> None:
         """A message of a job with ``concurrency=limit``: the runner claims its ids one at a
-        time, each claim refused (the row left as it is, never begun) while ``limit`` of the
-        job's attempts still run; each row claimed runs to its outcome before the next
-        claim."""
+        time, each claim refused (never begun, no attempt spent, marked waiting: a due
+        scheduled row moved to pending) while ``limit`` of the job's attempts still run;
+        each row claimed runs to its outcome before the next claim."""
         result = slot.runner.run(job, ids)
         claimed = 0
         base = self.lease_base(slot)
@@ -692,6 +692,7 @@ class OutboxMachine(RuleBasedStateMachine):
             if row is not None and self.model.claimable(row, job, base) \
                     and self.model.holding(job) >= limit:
                 self.hit("limit_refused")
+                self.model.wait_slot(row, base)
                 continue
             fences = self.model.claim(slot.runner.worker_id, job, [i], base)
             claimed += len(fences)

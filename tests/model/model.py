@@ -276,6 +276,15 @@ class Model:
             or (row.status is Status.SCHEDULED and row.scheduled_at is not None
                 and row.scheduled_at <= now))
 
+    def wait_slot(self, row: MRow, now: datetime) -> None:
+        """A claim of ``row`` (claimable at ``now``, the claim's clock) refused a slot: it
+        waits pending whatever due state it was claimed from (a due scheduled row moves as
+        the stager moves it, dispatched at ``now``: nothing published, a freed slot wakes
+        it)."""
+        if row.status is Status.SCHEDULED:
+            self.move(row, "stage", Status.PENDING)
+            row.dispatched_at = now
+
     def claim(self, worker: str, job: str, ids: list[UUID], now: datetime) -> list[MFence]:
         """pending / due scheduled -> running for each of ``ids`` (in order, once each);
         the first claimed row is started. ``now``: the database's time (the due check, and
