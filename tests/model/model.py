@@ -236,17 +236,21 @@ class Model:
     def debounce(self, row: MRow, now: datetime, debounce: timedelta,
                  coalesce: bool) -> tuple[set[UUID], MRow | None]:
         """A debounced push of ``row`` (new: ``row.key`` its key, ``row.deadline`` set) at
-        ``now``: the key's waiting debounced rows take its plan and run at now + debounce
-        (never beyond their deadline), dispatched when that is at most max_eta away; else ``row`` is
-        pushed (scheduled at now + debounce); else, with ``coalesce`` and no follow-up yet,
-        it is pushed as the key's follow-up; else the key's own row absorbs it. Answers the
-        ids the push may return and the row it added (None: none)."""
+        ``now``: the key's ONE waiting debounced row that never began (attempt 0, never
+        snoozed: a retry waiting for its backoff keeps its payload and run time), its
+        follow-up first, takes its plan and runs at now + debounce (never beyond its
+        deadline), dispatched when that is at most max_eta away; else ``row`` is pushed
+        (scheduled at now + debounce); else, with ``coalesce`` and no follow-up yet, it is
+        pushed as the key's follow-up; else the key's own row absorbs it. Answers the ids the
+        push may return and the row it added (None: none)."""
         key = row.key
         assert key is not None and row.deadline is not None
-        waiting = [r for r in self.ordered()
-                   if r.job == row.job and r.deadline is not None
-                   and r.status in (Status.PENDING, Status.SCHEDULED)
-                   and key in (r.key, r.follow)]
+        waiting = sorted((r for r in self.ordered()
+                          if r.job == row.job and r.deadline is not None
+                          and r.status in (Status.PENDING, Status.SCHEDULED)
+                          and r.attempt == 0 and r.snoozes == 0
+                          and key in (r.key, r.follow)),
+                         key=lambda r: r.follow is None)[:1]
         for r in waiting:
             assert r.deadline is not None
             self.move(r, "debounce", Status.SCHEDULED)
