@@ -277,7 +277,9 @@ class ExecutionDetailOut(ExecutionOut):
         "`payload` is the string \"encrypted\" unless this principal may see it "
         "(show_encrypted_payloads), then decrypted")
     waiting: str | None = Field(
-        None, description="Why the execution waits, in words: a limit (\"waiting for a "
+        None, description="Why the execution waits, in words: a pause of its job or queue "
+        "(\"paused: job 'shop.send' since 2026-01-05T12:00:00+00:00 by alice\", before any "
+        "other reason), a limit (\"waiting for a "
         "concurrency slot (3 of 3 taken)\", \"rate limited until 14:02:00 UTC\"), a debounced "
         "push (\"debounced: runs at 12:00:03 unless pushed again, at the latest 12:00:05\", "
         "UTC), a batch's callback; null when nothing holds it back beyond its run time")
