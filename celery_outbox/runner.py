@@ -33,8 +33,8 @@ import threading
 import time
 import traceback
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -164,11 +164,44 @@ class _Claim:
     counts: Counter[OutcomeName] = field(default_factory=Counter)
     queue: str | None = None
     """The job's Celery queue (:attr:`_Plan.queue`): a start misses while it is paused."""
+    asked: list[UUID] = field(default_factory=list)
+    """The ids the message asked to claim (those left unclaimed are looked at again:
+    :meth:`Runner._requeue_skipped`)."""
 
     def result(self) -> RunResult:
         counts = self.counts
         return RunResult(claimed=len(self.rows),
                          **{value: counts.get(name, 0) for name, value in _COUNTED})
+
+
+class _Requeues:
+    """How many times this process published again each id its claims skipped as locked by
+    a writer (:meth:`Runner._requeue_skipped`): the n-th time after ``DELAYS[n]``, none
+    after the last (the sweep's stale redispatch takes the row once its lock is let go).
+    At most ``KEEP`` ids remembered, the oldest forgotten first."""
+
+    DELAYS = tuple(timedelta(seconds=s) for s in (0.5, 1, 2, 4, 8, 15, 30, 30))
+    KEEP = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: OrderedDict[UUID, int] = OrderedDict()
+
+    def next(self, execution_id: UUID) -> timedelta | None:
+        """The delay before ``execution_id`` is published again; None: no more."""
+        with self._lock:
+            n = self._counts.pop(execution_id, 0)
+            self._counts[execution_id] = min(n + 1, len(self.DELAYS))  # the newest, last
+            while len(self._counts) > self.KEEP:
+                self._counts.popitem(last=False)
+            return self.DELAYS[n] if n < len(self.DELAYS) else None
+
+    def forget(self, ids: Iterable[UUID]) -> None:
+        """``ids`` were claimed (or are claimable no more): their count starts again."""
+        with self._lock:
+            if self._counts:
+                for i in ids:
+                    self._counts.pop(i, None)
 
 
 _COUNTED = tuple((name, name.value) for name in OutcomeName)
@@ -721,6 +754,7 @@ class Runner:
         watch and the shutdown drain)."""
         self._worker_id: tuple[int, str] | None = None
         self._outcomes = _Outcomes(self)
+        self._requeues = _Requeues()
         self._retries = _Retries()
         self._plans: dict[str, _Plan] = {}
         self._helpers = _Helpers()
@@ -813,6 +847,7 @@ class Runner:
     def _run_claim(self, claim: _Claim) -> RunResult:
         """Run the rows of ``claim``, write their outcomes, hand back those never begun."""
         try:
+            self._requeue_skipped(claim)
             if claim.spec.parallel > 1 and len(claim.rows) > 1:
                 self._run_parallel(claim)
             else:
@@ -875,7 +910,7 @@ class Runner:
                        [Fence(row.id, token, row.attempt) for row in claimed],
                        [self._context(plan, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0],
-                       queue=plan.queue)
+                       queue=plan.queue, asked=uuids)
         # Every row held and heartbeated from the claim on, each on its own (renewed, told
         # of its loss, let go), registered once for the message.
         self.inflight.add_many(zip(claim.fences, claim.contexts, strict=True))
@@ -1173,6 +1208,46 @@ class Runner:
 
         if not attempt(False):
             self._retries.start(_Retry("release-claim", attempt, lambda: None), lease)
+
+    def _requeue_skipped(self, claim: _Claim) -> None:
+        """Publish again, soon, the ids ``claim`` left although they are claimable: on
+        PostgreSQL the claim skips a row a writer holds locked (``SKIP LOCKED``), never
+        waits on it, and a caller's open transaction holding a row it replaced (a debounced
+        push) may roll back, leaving the row as it was with no message on its way. Each id
+        goes out again after a growing delay, a bounded number of times per process
+        (:class:`_Requeues`); past that, or if this read fails (logged), the sweep's stale
+        redispatch takes the row once its lock is let go. A row the writer changed (a
+        replace that committed) was dispatched by its writer: the message finds it not
+        yet due, or claimed, and leaves it."""
+        claimed = {row.id for row in claim.rows}
+        left = [i for i in claim.asked if i not in claimed]
+        self._requeues.forget(claimed)
+        if not left:
+            return
+        spec = claim.spec
+        try:
+            skipped = self.store.claim_skipped(left, spec.name, self.store.lease_now(),
+                                               queue=claim.queue)
+        except Exception as exc:
+            log.warning("celery_outbox: could not read which of %d unclaimed id(s) of %r a "
+                        "writer holds locked; the sweep's redispatch takes them (%s)",
+                        len(left), spec.name, exc)
+            return
+        self._requeues.forget(set(left) - {i for i, _ in skipped})
+        now, items = self.clock(), []
+        for execution_id, priority in skipped:
+            delay = self._requeues.next(execution_id)
+            if delay is None:
+                log.info("celery_outbox: execution %s of %r still locked by a writer after "
+                         "%d tries; the sweep's redispatch takes it once the lock is let go",
+                         execution_id, spec.name, len(_Requeues.DELAYS),
+                         extra=execution_fields(execution_id, spec.name))
+                continue
+            items.append(DispatchItem(execution_id, spec.name, priority, now + delay))
+        if items:
+            log.debug("celery_outbox: %d id(s) of %r locked by a writer (a caller's open "
+                      "transaction): published again with a delay", len(items), spec.name)
+            self.dispatcher().dispatch(items)
 
     def _dispatch_released(self, job_name: str, released: Sequence[UUID]) -> None:
         """Dispatch the rows just handed back (pending again); a failed read of what to

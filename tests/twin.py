@@ -265,6 +265,12 @@ class MemoryStore:
         tx._undo.append((new.id, None, self.rows))
         return new.id, True
 
+    def claim_skipped(self, ids: Sequence[UUID], job_name: str, now: datetime | None, *,
+                      queue: str | None = None) -> list[tuple[UUID, int]]:
+        """The ids a claim skipped as locked by a writer: none (no writer holds a row of the
+        twin between its operations, as on SQLite; not recorded in :attr:`calls`)."""
+        return []
+
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime | None,
               lease: timedelta, *, queue: str | None = None) -> list[Claimed]:
         """claim: pending (or scheduled and due) -> running, attempt + 1; started_at = now on

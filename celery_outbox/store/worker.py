@@ -31,6 +31,7 @@ from celery_outbox.queries.limits import (
 from celery_outbox.queries.sweep import Due
 from celery_outbox.queries.worker import (
     claim_rows,
+    claim_skipped,
     confirm_stop,
     delete_many_fenced,
     extend_leases,
@@ -199,6 +200,20 @@ class WorkerStore(StoreBase):
                        pauses=self.tables.pauses, queue=queue))
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
+
+    def claim_skipped(self, ids: Sequence[UUID], job_name: str, now: datetime | None, *,
+                      queue: str | None = None) -> list[tuple[UUID, int]]:
+        """The ids among ``ids`` (ones a :meth:`claim` of ``job_name`` just left) that are
+        claimable all the same, with their priority: on PostgreSQL the claim skips a row a
+        writer holds locked (``SKIP LOCKED``: a caller's open transaction that replaced it,
+        a debounced push), and these are they, as they were before that writer's change
+        (``now`` as the claim's: None, the database's clock). Dispatch them again soon:
+        the writer may roll back. SQLite has no row locks: none. Raises
+        :class:`StorageError`."""
+        if not ids or self.dialect != "postgresql":
+            return []
+        return self.executor.run(claim_skipped(self.t, ids, job_name, now,
+                                               pauses=self.tables.pauses, queue=queue))
 
     def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
                       now: datetime | None, lease: timedelta, limits: Limits, *,
