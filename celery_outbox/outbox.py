@@ -533,10 +533,11 @@ class Outbox:
         trace that pushed it); see :mod:`celery_outbox.tracing`.
 
         ``debounce`` (timedelta, every payload keyed): a push whose key's debounced row still
-        waits (pending or scheduled) replaces its payload and moves its run time to now +
-        ``debounce``, never beyond its first push + ``max_wait`` (timedelta, at least
-        ``debounce``; None: no limit); a first push creates the row scheduled at now +
-        ``debounce``. While the key's row runs, the push is absorbed by it (its id
+        waits (pending or scheduled) and never began an attempt replaces its payload and
+        moves its run time to now + ``debounce``, never beyond its first push + ``max_wait``
+        (timedelta, at least ``debounce``; None: no limit); one row only, the key's
+        follow-up first. A first push creates the row scheduled at now + ``debounce``.
+        While the key's row runs, or waits for its retry, the push is absorbed by it (its id
         returned, nothing written), unless ``coalesce``: then it is kept as the key's one
         follow-up execution (later pushes replace its payload). ``coalesce`` without
         ``debounce`` debounces by zero. Raises ConfigurationError naming the argument when
