@@ -80,9 +80,10 @@ class OutboxJob(Generic[P]):
         (aware datetime) make a scheduled execution.
 
         ``debounce`` (timedelta, with ``key``): a push whose key's row still waits, never
-        begun, replaces its payload and moves its run time to now + ``debounce``, never beyond the first
-        push + ``max_wait`` (timedelta >= ``debounce``; None: no limit). ``coalesce``: while
-        the key's row runs (or waits for its retry), keep one follow-up execution (the latest payload) instead of
+        begun, replaces its payload and moves its run time to now + ``debounce``, never
+        beyond the first push + ``max_wait`` (timedelta >= ``debounce``; None: no limit).
+        ``coalesce``: while the key's row runs (or waits for its retry), keep one follow-up
+        execution (the latest payload) instead of
         absorbing the push. See :meth:`Outbox.push_many`.
 
         Raises :class:`PayloadInvalid` before anything is written, :class:`ConfigurationError`
