@@ -165,8 +165,8 @@ class _Claim:
     queue: str | None = None
     """The job's Celery queue (:attr:`_Plan.queue`): a start misses while it is paused."""
     asked: list[UUID] = field(default_factory=list)
-    """The ids the message asked to claim (those left unclaimed are looked at again:
-    :meth:`Runner._requeue_skipped`)."""
+    """The ids the message asked to claim (those left unclaimed are looked at again once
+    the run is done: :meth:`Runner._requeue_skipped`); none for a row a limit refused."""
 
     def result(self) -> RunResult:
         counts = self.counts
@@ -847,7 +847,6 @@ class Runner:
     def _run_claim(self, claim: _Claim) -> RunResult:
         """Run the rows of ``claim``, write their outcomes, hand back those never begun."""
         try:
-            self._requeue_skipped(claim)
             if claim.spec.parallel > 1 and len(claim.rows) > 1:
                 self._run_parallel(claim)
             else:
@@ -858,6 +857,7 @@ class Runner:
             self._outcomes.write(claim)
             never, claim.never = claim.never, []
             self._hand_back(claim, never)
+            self._requeue_skipped(claim)
         except BaseException:
             self._leave(claim)
             raise
@@ -888,9 +888,12 @@ class Runner:
         token = self.claim_token()
         plan = self._plan(spec)
         lease = plan.lease
+        asked = uuids
         try:
             if spec.limited:
-                claimed = self._claim_limited(spec, uuids[0], token, plan)
+                claimed, refused = self._claim_limited(spec, uuids[0], token, plan)
+                if refused:  # waits for its limit, dispatched by it: nothing to publish
+                    asked = []
             else:
                 claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(),
                                            lease, queue=plan.queue)
@@ -910,7 +913,7 @@ class Runner:
                        [Fence(row.id, token, row.attempt) for row in claimed],
                        [self._context(plan, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0],
-                       queue=plan.queue, asked=uuids)
+                       queue=plan.queue, asked=asked)
         # Every row held and heartbeated from the claim on, each on its own (renewed, told
         # of its loss, let go), registered once for the message.
         self.inflight.add_many(zip(claim.fences, claim.contexts, strict=True))
@@ -919,10 +922,11 @@ class Runner:
         return claim
 
     def _claim_limited(self, spec: JobSpec, execution_id: UUID, token: str,
-                       plan: _Plan) -> list[Claimed]:
+                       plan: _Plan) -> tuple[list[Claimed], bool]:
         """The limited claim of one row (:meth:`_run_limited`); a row refused by its rate is
         published again with the next window's start as its eta, one refused a slot waits
-        (and is dispatched at once should a slot have freed meanwhile)."""
+        (and is dispatched at once should a slot have freed meanwhile). Answers the rows
+        claimed and whether a limit refused the row."""
         rate = spec.rate
         limits = Limits(spec.concurrency, rate.starts if rate else None,
                         rate.window if rate else None, spec.rate_per_key)
@@ -939,7 +943,7 @@ class Runner:
         if done.waiting is not None:
             log.debug("celery_outbox: %s %s waits (%s)", spec.name, execution_id,
                       done.waiting)
-        return done.rows
+        return done.rows, done.waiting is not None
 
     def _plan(self, spec: JobSpec) -> _Plan:
         """What runs of ``spec`` need of it and of the config, resolved at its first run
@@ -1210,7 +1214,8 @@ class Runner:
             self._retries.start(_Retry("release-claim", attempt, lambda: None), lease)
 
     def _requeue_skipped(self, claim: _Claim) -> None:
-        """Publish again, soon, the ids ``claim`` left although they are claimable: on
+        """Publish again, soon, the ids ``claim`` left although they are claimable (once the
+        claimed rows ran, so the claim's own rows wait for no extra statement): on
         PostgreSQL the claim skips a row a writer holds locked (``SKIP LOCKED``), never
         waits on it, and a caller's open transaction holding a row it replaced (a debounced
         push) may roll back, leaving the row as it was with no message on its way. Each id
