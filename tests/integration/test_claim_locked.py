@@ -90,3 +90,26 @@ def test_a_locked_row_is_published_again_a_bounded_number_of_times(
     row = outbox.store.get(first)
     assert row is not None and row["payload"] == {"order_id": 2}
     assert outbox.store.get(plain)["status"] == "succeeded"  # type: ignore[index]
+
+
+def test_a_row_a_limit_refused_is_not_published_again(
+        pg_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A concurrency-limited row refused a slot waits for the slot's freeing (its limit
+    dispatches it): the claim's miss is no lock, nothing is published again."""
+    @outbox_job(schema=Order, name="t.one", record="all", concurrency=1, registry=registry)
+    def one(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(pg_url, registry)
+    with OutboxTester(outbox, clock=Clock(datetime.now(timezone.utc))) as tester:
+        holder, waiter = one.push({"order_id": 1}), one.push({"order_id": 2})
+        from celery_outbox.store.worker import Limits
+
+        took = outbox.store.claim_limited(holder, "t.one", "w/1", tester.clock(),
+                                          timedelta(minutes=5), Limits(1, None, None, False))
+        assert [r.id for r in took.rows] == [holder]  # the one slot, held while it runs
+        before = len(tester.dispatched)
+        assert outbox.runner.run("t.one", [str(waiter)]).claimed == 0
+        assert tester.dispatched[before:] == []
+        row = outbox.store.get(waiter)
+        assert row is not None and (row["status"], row["waiting"]) == ("pending", "slot")
