@@ -65,7 +65,9 @@ def replace_waiting(t: Table, job_name: str, key: str, payload: Any, run_at: dat
     when there is one (it is the later: pushed while the key's own row ran), else the key's
     own row. Payload ``payload``, run time ``run_at`` or the row's ``debounce_deadline`` if
     earlier, dispatched at ``now`` when that run time is at most ``eta_until`` (None:
-    always), else left to the stager (``dispatched_at`` NULL). The row is picked by a
+    always), else left to the stager (``dispatched_at`` NULL); a limit's mark is cleared
+    (``waiting``: its run time moved, so a booked rate window or a wait for a slot no longer
+    holds; its next claim decides again). The row is picked by a
     subquery and its guard tested again as the UPDATE writes it, so a claim that won meanwhile
     leaves it unwritten. Answers ``(id, run time)`` of the row written (none when none
     waits, or a worker claimed it first)."""
@@ -81,7 +83,7 @@ def replace_waiting(t: Table, job_name: str, key: str, payload: Any, run_at: dat
         update(t)
         .where(t.c.id == one, *holds, replaceable(t))
         .values(payload=payload, status=Status.SCHEDULED.value,
-                scheduled_at=clamped, updated_at=now, dispatched_at=dispatched)
+                scheduled_at=clamped, updated_at=now, dispatched_at=dispatched, waiting=None)
         .returning(t.c.id, t.c.scheduled_at)
     )
     return rows("replace_waiting", stmt, _replaced)
