@@ -417,8 +417,10 @@ class Dashboard:
             raise self.admin.not_found(execution_id)
         detail = _execution_detail(row, self.store.lineage(execution_id, organization_id),
                                    self.admin.outbox.keyring if show_encrypted else None)
-        waiting = self._waiting(row)
-        return detail if waiting is None else dataclasses.replace(detail, waiting=waiting)
+        waiting = self.admin.paused_waiting(row, self._waiting(row) or detail.waiting,
+                                            who=organization_id is None)
+        return detail if waiting == detail.waiting else dataclasses.replace(
+            detail, waiting=waiting)
 
     def _waiting(self, row: dict[str, Any]) -> str | None:
         """Why ``row`` waits on a limit (:attr:`ExecutionDetail.waiting`), or None."""

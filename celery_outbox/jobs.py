@@ -79,10 +79,11 @@ class OutboxJob(Generic[P]):
         the outbox commits its own transaction. ``delay`` (timedelta) or ``scheduled_at``
         (aware datetime) make a scheduled execution.
 
-        ``debounce`` (timedelta, with ``key``): a push whose key's row still waits replaces
-        its payload and moves its run time to now + ``debounce``, never beyond the first
-        push + ``max_wait`` (timedelta >= ``debounce``; None: no limit). ``coalesce``: while
-        the key's row runs, keep one follow-up execution (the latest payload) instead of
+        ``debounce`` (timedelta, with ``key``): a push whose key's row still waits, never
+        begun, replaces its payload and moves its run time to now + ``debounce``, never
+        beyond the first push + ``max_wait`` (timedelta >= ``debounce``; None: no limit).
+        ``coalesce``: while the key's row runs (or waits for its retry), keep one follow-up
+        execution (the latest payload) instead of
         absorbing the push. See :meth:`Outbox.push_many`.
 
         Raises :class:`PayloadInvalid` before anything is written, :class:`ConfigurationError`

@@ -346,7 +346,11 @@ WAITING_SLOT = "slot"
 slots were all taken. The runner that frees a slot dispatches the oldest such row."""
 WAITING_RATE = "rate"
 """``<table>.waiting`` of a row its claim put back scheduled: its job's rate was spent for
-the window; ``scheduled_at`` is the next window's start."""
+the window, and its start is booked (counted) in the window ``scheduled_at`` begins; its
+claim inside that window spends nothing more."""
+RATE_KEEP = timedelta(hours=2)
+"""The trim deletes the rate windows begun this long before its now: longer than the
+longest window (``/h``) by an hour, a margin for the clocks (the claims count by theirs)."""
 
 
 def slots_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
@@ -377,8 +381,9 @@ def slots_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
 def rates_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
     """``<table>_rates``: the starts of a rate-limited job (per key: '' for the job's own
     rate) in one fixed window beginning at ``window_start``; a claim adds one while
-    ``used`` is under the rate. Windows before the current one are deleted as new ones
-    begin."""
+    ``used`` is under the rate, and a row the rate refused books its start in a later
+    window the same way. Windows before the current one are deleted as new ones begin,
+    and by the trim (:data:`RATE_KEEP`)."""
     return Table(
         f"{name}_rates",
         metadata,

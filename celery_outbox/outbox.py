@@ -65,6 +65,7 @@ from celery_outbox.models import (
     BATCH_ON,
     DEFAULT_TABLE,
     MAX_LENGTHS,
+    RATE_KEEP,
     TABLES,
     TRACEPARENT_LENGTH,
     EncodedJson,
@@ -420,11 +421,13 @@ class Outbox:
 
     def _trim_side_tables(self, moment: datetime) -> None:
         """The trim of the stats table, then of the batches completed longer than
-        ``BATCH_KEEP`` ago whose callback finished, then of the concurrency slots no longer
-        held (their leases run out in the database's clock: a key never claimed again keeps
-        none); a database not yet migrated to a table logs its failure and trims on."""
+        ``BATCH_KEEP`` ago whose callback finished, then of the rate windows begun longer
+        than ``RATE_KEEP`` ago, then of the concurrency slots no longer held (their leases run
+        out in the database's clock: a key never claimed again keeps none); a database not
+        yet migrated to a table logs its failure and trims on."""
         self.store.trim_stats(moment)
         for what, trim in (("batches", lambda: self.store.trim_batches(moment - BATCH_KEEP)),
+                           ("rates", lambda: self.store.purge_rates(moment - RATE_KEEP)),
                            ("slots", lambda: self.store.reap_dead_slots(
                                self.store.lease_now()))):
             try:
@@ -533,10 +536,11 @@ class Outbox:
         trace that pushed it); see :mod:`celery_outbox.tracing`.
 
         ``debounce`` (timedelta, every payload keyed): a push whose key's debounced row still
-        waits (pending or scheduled) replaces its payload and moves its run time to now +
-        ``debounce``, never beyond its first push + ``max_wait`` (timedelta, at least
-        ``debounce``; None: no limit); a first push creates the row scheduled at now +
-        ``debounce``. While the key's row runs, the push is absorbed by it (its id
+        waits (pending or scheduled) and never began an attempt replaces its payload and
+        moves its run time to now + ``debounce``, never beyond its first push + ``max_wait``
+        (timedelta, at least ``debounce``; None: no limit); one row only, the key's
+        follow-up first. A first push creates the row scheduled at now + ``debounce``.
+        While the key's row runs, or waits for its retry, the push is absorbed by it (its id
         returned, nothing written), unless ``coalesce``: then it is kept as the key's one
         follow-up execution (later pushes replace its payload). ``coalesce`` without
         ``debounce`` debounces by zero. Raises ConfigurationError naming the argument when

@@ -34,8 +34,8 @@ import threading
 import time
 import traceback
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -176,11 +176,44 @@ class _Claim:
         hook, self.after_later = self.after_later, None
         if hook is not None:
             hook()
+    asked: list[UUID] = field(default_factory=list)
+    """The ids the message asked to claim (those left unclaimed are looked at again once
+    the run is done: :meth:`Runner._requeue_skipped`); none for a row a limit refused."""
 
     def result(self) -> RunResult:
         counts = self.counts
         return RunResult(claimed=len(self.rows),
                          **{value: counts.get(name, 0) for name, value in _COUNTED})
+
+
+class _Requeues:
+    """How many times this process published again each id its claims skipped as locked by
+    a writer (:meth:`Runner._requeue_skipped`): the n-th time after ``DELAYS[n]``, none
+    after the last (the sweep's stale redispatch takes the row once its lock is let go).
+    At most ``KEEP`` ids remembered, the oldest forgotten first."""
+
+    DELAYS = tuple(timedelta(seconds=s) for s in (0.5, 1, 2, 4, 8, 15, 30, 30))
+    KEEP = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: OrderedDict[UUID, int] = OrderedDict()
+
+    def next(self, execution_id: UUID) -> timedelta | None:
+        """The delay before ``execution_id`` is published again; None: no more."""
+        with self._lock:
+            n = self._counts.pop(execution_id, 0)
+            self._counts[execution_id] = min(n + 1, len(self.DELAYS))  # the newest, last
+            while len(self._counts) > self.KEEP:
+                self._counts.popitem(last=False)
+            return self.DELAYS[n] if n < len(self.DELAYS) else None
+
+    def forget(self, ids: Iterable[UUID]) -> None:
+        """``ids`` were claimed (or are claimable no more): their count starts again."""
+        with self._lock:
+            if self._counts:
+                for i in ids:
+                    self._counts.pop(i, None)
 
 
 _COUNTED = tuple((name, name.value) for name in OutcomeName)
@@ -734,6 +767,7 @@ class Runner:
         watch and the shutdown drain)."""
         self._worker_id: tuple[int, str] | None = None
         self._outcomes = _Outcomes(self)
+        self._requeues = _Requeues()
         self._retries = _Retries()
         self._plans: dict[str, _Plan] = {}
         self._helpers = _Helpers()
@@ -845,6 +879,7 @@ class Runner:
             self._outcomes.write(claim)
             never, claim.never = claim.never, []
             self._hand_back(claim, never)
+            self._requeue_skipped(claim)
         except BaseException:
             self._leave(claim)
             raise
@@ -875,10 +910,13 @@ class Runner:
         token = self.claim_token()
         plan = self._plan(spec)
         lease = plan.lease
+        asked = uuids
         slot: Slot | None = None
         try:
             if spec.limited:
-                claimed, slot = self._claim_limited(spec, uuids[0], token, plan)
+                claimed, refused, slot = self._claim_limited(spec, uuids[0], token, plan)
+                if refused:  # waits for its limit, dispatched by it: nothing to publish
+                    asked = []
             else:
                 claimed = self.store.claim(uuids, spec.name, token, self.store.lease_now(),
                                            lease, queue=plan.queue)
@@ -898,7 +936,7 @@ class Runner:
                        [Fence(row.id, token, row.attempt) for row in claimed],
                        [self._context(plan, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0],
-                       queue=plan.queue, slot=slot)
+                       queue=plan.queue, asked=asked, slot=slot)
         if slot is not None:  # renewed from the claim on, by this process, until freed
             self.heartbeat.hold_slot(slot, lease)
         # Every row held and heartbeated from the claim on, each on its own (renewed, told
@@ -909,11 +947,11 @@ class Runner:
         return claim
 
     def _claim_limited(self, spec: JobSpec, execution_id: UUID, token: str,
-                       plan: _Plan) -> tuple[list[Claimed], Slot | None]:
-        """The limited claim of one row (:meth:`_run_limited`), with the slot it took; a row
-        refused by its rate is published again with the next window's start as its eta, one
-        refused a slot waits (and is dispatched at once should a slot have freed
-        meanwhile)."""
+                       plan: _Plan) -> tuple[list[Claimed], bool, Slot | None]:
+        """The limited claim of one row (:meth:`_run_limited`); a row refused by its rate is
+        published again with the next window's start as its eta, one refused a slot waits
+        (and is dispatched at once should a slot have freed meanwhile). Answers the rows
+        claimed, whether a limit refused the row, and the slot it took."""
         rate = spec.rate
         limits = Limits(spec.concurrency, rate.starts if rate else None,
                         rate.window if rate else None, spec.rate_per_key)
@@ -930,7 +968,7 @@ class Runner:
         if done.waiting is not None:
             log.debug("celery_outbox: %s %s waits (%s)", spec.name, execution_id,
                       done.waiting)
-        return done.rows, done.slot
+        return done.rows, done.waiting is not None, done.slot
 
     def _plan(self, spec: JobSpec) -> _Plan:
         """What runs of ``spec`` need of it and of the config, resolved at its first run
@@ -1210,6 +1248,47 @@ class Runner:
 
         if not attempt(False):
             self._retries.start(_Retry("release-claim", attempt, lambda: None), lease)
+
+    def _requeue_skipped(self, claim: _Claim) -> None:
+        """Publish again, soon, the ids ``claim`` left although they are claimable (once the
+        claimed rows ran, so the claim's own rows wait for no extra statement): on
+        PostgreSQL the claim skips a row a writer holds locked (``SKIP LOCKED``), never
+        waits on it, and a caller's open transaction holding a row it replaced (a debounced
+        push) may roll back, leaving the row as it was with no message on its way. Each id
+        goes out again after a growing delay, a bounded number of times per process
+        (:class:`_Requeues`); past that, or if this read fails (logged), the sweep's stale
+        redispatch takes the row once its lock is let go. A row the writer changed (a
+        replace that committed) was dispatched by its writer: the message finds it not
+        yet due, or claimed, and leaves it."""
+        claimed = {row.id for row in claim.rows}
+        left = [i for i in claim.asked if i not in claimed]
+        self._requeues.forget(claimed)
+        if not left:
+            return
+        spec = claim.spec
+        try:
+            skipped = self.store.claim_skipped(left, spec.name, self.store.lease_now(),
+                                               queue=claim.queue)
+        except Exception as exc:
+            log.warning("celery_outbox: could not read which of %d unclaimed id(s) of %r a "
+                        "writer holds locked; the sweep's redispatch takes them (%s)",
+                        len(left), spec.name, exc)
+            return
+        self._requeues.forget(set(left) - {i for i, _ in skipped})
+        now, items = self.clock(), []
+        for execution_id, priority in skipped:
+            delay = self._requeues.next(execution_id)
+            if delay is None:
+                log.info("celery_outbox: execution %s of %r still locked by a writer after "
+                         "%d tries; the sweep's redispatch takes it once the lock is let go",
+                         execution_id, spec.name, len(_Requeues.DELAYS),
+                         extra=execution_fields(execution_id, spec.name))
+                continue
+            items.append(DispatchItem(execution_id, spec.name, priority, now + delay))
+        if items:
+            log.debug("celery_outbox: %d id(s) of %r locked by a writer (a caller's open "
+                      "transaction): published again with a delay", len(items), spec.name)
+            self.dispatcher().dispatch(items)
 
     def _dispatch_released(self, job_name: str, released: Sequence[UUID]) -> None:
         """Dispatch the rows just handed back (pending again); a failed read of what to

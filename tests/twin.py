@@ -268,6 +268,12 @@ class MemoryStore:
         tx._undo.append((new.id, None, self.rows))
         return new.id, True
 
+    def claim_skipped(self, ids: Sequence[UUID], job_name: str, now: datetime | None, *,
+                      queue: str | None = None) -> list[tuple[UUID, int]]:
+        """The ids a claim skipped as locked by a writer: none (no writer holds a row of the
+        twin between its operations, as on SQLite; not recorded in :attr:`calls`)."""
+        return []
+
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime | None,
               lease: timedelta, *, queue: str | None = None) -> list[Claimed]:
         """claim: pending (or scheduled and due) -> running, attempt + 1; started_at = now on
@@ -512,9 +518,10 @@ class MemoryStore:
                       now: datetime | None, lease: timedelta, limits: Limits, *,
                       queue: str | None = None, max_eta: timedelta | None = None
                       ) -> LimitedClaim:
-        """As the store's: the claim, a slot (stale ones reaped), the rate's count, all or
-        nothing; a refusal marks the row waiting (pending) or puts it back scheduled at the
-        next window."""
+        """As the store's: the claim, a slot (stale ones reaped), the rate's count (none for
+        a row booked in this window), all or nothing; a refusal marks the row waiting
+        (pending, a due scheduled row too) or books its start in the first later window with
+        room and puts it back scheduled at that window's start."""
         with self._lock:
             before = dict(self.rows.get(execution_id) or {})
             got = self.claim([execution_id], job_name, worker, now, lease, queue=queue)
@@ -539,29 +546,56 @@ class MemoryStore:
                 else:
                     refused = WAITING_SLOT
             at = self._at(now)
-            run_at = None
+            rkey = key if limits.rate_per_key else ""
             if refused is None and limits.rate_starts is not None:
                 assert limits.rate_window is not None
-                rkey = key if limits.rate_per_key else ""
                 start = window_start(at, limits.rate_window)
                 used = self.rates.get((job_name, rkey, start), 0)
-                if used >= limits.rate_starts:
-                    refused, run_at = WAITING_RATE, start + limits.rate_window
+                if row.waiting == WAITING_RATE and row.scheduled_at == start:
+                    pass  # booked in this window when it was refused: counted already
+                elif used >= limits.rate_starts:
+                    refused = WAITING_RATE
                 else:
+                    if used == 0:  # a new window: the ones before it are spent
+                        self._trim_rates(job_name, rkey, start)
                     self.rates[(job_name, rkey, start)] = used + 1
             if refused is None:
                 self.rows[execution_id]["waiting"] = None
                 return LimitedClaim([row], slot=slot)
             self.rows[execution_id].update(before)  # rolled back
             if refused == WAITING_SLOT:
-                self.rows[execution_id]["waiting"] = WAITING_SLOT
+                if before["status"] == _SCHEDULED:  # due: claimed so (the stager's move)
+                    self.rows[execution_id].update(status=_PENDING, dispatched_at=at)
+                self.rows[execution_id].update(waiting=WAITING_SLOT, updated_at=at)
                 return LimitedClaim([], WAITING_SLOT)
-            assert run_at is not None
+            assert limits.rate_starts is not None and limits.rate_window is not None
+            window = limits.rate_window
+            current = window_start(at, window)
+            run_at = max([current + window] + [w for j, k, w in self.rates
+                                              if (j, k) == (job_name, rkey)])
+            while self.rates.get((job_name, rkey, run_at), 0) >= limits.rate_starts:
+                run_at += window
+            self.rates[(job_name, rkey, run_at)] = self.rates.get((job_name, rkey, run_at),
+                                                                  0) + 1
+            self._trim_rates(job_name, rkey, current)
             soon = max_eta is None or run_at - at <= max_eta
             self.rows[execution_id].update(status=_SCHEDULED, scheduled_at=run_at,
                                            waiting=WAITING_RATE, updated_at=at,
                                            dispatched_at=at if soon else None)
             return LimitedClaim([], WAITING_RATE, run_at, soon)
+
+    def _trim_rates(self, job_name: str, key: str, before: datetime) -> None:
+        for k in [k for k in self.rates if k[:2] == (job_name, key) and k[2] < before]:
+            del self.rates[k]
+
+    def purge_rates(self, before: datetime) -> int:
+        """As the store's: the rate windows of every job and key begun before ``before``
+        deleted; how many."""
+        with self._lock:
+            gone = [k for k in self.rates if k[2] < before]
+            for k in gone:
+                del self.rates[k]
+            return len(gone)
 
     def free_limited(self, job_name: str, key: str | None, fence: Fence, concurrency: int,
                      now: datetime) -> list[Due]:

@@ -18,6 +18,7 @@ status); a bad argument raises :class:`ConfigurationError`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta, timezone
@@ -386,8 +387,11 @@ class OutboxAdmin(PauseAdmin):
         row = self.store.get(execution_id)
         if row is None:
             raise self.not_found(execution_id)
-        return _execution_detail(row, self.store.lineage(execution_id),
-                                 self.outbox.keyring if show_encrypted else None)
+        detail = _execution_detail(row, self.store.lineage(execution_id),
+                                   self.outbox.keyring if show_encrypted else None)
+        waiting = self.paused_waiting(row, detail.waiting)
+        return detail if waiting == detail.waiting else dataclasses.replace(
+            detail, waiting=waiting)
 
     def batch(self, batch_id: UUID | str) -> Batch | None:
         """The batch ``batch_id`` (``push_batch``), or the batch an execution ``batch_id`` is

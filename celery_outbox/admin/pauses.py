@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from celery_outbox.errors import ConfigurationError, JobNameAmbiguous, JobNotRegistered
+from celery_outbox.states import Status
 from celery_outbox.store import PAUSE_KINDS, Pause
 
 if TYPE_CHECKING:
@@ -110,6 +111,26 @@ class PauseAdmin:
         own = [p for p in found if p.kind == "job" and p.name == spec.name]
         held = own or [p for p in found if p.kind == "queue" and p.name == queue]
         return held[0] if held else None
+
+    def paused_waiting(self, row: dict[str, Any], also: str | None = None, *,
+                       who: bool = True) -> str | None:
+        """Why a waiting ``row`` (pending or scheduled) waits when a pause holds its job:
+        ``"paused: job 'shop.jobs.send_receipt' since 2026-01-05T12:00:00+00:00 by alice"``
+        (or its queue's pause), then ``also`` (the row's other reason: a limit, a debounce)
+        after ``"; "``; ``also`` alone when no pause holds it or the row does not wait.
+        ``who``: False leaves out who paused and when (a tenant's reader: the pause holds
+        every tenant). One read of the pauses by key. Raises :class:`StorageError`."""
+        if row["status"] not in (Status.PENDING.value, Status.SCHEDULED.value):
+            return also
+        spec = self.registry.jobs.get(row["job_name"])
+        queue = self._pausing().queue_of(spec) if spec is not None else None
+        pause = self.store.pause_of(row["job_name"], queue)
+        if pause is None:
+            return also
+        text = f"paused: {pause.kind} {pause.name!r}"
+        if who:
+            text += f" {_since(pause)}"
+        return text if also is None else f"{text}; {also}"
 
     def _target(self, kind: str, name: str, *, resuming: bool) -> tuple[str, tuple[str, ...]]:
         """The full name of what ``kind`` / ``name`` names, and the registered jobs it

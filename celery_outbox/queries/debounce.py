@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sqlalchemy import Table, case, literal, null, or_, select, text, update
+from sqlalchemy import Table, and_, case, func, literal, null, or_, select, text, update
 
 from celery_outbox.models import FOLLOW_KEY_WHERE
 from celery_outbox.queries.base import Query, Row, execute, first, named, rows
@@ -41,30 +41,49 @@ def _replaced(row: Row) -> tuple[UUID, datetime]:
     return row["id"], row["scheduled_at"]
 
 
-@named("debounce: pending or scheduled -> scheduled, a debounced key's waiting row given the "
-       "latest payload and run time (never beyond its deadline)")
+WAITING = (Status.PENDING.value, Status.SCHEDULED.value)
+
+
+def replaceable(t: Table) -> Any:
+    """A row a debounced push may replace: debounced, waiting (pending or scheduled) and
+    never begun: no attempt counted (``attempt = 0``) and none given back by a snooze
+    (``snoozes`` 0: its handler ran). A retrying row (``attempt >= 1``), a snoozed one or one
+    handed back after it began keeps its payload and run time: its next attempt is the run
+    it owes."""
+    return and_(t.c.status.in_(WAITING), t.c.debounce_deadline.is_not(None),
+                t.c.attempt == 0, func.coalesce(t.c.snoozes, 0) == 0)
+
+
+@named("debounce: pending or scheduled -> scheduled, the one waiting never-begun row of a "
+       "debounced key (its follow-up first) given the latest payload and run time (never "
+       "beyond its deadline)")
 def replace_waiting(t: Table, job_name: str, key: str, payload: Any, run_at: datetime,
                     now: datetime, eta_until: datetime | None
                     ) -> Query[list[tuple[UUID, datetime]]]:
-    """One conditional UPDATE of the debounced rows of ``job_name`` holding ``key`` (as
-    their unique key or their follow-up key) that are still pending or scheduled: payload
-    ``payload``, run time ``run_at`` or the row's ``debounce_deadline`` if earlier,
-    dispatched at ``now`` when that run time is at most ``eta_until`` (None: always), else
-    left to the stager (``dispatched_at`` NULL). Answers ``(id, run time)`` of each row
-    written (none when a worker claimed it first)."""
+    """One conditional UPDATE of at most ONE row: of the :func:`replaceable` rows of
+    ``job_name`` holding ``key`` (as their follow-up key or their unique key), the follow-up
+    when there is one (it is the later: pushed while the key's own row ran), else the key's
+    own row. Payload ``payload``, run time ``run_at`` or the row's ``debounce_deadline`` if
+    earlier, dispatched at ``now`` when that run time is at most ``eta_until`` (None:
+    always), else left to the stager (``dispatched_at`` NULL); a limit's mark is cleared
+    (``waiting``: its run time moved, so a booked rate window or a wait for a slot no longer
+    holds; its next claim decides again). The row is picked by a
+    subquery and its guard tested again as the UPDATE writes it, so a claim that won meanwhile
+    leaves it unwritten. Answers ``(id, run time)`` of the row written (none when none
+    waits, or a worker claimed it first)."""
     at = literal(run_at, t.c.scheduled_at.type)
     clamped = case((t.c.debounce_deadline < at, t.c.debounce_deadline), else_=at)
     when = literal(now, t.c.dispatched_at.type)
     dispatched = when if eta_until is None else case(
         (clamped <= literal(eta_until, t.c.scheduled_at.type), when), else_=null())
+    holds = (t.c.job_name == job_name, or_(t.c.unique_key == key, t.c.follow_key == key))
+    one = (select(t.c.id).where(*holds, replaceable(t))
+           .order_by(t.c.follow_key.is_(None)).limit(1).scalar_subquery())
     stmt = (
         update(t)
-        .where(t.c.job_name == job_name,
-               t.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]),
-               t.c.debounce_deadline.is_not(None),
-               or_(t.c.unique_key == key, t.c.follow_key == key))
+        .where(t.c.id == one, *holds, replaceable(t))
         .values(payload=payload, status=Status.SCHEDULED.value,
-                scheduled_at=clamped, updated_at=now, dispatched_at=dispatched)
+                scheduled_at=clamped, updated_at=now, dispatched_at=dispatched, waiting=None)
         .returning(t.c.id, t.c.scheduled_at)
     )
     return rows("replace_waiting", stmt, _replaced)
@@ -91,16 +110,18 @@ def insert_follow_up(t: Table, dialect: str, values: Mapping[str, Any]) -> Query
 
 
 def _holder(row: Row) -> tuple[UUID, str, bool]:
-    return row["id"], row["status"], row["debounce_deadline"] is not None
+    return row["id"], row["status"], bool(row["replaceable"])
 
 
 @named("debounce: the active rows of one job holding a key, as unique key or follow-up key")
 def debounce_holders(t: Table, job_name: str, key: str
                      ) -> Query[list[tuple[UUID, str, bool]]]:
-    """Answers ``(id, status, debounced)`` of each active row of ``job_name`` whose unique
-    key or follow-up key is ``key`` (at most two), the key's own row first."""
+    """Answers ``(id, status, replaceable)`` of each active row of ``job_name`` whose unique
+    key or follow-up key is ``key`` (at most two), the key's own row first; ``replaceable``:
+    a debounced push may replace it (:func:`replaceable`)."""
     stmt = (
-        select(t.c.id, t.c.status, t.c.debounce_deadline)
+        select(t.c.id, t.c.status,
+               case((replaceable(t), True), else_=False).label("replaceable"))
         .where(active(t), t.c.job_name == job_name,
                or_(t.c.unique_key == key, t.c.follow_key == key))
         .order_by(t.c.unique_key.is_(None))

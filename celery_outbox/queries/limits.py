@@ -1,8 +1,9 @@
 """The concurrency and rate limits' queries: a slot taken (numbered 0..N-1 under the primary
 key of ``<table>_slots``, so two claims can never hold one), a stale slot reaped, a slot
 freed, the oldest row waiting for a slot dispatched again, a start counted in its rate
-window (``<table>_rates``: an upsert that adds one only while under the rate), and a row
-put back to wait (for a slot, or for the next window).
+window (``<table>_rates``: an upsert that adds one only while under the rate; the same
+upsert books a refused row's start in a later window), and a row put back to wait (for a
+slot, or for the window it booked).
 
 A slot is held by the worker process running its handler, never derived from the
 execution row's status: its own ``lease_expires_at`` is written at the take (the database's
@@ -31,6 +32,7 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
+    case,
     delete,
     exists,
     func,
@@ -286,15 +288,26 @@ def _due(row: Row) -> Due:
 
 @cache
 def _wait(t: Table) -> Any:
+    now = bindparam("wait_now", type_=t.c.updated_at.type)
+    scheduled = t.c.status == Status.SCHEDULED.value
     return (update(t)
             .where(t.c.id == bindparam("wait_id", type_=t.c.id.type),
-                   t.c.status == Status.PENDING.value)
-            .values(waiting=WAITING_SLOT))
+                   or_(t.c.status == Status.PENDING.value,
+                       and_(scheduled, t.c.scheduled_at <= bindparam(
+                           "wait_due", type_=t.c.scheduled_at.type))))
+            .values(status=Status.PENDING.value, waiting=WAITING_SLOT, updated_at=now,
+                    dispatched_at=case((scheduled, now), else_=t.c.dispatched_at)))
 
 
-@named("slots: a pending row its claim refused (every slot held) marked waiting for one")
-def mark_waiting(t: Table, execution_id: UUID) -> Query[int]:
-    return rowcount("mark_waiting", _wait(t), {"wait_id": execution_id})
+@named("slots: a row its claim refused (every slot held) marked waiting for one, whatever "
+       "due state it was claimed from (a due scheduled row -> pending, as the stager moves "
+       "it)")
+def mark_waiting(t: Table, execution_id: UUID, due_by: datetime,
+                 now: datetime) -> Query[int]:
+    """``due_by``: the refused claim's now; a row scheduled later since (rescheduled), or no
+    longer pending or scheduled (cancelled, claimed, finished), is left as it is."""
+    return rowcount("mark_waiting", _wait(t), {"wait_id": execution_id, "wait_due": due_by,
+                                               "wait_now": now})
 
 
 @cache
@@ -352,6 +365,38 @@ def trim_rates(r: Table, job: str, key: str, before: datetime) -> Query[int]:
 
 
 @cache
+def _latest(r: Table) -> Any:
+    return select(func.max(r.c.window_start).label("latest")).where(
+        r.c.job_name == bindparam("lt_job", type_=r.c.job_name.type),
+        r.c.rate_key == bindparam("lt_key", type_=r.c.rate_key.type))
+
+
+@named("rates: the latest window a job's (or key's) rate counted or booked starts in")
+def latest_rate_window(r: Table, job: str, key: str) -> Query[datetime | None]:
+    """Answers None when the rate holds no window (a primary key range: its one job and
+    key)."""
+    return first("latest_rate_window", _latest(r), _latest_start,
+                 {"lt_job": job, "lt_key": key})
+
+
+def _latest_start(row: Row) -> datetime | None:
+    value: datetime | None = row["latest"]
+    return value
+
+
+@cache
+def _purge_rates(r: Table) -> Any:
+    return delete(r).where(r.c.window_start < bindparam("pr_before",
+                                                        type_=r.c.window_start.type))
+
+
+@named("rates: the windows of every rate (any job, any key) begun before a time deleted "
+       "(the beat's trim: the windows of a key never used again)")
+def purge_rates(r: Table, before: datetime) -> Query[int]:
+    return rowcount("purge_rates", _purge_rates(r), {"pr_before": before})
+
+
+@cache
 def _defer(t: Table) -> Any:
     now = bindparam("d_now", type_=t.c.updated_at.type)
     return (update(t)
@@ -359,15 +404,19 @@ def _defer(t: Table) -> Any:
                    t.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]))
             .values(status=Status.SCHEDULED.value,
                     scheduled_at=bindparam("d_at", type_=t.c.scheduled_at.type),
-                    waiting=WAITING_RATE, updated_at=now,
+                    waiting=bindparam("d_waiting", type_=t.c.waiting.type), updated_at=now,
                     dispatched_at=bindparam("d_dispatched", type_=t.c.dispatched_at.type)))
 
 
-@named("rates: a row over its job's rate put back scheduled at the next window's start, no "
-       "attempt spent")
+@named("rates: a row over its job's rate put back scheduled at the start of the window it "
+       "booked, no attempt spent")
 def defer_rate(t: Table, execution_id: UUID, run_at: datetime, now: datetime,
-               dispatched: bool) -> Query[int]:
-    """``dispatched``: the caller publishes it now with an eta (else the sweep stages it)."""
+               dispatched: bool, booked: bool = True) -> Query[int]:
+    """``dispatched``: the caller publishes it now with an eta (else the sweep stages it).
+    ``booked``: its start is counted in the window ``run_at`` begins (``waiting='rate'``:
+    its claim in that window spends nothing); False: not counted, its claim spends as
+    any."""
     return rowcount("defer_rate", _defer(t), {"d_id": execution_id, "d_at": run_at,
                                               "d_now": now,
+                                              "d_waiting": WAITING_RATE if booked else None,
                                               "d_dispatched": now if dispatched else None})

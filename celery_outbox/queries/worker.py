@@ -74,19 +74,31 @@ def _claim_statement(t: Table, p: Table, dialect: str, db_clock: bool) -> Any:
         now = bindparam("c_now", type_=t.c.updated_at.type)
         lease_until = bindparam("c_lease", type_=t.c.lease_expires_at.type)
         due_by = now
-    ids = (t.c.id == any_(bindparam("c_ids", type_=ARRAY(t.c.id.type)))
-           if dialect == "postgresql" else t.c.id.in_(bindparam("c_ids", expanding=True)))
+    claimable = filtered(
+        t.c.job_name == bindparam("c_job", type_=t.c.job_name.type),
+        or_(
+            t.c.status == Status.PENDING.value,
+            and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= due_by),
+        ),
+    )
+    if dialect == "postgresql":
+        # The rows a writer holds locked are skipped, never waited on: a caller's open
+        # transaction holding a row it replaced (a debounced push) would keep the worker
+        # waiting until the lock timeout. The free ids are locked by an InitPlan (one
+        # primary-key scan, evaluated once) and the UPDATE reads them by the primary key.
+        free = (select(t.c.id)
+                .where(t.c.id == any_(bindparam("c_ids", type_=ARRAY(t.c.id.type))),
+                       claimable)
+                .with_for_update(skip_locked=True, key_share=True)
+                .scalar_subquery())
+        ids = t.c.id == any_(func.array(free))
+    else:
+        ids = t.c.id.in_(bindparam("c_ids", expanding=True))
     return (
         update(t)
         .where(
             ids,
-            filtered(
-                t.c.job_name == bindparam("c_job", type_=t.c.job_name.type),
-                or_(
-                    t.c.status == Status.PENDING.value,
-                    and_(t.c.status == Status.SCHEDULED.value, t.c.scheduled_at <= due_by),
-                ),
-            ),
+            claimable,
             not_paused(p, bindparam("c_job", type_=t.c.job_name.type),
                        bindparam("c_queue", type_=p.c.name.type)),
         )
@@ -126,6 +138,44 @@ def claim_rows(
         params.update(c_now=now, c_lease=now + lease)
     return rows("claim_rows", _claim_statement(t, pauses, dialect, now is None),
                 params=params, prepared=dialect == "postgresql")
+
+
+@cache
+def _skipped_statement(t: Table, p: Table, db_clock: bool) -> Any:
+    """The rows among ``k_ids`` a claim of ``k_job`` (its queue ``k_queue``) would take, as
+    a fresh snapshot shows them: claimable, their job and queue not paused. ``db_clock``:
+    due by the database's clock, else by the bound ``k_now``."""
+    due_by = (db_due_by("postgresql") if db_clock
+              else bindparam("k_now", type_=t.c.scheduled_at.type))
+    return (
+        select(t.c.id, t.c.priority)
+        .where(t.c.id == any_(bindparam("k_ids", type_=ARRAY(t.c.id.type))),
+               filtered(t.c.job_name == bindparam("k_job", type_=t.c.job_name.type),
+                        or_(t.c.status == Status.PENDING.value,
+                            and_(t.c.status == Status.SCHEDULED.value,
+                                 t.c.scheduled_at <= due_by))),
+               not_paused(p, bindparam("k_job", type_=t.c.job_name.type),
+                          bindparam("k_queue", type_=p.c.name.type)))
+    )
+
+
+def _skipped(row: Row) -> tuple[UUID, int]:
+    return row["id"], int(row["priority"])
+
+
+@named("claim's miss (PostgreSQL): the ids it left that are still claimable, so locked by "
+       "a writer when the claim ran (a caller's transaction holding a row it replaced)")
+def claim_skipped(t: Table, ids: Sequence[UUID], job_name: str, now: datetime | None, *,
+                  pauses: Table, queue: str | None = None) -> Query[list[tuple[UUID, int]]]:
+    """Answers ``(id, priority)`` of each of ``ids`` (ones a claim of ``job_name`` just
+    left) that a claim would take at ``now`` (None: the database's clock, as the claim's):
+    pending, or scheduled and due; ``job_name`` and ``queue`` not paused. Read without
+    locks: a row a writer holds shows as it was before that writer's change."""
+    params: dict[str, Any] = {"k_ids": list(ids), "k_job": job_name, "k_queue": queue}
+    if now is not None:
+        params["k_now"] = now
+    return rows("claim_skipped", _skipped_statement(t, pauses, now is None), _skipped,
+                params)
 
 
 @cache

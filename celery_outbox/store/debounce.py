@@ -10,15 +10,22 @@ One debounced row is settled by :func:`_debounce_plan`, in the push's transactio
    another one inserted and has not committed yet (without ``coalesce`` no follow-up is
    made: the keyed insert's wait on the active-key index is turn enough, and a push
    saves the statement);
-2. the conditional UPDATE of the key's waiting row (pending or scheduled: a worker's claim
-   of it and the replace are one row's writes, whichever commits first wins and the other
-   sees the row as the winner left it);
+2. the conditional UPDATE of exactly one row: the key's waiting row that never began
+   (:func:`~celery_outbox.queries.debounce.replaceable`: pending or scheduled, attempt 0,
+   never snoozed), the follow-up when it has one, else the key's own row. A row that began
+   an attempt (a retry waiting for its backoff, a snooze) is never replaced nor moved: its
+   next attempt is the run it owes, and a push meanwhile goes to the follow-up (coalesce)
+   or is absorbed (as by a running row). A worker's claim of the row and the replace are one
+   row's writes, whichever commits first wins and the other sees the row as the winner
+   left it;
 3. else the keyed insert (``ON CONFLICT DO NOTHING`` on the active-key index);
 4. else, with ``coalesce``, the follow-up insert (``ON CONFLICT DO NOTHING`` on
    ``uq_<table>_follow_key``);
-5. else the holders are read: every one running (or not debounced) absorbs the push, which
-   answers the key's own row and writes nothing; a waiting debounced one (it finished or
-   was claimed meanwhile, or committed just now) means another round.
+5. else the holders are read: when none is replaceable (running, begun, or not debounced)
+   they absorb the push, which answers the key's own row and writes nothing; a replaceable
+   one (handed back, or committed just now) means another round.
+
+The push dispatches the one row it replaced or inserted, after the commit.
 """
 
 from __future__ import annotations
@@ -42,7 +49,6 @@ from celery_outbox.queries.debounce import (
     replace_waiting,
 )
 from celery_outbox.queries.push import insert_keyed
-from celery_outbox.states import Status
 from celery_outbox.store.base import StoreBase
 from celery_outbox.store.push import LOCK_WAITS, KeyWait, NewExecution, _sqlstate, _waited
 
@@ -135,8 +141,9 @@ def _debounce_plan(tables: Tables, wait: KeyWait, row: NewExecution, coalesce: b
     for _ in range(_ROUNDS):
         replaced = yield replace_waiting(t, row.job_name, key, row.payload, run_at, now,
                                          eta_until)
-        if replaced:
-            return replaced[0][0], True, replaced[0][1]
+        if replaced:  # one row at most (the query's LIMIT 1)
+            [(replaced_id, replaced_at)] = replaced
+            return replaced_id, True, replaced_at
         inserted = yield insert_keyed(t, wait.dialect, tables.active_key_where, [row.values()])
         if inserted:
             return row.id, True, run_at
@@ -146,9 +153,9 @@ def _debounce_plan(tables: Tables, wait: KeyWait, row: NewExecution, coalesce: b
             if (yield insert_follow_up(t, wait.dialect, follow)) is not None:
                 return row.id, True, run_at
         holders = yield debounce_holders(t, row.job_name, key)
-        if holders and not any(debounced and status != Status.RUNNING.value
-                               for _, status, debounced in holders):
+        if holders and not any(replaceable for _, _, replaceable in holders):
             return holders[0][0], False, None
-        # The key's row finished, or one waits that the next round's replace finds.
+        # The key's row finished, or one waits never begun (a claim's hand-back, a commit
+        # just now) that the next round's replace finds.
     raise StorageError(f"could not settle the debounced key {key!r} of job {row.job_name!r} "
                        f"after {_ROUNDS} rounds")

@@ -27,6 +27,9 @@ class WorkerStore(Protocol):
     def claim(self, ids: Sequence[UUID], job_name: str, worker: str, now: datetime | None,
               lease: timedelta, *, queue: str | None = None) -> list[Claimed]: ...
 
+    def claim_skipped(self, ids: Sequence[UUID], job_name: str, now: datetime | None, *,
+                      queue: str | None = None) -> list[tuple[UUID, int]]: ...
+
     def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
                       now: datetime | None, lease: timedelta, limits: Limits, *,
                       queue: str | None = None, max_eta: timedelta | None = None

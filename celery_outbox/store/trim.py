@@ -9,6 +9,7 @@ from datetime import datetime
 
 from celery_outbox.executors import Transaction
 from celery_outbox.queries import trim as q
+from celery_outbox.queries.limits import purge_rates
 from celery_outbox.queries.trim import Key, Probe, key_of
 from celery_outbox.states import Status
 from celery_outbox.store.base import StoreBase, log
@@ -17,6 +18,14 @@ from celery_outbox.store.watermark import FINISHED, TrimFresh, TrimMark, TrimSte
 
 class TrimStore(StoreBase):
     """The trim of :class:`~celery_outbox.store.ExecutionStore`."""
+
+    def purge_rates(self, before: datetime) -> int:
+        """trim: the rate windows (``<table>_rates``) of every job and key begun before
+        ``before`` (aware) -> deleted; how many. A claim deletes its own rate's past windows
+        as it counts in a new one; a key never used again leaves its windows to this.
+        Raises :class:`StorageError`."""
+        deleted: int = self.executor.run(purge_rates(self.tables.rates, before))
+        return deleted
 
     def trim(self, job_name: str, *, keep_succeeded: int, keep_failed: int,
              now: datetime, keep_cancelled: int | None = None) -> int:

@@ -20,6 +20,7 @@ from celery_outbox.queries.limits import (
     clear_waiting,
     defer_rate,
     free_slot,
+    latest_rate_window,
     mark_waiting,
     reap_dead_slots,
     reap_slots,
@@ -32,6 +33,7 @@ from celery_outbox.queries.limits import (
 from celery_outbox.queries.sweep import Due
 from celery_outbox.queries.worker import (
     claim_rows,
+    claim_skipped,
     confirm_stop,
     delete_many_fenced,
     extend_leases,
@@ -109,8 +111,9 @@ class Slot:
 class LimitedClaim:
     """What :meth:`WorkerStore.claim_limited` did: ``rows`` claimed (one or none); else
     ``waiting`` says why the row was not (``"slot"``: every slot held, it waits pending;
-    ``"rate"``: the rate spent, it was put back scheduled at ``run_at``, dispatched with that
-    eta when ``dispatched``; None: not claimable, left as it is)."""
+    ``"rate"``: the rate spent, its start booked in the window beginning at ``run_at``, it
+    was put back scheduled then, dispatched with that eta when ``dispatched``; None: not
+    claimable, left as it is)."""
 
     rows: list[Claimed]
     waiting: str | None = None
@@ -134,7 +137,15 @@ class _Refused(Exception):
         self.run_at = run_at
 
 
+class _Moved(Exception):
+    """Rolls back a rate refusal's booking: its row changed since the refused claim."""
+
+
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+BOOK_TRIES = 16
+"""Windows a row the rate refused tries to book its start in, from the first that may have
+room: each one tried and full was filled by concurrent bookings meanwhile."""
 
 
 def window_start(now: datetime, window: timedelta) -> datetime:
@@ -210,6 +221,20 @@ class WorkerStore(StoreBase):
         rows = {r["id"]: Claimed(**r) for r in found}
         return [rows[i] for i in ids if i in rows]
 
+    def claim_skipped(self, ids: Sequence[UUID], job_name: str, now: datetime | None, *,
+                      queue: str | None = None) -> list[tuple[UUID, int]]:
+        """The ids among ``ids`` (ones a :meth:`claim` of ``job_name`` just left) that are
+        claimable all the same, with their priority: on PostgreSQL the claim skips a row a
+        writer holds locked (``SKIP LOCKED``: a caller's open transaction that replaced it,
+        a debounced push), and these are they, as they were before that writer's change
+        (``now`` as the claim's: None, the database's clock). Dispatch them again soon:
+        the writer may roll back. SQLite has no row locks: none. Raises
+        :class:`StorageError`."""
+        if not ids or self.dialect != "postgresql":
+            return []
+        return self.executor.run(claim_skipped(self.t, ids, job_name, now,
+                                               pauses=self.tables.pauses, queue=queue))
+
     def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
                       now: datetime | None, lease: timedelta, limits: Limits, *,
                       queue: str | None = None, max_eta: timedelta | None = None
@@ -223,13 +248,16 @@ class WorkerStore(StoreBase):
         none is free), then the start counted in the current rate window of
         ``<table>_rates`` (an upsert adding one only while under the rate). Either refusal
         rolls the whole transaction back: the row stays as it was, no attempt spent, and is
-        then marked waiting for a slot (pending; :meth:`free_limited` of the next slot freed
-        dispatches it), or put back scheduled at the next window's start (dispatched with
-        that eta when within ``max_eta``; None: any). The slot is held by the claim's fence
-        (``worker``, the attempt) and by its own lease (answered in ``LimitedClaim.slot``):
-        renew it with :meth:`renew_slots` while the handler runs, free it with
-        :meth:`free_limited` once the handler returned and its outcome is written."""
+        then marked waiting for a slot (pending, also when claimed from scheduled and due;
+        :meth:`free_limited` of the next slot freed dispatches it), or books its start in the
+        first later window with room and is put back scheduled at that window's start
+        (dispatched with that eta when within ``max_eta``; None: any; its claim in that
+        window spends nothing). The slot is held by the claim's fence (``worker``, the
+        attempt) and by its own lease (answered in ``LimitedClaim.slot``): renew it with
+        :meth:`renew_slots` while the handler runs, free it with :meth:`free_limited` once
+        the handler returned and its outcome is written."""
         rate_now: datetime | None = None
+        row: Claimed | None = None
         try:
             with self.transaction() as tx:
                 found = tx.run(claim_rows(self.t, self.dialect, [execution_id], job_name,
@@ -251,20 +279,22 @@ class WorkerStore(StoreBase):
                     tx.run(clear_waiting(self.t, execution_id))
             return LimitedClaim([dataclasses.replace(row, waiting=None)], slot=slot)
         except _Refused as refused:
+            assert row is not None
             if refused.waiting == WAITING_SLOT:
                 assert limits.concurrency is not None
-                self.executor.run(mark_waiting(self.t, execution_id))
+                # The claim's clock (the one started_at shows), as the rate's.
+                wake_now = row.started_at or self._limit_now()
+                # Whatever due state it was claimed from (a due scheduled row -> pending),
+                # unless changed since: the refused claim's now bounds its scheduled_at.
+                self.executor.run(mark_waiting(self.t, execution_id, wake_now, wake_now))
                 # Committed, then checked: a slot freed before the mark was visible to its
                 # freer's wake is seen free here (each statement a fresh snapshot).
                 woke = self.executor.run(wake_waiting(
                     self.t, self.tables.slots, self.dialect, job_name, refused.key,
-                    limits.concurrency, rate_now or self._limit_now(), now))
+                    limits.concurrency, wake_now, now))
                 return LimitedClaim([], WAITING_SLOT, woke=woke)
-            assert refused.run_at is not None and rate_now is not None
-            soon = max_eta is None or refused.run_at - rate_now <= max_eta
-            self.executor.run(defer_rate(self.t, execution_id, refused.run_at, rate_now,
-                                         soon))
-            return LimitedClaim([], WAITING_RATE, refused.run_at, soon)
+            assert rate_now is not None
+            return self._defer_rate(execution_id, job_name, row, limits, rate_now, max_eta)
 
     def _take_slot(self, tx: Any, row: Claimed, job_name: str, worker: str, n: int,
                    now: datetime | None, lease: timedelta) -> Slot:
@@ -290,16 +320,60 @@ class WorkerStore(StoreBase):
     def _spend_rate(self, tx: Any, row: Claimed, job_name: str, limits: Limits,
                     now: datetime) -> None:
         """Count ``row``'s start in the current window in ``tx``; raises :class:`_Refused`
-        with the next window's start when the rate is spent."""
+        when the rate is spent. A row booked in this window (``waiting='rate'``, put back
+        scheduled at its start: :meth:`_defer_rate`) was counted when it was refused and
+        spends nothing; claimed in any other window, it spends as any row."""
         assert limits.rate_starts is not None and limits.rate_window is not None
-        key = slot_key(row) if limits.rate_per_key else GLOBAL_KEY
+        key = self._rate_key(row, limits)
         start = window_start(now, limits.rate_window)
+        if row.waiting == WAITING_RATE and row.scheduled_at == start:
+            return
         used = tx.run(spend_rate(self.tables.rates, self.dialect, job_name, key, start,
                                  limits.rate_starts))
         if used is None:
             raise _Refused(WAITING_RATE, row.concurrency_key, start + limits.rate_window)
         if used == 1:  # a new window: the ones before it are spent
             tx.run(trim_rates(self.tables.rates, job_name, key, start))
+
+    @staticmethod
+    def _rate_key(row: Claimed, limits: Limits) -> str:
+        return slot_key(row) if limits.rate_per_key else GLOBAL_KEY
+
+    def _defer_rate(self, execution_id: UUID, job_name: str, row: Claimed, limits: Limits,
+                    now: datetime, max_eta: timedelta | None) -> LimitedClaim:
+        """A row the rate refused books its place: its start counted in the first window
+        with room from max(the next window, the rate's latest window) on (the upsert of a
+        start, ``BOOK_TRIES`` windows at most), and the row put back scheduled at exactly
+        that window's start (``waiting='rate'``), in one transaction: a crash wastes no
+        place, and no row is put back marked booked without its count. A row changed since
+        the refusal (cancelled, claimed) books nothing. The windows before the current one
+        are deleted with it (the claims of booked rows spend nothing, so the spend may never
+        see a new window's first start)."""
+        assert limits.rate_starts is not None and limits.rate_window is not None
+        window, key = limits.rate_window, self._rate_key(row, limits)
+        current = window_start(now, window)
+        try:
+            with self.transaction() as tx:
+                latest = tx.run(latest_rate_window(self.tables.rates, job_name, key))
+                at = current + window
+                if latest is not None:
+                    at = max(at, window_start(latest, window))
+                booked = False
+                for _ in range(BOOK_TRIES):
+                    if tx.run(spend_rate(self.tables.rates, self.dialect, job_name, key, at,
+                                         limits.rate_starts)) is not None:
+                        booked = True
+                        break
+                    at += window
+                if not booked:  # every window tried filled meanwhile: counted at its claim
+                    at = current + window
+                soon = max_eta is None or at - now <= max_eta
+                if tx.run(defer_rate(self.t, execution_id, at, now, soon, booked)) != 1:
+                    raise _Moved  # rolled back: its booking with it
+                tx.run(trim_rates(self.tables.rates, job_name, key, current))
+        except _Moved:
+            return LimitedClaim([])
+        return LimitedClaim([], WAITING_RATE, at, soon)
 
     def _limit_now(self) -> datetime:
         return self.db_clock() if self.db_clock is not None else datetime.now(timezone.utc)

@@ -149,7 +149,7 @@ async def jobs(who: Who, board: Board) -> JobsOut:
     return out
 
 
-@router.post("/jobs/{job_name}/trigger", response_model=ActionOut, status_code=201,
+@router.post("/jobs/{job_name:path}/trigger", response_model=ActionOut, status_code=201,
              responses=ACT, tags=["actions"])
 def trigger(job_name: str, who: Operator, board: Board,
             body: Annotated[TriggerIn | None, Body()] = None) -> ActionOut:

@@ -18,11 +18,16 @@ from celery_outbox.states import Status
 
 
 def _not_a_number(value: Any) -> Any:
-    """An ISO 8601 time only: pydantic would take a number (or a text of one) as a Unix time,
-    so ``created_before=20261204`` meant a day of 1970."""
+    """An ISO 8601 time only, read as the pages read it (``datetime.fromisoformat``: the
+    basic form ``20261204`` is 2026-12-04): pydantic would take a number (or a text of one
+    that is no ISO time) as a Unix time, so ``created_before=20261204`` meant a day of 1970."""
     if isinstance(value, (int, float)):
         raise ValueError("must be an ISO 8601 time (e.g. 2026-12-04T10:00:00Z), not a number")
     if isinstance(value, str):
+        try:  # ISO 8601's basic form too (20261204), as the pages read it
+            return datetime.fromisoformat(value.strip())
+        except ValueError:
+            pass
         try:
             float(value)
         except ValueError:
@@ -272,7 +277,9 @@ class ExecutionDetailOut(ExecutionOut):
         "`payload` is the string \"encrypted\" unless this principal may see it "
         "(show_encrypted_payloads), then decrypted")
     waiting: str | None = Field(
-        None, description="Why the execution waits, in words: a limit (\"waiting for a "
+        None, description="Why the execution waits, in words: a pause of its job or queue "
+        "(\"paused: job 'shop.send' since 2026-01-05T12:00:00+00:00 by alice\", before any "
+        "other reason), a limit (\"waiting for a "
         "concurrency slot (3 of 3 taken)\", \"rate limited until 14:02:00 UTC\"), a debounced "
         "push (\"debounced: runs at 12:00:03 unless pushed again, at the latest 12:00:05\", "
         "UTC), a batch's callback; null when nothing holds it back beyond its run time")

@@ -628,7 +628,7 @@ def _find_spec(request: Request, job_name: str) -> Any:
     return _board(request).admin.find_job(job_name)
 
 
-@router.get("/jobs/{job_name}/trigger", response_class=HTMLResponse)
+@router.get("/jobs/{job_name:path}/trigger", response_class=HTMLResponse)
 def trigger_form(request: Request, job_name: str) -> Response:
     """The trigger form of one job: its payload model's fields, and for a queue job the
     delay or time, key and priority."""
@@ -645,7 +645,7 @@ def trigger_form(request: Request, job_name: str) -> Response:
     return _trigger_page(request, spec, fields, dict.fromkeys(EXTRA_FIELDS, ""), {})
 
 
-@router.post("/jobs/{job_name}/trigger", response_class=HTMLResponse)
+@router.post("/jobs/{job_name:path}/trigger", response_class=HTMLResponse)
 async def trigger_submit(request: Request, job_name: str) -> Response:
     """The trigger form posted: the payload validated by the job's model (each error shown
     once, next to its field); on success, the new execution's page."""

@@ -167,7 +167,7 @@ def pauses(who: Who, board: Board) -> PausesOut:
                 for q, jobs in board.admin.queues().items()])
 
 
-@api.post("/jobs/{job_name}/pause", response_model=PauseActionOut, responses=ACT_PAUSE,
+@api.post("/jobs/{job_name:path}/pause", response_model=PauseActionOut, responses=ACT_PAUSE,
           tags=["pauses"])
 def pause_job(job_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     """Pause the job (full name, or a short one naming one job only): no worker claims its
@@ -178,7 +178,7 @@ def pause_job(job_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     return action_out(change(board.admin, "pause", "job", job_name, who))
 
 
-@api.post("/jobs/{job_name}/resume", response_model=PauseActionOut, responses=ACT_PAUSE,
+@api.post("/jobs/{job_name:path}/resume", response_model=PauseActionOut, responses=ACT_PAUSE,
           tags=["pauses"])
 def resume_job(job_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     """Resume the job: its pause deleted, its due executions dispatched at once (unless its
@@ -186,7 +186,7 @@ def resume_job(job_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     return action_out(change(board.admin, "resume", "job", job_name, who))
 
 
-@api.post("/queues/{queue_name}/pause", response_model=PauseActionOut, responses=ACT_PAUSE,
+@api.post("/queues/{queue_name:path}/pause", response_model=PauseActionOut, responses=ACT_PAUSE,
           tags=["pauses"])
 def pause_queue(queue_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     """Pause every job whose messages go to the Celery queue (a job's ``queue``, else the
@@ -194,7 +194,7 @@ def pause_queue(queue_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     return action_out(change(board.admin, "pause", "queue", queue_name, who))
 
 
-@api.post("/queues/{queue_name}/resume", response_model=PauseActionOut, responses=ACT_PAUSE,
+@api.post("/queues/{queue_name:path}/resume", response_model=PauseActionOut, responses=ACT_PAUSE,
           tags=["pauses"])
 def resume_queue(queue_name: str, who: Unscoped, board: Board) -> PauseActionOut:
     """Resume the queue: its pause deleted, its jobs' due executions dispatched at once (a
@@ -227,22 +227,22 @@ async def _form_action(request: Request, action: str, kind: str, name: str) -> R
                       done.message)
 
 
-@pages.post("/jobs/{job_name}/pause")
+@pages.post("/jobs/{job_name:path}/pause")
 async def pause_job_form(request: Request, job_name: str) -> Response:
     return await _form_action(request, "pause", "job", job_name)
 
 
-@pages.post("/jobs/{job_name}/resume")
+@pages.post("/jobs/{job_name:path}/resume")
 async def resume_job_form(request: Request, job_name: str) -> Response:
     return await _form_action(request, "resume", "job", job_name)
 
 
-@pages.post("/queues/{queue_name}/pause")
+@pages.post("/queues/{queue_name:path}/pause")
 async def pause_queue_form(request: Request, queue_name: str) -> Response:
     return await _form_action(request, "pause", "queue", queue_name)
 
 
-@pages.post("/queues/{queue_name}/resume")
+@pages.post("/queues/{queue_name:path}/resume")
 async def resume_queue_form(request: Request, queue_name: str) -> Response:
     return await _form_action(request, "resume", "queue", queue_name)
 

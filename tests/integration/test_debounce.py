@@ -253,3 +253,80 @@ def test_threads_pushing_one_key_at_once_leave_one_waiting_row(
     assert row["status"] == "scheduled" and row["unique_key"] == "t"
     assert set(answers) == {row["id"]} and len(answers) == 100
     assert row["payload"]["order_id"] % 1000 < 25
+
+
+def _retry(outbox: Outbox, row_id: Any, run_at: datetime, now: datetime) -> None:
+    """Claim ``row_id`` and write its attempt's retry (scheduled at ``run_at``): the key's
+    row has begun an attempt and waits for the next."""
+    from celery_outbox.outcomes import Fence, Retrying
+
+    [claimed] = outbox.store.claim([row_id], "t.deb", "w-retry", now, timedelta(minutes=1))
+    fence = Fence(row_id, "w-retry", claimed.attempt)
+    assert outbox.store.finish(Retrying(run_at, "boom"), fence, now).hit
+
+
+def test_a_push_replaces_the_follow_up_never_the_retrying_row_of_its_key(
+        outbox: Outbox, jobs: dict[str, Any], tester: OutboxTester) -> None:
+    """The key's own row runs, a coalesced push makes its follow-up, then the own row's
+    attempt fails and waits to be retried (scheduled, attempt 1): a later push replaces the
+    follow-up alone. The retry keeps its payload and its backoff (never moved earlier), and
+    the push dispatches the row it replaced."""
+    deb = jobs["deb"]
+    now = tester.clock()
+    own = deb.push({"order_id": 1}, key="k", coalesce=True)
+    outbox.store.claim([own], "t.deb", "w1", now, timedelta(minutes=1))
+    follow = deb.push({"order_id": 2}, key="k", debounce=SECOND, coalesce=True)
+    assert follow != own
+    # The own row's attempt ends in a retry an hour on (its fence: the claim above).
+    from celery_outbox.outcomes import Fence, Retrying
+    [row] = [r for r in _rows(outbox) if r["id"] == own]
+    backoff_at = now + timedelta(hours=1)
+    assert outbox.store.finish(Retrying(backoff_at, "boom"),
+                               Fence(own, "w1", row["attempt"]), now).hit
+    before = len(tester.dispatched)
+    answer = deb.push({"order_id": 3}, key="k", debounce=SECOND, coalesce=True)
+    assert answer == follow
+    rows = {r["id"]: r for r in _rows(outbox)}
+    assert (rows[own]["payload"], rows[own]["scheduled_at"]) == ({"order_id": 1}, backoff_at)
+    assert rows[follow]["payload"] == {"order_id": 3}
+    assert [d.execution_id for d in tester.dispatched[before:]] == [follow]
+
+
+def test_without_coalesce_a_retrying_row_of_the_key_absorbs_the_push(
+        outbox: Outbox, jobs: dict[str, Any], tester: OutboxTester) -> None:
+    """A key's debounced row whose attempt failed and waits for its retry has begun: a push
+    of the key without coalesce is absorbed by it, as by a running row (its payload and its
+    run time left as they are); with coalesce it becomes the key's follow-up."""
+    deb = jobs["deb"]
+    now = tester.clock()
+    own = deb.push({"order_id": 1}, key="k", debounce=SECOND, max_wait=10 * SECOND)
+    tester.advance(seconds=1)
+    backoff_at = tester.clock() + timedelta(hours=1)
+    _retry(outbox, own, backoff_at, tester.clock())
+    assert deb.push({"order_id": 2}, key="k", debounce=SECOND) == own
+    [row] = _rows(outbox)
+    assert (row["payload"], row["scheduled_at"]) == ({"order_id": 1}, backoff_at)
+    assert row["scheduled_at"] > now + 10 * SECOND  # the deadline bounds a replace only
+    follow = deb.push({"order_id": 3}, key="k", debounce=SECOND, coalesce=True)
+    assert follow != own
+    rows = {r["id"]: r for r in _rows(outbox)}
+    assert (rows[own]["payload"], rows[own]["scheduled_at"]) == ({"order_id": 1}, backoff_at)
+    assert (rows[follow]["payload"], rows[follow]["follow_key"]) == ({"order_id": 3}, "k")
+
+
+def test_a_snoozed_row_of_the_key_is_never_replaced(
+        outbox: Outbox, jobs: dict[str, Any], tester: OutboxTester) -> None:
+    """A snooze gives the attempt back (attempt 0 again) but the row's handler ran: it has
+    begun, so a push does not replace it nor move it earlier."""
+    from celery_outbox.outcomes import Fence, Snoozed
+
+    deb = jobs["deb"]
+    own = deb.push({"order_id": 1}, key="k", debounce=SECOND)
+    tester.advance(seconds=1)
+    now = tester.clock()
+    [claimed] = outbox.store.claim([own], "t.deb", "w-s", now, timedelta(minutes=1))
+    later = now + timedelta(hours=1)
+    assert outbox.store.finish(Snoozed(later), Fence(own, "w-s", claimed.attempt), now).hit
+    assert deb.push({"order_id": 2}, key="k", debounce=SECOND) == own
+    [row] = _rows(outbox)
+    assert (row["attempt"], row["payload"], row["scheduled_at"]) == (0, {"order_id": 1}, later)

@@ -236,19 +236,19 @@ def test_a_connection_that_errored_is_discarded(
     outbox = make_outbox(named(pg_url, app_name, options="-c%20lock_timeout%3D50"), registry,
                          dispatcher=RecordingDispatcher())
     execution_id = receipt.push(Order(order_id=1))
+    [claimed] = outbox.store.claim([execution_id], receipt.name, "w1", utcnow(),
+                                   timedelta(minutes=1))
     [pid] = held_pids(outbox)
+    fence = Fence(execution_id, "w1", claimed.attempt)
     t = outbox.tables.executions
-    with outbox.engine.begin() as locker:  # holds the row's lock: the claim's wait runs out
+    with outbox.engine.begin() as locker:  # holds the row's lock: the start's wait runs out
         locker.execute(t.select().where(t.c.id == execution_id).with_for_update())
         with pytest.raises(StorageError, match="lock timeout"):
-            outbox.store.claim([execution_id], receipt.name, "w1", utcnow(),
-                               timedelta(minutes=1))
+            outbox.store.start(fence, utcnow())
         assert pid not in held_pids(outbox)
     wait_for(lambda: pid not in backends(pg_url, app_name), 10, f"backend {pid} to close")
 
-    [claimed] = outbox.store.claim([execution_id], receipt.name, "w1", utcnow(),
-                                   timedelta(minutes=1))
-    assert claimed.id == execution_id
+    assert outbox.store.start(fence, utcnow())
 
 
 def test_threads_hold_at_most_the_pool_size_and_dispose_closes_them(

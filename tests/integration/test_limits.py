@@ -167,3 +167,159 @@ def test_a_key_function_that_raises_is_named(db_url: str, registry: JobRegistry,
     with pytest.raises(ConfigurationError, match="concurrency_key") as err:
         job.push(Order(order_id=1))
     assert err.value.field == "concurrency_key"
+
+
+def rate_windows(outbox: Any, job: str) -> dict[datetime, int]:
+    r = outbox.tables.rates
+    with outbox.engine.connect() as conn:
+        return {w: used for w, used in conn.execute(
+            select(r.c.window_start, r.c.used).where(r.c.job_name == job))}
+
+
+def scheduled(outbox: Any, ids: list[Any]) -> list[tuple[str, datetime | None, str | None]]:
+    t = outbox.tables.executions
+    with outbox.engine.connect() as conn:
+        found = {r.id: (r.status, r.scheduled_at, r.waiting) for r in conn.execute(
+            select(t.c.id, t.c.status, t.c.scheduled_at, t.c.waiting).where(t.c.id.in_(ids)))}
+    return [found[i] for i in ids]
+
+
+def test_a_due_scheduled_row_refused_a_slot_waits_and_the_freed_slot_wakes_it(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A delayed push or a retry due now, refused a slot, is marked waiting as a pending
+    row is (scheduled -> pending), so the runner that frees the slot dispatches it."""
+    inside = threading.Event()
+    go = threading.Event()
+
+    @outbox_job(schema=Order, name="lim.due", concurrency=1, registry=registry)
+    def due(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 0:
+            inside.set()
+            assert go.wait(20)
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
+    first, second = due.push_many([Order(order_id=0), Order(order_id=1)])
+    t = outbox.tables.executions
+    with outbox.engine.begin() as conn:  # a retry (or a delayed push) due a second ago
+        conn.execute(update(t).where(t.c.id == second).values(
+            status=Status.SCHEDULED.value, scheduled_at=datetime.now(UTC) - timedelta(seconds=1),
+            dispatched_at=datetime.now(UTC) - timedelta(seconds=1)))
+    worker = threading.Thread(target=outbox.runner.run, args=("lim.due", [first]))
+    worker.start()
+    try:
+        assert inside.wait(20)
+        assert outbox.runner.run("lim.due", [second]).claimed == 0
+        assert rows(outbox, "lim.due")[second] == (Status.PENDING.value, 0, WAITING_SLOT)
+        recording.calls.clear()
+    finally:
+        go.set()
+        worker.join(20)
+    assert not worker.is_alive()
+    assert recording.ids == [second], "the runner that freed the slot dispatched the waiter"
+    assert outbox.runner.run("lim.due", [second]).succeeded == 1
+
+
+def test_a_scheduled_row_changed_after_its_refusal_is_not_marked(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """The mark's guard: a row rescheduled later (or cancelled) since the refused claim read
+    it is left as it is."""
+    from celery_outbox.queries.limits import mark_waiting
+
+    @outbox_job(schema=Order, name="lim.moved", concurrency=1, registry=registry)
+    def moved(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    [a] = moved.push_many([Order(order_id=1)])
+    t, now = outbox.tables.executions, datetime.now(UTC)
+    with outbox.engine.begin() as conn:
+        conn.execute(update(t).where(t.c.id == a).values(
+            status=Status.SCHEDULED.value, scheduled_at=now + timedelta(hours=1)))
+    assert outbox.store.executor.run(mark_waiting(t, a, now, now)) == 0
+    assert rows(outbox, "lim.moved")[a] == (Status.SCHEDULED.value, 0, None)
+
+
+def test_rows_the_rate_refuses_book_distinct_windows_in_order(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """Rate 2 per window, 10 rows in one message: 2 start, each of the 8 others is refused
+    once and booked in the first window with room, in the order refused (2 per window), and
+    put back scheduled at exactly that window's start; claimed in it, each starts without
+    being refused again, and no window counts more than 2 starts."""
+    @outbox_job(schema=Order, name="lim.book", rate="2/h", registry=registry)
+    def book(ctx: JobContext[Order]) -> None:
+        return None
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording, max_eta=timedelta(hours=6))
+    hour = timedelta(hours=1)
+    w0 = window_start(datetime.now(UTC), hour)
+    clock = [w0 + timedelta(minutes=30)]
+    outbox.store.db_clock = lambda: clock[0]
+    ids = book.push_many([Order(order_id=i) for i in range(10)])
+    recording.calls.clear()
+    done = outbox.runner.run("lim.book", ids)
+    assert (done.claimed, done.succeeded) == (2, 2)
+    deferred = ids[2:]
+    booked = [w0 + hour * (1 + i // 2) for i in range(8)]
+    assert scheduled(outbox, deferred) == [(Status.SCHEDULED.value, at, WAITING_RATE)
+                                           for at in booked]
+    assert [(i.execution_id, i.eta) for i in recording.items] == \
+        list(zip(deferred, booked, strict=True)), "each published once, with its window's eta"
+    assert rate_windows(outbox, "lim.book") == {w0 + hour * k: 2 for k in range(5)}
+    for k in range(1, 5):  # each window: every deferred row's message arrives (due or not)
+        clock[0] = w0 + hour * k + timedelta(minutes=1)
+        recording.calls.clear()
+        ran = outbox.runner.run("lim.book", deferred)
+        assert (ran.claimed, ran.succeeded) == (2, 2), f"window {k}"
+        assert recording.items == [], "none refused again"
+        assert max(rate_windows(outbox, "lim.book").values()) <= 2
+    assert rows(outbox, "lim.book") == {}, "all succeeded (rows not kept)"
+
+
+def test_a_booked_row_spends_nothing_in_its_window_and_spends_claimed_later(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A row booked in a window and claimed in it is counted already (the window stays at
+    its booking); one claimed in a later window counts its start there, as any row; the
+    windows before the one counted in are deleted."""
+    @outbox_job(schema=Order, name="lim.spend", rate="1/h", registry=registry, record="all")
+    def spend(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    hour = timedelta(hours=1)
+    w0 = window_start(datetime.now(UTC), hour)
+    clock = [w0 + timedelta(minutes=30)]
+    outbox.store.db_clock = lambda: clock[0]
+    a, b, c = spend.push_many([Order(order_id=i) for i in range(3)])
+    assert outbox.runner.run("lim.spend", [a, b, c]).succeeded == 1
+    assert [s[1] for s in scheduled(outbox, [b, c])] == [w0 + hour, w0 + 2 * hour]
+    assert rate_windows(outbox, "lim.spend") == {w0: 1, w0 + hour: 1, w0 + 2 * hour: 1}
+    clock[0] = w0 + hour + timedelta(seconds=5)  # b's window: counted already
+    assert outbox.runner.run("lim.spend", [b]).succeeded == 1
+    assert rate_windows(outbox, "lim.spend")[w0 + hour] == 1
+    clock[0] = w0 + 3 * hour + timedelta(seconds=5)  # c claimed after its window: it spends
+    assert outbox.runner.run("lim.spend", [c]).succeeded == 1
+    assert rate_windows(outbox, "lim.spend") == {w0 + 3 * hour: 1}, "earlier windows trimmed"
+
+
+def test_the_trim_deletes_rate_windows_long_past(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A key never used again leaves its windows behind: the beat's trim deletes windows
+    that ended over an hour before its now, never the current or a booked one."""
+    @outbox_job(schema=Order, name="lim.old", rate="5/m", registry=registry)
+    def old(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = datetime.now(UTC)
+    minute = timedelta(minutes=1)
+    current = window_start(now, minute)
+    r = outbox.tables.rates
+    with outbox.engine.begin() as conn:
+        for key, start in [("gone", current - timedelta(hours=3)), ("", current),
+                           ("", current + 5 * minute)]:
+            conn.execute(r.insert().values(job_name="lim.old", rate_key=key,
+                                           window_start=start, used=1))
+    outbox.trim(now)
+    assert rate_windows(outbox, "lim.old") == {current: 1, current + 5 * minute: 1}

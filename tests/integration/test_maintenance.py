@@ -293,9 +293,10 @@ def test_trim_keeps_the_newest_n_per_job_and_status_in_one_delete_per_job(
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if statement.lstrip().upper().startswith("DELETE") and "_stats" not in statement \
-                and not statement.lstrip().startswith(f"DELETE FROM {t.name}_batches"):
-            deletes.append(statement)  # the executions' (not the trim's of old stats or
-            # of completed batches)
+                and not statement.lstrip().startswith((f"DELETE FROM {t.name}_batches",
+                                                       f"DELETE FROM {t.name}_rates")):
+            deletes.append(statement)  # the executions' (not the trim's of old stats, of
+            # completed batches or of past rate windows)
 
     event.listen(outbox.engine, "before_cursor_execute", count)
     try:

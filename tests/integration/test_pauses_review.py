@@ -294,15 +294,24 @@ def test_a_claim_under_way_at_the_pauses_commit_takes_its_rows(
         pg_url: str, registry: JobRegistry, receipt: OutboxJob[Order],
         make_outbox: MakeOutbox) -> None:
     """As the dashboard guide says: a claim statement that began before the pause's commit
-    (here waiting on a row lock) read the pauses as they were then and claims; the next
-    claim takes nothing."""
+    read the pauses as they were then and claims; the next claim takes nothing. The claim
+    is held under way by a trigger of the test's on the table that waits on an advisory lock
+    the test holds (a row lock no longer holds it: the claim skips a locked row)."""
     outbox = make_outbox(pg_url, registry, RecordingDispatcher())
     first, second = receipt.push_many([Order(order_id=1), Order(order_id=2)])
     t = outbox.tables.executions
     lease = timedelta(seconds=30)
     got: list[int] = []
+    gate = 7_311_024
+    with outbox.engine.begin() as conn:
+        conn.execute(text(
+            f"CREATE FUNCTION {t.name}_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"PERFORM pg_advisory_lock({gate}); PERFORM pg_advisory_unlock({gate}); "
+            "RETURN NEW; END $$"))
+        conn.execute(text(f"CREATE TRIGGER {t.name}_gate BEFORE UPDATE ON {t.name} "
+                          f"FOR EACH ROW EXECUTE FUNCTION {t.name}_gate()"))
     with outbox.engine.connect() as locker:
-        locker.execute(select(t.c.id).where(t.c.id == first).with_for_update())
+        locker.execute(text(f"SELECT pg_advisory_lock({gate})"))
         claimer = threading.Thread(target=lambda: got.append(len(outbox.store.claim(
             [first], "shop.receipt", "w:1:a/1", None, lease, queue="celery"))))
         claimer.start()
@@ -313,13 +322,17 @@ def test_a_claim_under_way_at_the_pauses_commit_takes_its_rows(
                     "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                     "AND query LIKE :claim"), {"claim": f"UPDATE {t.name} %"}).first())
 
-        procs.wait_for(waiting, 10, "the claim to wait on the row lock")
+        procs.wait_for(waiting, 10, "the claim to wait in the trigger")
         outbox.admin.pause("job", "shop.receipt")
-        locker.rollback()
+        locker.execute(text(f"SELECT pg_advisory_unlock({gate})"))
+        locker.commit()
     claimer.join(10)
     assert got == [1], "the claim under way at the pause's commit took its row"
     assert outbox.store.claim([second], "shop.receipt", "w:1:a/2", None, lease,
                               queue="celery") == []
+    with outbox.engine.begin() as conn:
+        conn.execute(text(f"DROP TRIGGER {t.name}_gate ON {t.name}"))
+        conn.execute(text(f"DROP FUNCTION {t.name}_gate()"))
 
 
 @pytest.mark.parametrize(("kind", "parallel"), [("job", 1), ("queue", 1), ("job", 2)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -81,30 +82,45 @@ def test_eight_threads_push_one_key_one_active_row_every_transaction_commits(
 
 def test_two_connections_racing_one_claim_exactly_one_wins(pg_outbox: Outbox,
                                                             receipt: OutboxJob[Order]) -> None:
+    """The first claim is held inside its UPDATE, the row locked by it (a trigger of the
+    test's waits on an advisory lock the test holds); the second claim meanwhile skips the
+    row at once (never waits on a lock), and the first one wins once let go."""
     store = pg_outbox.store
     execution_id = receipt.push({"order_id": 1})
     t = pg_outbox.tables.executions
     results: dict[str, list[Claimed]] = {}
-    # Hold the row's lock so both claims are inside their UPDATE, waiting, before either runs.
-    with pg_outbox.engine.connect() as holder:
-        holder.begin()
-        holder.execute(select(t.c.id).where(t.c.id == execution_id).with_for_update())
-        threads = [
-            threading.Thread(target=lambda w=w: results.__setitem__(
-                w, store.claim([execution_id], receipt.name, w, T0, timedelta(minutes=1))))
-            for w in ("worker-a", "worker-b")
-        ]
-        for th in threads:
-            th.start()
-        wait_for(lambda: waiting_on_locks(store) == 2, 10, "both claims to wait on the row")
-        holder.commit()
-    for th in threads:
-        th.join(10)
+    gate = 7_311_025
+    with pg_outbox.engine.begin() as conn:
+        conn.execute(text(
+            f"CREATE FUNCTION {t.name}_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"PERFORM pg_advisory_lock({gate}); PERFORM pg_advisory_unlock({gate}); "
+            "RETURN NEW; END $$"))
+        conn.execute(text(f"CREATE TRIGGER {t.name}_gate BEFORE UPDATE ON {t.name} "
+                          f"FOR EACH ROW EXECUTE FUNCTION {t.name}_gate()"))
+    try:
+        with pg_outbox.engine.connect() as holder:
+            holder.execute(text(f"SELECT pg_advisory_lock({gate})"))
+            first = threading.Thread(target=lambda: results.__setitem__(
+                "worker-a", store.claim([execution_id], receipt.name, "worker-a", T0,
+                                        timedelta(minutes=1))))
+            first.start()
+            wait_for(lambda: waiting_on_locks(store) == 1, 10, "the first claim to wait")
+            began = time.monotonic()
+            results["worker-b"] = store.claim([execution_id], receipt.name, "worker-b", T0,
+                                              timedelta(minutes=1))
+            assert time.monotonic() - began < 2.0  # skipped the locked row: no wait
+            holder.execute(text(f"SELECT pg_advisory_unlock({gate})"))
+            holder.commit()
+        first.join(10)
+    finally:
+        with pg_outbox.engine.begin() as conn:
+            conn.execute(text(f"DROP TRIGGER {t.name}_gate ON {t.name}"))
+            conn.execute(text(f"DROP FUNCTION {t.name}_gate()"))
     assert sorted(len(r) for r in results.values()) == [0, 1]
-    [winner] = [w for w, r in results.items() if r]
+    assert [w for w, r in results.items() if r] == ["worker-a"]
     row = store.get(execution_id)
     assert row is not None
-    assert (row["status"], row["claimed_by"], row["attempt"]) == ("running", winner, 1)
+    assert (row["status"], row["claimed_by"], row["attempt"]) == ("running", "worker-a", 1)
 
 
 def waiting_on_locks(store: ExecutionStore) -> int:

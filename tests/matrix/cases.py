@@ -23,11 +23,13 @@ from tests.matrix.paths import PATHS, Path
 from tests.matrix.world import DATABASES, World
 
 PG_PATHS = ("worker", "worker_window", "worker_parallel", "worker_parallel_nokeep", "push",
-            "push_many_keyed", "push_session", "worker_batch", "push_coalesced")
+            "push_many_keyed", "push_session", "worker_batch", "push_coalesced",
+            "worker_locked")
 """The paths run on PostgreSQL too in the default suite: those whose statements or executor
 path differ there (the combined outcome and start, the unflushed start, the direct psycopg
 path alone and in a caller's transaction, the keyed push's savepoints, the batch triggers'
-PL/pgSQL, the debounced push's per-key lock)."""
+PL/pgSQL, the debounced push's per-key lock, a claim skipping a row a caller holds
+locked)."""
 PG_PATHS_FULL = (*PG_PATHS, "worker_one", "hand_back", "lease_watch", "heartbeat",
                  "admin_retry", "sweep", "lost_claim", "push_batch", "worker_batch_success")
 """The paths run on PostgreSQL with ``OUTBOX_TEST_FAULTS=full`` (``make faults``)."""

@@ -204,6 +204,29 @@ def push_coalesced(w: World) -> None:
     w.push([w.plan("ok")], keys=["c1"], coalesce=True, **BOUNCE)
 
 
+LOCKED: dict[str, Any] = {"debounce": timedelta(0), "max_wait": timedelta(seconds=5)}
+
+
+def seed_locked(w: World) -> None:
+    w.seeded = w.push([w.plan("ok")], keys=["l1"], **LOCKED)  # type: ignore[attr-defined]
+
+
+def run_locked(w: World) -> None:
+    """The row's message reaches the worker while a caller's open transaction holds the row
+    locked (a debounced push replaced it; PostgreSQL): the claim skips it, the ids it left
+    are read again (``claim_skipped``) and the locked one published again; the caller
+    rolls back, and the message published again runs the row. SQLite: no caller's write
+    can be open beside the claim (one writer), the message runs it."""
+    (i,) = w.seeded  # type: ignore[attr-defined]
+    if w.engine.dialect.name == "postgresql":
+        with Session(w.engine) as caller:
+            w.outbox.push_many(w.registry.get(JOB), [w.plan("ok")], keys=["l1"],
+                               session=caller, **LOCKED)
+            w.run(JOB, [i])
+            caller.rollback()
+    w.run(JOB, [i])
+
+
 # -- sweep ---------------------------------------------------------------------------------
 
 
@@ -365,6 +388,7 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("push_debounced", _nothing, push_debounced),
     Path("push_debounced_again", seed_debounced, push_debounced_again),
     Path("push_coalesced", seed_debounced_running, push_coalesced),
+    Path("worker_locked", seed_locked, run_locked),
     Path("push_many", _nothing, push_many),
     Path("push_many_keyed", _nothing, push_many_keyed),
     Path("push_session", _nothing, push_session),

@@ -683,9 +683,9 @@ class OutboxMachine(RuleBasedStateMachine):
 
     def run_limited(self, slot: Slot, job: str, ids: list[UUID], limit: int) -> None:
         """A message of a job with ``concurrency=limit``: the runner claims its ids one at a
-        time, each claim refused (the row left as it is, never begun) while ``limit`` of the
-        job's attempts still run; each row claimed runs to its outcome before the next
-        claim."""
+        time, each claim refused (never begun, no attempt spent, marked waiting: a due
+        scheduled row moved to pending) while ``limit`` of the job's attempts still run;
+        each row claimed runs to its outcome before the next claim."""
         result = slot.runner.run(job, ids)
         claimed = 0
         base = self.lease_base(slot)
@@ -694,6 +694,7 @@ class OutboxMachine(RuleBasedStateMachine):
             if row is not None and self.model.claimable(row, job, base) \
                     and self.model.holding(job, base) >= limit:
                 self.hit("limit_refused")
+                self.model.wait_slot(row, base)
                 continue
             fences = self.model.claim(slot.runner.worker_id, job, [i], base)
             claimed += len(fences)
@@ -1357,11 +1358,13 @@ class OutboxMachine(RuleBasedStateMachine):
         self.last_seen = seen
 
     def check_debounce(self, table: dict[UUID, dict[str, Any]]) -> None:
-        """Per debounced key: at most one waiting row never claimed (a push replaces it, never
-        adds a second), its run time never beyond its deadline (first push + max_wait); at
-        most one follow-up active, two active rows in all."""
+        """Per debounced key: at most one waiting row never claimed in each slot (the key's
+        own, its follow-up: a push replaces one, never adds a second), a waiting row's run
+        time never beyond its deadline (first push + max_wait) unless it began an attempt (a
+        retry's or a snooze's run time is its own, never moved by a push); at most one
+        follow-up active, two active rows in all."""
         claimed = {f.id for f in self.model.claims}
-        waiting: Counter[tuple[str, str]] = Counter()
+        waiting: Counter[tuple[str, str, bool]] = Counter()
         follow: Counter[tuple[str, str]] = Counter()
         active: Counter[tuple[str, str]] = Counter()
         statuses = {s.value for s in ACTIVE}
@@ -1372,8 +1375,10 @@ class OutboxMachine(RuleBasedStateMachine):
             active[key] += 1
             follow[key] += r["follow_key"] is not None
             if r["status"] != Status.RUNNING.value and i not in claimed:
-                waiting[key] += 1
-                assert r["scheduled_at"] is None or r["scheduled_at"] <= r["debounce_deadline"], (
+                waiting[(*key, r["follow_key"] is not None)] += 1
+                begun = r["attempt"] > 0 or (r["snoozes"] or 0) > 0
+                assert begun or r["scheduled_at"] is None or (
+                    r["scheduled_at"] <= r["debounce_deadline"]), (
                     f"runs after its debounce deadline: {r}")
         assert all(n <= 1 for n in waiting.values()), f"two waiting rows of one key: {waiting}"
         assert all(n <= 1 for n in follow.values()), f"two follow-ups of one key: {follow}"

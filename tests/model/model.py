@@ -253,17 +253,21 @@ class Model:
     def debounce(self, row: MRow, now: datetime, debounce: timedelta,
                  coalesce: bool) -> tuple[set[UUID], MRow | None]:
         """A debounced push of ``row`` (new: ``row.key`` its key, ``row.deadline`` set) at
-        ``now``: the key's waiting debounced rows take its plan and run at now + debounce
-        (never beyond their deadline), dispatched when that is at most max_eta away; else ``row`` is
-        pushed (scheduled at now + debounce); else, with ``coalesce`` and no follow-up yet,
-        it is pushed as the key's follow-up; else the key's own row absorbs it. Answers the
-        ids the push may return and the row it added (None: none)."""
+        ``now``: the key's ONE waiting debounced row that never began (attempt 0, never
+        snoozed: a retry waiting for its backoff keeps its payload and run time), its
+        follow-up first, takes its plan and runs at now + debounce (never beyond its
+        deadline), dispatched when that is at most max_eta away; else ``row`` is pushed
+        (scheduled at now + debounce); else, with ``coalesce`` and no follow-up yet, it is
+        pushed as the key's follow-up; else the key's own row absorbs it. Answers the ids the
+        push may return and the row it added (None: none)."""
         key = row.key
         assert key is not None and row.deadline is not None
-        waiting = [r for r in self.ordered()
-                   if r.job == row.job and r.deadline is not None
-                   and r.status in (Status.PENDING, Status.SCHEDULED)
-                   and key in (r.key, r.follow)]
+        waiting = sorted((r for r in self.ordered()
+                          if r.job == row.job and r.deadline is not None
+                          and r.status in (Status.PENDING, Status.SCHEDULED)
+                          and r.attempt == 0 and r.snoozes == 0
+                          and key in (r.key, r.follow)),
+                         key=lambda r: r.follow is None)[:1]
         for r in waiting:
             assert r.deadline is not None
             self.move(r, "debounce", Status.SCHEDULED)
@@ -292,6 +296,15 @@ class Model:
             row.status is Status.PENDING
             or (row.status is Status.SCHEDULED and row.scheduled_at is not None
                 and row.scheduled_at <= now))
+
+    def wait_slot(self, row: MRow, now: datetime) -> None:
+        """A claim of ``row`` (claimable at ``now``, the claim's clock) refused a slot: it
+        waits pending whatever due state it was claimed from (a due scheduled row moves as
+        the stager moves it, dispatched at ``now``: nothing published, a freed slot wakes
+        it)."""
+        if row.status is Status.SCHEDULED:
+            self.move(row, "stage", Status.PENDING)
+            row.dispatched_at = now
 
     def claim(self, worker: str, job: str, ids: list[UUID], now: datetime) -> list[MFence]:
         """pending / due scheduled -> running for each of ``ids`` (in order, once each);
