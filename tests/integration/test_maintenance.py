@@ -294,9 +294,10 @@ def test_trim_keeps_the_newest_n_per_job_and_status_in_one_delete_per_job(
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if statement.lstrip().upper().startswith("DELETE") and "_stats" not in statement \
                 and not statement.lstrip().startswith((f"DELETE FROM {t.name}_batches",
-                                                       f"DELETE FROM {t.name}_rates")):
+                                                       f"DELETE FROM {t.name}_rates",
+                                                       f"DELETE FROM {t.name}_slots")):
             deletes.append(statement)  # the executions' (not the trim's of old stats, of
-            # completed batches or of past rate windows)
+            # completed batches, of past rate windows or of slots whose lease ran out)
 
     event.listen(outbox.engine, "before_cursor_execute", count)
     try:
