@@ -43,7 +43,8 @@ from celery_outbox.store.pauses import paused_jobs
 class RedispatcherConfig:
     """Options of the :class:`Redispatcher` (defaults in brackets).
 
-    - ``batch_size`` [500]: rows redispatched per statement.
+    - ``batch_size`` [500]: rows redispatched per statement; also how many of a limited
+      job's oldest rows waiting for a slot a run reads the keys of, to wake them.
     - ``stale_after`` [5 min]: a pending row last dispatched longer ago is dispatched again.
 
     Raises :class:`ConfigurationError` naming the option when a value is out of range.
