@@ -427,13 +427,16 @@ class MemoryStore:
             status=_PENDING, dispatched_at=now, updated_at=now)
 
     def redispatch(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
-                   limit: int, ahead_after: datetime | None = None) -> list[Due]:
+                   limit: int, ahead_after: datetime | None = None,
+                   held: Sequence[str] = ()) -> list[Due]:
         """redispatch: pending rows never dispatched or last dispatched before
-        ``stale_before`` (or after ``ahead_after``) -> dispatched now; highest priority
-        first, then the longest waiting (never dispatched last, as PostgreSQL sorts NULL); at
-        most ``limit``."""
+        ``stale_before`` (or after ``ahead_after``) -> dispatched now, but a row of a job of
+        ``held`` waiting for a slot (its limit wakes it); highest priority first, then the
+        longest waiting (never dispatched last, as PostgreSQL sorts NULL); at most
+        ``limit``."""
         return self._move("redispatch", lambda r: (
             r["status"] == _PENDING and r["job_name"] in job_names
+            and not (r["waiting"] == WAITING_SLOT and r["job_name"] in held)
             and (r["dispatched_at"] is None or r["dispatched_at"] < stale_before
                  or (ahead_after is not None and r["dispatched_at"] > ahead_after))),
             lambda r: (r["priority"], r["dispatched_at"] is None, r["dispatched_at"] or now),
@@ -618,6 +621,36 @@ class MemoryStore:
                 return []
             waiting[0].update(waiting=None, dispatched_at=now, updated_at=now)
             return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
+
+    def _waiting_slot(self, job_name: str, key: str | None) -> list[dict[str, Any]]:
+        return sorted((r for r in self.rows.values()
+                       if r["job_name"] == job_name and r["concurrency_key"] == key
+                       and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
+                      key=lambda r: (r["priority"], r["created_at"], r["id"]))
+
+    def waiting_keys(self, job_name: str, scan: int) -> list[str | None]:
+        """As the store's: the keys of the ``scan`` oldest rows waiting for a slot."""
+        with self._op("waiting_keys"):
+            oldest = sorted((r for r in self.rows.values()
+                             if r["job_name"] == job_name and r["status"] == _PENDING
+                             and r["waiting"] == WAITING_SLOT),
+                            key=lambda r: (r["priority"], r["created_at"], r["id"]))[:scan]
+            return list(dict.fromkeys(r["concurrency_key"] for r in oldest))
+
+    def wake_free(self, job_name: str, key: str | None, concurrency: int,
+                  now: datetime) -> list[Due]:
+        """As the store's: the oldest rows waiting for a slot dispatched, one per free slot
+        (none while one numbered ``concurrency`` or more is held)."""
+        with self._lock:
+            skey = slot_key(key=key)
+            live = [k for k, h in self.slots.items()
+                    if k[:2] == (job_name, skey) and self._live(h, self.lease_now())]
+            if any(k[2] >= concurrency for k in live):
+                return []
+            woke = self._waiting_slot(job_name, key)[:max(0, concurrency - len(live))]
+            for r in woke:
+                r.update(waiting=None, dispatched_at=now, updated_at=now)
+            return [Due(r["id"], job_name, r["priority"]) for r in woke]
 
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
                     lease: timedelta) -> int:

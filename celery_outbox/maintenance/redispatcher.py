@@ -7,6 +7,11 @@ publishes such rows again and refreshes ``dispatched_at``; it judges by the last
 not by the row's age, so a row is re-sent at most once per ``stale_after``. A duplicate
 message is harmless: the claim is one guarded UPDATE, so only one attempt runs.
 
+A row a concurrency limit holds back (pending, marked waiting for a slot) is never sent
+again: its claim would only be refused. Each run wakes it instead, as the runner that frees
+a slot does: per job and key with rows waiting, the oldest of them dispatched while a slot
+is free, so a wake lost with a process that died between its free and its wake is made.
+
 Example::
 
     Redispatcher(outbox.store, outbox.registry, lambda: outbox.dispatcher).run_once(now)
@@ -38,7 +43,8 @@ from celery_outbox.store.pauses import paused_jobs
 class RedispatcherConfig:
     """Options of the :class:`Redispatcher` (defaults in brackets).
 
-    - ``batch_size`` [500]: rows redispatched per statement.
+    - ``batch_size`` [500]: rows redispatched per statement; also how many of a limited
+      job's oldest rows waiting for a slot a run reads the keys of, to wake them.
     - ``stale_after`` [5 min]: a pending row last dispatched longer ago is dispatched again.
 
     Raises :class:`ConfigurationError` naming the option when a value is out of range.
@@ -58,9 +64,11 @@ class RedispatcherConfig:
 
 @dataclass(frozen=True)
 class RedispatchResult:
-    """Counts of one :meth:`Redispatcher.run_once`: ``redispatched`` rows."""
+    """Counts of one :meth:`Redispatcher.run_once`: ``redispatched`` rows, and rows
+    ``woken`` (waiting for a slot of their concurrency limit, one free)."""
 
     redispatched: int = 0
+    woken: int = 0
 
 
 def _own_queue(spec: JobSpec) -> str | None:
@@ -96,6 +104,8 @@ class Redispatcher:
         read once per run), are left out: a claim would refuse them, so sending them again
         every ``stale_after`` would only churn; the resume dispatches them at once
         (``resumed=True``: every pending row of ``job_names``, however recently dispatched).
+        So are the rows a concurrency limit holds back (marked waiting for a slot): each
+        run wakes them instead (:meth:`wake`: the oldest, while a slot is free).
         ``job_names``: only these jobs (default: the registry's, less the paused ones).
         """
         check_now(now)
@@ -105,13 +115,15 @@ class Redispatcher:
         # ahead of the database's too), each once (this run writes dispatched_at = now).
         stale_before = now if resumed else now - self.config.stale_after
         ahead_after = now if resumed else None
+        limited = self.limited(names)
         sent = 0
         for batch in batches(lambda: self.store.redispatch(
             now, job_names=names, stale_before=stale_before, limit=size,
-            ahead_after=ahead_after,
+            ahead_after=ahead_after, held=list(limited),
         ), size):
             dispatch(self.dispatcher(), batch)
             sent += len(batch)
+        woken = self.wake(now, limited)
         if sent and resumed:
             wait_published(self.dispatcher(), "resume")
             log.info("celery_outbox: resumed: dispatched %d pending execution(s) of %s", sent,
@@ -121,7 +133,33 @@ class Redispatcher:
             log.warning("celery_outbox: dispatched again %d pending execution(s) whose last "
                         "dispatch was more than %s ago (message lost or broker down)",
                         sent, self.config.stale_after)
-        return RedispatchResult(redispatched=sent)
+        if woken:
+            log.info("celery_outbox: woke %d execution(s) waiting for a free concurrency slot",
+                     woken)
+        return RedispatchResult(redispatched=sent, woken=woken)
+
+    def limited(self, names: Sequence[str]) -> dict[str, int]:
+        """The concurrency limit of each job of ``names`` that has one, by name (a job this
+        process does not register is not among ``names``: its rows are left alone)."""
+        wanted = set(names)
+        return {spec.name: spec.concurrency for spec in self.registry
+                if spec.name in wanted and spec.concurrency is not None}
+
+    def wake(self, now: datetime, limited: dict[str, int]) -> int:
+        """Per job of ``limited`` and key with rows waiting for a slot (the keys of the
+        ``batch_size`` oldest waiting rows of each job: a bounded read), the wake a freeing
+        runner runs, once per free slot: the oldest waiting rows dispatched, at most as many
+        as slots are free. The number of rows dispatched."""
+        woken = 0
+        for job, concurrency in limited.items():
+            for key in self.store.waiting_keys(job, self.config.batch_size):
+                due = self.store.wake_free(job, key, concurrency, now)
+                if due:
+                    dispatch(self.dispatcher(), due)
+                    woken += len(due)
+        if woken:
+            wait_published(self.dispatcher(), "wake")
+        return woken
 
     def unpaused(self) -> list[str]:
         """The registry's jobs that no pause holds (one read of the pauses)."""

@@ -30,14 +30,16 @@ from celery_outbox.store import ExecutionStore
 @dataclass(frozen=True)
 class SweepResult:
     """Counts of one sweep: rows ``staged``, ``rescued`` into a retry, ``failed`` by the
-    rescuer, ``handed_back`` by it (never begun: pending again, not a retry), and
-    ``redispatched``."""
+    rescuer, ``handed_back`` by it (never begun: pending again, not a retry),
+    ``redispatched``, and ``woken`` (waiting for a slot of their concurrency limit, one
+    free: dispatched by the sweep's wake, never resent while every slot is held)."""
 
     staged: int = 0
     rescued: int = 0
     failed: int = 0
     redispatched: int = 0
     handed_back: int = 0
+    woken: int = 0
 
 
 class Sweeper:
@@ -78,8 +80,8 @@ class Sweeper:
             return 0
         now = check_now(now) if now is not None else self.db_now()
         staged = self.stager.run_once(now, job_names=job_names, resumed=True).staged
-        return staged + self.redispatcher.run_once(now, job_names=job_names,
-                                                   resumed=True).redispatched
+        again = self.redispatcher.run_once(now, job_names=job_names, resumed=True)
+        return staged + again.redispatched + again.woken
 
     def run_once(self, now: datetime | None = None) -> SweepResult:
         """One pass at ``now`` (an aware datetime; None: the database's time, read once, so
@@ -98,6 +100,7 @@ class Sweeper:
         return SweepResult(
             staged=staged.staged, rescued=rescued.retried, failed=rescued.failed,
             redispatched=redispatched.redispatched, handed_back=rescued.handed_back,
+            woken=redispatched.woken,
         )
 
 

@@ -420,3 +420,31 @@ def defer_rate(t: Table, execution_id: UUID, run_at: datetime, now: datetime,
                                               "d_now": now,
                                               "d_waiting": WAITING_RATE if booked else None,
                                               "d_dispatched": now if dispatched else None})
+
+
+@cache
+def _waiting_keys(t: Table) -> Any:
+    # The oldest rows of the job waiting for a slot, in the wake's order, through
+    # ix_<table>_waiting (both databases prove its predicate, waiting IS NOT NULL, from the
+    # equality, as for the wake), at most w_scan of them: a bounded read whatever the
+    # backlog; then their distinct keys.
+    oldest = (select(t.c.concurrency_key)
+              .where(t.c.job_name == bindparam("w_job", type_=t.c.job_name.type),
+                     t.c.status == Status.PENDING.value, t.c.waiting == WAITING_SLOT)
+              .order_by(t.c.priority, t.c.created_at, t.c.id)
+              .limit(bindparam("w_scan", type_=Integer()))
+              .subquery("oldest"))
+    return select(oldest.c.concurrency_key).distinct()
+
+
+@named("slots: the keys of a job's oldest rows waiting for a slot (at most a bound of rows "
+       "read, by ix_<table>_waiting), for the sweep's wake")
+def waiting_keys(t: Table, job: str, scan: int) -> Query[list[str | None]]:
+    """Answers the distinct ``concurrency_key`` (None: the job's own limit) of the ``scan``
+    oldest rows of ``job`` waiting for a slot, in no order."""
+    return rows("waiting_keys", _waiting_keys(t), _key, {"w_job": job, "w_scan": scan})
+
+
+def _key(row: Row) -> str | None:
+    value: str | None = row["concurrency_key"]
+    return value

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from sqlalchemy import Integer, Table, and_, bindparam, delete, or_, select, update
 
+from celery_outbox.models import WAITING_SLOT
 from celery_outbox.outcomes import Fence, OutcomeName
 from celery_outbox.queries.attempts import append_attempt, history_error
 from celery_outbox.queries.base import Query, Row, named, rowcount, rows
@@ -122,6 +123,10 @@ def _redispatch(t: Table) -> Any:
         or_(t.c.dispatched_at.is_(None), t.c.dispatched_at < stale_before,
             t.c.dispatched_at > _now(t, "ahead_after")),
         _jobs(t),
+        # A row a concurrency limit holds back is woken by its limit, never resent: its
+        # claim would be refused (the sweep's wake dispatches it once a slot is free).
+        or_(t.c.waiting.is_(None), t.c.waiting != WAITING_SLOT,
+            t.c.job_name.not_in(bindparam("held_jobs", expanding=True))),
         order_by=(t.c.priority, t.c.dispatched_at),
     )
     return (
@@ -135,16 +140,20 @@ NEVER_AHEAD = datetime(9999, 12, 31, tzinfo=timezone.utc)
 """The ``ahead_after`` of a sweep's redispatch: no row counts as dispatched ahead of now."""
 
 
-@named("redispatch: a batch of stale pending rows dispatched again, locked SKIP LOCKED")
+@named("redispatch: a batch of stale pending rows dispatched again, locked SKIP LOCKED; "
+       "the rows of limited jobs waiting for a slot left out (their limit wakes them)")
 def redispatch_stale(t: Table, now: datetime, job_names: Sequence[str], stale_before: datetime,
-                     limit: int, ahead_after: datetime = NEVER_AHEAD) -> Query[list[Due]]:
+                     limit: int, ahead_after: datetime = NEVER_AHEAD,
+                     held: Sequence[str] = ()) -> Query[list[Due]]:
     """Pending rows of ``job_names`` last dispatched before ``stale_before``, never, or
     after ``ahead_after`` (a resume's: its now, so a row whose ``dispatched_at`` a pushing
     host's clock ahead of the database's wrote goes too; a row this run wrote has
-    ``dispatched_at = now`` exactly, so the next batch never takes it again)."""
+    ``dispatched_at = now`` exactly, so the next batch never takes it again). A row of a
+    job of ``held`` (a concurrency limit: the sweep wakes its rows) marked waiting for a
+    slot is left out."""
     return rows("redispatch_stale", _redispatch(t), _due, {
         "now": now, "stale_before": stale_before, "ahead_after": ahead_after,
-        "job_names": list(job_names), "limit": limit})
+        "job_names": list(job_names), "limit": limit, "held_jobs": list(held)})
 
 
 @cache

@@ -65,21 +65,23 @@ class SweepStore(StoreBase):
 
     def redispatch(
         self, now: datetime, *, job_names: Sequence[str], stale_before: datetime, limit: int,
-        ahead_after: datetime | None = None,
+        ahead_after: datetime | None = None, held: Sequence[str] = (),
     ) -> list[Due]:
         """redispatch: pending -> pending, ``dispatched_at = now``, for at most ``limit`` rows.
 
         Guard: status pending, ``job_name`` in ``job_names``, last dispatched before
         ``stale_before`` (the sweep's ``now - stale_after``: the message was lost, or the
         broker was down) or never, or after ``ahead_after`` (None: no such bound; a
-        resume's now: a row whose pushing host's clock ran ahead of the database's). Highest
-        priority first, then the longest waiting; rows a concurrent sweep holds are skipped,
-        and taking a row's lock re-checks the guard. Returns the rows to dispatch again ([]
-        when none is stale). Times are aware datetimes.
+        resume's now: a row whose pushing host's clock ran ahead of the database's), and not
+        marked waiting for a slot when its job is in ``held`` (the jobs with a concurrency
+        limit, whose rows :meth:`wake_free` dispatches: resent, each would only be refused).
+        Highest priority first, then the longest waiting; rows a concurrent sweep holds are
+        skipped, and taking a row's lock re-checks the guard. Returns the rows to dispatch
+        again ([] when none is stale). Times are aware datetimes.
         """
         return self._moved(q.redispatch_stale(
             self.t, now, job_names, stale_before, limit,
-            q.NEVER_AHEAD if ahead_after is None else ahead_after), job_names)
+            q.NEVER_AHEAD if ahead_after is None else ahead_after, held), job_names)
 
     def _moved(self, query: Query[list[Due]], job_names: Sequence[str]) -> list[Due]:
         if not job_names:

@@ -20,6 +20,7 @@ from celery_outbox.queries.limits import (
     clear_waiting,
     defer_rate,
     free_slot,
+    held_slots,
     latest_rate_window,
     mark_waiting,
     reap_dead_slots,
@@ -28,6 +29,7 @@ from celery_outbox.queries.limits import (
     spend_rate,
     take_slot,
     trim_rates,
+    waiting_keys,
     wake_waiting,
 )
 from celery_outbox.queries.sweep import Due
@@ -393,6 +395,34 @@ class WorkerStore(StoreBase):
         woke: list[Due] = self.executor.run(wake_waiting(
             self.t, self.tables.slots, self.dialect, job_name, key, concurrency, now,
             self.lease_now()))
+        return woke
+
+    def waiting_keys(self, job_name: str, scan: int) -> list[str | None]:
+        """The distinct ``concurrency_key`` (None: the job's own limit) of the ``scan``
+        oldest rows of ``job_name`` waiting for a slot (a bounded read of
+        ``ix_<table>_waiting``): the limits :meth:`wake_free` wakes."""
+        keys: list[str | None] = self.executor.run(waiting_keys(self.t, job_name, scan))
+        return keys
+
+    def wake_free(self, job_name: str, key: str | None, concurrency: int,
+                  now: datetime) -> list[Due]:
+        """The sweep's wake of one limit (``key``: the rows' ``concurrency_key``, None: the
+        job's own): the wake a freeing runner runs (:meth:`free_limited`), once per slot of
+        ``concurrency`` free now, so a wake lost with a process that died between its free
+        and its wake is still made, and no more rows are sent than slots are free. Each wake
+        its own statement (the oldest waiting row, while a slot is free); answered: the rows
+        to publish, ``now`` their ``dispatched_at``."""
+        lease_now = self.lease_now()
+        held = self.executor.run(held_slots(self.tables.slots, self.t, self.dialect,
+                                            job_name, slot_key(key=key), lease_now))
+        woke: list[Due] = []
+        for _ in range(concurrency - (held or 0)):
+            due: list[Due] = self.executor.run(wake_waiting(
+                self.t, self.tables.slots, self.dialect, job_name, key, concurrency, now,
+                lease_now))
+            if not due:
+                break
+            woke += due
         return woke
 
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,

@@ -323,3 +323,51 @@ def test_the_trim_deletes_rate_windows_long_past(
                                            window_start=start, used=1))
     outbox.trim(now)
     assert rate_windows(outbox, "lim.old") == {current: 1, current + 5 * minute: 1}
+
+
+def test_the_sweep_wakes_what_a_slot_holds_back_and_never_resends_it(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """200 rows waiting behind one held slot: a sweep stale_after apart resends none of them
+    (each message would be a refused claim: 200 per sweep); once the slot is freed without
+    its wake (the freeing process died between the two), the next sweep dispatches exactly
+    one, the oldest."""
+    inside, go = threading.Event(), threading.Event()
+
+    @outbox_job(schema=Order, name="lim.churn", concurrency=1, registry=registry)
+    def churn(ctx: JobContext[Order]) -> None:
+        if ctx.payload.order_id == 0:
+            inside.set()
+            assert go.wait(60)
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
+    holder, *waiters = churn.push_many([Order(order_id=i) for i in range(201)])
+    worker = threading.Thread(target=outbox.runner.run, args=("lim.churn", [holder]))
+    worker.start()
+    try:
+        assert inside.wait(20)
+        for i in waiters:
+            assert outbox.runner.run("lim.churn", [i]).claimed == 0
+        marked = rows(outbox, "lim.churn")
+        assert all(marked[i] == (Status.PENDING.value, 0, WAITING_SLOT) for i in waiters)
+        now = outbox.store.db_now()
+        for k in (1, 2, 3):  # stale_after apart, the holder still running
+            recording.calls.clear()
+            result = outbox.sweep(now=now + k * timedelta(minutes=5, seconds=1))
+            assert set(recording.ids) & set(waiters) == set(), f"sweep {k} resent waiting rows"
+            assert (result.redispatched, result.woken) == (0, 0)
+        t = outbox.tables.executions
+        with outbox.engine.connect() as conn:
+            oldest = conn.execute(
+                select(t.c.id).where(t.c.id.in_(waiters))
+                .order_by(t.c.priority, t.c.created_at, t.c.id).limit(1)).scalar_one()
+        with outbox.engine.begin() as conn:  # the free committed, its wake lost in a crash
+            assert conn.execute(outbox.tables.slots.delete()).rowcount == 1
+        recording.calls.clear()
+        result = outbox.sweep(now=now + 4 * timedelta(minutes=5, seconds=1))
+        assert recording.ids == [oldest] and (result.redispatched, result.woken) == (0, 1)
+        assert rows(outbox, "lim.churn")[oldest] == (Status.PENDING.value, 0, None)
+    finally:
+        go.set()
+        worker.join(20)
+    assert not worker.is_alive()

@@ -350,7 +350,8 @@ def test_outbox_installs_sweep_and_trim_tasks_and_beat_entries(
     assert schedule[SWEEP_TASK]["schedule"] == timedelta(seconds=60)
     assert schedule[TRIM_TASK]["schedule"] == CronSchedule("0 * * * *")
     assert outbox.app.tasks[SWEEP_TASK]() == {"staged": 0, "rescued": 0, "failed": 0,
-                                               "redispatched": 0, "handed_back": 0}
+                                               "redispatched": 0, "handed_back": 0,
+                                               "woken": 0}
     assert outbox.app.tasks[TRIM_TASK]() == {"deleted": 0, "jobs": 0}
 
     custom = make_outbox(sqlite_url, registry, RecordingDispatcher(),

@@ -373,6 +373,13 @@ def _seed_waiting(w: World) -> None:
                      .values(waiting=WAITING_SLOT))
 
 
+def _seed_wake_lost(w: World) -> None:
+    """A row of the limited job waiting for a slot, the slot free and its wake lost (the
+    freeing process died between the free and the wake; its push's message long gone)."""
+    _seed_waiting(w)
+    w.delivered = len(w.dispatcher.items)
+
+
 def _seed_rate(w: World) -> None:
     w.seeded = w.push([w.plan("ok"), w.plan("ok")], job=LIM_RATE)  # type: ignore[attr-defined]
 
@@ -440,4 +447,6 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("rate_limited", _seed_rate, run_rate, {"jobs": (LIM_RATE,)}),
     # A row that waited for a slot is claimed: its mark cleared with the claim.
     Path("limit_waited", _seed_waiting, run_limited, {"jobs": (LIM,)}),
+    # The sweep wakes a row waiting for a free slot (never resends it): its wake was lost.
+    Path("sweep_wake", _seed_wake_lost, sweep, {"jobs": (LIM,)}),
 ]}

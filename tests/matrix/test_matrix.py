@@ -24,7 +24,6 @@ NOT_REACHED: dict[str, str] = {
     "trim_measure": "a trim of more rows than its probes settle",
     "trim_count_kept": "a trim of more rows than its probes settle",
     "capped_counts": "the dashboard's reads (no path)",
-    "held_slots": "the dashboard's reads (no path; tests/integration/test_limits.py)",
     "oldest_pending": "the dashboard's reads (no path)",
     "last_finished": "the dashboard's reads (no path)",
     "outcomes_since": "the dashboard's reads (no path)",

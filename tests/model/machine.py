@@ -46,6 +46,7 @@ from celery_outbox.errors import (
     InvalidTransition,
     StorageError,
 )
+from celery_outbox.models import WAITING_SLOT
 from celery_outbox.queries.attempts import HISTORY_LIMIT
 from celery_outbox.runner import Runner
 from celery_outbox.shutdown import Drain
@@ -706,6 +707,20 @@ class OutboxMachine(RuleBasedStateMachine):
         assert result.claimed == claimed, f"claimed {result.claimed}, model {claimed}"
         self.follow_wakes(job)
 
+    def slot_waiting(self) -> set[UUID]:
+        """The rows of limited jobs the table marks waiting for a slot (the model does not
+        follow which rows wait): a sweep or a resume never sends them again, it wakes
+        them (at most one per free slot, allowed by :meth:`check_dispatches`)."""
+        return {i for i, r in self.table().items()
+                if r["status"] == Status.PENDING.value and r["waiting"] == WAITING_SLOT
+                and self.model.jobs[r["job_name"]].concurrency is not None}
+
+    def follow_limited_wakes(self) -> None:
+        """The sweep's (or a resume's) wakes, followed as a freed slot's are."""
+        for job in self.model.jobs.values():
+            if job.concurrency is not None:
+                self.follow_wakes(job.name)
+
     def follow_wakes(self, job: str) -> None:
         """A freed slot dispatched the oldest row of ``job`` waiting for one, its
         ``dispatched_at`` set by the worker (the model does not follow which rows wait): the
@@ -1049,11 +1064,12 @@ class OutboxMachine(RuleBasedStateMachine):
         assert self.outbox is not None
         self.apply_jump(host, jump)
         hanging = [r.first for r in self.background if self.model.matches(r.first)]
-        self.model.sweep(self.clock_now)
+        self.model.sweep(self.clock_now, held=self.slot_waiting())
         for fence in hanging:  # a hanging handler's row taken from it: a zombie's, or a bug
             if not self.model.matches(fence):
                 self.hit("sweep_took_hanging")
         self.outbox.sweeper.run_once()  # None: the database's time
+        self.follow_limited_wakes()
         for r in self.table().values():
             if r["status"] == Status.RUNNING.value:
                 assert r["lease_expires_at"] >= self.clock_now, (
@@ -1079,10 +1095,12 @@ class OutboxMachine(RuleBasedStateMachine):
         assert self.outbox is not None
         job = self.draw_job(data).name
         self.hit("resume")
+        held = self.slot_waiting()
         done = self.outbox.admin.resume("job", job, by="model", by_name="operator")
         assert done.changed == (job in self.model.paused), done.message
         if done.changed:
-            self.model.resume(job, self.clock_now)
+            self.model.resume(job, self.clock_now, held=held)
+            self.follow_limited_wakes()
             self.held_at_pause.pop(job, None)
 
     @rule(data=st.data())

@@ -8,6 +8,7 @@ real table after every step. Nothing here touches a database.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -475,8 +476,10 @@ class Model:
 
     # -- maintenance --------------------------------------------------------------------
 
-    def sweep(self, now: datetime) -> None:
-        """stage, then rescue, then redispatch, all at ``now``."""
+    def sweep(self, now: datetime, held: AbstractSet[UUID] = frozenset()) -> None:
+        """stage, then rescue, then redispatch, all at ``now``; never the rows of ``held``
+        (waiting for a slot of their limit: the sweep wakes them, which
+        ``Machine.check_dispatches`` allows)."""
         stale_before = now - self.cfg.stale_after
         for row in self.ordered():
             if (row.status is Status.SCHEDULED and row.scheduled_at is not None
@@ -489,11 +492,12 @@ class Model:
                 self.rescue(row, now)
         for row in self.ordered():
             if row.status is Status.PENDING and row.job not in self.paused and (
+                    row.id not in held) and (
                     row.dispatched_at is None or row.dispatched_at < stale_before):
                 self.move(row, "redispatch", Status.PENDING)
                 self.dispatch(row, now)
 
-    def resume(self, job: str, now: datetime) -> None:
+    def resume(self, job: str, now: datetime, held: AbstractSet[UUID] = frozenset()) -> None:
         """The pause of ``job`` gone; its due scheduled rows staged and its pending rows
         dispatched at once, whenever last dispatched (also after ``now``: a host's clock
         ahead of the database's), each once (one dispatched at ``now`` was just sent)."""
@@ -504,7 +508,7 @@ class Model:
                 self.move(row, "stage", Status.PENDING)
                 self.dispatch(row, now)
         for row in self.ordered():
-            if row.job == job and row.status is Status.PENDING and (
+            if row.job == job and row.status is Status.PENDING and row.id not in held and (
                     row.dispatched_at is None or row.dispatched_at != now):
                 self.move(row, "redispatch", Status.PENDING)
                 self.dispatch(row, now)

@@ -61,8 +61,9 @@ class ShakenMachine(OutboxMachine):
         if COIN.random() < 0.5:
             return
         self.advance(self.clock_now + COIN.choice(MOVES))
-        self.model.sweep(self.clock_now)
+        self.model.sweep(self.clock_now, held=self.slot_waiting())
         self.outbox.sweeper.run_once()
+        self.follow_limited_wakes()
 
 
 def test_the_draws_do_not_follow_what_timing_moved(sqlite_url: str,
