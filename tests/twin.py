@@ -499,19 +499,22 @@ class MemoryStore:
         self._write(r, values)
         return True
 
-    def _alive(self, holder: tuple[UUID, str, int, datetime | None]) -> bool:
+    def _alive(self, holder: tuple[UUID, str, int, datetime | None],
+               now: datetime | None) -> bool:
         row = self.rows.get(holder[0])
-        return row is not None and (row["claimed_by"], row["attempt"]) == holder[1:3] and (
-            row["status"] == _RUNNING or (row["status"] == Status.CANCELLED.value
-                                          and row["lease_expires_at"] is not None))
+        return row is not None and (row["claimed_by"], row["attempt"]) == holder[1:3] \
+            and row["status"] in (_RUNNING, Status.CANCELLED.value) \
+            and row["lease_expires_at"] is not None \
+            and row["lease_expires_at"] >= self._at(now)
 
     def _live(self, holder: tuple[UUID, str, int, datetime | None],
               now: datetime | None) -> bool:
         """As the store's ``live``: its lease not run out at ``now`` (None: the twin's
-        database clock), or no lease and its holder's fence still running."""
+        database clock), or no lease and its holder's fence still running, its row's lease
+        not run out at ``now``."""
         lease = holder[3]
         if lease is None:
-            return self._alive(holder)
+            return self._alive(holder, now)
         return lease >= self._at(now)
 
     def claim_limited(self, execution_id: UUID, job_name: str, worker: str,

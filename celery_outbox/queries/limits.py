@@ -12,7 +12,7 @@ time plus the job's lease), renewed by that process's heartbeat while the handle
 is written or given up (:func:`free_slot`). A slot whose lease ran out in the database's
 clock is free (:func:`live` is false): a claim reaps it, and so does the trim
 (:func:`reap_dead_slots`), so a crashed worker's slot frees within a lease. A slot an older
-release took (no lease) is judged by its row's fence (:func:`alive`).
+release took (no lease) is judged by its row's fence and that row's lease (:func:`alive`).
 
 Each statement that compares or writes a slot's lease comes in two forms (as the execution
 leases do, :mod:`celery_outbox.queries.clock`): the database's clock (``now`` None), or a
@@ -53,25 +53,30 @@ GLOBAL_KEY = ""
 """The ``concurrency_key`` / ``rate_key`` of a job's own limit (no key function)."""
 
 
-def alive(s: Table, t: Table) -> Any:
+def alive(s: Table, t: Table, now: Any) -> Any:
     """The old rule, for a slot an older release took (no lease of its own): its holder
-    still runs the attempt that took it: its row running under that fence, or cancelled
-    while that attempt still runs (lease set until the stop is confirmed)."""
+    still runs the attempt that took it: its row under that fence (``claimed_by``,
+    ``attempt``), running or cancelled while that attempt still runs (lease set until the
+    stop is confirmed), AND that row's lease has not run out at ``now`` (a SQL expression:
+    the database's time, or a bound stand-in). A cancelled row whose worker died keeps its
+    lease set forever: judged by its status alone, its slot was held forever."""
     return exists(select(literal(1)).where(
         t.c.id == s.c.holder_id,
         t.c.claimed_by == s.c.holder_by,
         t.c.attempt == s.c.holder_attempt,
-        or_(t.c.status == Status.RUNNING.value,
-            and_(t.c.status == Status.CANCELLED.value, t.c.lease_expires_at.is_not(None))),
+        t.c.status.in_([Status.RUNNING.value, Status.CANCELLED.value]),
+        t.c.lease_expires_at.is_not(None),
+        t.c.lease_expires_at >= now,
     ))
 
 
 def live(s: Table, t: Table, now: Any) -> Any:
     """The slot is held: its lease runs out at or after ``now`` (a SQL expression: the
     database's time, or a bound stand-in), or it has none (an older release took it) and its
-    holder still runs the attempt that took it (:func:`alive`). Never NULL."""
+    holder still runs the attempt that took it, its row's lease not run out at ``now``
+    (:func:`alive`). Never NULL."""
     return or_(and_(s.c.lease_expires_at.is_not(None), s.c.lease_expires_at >= now),
-               and_(s.c.lease_expires_at.is_(None), alive(s, t)))
+               and_(s.c.lease_expires_at.is_(None), alive(s, t, now)))
 
 
 def _now(s: Table, dialect: str, clocked: bool, name: str) -> Any:

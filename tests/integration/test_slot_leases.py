@@ -220,7 +220,7 @@ def test_a_lowered_limit_is_exact_for_a_slot_an_older_release_took(
 def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
         db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
     """No lease (written before the upgrade): held while its holder's row runs the attempt
-    that took it, whatever the clock says; free once it no longer does."""
+    that took it, its lease not run out; free once it no longer does."""
     @outbox_job(schema=Order, name="lease.old", concurrency=1, registry=registry)
     def older(ctx: JobContext[Order]) -> None:
         return None
@@ -237,7 +237,7 @@ def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
                                        holder_id=holder, holder_by="old:1/a",
                                        holder_attempt=1, taken_at=T0))
     store = outbox.store
-    now[0] = T0 + 10 * LEASE
+    now[0] = T0 + LEASE  # its row's lease's last instant
     assert store.claim_limited(waiter, "lease.old", "new:2/b", now[0], LEASE,
                                Limits(1)).rows == []
     with outbox.engine.begin() as conn:  # its attempt ends
@@ -250,3 +250,43 @@ def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
             s.c.job_name == "lease.old")).scalar()
     assert lease == now[0] + LEASE
 
+
+
+def test_a_slot_an_older_release_took_frees_once_its_holders_lease_ran_out(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """No lease of its own (written before the upgrade), its holder's row cancelled while it
+    ran, then its worker killed: the row stays cancelled with its lease set forever. The
+    slot is held while that lease has not run out in the database's clock, never after:
+    the claim reaps it, and so does the trim (it was held forever)."""
+    @outbox_job(schema=Order, name="lease.oldcancel", concurrency=1, registry=registry)
+    def oldcancel(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    holder, waiter = oldcancel.push_many([Order(order_id=1), Order(order_id=2)])
+    t, s = outbox.tables.executions, outbox.tables.slots
+    with outbox.engine.begin() as conn:
+        conn.execute(update(t).where(t.c.id == holder).values(
+            status=Status.CANCELLED.value, attempt=1, claimed_by="old:1/a", started_at=T0,
+            lease_expires_at=T0 + LEASE, finished_at=T0))
+        conn.execute(s.insert().values(job_name="lease.oldcancel", concurrency_key="",
+                                       slot=0, holder_id=holder, holder_by="old:1/a",
+                                       holder_attempt=1, taken_at=T0))
+    store = outbox.store
+    now[0] = T0 + LEASE  # the holder's lease's last instant: held
+    assert store.claim_limited(waiter, "lease.oldcancel", "new:2/b", now[0], LEASE,
+                               Limits(1)).rows == []
+    outbox.trim(now[0])
+    assert slots(outbox) == [("lease.oldcancel", "", 0)], "held: the trim keeps it"
+    now[0] = T0 + LEASE + timedelta(seconds=1)  # run out: free
+    outbox.trim(now[0])
+    assert slots(outbox) == [], "the trim reaps it"
+    with outbox.engine.begin() as conn:  # and a claim reaps it too
+        conn.execute(s.insert().values(job_name="lease.oldcancel", concurrency_key="",
+                                       slot=0, holder_id=holder, holder_by="old:1/a",
+                                       holder_attempt=1, taken_at=T0))
+    taken = store.claim_limited(waiter, "lease.oldcancel", "new:2/b", now[0], LEASE,
+                                Limits(1))
+    assert [r.id for r in taken.rows] == [waiter]
+    assert slots(outbox) == [("lease.oldcancel", "", 0)]
