@@ -79,7 +79,7 @@ from celery_outbox.outcomes import (
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.rollup import Rollup
 from celery_outbox.states import TERMINAL, Status
-from celery_outbox.store import Claimed, Fence
+from celery_outbox.store import Claimed, Due, Fence
 from celery_outbox.store.protocol import WorkerStore
 from celery_outbox.store.worker import Limits, Slot
 
@@ -1227,11 +1227,19 @@ class Runner:
                             lease: timedelta) -> None:
         """release claim: the rows a claim whose answer was lost holds (it may have been
         applied, or be applied later by a server that hung), back to pending by the claim's
-        token, dispatched at once. Tried now, then by a retry thread until it releases them
-        or a lease has passed (a release that finds nothing may only have come first)."""
+        token, dispatched at once; a limited job's concurrency slot that claim took freed
+        in the same transaction, then the oldest row waiting for one dispatched. Tried now,
+        then by a retry thread until it releases them or a lease has passed (a release that
+        finds nothing may only have come first)."""
         def attempt(final: bool) -> bool:
             try:
-                released = self.store.release_claim(ids, token, self.clock())
+                woke: list[Due] | None = []
+                if spec.concurrency is not None:  # its slot freed with it, then a wake
+                    released, woke = self.store.release_limited_claim(
+                        ids, token, self.clock(), spec.name, spec.concurrency,
+                        spec.concurrency_key is not None)
+                else:
+                    released = self.store.release_claim(ids, token, self.clock())
             except Exception as exc:
                 if final:
                     log.warning("celery_outbox: could not release the claim of %d "
@@ -1239,6 +1247,13 @@ class Runner:
                                 "takes what it holds when its lease expires", len(ids),
                                 spec.name, exc)
                 return False
+            if woke is None:
+                log.warning("celery_outbox: the claim of %r whose answer was lost freed its "
+                            "concurrency slot, but waking the row waiting for it failed; "
+                            "the sweep's redispatch sends it", spec.name)
+            elif woke:
+                self.dispatcher().dispatch([DispatchItem(d.id, d.job_name, d.priority)
+                                            for d in woke])
             if released:
                 self._dispatch_released(spec.name, released)
                 log.warning("celery_outbox: a claim of %r whose answer was lost held %d "

@@ -416,6 +416,22 @@ class MemoryStore:
                 out.append(i)
             return out
 
+
+    def release_limited_claim(self, ids: Sequence[UUID], token: str, now: datetime,
+                              job_name: str, concurrency: int, keyed: bool
+                              ) -> tuple[list[UUID], list[Due] | None]:
+        """As the store's: the release, the slots ``token`` holds among ``ids`` freed with
+        it, then the oldest row waiting for each limit freed woken while one is free."""
+        with self._lock:
+            released = self.release_claim(ids, token, now)
+            freed = [k for k, h in self.slots.items()
+                     if k[0] == job_name and h[0] in ids and h[1] == token]
+            for k in freed:
+                del self.slots[k]
+            woke: list[Due] = []
+            for key in dict.fromkeys(k[1] for k in freed):
+                woke += self._wake(job_name, key if keyed else None, concurrency, now)
+            return released, woke
     def stage(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
               limit: int) -> list[Due]:
         """stage: due scheduled rows with no eta message on its way -> pending, dispatched
@@ -610,17 +626,23 @@ class MemoryStore:
             for k, holder in list(self.slots.items()):
                 if k[:2] == (job_name, skey) and holder[:2] == (fence.id, fence.claimed_by):
                     del self.slots[k]
-            live = [k for k, h in self.slots.items()
-                    if k[:2] == (job_name, skey) and self._live(h, self.lease_now())]
-            held = len(live) + (concurrency if any(k[2] >= concurrency for k in live) else 0)
-            waiting = sorted((r for r in self.rows.values()
-                              if r["job_name"] == job_name and r["concurrency_key"] == key
-                              and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
-                             key=lambda r: (r["priority"], r["created_at"], r["id"]))
-            if held >= concurrency or not waiting:
-                return []
-            waiting[0].update(waiting=None, dispatched_at=now, updated_at=now)
-            return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
+            return self._wake(job_name, key, concurrency, now)
+
+    def _wake(self, job_name: str, key: str | None, concurrency: int,
+              now: datetime) -> list[Due]:
+        """As the store's ``wake_waiting`` (caller holds the lock)."""
+        skey = slot_key(key=key)
+        live = [k for k, h in self.slots.items()
+                if k[:2] == (job_name, skey) and self._live(h, self.lease_now())]
+        held = len(live) + (concurrency if any(k[2] >= concurrency for k in live) else 0)
+        waiting = sorted((r for r in self.rows.values()
+                          if r["job_name"] == job_name and r["concurrency_key"] == key
+                          and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
+                         key=lambda r: (r["priority"], r["created_at"], r["id"]))
+        if held >= concurrency or not waiting:
+            return []
+        waiting[0].update(waiting=None, dispatched_at=now, updated_at=now)
+        return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
 
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
                     lease: timedelta) -> int:

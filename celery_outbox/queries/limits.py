@@ -199,6 +199,30 @@ def free_slot(s: Table, job: str, key: str, holder: UUID, by: str) -> Query[int]
                                             "free_id": holder, "free_by": by})
 
 
+@cache
+def _free_claim(s: Table) -> Any:
+    return (delete(s)
+            .where(s.c.job_name == bindparam("fc_job", type_=s.c.job_name.type),
+                   s.c.holder_id.in_(bindparam("fc_ids", expanding=True,
+                                                      type_=s.c.holder_id.type)),
+                   s.c.holder_by == bindparam("fc_by", type_=s.c.holder_by.type))
+            .returning(s.c.concurrency_key))
+
+
+@named("slots: free the slots a claim whose answer was lost took, by the claim's token, "
+       "with its release")
+def free_claim_slots(s: Table, job: str, ids: Sequence[UUID], by: str) -> Query[list[str]]:
+    """Answers the ``concurrency_key`` of each slot freed (none when the claim took none, or
+    has not landed yet). A range of the primary key (the job's slots), on the rare path of
+    a lost answer."""
+    return rows("free_claim_slots", _free_claim(s), _slot_key,
+                {"fc_job": job, "fc_ids": list(ids), "fc_by": by})
+
+
+def _slot_key(row: Row) -> str:
+    return str(row["concurrency_key"])
+
+
 @named("slots: the heartbeat renews the leases of the slots its process holds, found by "
        "primary key and holder")
 def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]],

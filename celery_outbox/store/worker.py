@@ -19,6 +19,7 @@ from celery_outbox.queries.limits import (
     GLOBAL_KEY,
     clear_waiting,
     defer_rate,
+    free_claim_slots,
     free_slot,
     latest_rate_window,
     mark_waiting,
@@ -394,6 +395,36 @@ class WorkerStore(StoreBase):
             self.t, self.tables.slots, self.dialect, job_name, key, concurrency, now,
             self.lease_now()))
         return woke
+
+    def release_limited_claim(self, ids: Sequence[UUID], token: str, now: datetime,
+                              job_name: str, concurrency: int, keyed: bool
+                              ) -> tuple[list[UUID], list[Due] | None]:
+        """release claim (:meth:`release_claim`) of a limited job's claim whose answer was
+        lost, and the concurrency slots that claim took (held by its token: nobody renews
+        them, so each held the job for a whole lease) freed in the same transaction; then,
+        once that committed, the oldest row waiting for a slot of each limit freed
+        dispatched while one is free (as :meth:`free_limited` wakes). ``keyed``: the job
+        has a ``concurrency_key`` (a slot's key is its rows' key; else the rows' is None).
+        Answers the ids released and the rows woken (the caller dispatches both; None: the
+        wake failed after the release committed, the waiting rows left to the sweep's
+        redispatch). Raises :class:`StorageError` when the release failed."""
+        if not ids:
+            return [], []
+        released: list[UUID]
+        freed: list[str]
+        released, freed = self.executor.run_all([
+            release_claim_rows(self.t, ids, token, now),
+            free_claim_slots(self.tables.slots, job_name, ids, token)])
+        woke: list[Due] = []
+        try:
+            for key in dict.fromkeys(freed):
+                found: list[Due] = self.executor.run(wake_waiting(
+                    self.t, self.tables.slots, self.dialect, job_name,
+                    key if keyed else None, concurrency, now, self.lease_now()))
+                woke += found
+        except StorageError:
+            return released, None
+        return released, woke
 
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
                     lease: timedelta) -> int:

@@ -11,9 +11,11 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy import select, update
 
 from celery_outbox import JobContext, JobRegistry, outbox_job
+from celery_outbox.errors import StorageError
 from celery_outbox.models import WAITING_SLOT
 from celery_outbox.states import Status
 from celery_outbox.store.worker import Limits
@@ -290,3 +292,42 @@ def test_a_slot_an_older_release_took_frees_once_its_holders_lease_ran_out(
                                 Limits(1))
     assert [r.id for r in taken.rows] == [waiter]
     assert slots(outbox) == [("lease.oldcancel", "", 0)]
+
+
+def test_a_lost_limited_claims_release_frees_its_slot_and_wakes_the_oldest_waiting(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A limited claim whose answer was lost (its transaction committed: the row running,
+    the slot taken; the worker saw an error) is released by its token: the slot the same
+    transaction took is freed with it (nobody renews it: it held the job for a whole lease),
+    and the oldest row waiting for a slot is dispatched."""
+    @outbox_job(schema=Order, name="lease.lost", concurrency=1, registry=registry)
+    def lost_claim(ctx: JobContext[Order]) -> None:
+        return None
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
+    first, waiter = lost_claim.push_many([Order(order_id=1), Order(order_id=2)])
+    store = outbox.store
+    real = store.claim_limited
+    lose = [True]
+
+    def claim_limited(*args: Any, **kwargs: Any) -> Any:
+        done = real(*args, **kwargs)
+        if lose[0]:
+            lose[0] = False
+            # Meanwhile another worker's claim finds the slot held: its row waits.
+            refused = real(waiter, "lease.lost", "other:2/b", None, LEASE, Limits(1))
+            assert refused.waiting == WAITING_SLOT
+            raise StorageError("server closed the connection unexpectedly (answer lost)")
+        return done
+
+    store.claim_limited = claim_limited  # type: ignore[method-assign]
+    recording.calls.clear()
+    with pytest.raises(StorageError):
+        outbox.runner.run("lease.lost", [first])
+    assert rows(outbox, "lease.lost")[first] == (Status.PENDING.value, 0, None)
+    assert slots(outbox) == [], "the lost claim's slot freed with its release"
+    assert set(recording.ids) == {first, waiter}, "released, and the waiting row woken"
+    assert rows(outbox, "lease.lost")[waiter] == (Status.PENDING.value, 0, None)
+    assert outbox.runner.run("lease.lost", [waiter]).succeeded == 1
+    assert outbox.runner.run("lease.lost", [first]).succeeded == 1

@@ -440,4 +440,8 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("rate_limited", _seed_rate, run_rate, {"jobs": (LIM_RATE,)}),
     # A row that waited for a slot is claimed: its mark cleared with the claim.
     Path("limit_waited", _seed_waiting, run_limited, {"jobs": (LIM,)}),
+    # The limited claim applies (its slot taken), its answer is lost: the worker releases
+    # the claim by its token and frees the slot it took in the same transaction.
+    Path("lost_limited_claim", _seed_limited, run_limited, {"jobs": (LIM,)},
+         given=(Fault("take_slot", 1, "lost"),)),
 ]}
