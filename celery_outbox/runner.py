@@ -937,8 +937,9 @@ class Runner:
                        [self._context(plan, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0],
                        queue=plan.queue, asked=asked, slot=slot)
-        if slot is not None:  # renewed from the claim on, by this process, until freed
-            self.heartbeat.hold_slot(slot, lease)
+        if slot is not None:  # renewed from the claim on, by this process, until freed; reaped
+            # meanwhile (its lease ran out unrenewed), its attempt is lost as its row's is.
+            self.heartbeat.hold_slot(slot, lease, self._on_lost(claim.fences[0]))
         # Every row held and heartbeated from the claim on, each on its own (renewed, told
         # of its loss, let go), registered once for the message.
         self.inflight.add_many(zip(claim.fences, claim.contexts, strict=True))
@@ -1094,8 +1095,8 @@ class Runner:
         renewed = self.store.heartbeat(None, [fence], now, lease)
         if fence.id in renewed and slot is not None \
                 and not self.store.renew_slots([slot], now, lease):
-            # Reaped (its lease ran out before this renewal): another claim may hold it, so
-            # the row is handed back, never begun.
+            # Reaped (its lease ran out and a claim or the trim freed it before this
+            # renewal): another claim may hold it, so the row is handed back, never begun.
             raise StorageError(f"the concurrency slot of {fence.id} ran out before its "
                                "handler began")
         if fence.id in renewed:

@@ -551,13 +551,12 @@ class MemoryStore:
             refused: str | None = None
             slot: Slot | None = None
             if limits.concurrency is not None:
-                for k in [k for k in self.slots if k[:2] == (job_name, key)
-                          and not self._live(self.slots[k], now)]:
-                    del self.slots[k]
-                free = [n for n in range(limits.concurrency)
-                        if (job_name, key, n) not in self.slots]
-                above = any(k[:2] == (job_name, key) and k[2] >= limits.concurrency
-                            for k in self.slots)
+                free, above = self._free_slots(job_name, key, limits.concurrency)
+                if not free or above:  # as the store's: the dead reaped only then
+                    for k in [k for k in self.slots if k[:2] == (job_name, key)
+                              and not self._live(self.slots[k], now)]:
+                        del self.slots[k]
+                    free, above = self._free_slots(job_name, key, limits.concurrency)
                 if free and not above:
                     self.slots[(job_name, key, free[0])] = (row.id, worker, row.attempt,
                                                             self._at(now) + lease)
@@ -603,6 +602,12 @@ class MemoryStore:
                                            dispatched_at=at if soon else None)
             return LimitedClaim([], WAITING_RATE, run_at, soon)
 
+    def _free_slots(self, job_name: str, key: str, n: int) -> tuple[list[int], bool]:
+        """The slot numbers below ``n`` no slot row holds (dead or alive, unreaped), and
+        whether one numbered ``n`` or more is there."""
+        free = [i for i in range(n) if (job_name, key, i) not in self.slots]
+        return free, any(k[:2] == (job_name, key) and k[2] >= n for k in self.slots)
+
     def _trim_rates(self, job_name: str, key: str, before: datetime) -> None:
         for k in [k for k in self.rates if k[:2] == (job_name, key) and k[2] < before]:
             del self.rates[k]
@@ -645,18 +650,17 @@ class MemoryStore:
         return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
 
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
-                    lease: timedelta) -> int:
-        """As the store's: each slot still its holder's, its lease not run out, renewed to
-        ``now`` + ``lease``."""
+                    lease: timedelta) -> list[Slot]:
+        """As the store's: each slot still there under its holder, late or not, renewed to
+        ``now`` + ``lease``; those renewed (one missing was reaped)."""
         with self._op("renew_slots"):
-            renewed = 0
+            renewed: list[Slot] = []
             for x in slots:
                 holder = self.slots.get((x.job_name, x.key, x.number))
-                if holder is not None and holder[1] == x.holder_by \
-                        and holder[3] is not None and holder[3] >= self._at(now):
+                if holder is not None and holder[1] == x.holder_by:
                     self.slots[(x.job_name, x.key, x.number)] = (*holder[:3],
                                                                  self._at(now) + lease)
-                    renewed += 1
+                    renewed.append(x)
             return renewed
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:

@@ -8,10 +8,11 @@ slot, or for the window it booked).
 A slot is held by the worker process running its handler, never derived from the
 execution row's status: its own ``lease_expires_at`` is written at the take (the database's
 time plus the job's lease), renewed by that process's heartbeat while the handler runs
-(:func:`renew_slots`), and the runner deletes it once the handler returned and its outcome
-is written or given up (:func:`free_slot`). A slot whose lease ran out in the database's
-clock is free (:func:`live` is false): a claim reaps it, and so does the trim
-(:func:`reap_dead_slots`), so a crashed worker's slot frees within a lease. A slot an older
+(:func:`renew_slots`: late or not, while it is still there), and the runner deletes it once
+the handler returned and its outcome is written or given up (:func:`free_slot`). A slot
+whose lease ran out in the database's clock is free (:func:`live` is false): a claim reaps
+it, and so does the trim (:func:`reap_dead_slots`), so a crashed worker's slot frees within
+a lease; a holder whose slot was reaped has lost its attempt. A slot an older
 release took (no lease) is judged by its row's fence and that row's lease (:func:`alive`).
 
 Each statement that compares or writes a slot's lease comes in two forms (as the execution
@@ -224,13 +225,15 @@ def _slot_key(row: Row) -> str:
 
 
 @named("slots: the heartbeat renews the leases of the slots its process holds, found by "
-       "primary key and holder")
+       "primary key and holder, late or not (a slot still there is still held)")
 def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]],
-                now: datetime | None, lease: timedelta) -> Query[int]:
+                now: datetime | None, lease: timedelta) -> Query[list[tuple[str, str, int]]]:
     """The slots ``held`` (each ``(job, key, slot, holder_by)``: found by primary key, still
-    the holder's, its lease not run out) renewed: their leases run out ``lease`` after
-    ``now`` (None: the database's clock). Answers how many were renewed (a slot missing ran
-    out unrenewed: it is free, reaped or not)."""
+    the holder's) renewed: their leases run out ``lease`` after ``now`` (None: the
+    database's clock). A slot is renewed as its row is: while it is still there under its
+    holder, late or not (nobody reaped it: it is still held). Answers the ``(job, key,
+    slot)`` of each renewed; one missing was reaped (its lease ran out and a claim or the
+    trim freed it): its attempt is lost."""
     params: dict[str, Any] = {}
     matches = []
     for i, (job, key, slot, by) in enumerate(held):
@@ -242,12 +245,14 @@ def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]
             s.c.slot == bindparam(names[2], type_=Integer()),
             s.c.holder_by == bindparam(names[3], type_=s.c.holder_by.type)))
     params["rs_lease"] = _lease_value(dialect, now, lease)
-    params["rs_now"] = now
-    # A slot whose lease ran out is free, reaped yet or not: never held again.
-    stmt = (update(s).where(or_(*matches),
-                            s.c.lease_expires_at >= _now(s, dialect, now is not None, "rs_now"))
-            .values(lease_expires_at=_lease_end(s, dialect, now is not None, "rs_lease")))
-    return rowcount("renew_slots", stmt, params)
+    stmt = (update(s).where(or_(*matches))
+            .values(lease_expires_at=_lease_end(s, dialect, now is not None, "rs_lease"))
+            .returning(s.c.job_name, s.c.concurrency_key, s.c.slot))
+    return rows("renew_slots", stmt, _renewed, params)
+
+
+def _renewed(row: Row) -> tuple[str, str, int]:
+    return (str(row["job_name"]), str(row["concurrency_key"]), int(row["slot"]))
 
 
 @cache

@@ -427,19 +427,21 @@ class WorkerStore(StoreBase):
         return released, woke
 
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
-                    lease: timedelta) -> int:
+                    lease: timedelta) -> list[Slot]:
         """renew slots: the leases of ``slots`` (held by this process's running handlers)
         run out ``lease`` after ``now`` (None: the database's clock; an aware datetime
         stands in for it), in one UPDATE by primary key. Guard per slot: its holder is still
-        the claim that took it and its lease has not run out (one that ran out is free,
-        reaped yet or not). Answers how many were renewed (one missing ran out: the process
-        was away longer than a lease)."""
+        the claim that took it. A slot is renewed as its row is: late or not, while it is
+        still there (nobody reaped it: it is still held). Answers those renewed; one
+        missing was reaped (its lease ran out and a claim or the trim freed it): its
+        attempt is lost, another claim may hold its number."""
         if not slots:
-            return 0
-        renewed: int = self.executor.run(renew_slots(
+            return []
+        found: list[tuple[str, str, int]] = self.executor.run(renew_slots(
             self.tables.slots, self.dialect,
             [(x.job_name, x.key, x.number, x.holder_by) for x in slots], now, lease))
-        return renewed
+        renewed = set(found)
+        return [x for x in slots if (x.job_name, x.key, x.number) in renewed]
 
     def reap_dead_slots(self, now: datetime | None) -> int:
         """reap: the slots of every job and key whose lease ran out before ``now`` (None:

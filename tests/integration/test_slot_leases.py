@@ -62,10 +62,11 @@ def test_a_dead_workers_slot_frees_when_its_lease_runs_out_even_cancelled_while_
     assert slots(outbox) == [("lease.d1", "", 0)]
 
 
-def test_a_renewed_slot_stays_held_and_one_that_ran_out_is_never_renewed(
+def test_a_renewed_slot_stays_held_late_or_not_and_one_reaped_is_never_renewed(
         db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
     """The heartbeat's renewal keeps a slot held past its first lease; a renewal after the
-    lease ran out renews nothing (the slot is free, reaped yet or not)."""
+    lease ran out renews it while it is still there (nobody reaped it: still held, as a
+    row's late renewal); once a claim reaped it, a renewal renews nothing."""
     @outbox_job(schema=Order, name="lease.renew", concurrency=1, registry=registry)
     def renew(ctx: JobContext[Order]) -> None:
         return None
@@ -77,14 +78,18 @@ def test_a_renewed_slot_stays_held_and_one_that_ran_out_is_never_renewed(
     got = store.claim_limited(first, "lease.renew", "w:1/a", now[0], LEASE, Limits(1))
     assert got.slot is not None
     now[0] = T0 + LEASE / 2
-    assert store.renew_slots([got.slot], now[0], LEASE) == 1
+    assert store.renew_slots([got.slot], now[0], LEASE) == [got.slot]
     now[0] = T0 + LEASE + timedelta(minutes=1)  # past the first lease, within the renewed
     refused = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
     assert refused.rows == [] and refused.waiting == WAITING_SLOT
-    now[0] = T0 + LEASE / 2 + LEASE + timedelta(seconds=1)
-    assert store.renew_slots([got.slot], now[0], LEASE) == 0, "ran out: never held again"
+    now[0] = T0 + LEASE / 2 + LEASE + timedelta(seconds=1)  # ran out, nobody reaped it
+    assert store.renew_slots([got.slot], now[0], LEASE) == [got.slot], "renewed late"
+    refused = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
+    assert refused.rows == [], "still held"
+    now[0] += LEASE + timedelta(seconds=1)  # ran out again: this claim reaps it
     taken = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
     assert [r.id for r in taken.rows] == [second]
+    assert store.renew_slots([got.slot], now[0], LEASE) == [], "reaped: never renewed"
 
 
 def test_the_trim_reaps_the_dead_slots_of_a_key_never_claimed_again(
@@ -331,3 +336,58 @@ def test_a_lost_limited_claims_release_frees_its_slot_and_wakes_the_oldest_waiti
     assert rows(outbox, "lease.lost")[waiter] == (Status.PENDING.value, 0, None)
     assert outbox.runner.run("lease.lost", [waiter]).succeeded == 1
     assert outbox.runner.run("lease.lost", [first]).succeeded == 1
+
+
+def test_a_late_beat_renews_a_slot_still_held_and_tells_the_handler_of_one_reaped(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A slot is renewed as its row is: a heartbeat late past the lease (the process
+    stalled: SIGSTOP, a VM pause) renews a slot nobody reaped (still held: the next claim is
+    refused, never runs beside it); a slot reaped before its holder's beat makes that
+    attempt lost: its handler is told (ctx.cancelled), never only logged."""
+    inside = threading.Event()
+    go = threading.Event()
+    running: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+    contexts: dict[int, JobContext[Order]] = {}
+
+    @outbox_job(schema=Order, name="lease.late", concurrency=1, registry=registry)
+    def late(ctx: JobContext[Order]) -> None:
+        with lock:
+            running.append(ctx.payload.order_id)
+            most[0] = max(most[0], len(running))
+        contexts[ctx.payload.order_id] = ctx
+        try:
+            if ctx.payload.order_id == 1:
+                inside.set()
+                assert go.wait(20)
+        finally:
+            with lock:
+                running.remove(ctx.payload.order_id)
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher(), lease=LEASE)
+    now = clocked(outbox, datetime.now(UTC))
+    start = now[0]
+    first, second = late.push_many([Order(order_id=1), Order(order_id=2)])
+    worker = threading.Thread(target=outbox.runner.run, args=("lease.late", [first]))
+    worker.start()
+    try:
+        assert inside.wait(20)
+        now[0] = start + LEASE + timedelta(seconds=1)  # away past a lease, nobody reaped
+        assert outbox.runner.heartbeat.beat() == 0, "the late beat renews row and slot"
+        assert not contexts[1].cancelled.is_set()
+        refused = outbox.runner.run("lease.late", [second])
+        assert refused.claimed == 0, "the slot, renewed late, is still held"
+        assert most[0] == 1
+
+        now[0] += LEASE + timedelta(seconds=1)  # away again: this time a claim reaps it
+        taken = outbox.store.claim_limited(second, "lease.late", "other:2/b", now[0], LEASE,
+                                           Limits(1))
+        assert [r.id for r in taken.rows] == [second]
+        assert outbox.runner.heartbeat.beat() == 1, "the reaped slot lost its attempt"
+        assert contexts[1].cancelled.is_set(), "its handler is told to stop"
+        assert outbox.runner.heartbeat.held_slots() == [], "a slot gone is renewed no more"
+    finally:
+        go.set()
+        worker.join(20)
+    assert not worker.is_alive()
