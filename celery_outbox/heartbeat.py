@@ -11,7 +11,9 @@ It renews the concurrency slots this process's handlers hold too (:meth:`Heartbe
 in one UPDATE per beat (per lease length), from the claim until the runner lets the slot go
 after the handler returned: a slot is held by the process running its handler, whatever
 its row's status (a transactional outcome commits while the handler still runs), and a dead
-process's slot frees once its lease runs out.
+process's slot frees once its lease runs out. A slot is renewed as its row is, late or not,
+while it is still there; one gone when its holder renews (reaped: its lease ran out and a
+claim or the trim freed it) makes that attempt lost: its ``on_lost`` fires, as a row's.
 
 A worker cut off from the database cannot learn that its row was rescued (its writes fail,
 or hang until the engine's timeouts), so the heartbeat also keeps, per held execution, when
@@ -69,6 +71,13 @@ class _Held:
         return self.expires - self.lease.total_seconds() / 20
 
 
+@dataclass(eq=False)
+class _HeldSlot:
+    lease: timedelta
+    on_lost: Callable[[], None] | None
+    """Called once when a renewal finds the slot gone (reaped): its attempt is lost."""
+
+
 class Heartbeat:
     """Renews the leases of this process's running executions, in the database's clock
     (``store.lease_now()``). ``idle_interval`` is how long the thread sleeps when nothing is
@@ -85,7 +94,7 @@ class Heartbeat:
         # By fence, not by execution: a later claim of the same row in this process (after a
         # hand-back) is held on its own, and the earlier claim's end does not stop it.
         self._held: dict[Fence, _Held] = {}
-        self._slots: dict[Slot, timedelta] = {}
+        self._slots: dict[Slot, _HeldSlot] = {}
         """The concurrency slots this process's handlers hold, each with its lease."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -134,12 +143,15 @@ class Heartbeat:
         if watch_sooner:
             self._watch_wake.set()
 
-    def hold_slot(self, slot: Slot, lease: timedelta) -> None:
+    def hold_slot(self, slot: Slot, lease: timedelta,
+                  on_lost: Callable[[], None] | None = None) -> None:
         """Renew ``slot``'s lease (written by its claim) every ``lease / 3`` until
-        :meth:`let_go_slot`, whatever becomes of its execution's row: its handler runs."""
+        :meth:`let_go_slot`, whatever becomes of its execution's row: its handler runs.
+        ``on_lost``: called once when a renewal finds the slot gone (reaped, its lease having
+        run out: another claim may hold it), after which it is renewed no more."""
         with self._lock:
             self._ensure_thread()
-            self._slots[slot] = lease
+            self._slots[slot] = _HeldSlot(lease, on_lost)
             sooner = time.monotonic() + lease.total_seconds() / 3 < self._next_beat
         if sooner:
             self._wake.set()
@@ -229,7 +241,8 @@ class Heartbeat:
     def _interval(self) -> float:
         """Seconds to the next beat: a third of the shortest held lease, a slot's too
         (caller holds the lock)."""
-        leases = [h.lease for h in self._held.values()] + list(self._slots.values())
+        leases = [h.lease for h in self._held.values()] + [x.lease for x in
+                                                            self._slots.values()]
         if not leases:
             return self.idle_interval.total_seconds()
         return min(leases).total_seconds() / 3
@@ -257,15 +270,14 @@ class Heartbeat:
                 log.exception("celery_outbox: heartbeat failed; retrying next interval")
 
     def beat(self) -> int:
-        """Renew every held lease now, the slots' too. Returns how many were lost (cancelled
-        or rescued)."""
+        """Renew every held lease now, the slots' too. Returns how many were lost (rows
+        cancelled or rescued, slots reaped)."""
         with self._lock:
             held = list(self._held.values())
             slots = list(self._slots.items())
-        if slots:
-            self._renew_slots(slots)
+        lost = self._renew_slots(slots) if slots else 0
         if not held:
-            return 0
+            return lost
         # One UPDATE per lease length, each naming an execution once: the UPDATE returns ids,
         # and an earlier claim of a row this process claimed again (after a hand-back or a
         # rescue) must not pass for held because the later claim is.
@@ -275,7 +287,6 @@ class Heartbeat:
             n = rounds[(h.lease, h.fence.id)]
             rounds[(h.lease, h.fence.id)] += 1
             by_lease[(h.lease, n)].append(h)
-        lost = 0
         now = self.store.lease_now()  # None: the database's clock
         written = time.monotonic()  # before the writes: each lease written runs out no later
         for (lease, _), group in by_lease.items():
@@ -302,24 +313,39 @@ class Heartbeat:
                 lost += self._settle([h], alone, written, lease)
         return lost
 
-    def _renew_slots(self, slots: list[tuple[Slot, timedelta]]) -> None:
-        """Renew the leases of ``slots``: one UPDATE per lease length (one in practice). A
-        failure is logged and tried again at the next beat."""
+    def _renew_slots(self, slots: list[tuple[Slot, _HeldSlot]]) -> int:
+        """Renew the leases of ``slots``: one UPDATE per lease length (one in practice),
+        late or not. A slot gone (reaped: its lease ran out and a claim or the trim freed
+        it) is renewed no more and its attempt is lost: its ``on_lost`` fires, so the
+        handler is told, never only logged. A failure is logged and tried again at the next
+        beat. Returns how many were lost."""
         by_lease: dict[timedelta, list[Slot]] = defaultdict(list)
-        for slot, lease in slots:
-            by_lease[lease].append(slot)
+        for slot, held in slots:
+            by_lease[held.lease].append(slot)
         now = self.store.lease_now()
+        lost = 0
         for lease, group in by_lease.items():
             try:
-                renewed = self.store.renew_slots(group, now, lease)
+                renewed = set(self.store.renew_slots(group, now, lease))
             except Exception as exc:
                 log.warning("celery_outbox: renewing %d concurrency slot(s) failed (%s); "
                             "retrying next interval", len(group), exc)
                 continue
-            if renewed < len(group):
-                log.warning("celery_outbox: %d of %d concurrency slot(s) held here were "
-                            "reaped (their leases ran out unrenewed)", len(group) - renewed,
-                            len(group))
+            for slot in group:
+                if slot in renewed:
+                    continue
+                with self._lock:
+                    gone = self._slots.pop(slot, None)
+                if gone is None:  # let go meanwhile: its handler returned
+                    continue
+                lost += 1
+                log.warning("celery_outbox: the concurrency slot %d of %r held here was "
+                            "reaped (its lease ran out unrenewed: the process was away); "
+                            "its handler is told to stop (ctx.cancelled)", slot.number,
+                            slot.job_name)
+                if gone.on_lost is not None:
+                    gone.on_lost()
+        return lost
 
     def _settle(self, group: list[_Held], kept: Renewed, written: float,
                 lease: timedelta) -> int:

@@ -79,7 +79,7 @@ from celery_outbox.outcomes import (
 from celery_outbox.registry import JobRegistry, JobSpec
 from celery_outbox.rollup import Rollup
 from celery_outbox.states import TERMINAL, Status
-from celery_outbox.store import Claimed, Fence
+from celery_outbox.store import Claimed, Due, Fence
 from celery_outbox.store.protocol import WorkerStore
 from celery_outbox.store.worker import Limits, Slot
 
@@ -937,8 +937,9 @@ class Runner:
                        [self._context(plan, row, now) for row in claimed],
                        first_started=bool(claimed) and claimed[0].id == uuids[0],
                        queue=plan.queue, asked=asked, slot=slot)
-        if slot is not None:  # renewed from the claim on, by this process, until freed
-            self.heartbeat.hold_slot(slot, lease)
+        if slot is not None:  # renewed from the claim on, by this process, until freed; reaped
+            # meanwhile (its lease ran out unrenewed), its attempt is lost as its row's is.
+            self.heartbeat.hold_slot(slot, lease, self._on_lost(claim.fences[0]))
         # Every row held and heartbeated from the claim on, each on its own (renewed, told
         # of its loss, let go), registered once for the message.
         self.inflight.add_many(zip(claim.fences, claim.contexts, strict=True))
@@ -1094,8 +1095,8 @@ class Runner:
         renewed = self.store.heartbeat(None, [fence], now, lease)
         if fence.id in renewed and slot is not None \
                 and not self.store.renew_slots([slot], now, lease):
-            # Reaped (its lease ran out before this renewal): another claim may hold it, so
-            # the row is handed back, never begun.
+            # Reaped (its lease ran out and a claim or the trim freed it before this
+            # renewal): another claim may hold it, so the row is handed back, never begun.
             raise StorageError(f"the concurrency slot of {fence.id} ran out before its "
                                "handler began")
         if fence.id in renewed:
@@ -1227,11 +1228,19 @@ class Runner:
                             lease: timedelta) -> None:
         """release claim: the rows a claim whose answer was lost holds (it may have been
         applied, or be applied later by a server that hung), back to pending by the claim's
-        token, dispatched at once. Tried now, then by a retry thread until it releases them
-        or a lease has passed (a release that finds nothing may only have come first)."""
+        token, dispatched at once; a limited job's concurrency slot that claim took freed
+        in the same transaction, then the oldest row waiting for one dispatched. Tried now,
+        then by a retry thread until it releases them or a lease has passed (a release that
+        finds nothing may only have come first)."""
         def attempt(final: bool) -> bool:
             try:
-                released = self.store.release_claim(ids, token, self.clock())
+                woke: list[Due] | None = []
+                if spec.concurrency is not None:  # its slot freed with it, then a wake
+                    released, woke = self.store.release_limited_claim(
+                        ids, token, self.clock(), spec.name, spec.concurrency,
+                        spec.concurrency_key is not None)
+                else:
+                    released = self.store.release_claim(ids, token, self.clock())
             except Exception as exc:
                 if final:
                     log.warning("celery_outbox: could not release the claim of %d "
@@ -1239,6 +1248,13 @@ class Runner:
                                 "takes what it holds when its lease expires", len(ids),
                                 spec.name, exc)
                 return False
+            if woke is None:
+                log.warning("celery_outbox: the claim of %r whose answer was lost freed its "
+                            "concurrency slot, but waking the row waiting for it failed; "
+                            "the sweep's redispatch sends it", spec.name)
+            elif woke:
+                self.dispatcher().dispatch([DispatchItem(d.id, d.job_name, d.priority)
+                                            for d in woke])
             if released:
                 self._dispatch_released(spec.name, released)
                 log.warning("celery_outbox: a claim of %r whose answer was lost held %d "

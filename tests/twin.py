@@ -416,6 +416,22 @@ class MemoryStore:
                 out.append(i)
             return out
 
+
+    def release_limited_claim(self, ids: Sequence[UUID], token: str, now: datetime,
+                              job_name: str, concurrency: int, keyed: bool
+                              ) -> tuple[list[UUID], list[Due] | None]:
+        """As the store's: the release, the slots ``token`` holds among ``ids`` freed with
+        it, then the oldest row waiting for each limit freed woken while one is free."""
+        with self._lock:
+            released = self.release_claim(ids, token, now)
+            freed = [k for k, h in self.slots.items()
+                     if k[0] == job_name and h[0] in ids and h[1] == token]
+            for k in freed:
+                del self.slots[k]
+            woke: list[Due] = []
+            for key in dict.fromkeys(k[1] for k in freed):
+                woke += self._wake(job_name, key if keyed else None, concurrency, now)
+            return released, woke
     def stage(self, now: datetime, *, job_names: Sequence[str], stale_before: datetime,
               limit: int) -> list[Due]:
         """stage: due scheduled rows with no eta message on its way -> pending, dispatched
@@ -502,19 +518,22 @@ class MemoryStore:
         self._write(r, values)
         return True
 
-    def _alive(self, holder: tuple[UUID, str, int, datetime | None]) -> bool:
+    def _alive(self, holder: tuple[UUID, str, int, datetime | None],
+               now: datetime | None) -> bool:
         row = self.rows.get(holder[0])
-        return row is not None and (row["claimed_by"], row["attempt"]) == holder[1:3] and (
-            row["status"] == _RUNNING or (row["status"] == Status.CANCELLED.value
-                                          and row["lease_expires_at"] is not None))
+        return row is not None and (row["claimed_by"], row["attempt"]) == holder[1:3] \
+            and row["status"] in (_RUNNING, Status.CANCELLED.value) \
+            and row["lease_expires_at"] is not None \
+            and row["lease_expires_at"] >= self._at(now)
 
     def _live(self, holder: tuple[UUID, str, int, datetime | None],
               now: datetime | None) -> bool:
         """As the store's ``live``: its lease not run out at ``now`` (None: the twin's
-        database clock), or no lease and its holder's fence still running."""
+        database clock), or no lease and its holder's fence still running, its row's lease
+        not run out at ``now``."""
         lease = holder[3]
         if lease is None:
-            return self._alive(holder)
+            return self._alive(holder, now)
         return lease >= self._at(now)
 
     def claim_limited(self, execution_id: UUID, job_name: str, worker: str,
@@ -535,13 +554,12 @@ class MemoryStore:
             refused: str | None = None
             slot: Slot | None = None
             if limits.concurrency is not None:
-                for k in [k for k in self.slots if k[:2] == (job_name, key)
-                          and not self._live(self.slots[k], now)]:
-                    del self.slots[k]
-                free = [n for n in range(limits.concurrency)
-                        if (job_name, key, n) not in self.slots]
-                above = any(k[:2] == (job_name, key) and k[2] >= limits.concurrency
-                            for k in self.slots)
+                free, above = self._free_slots(job_name, key, limits.concurrency)
+                if not free or above:  # as the store's: the dead reaped only then
+                    for k in [k for k in self.slots if k[:2] == (job_name, key)
+                              and not self._live(self.slots[k], now)]:
+                        del self.slots[k]
+                    free, above = self._free_slots(job_name, key, limits.concurrency)
                 if free and not above:
                     self.slots[(job_name, key, free[0])] = (row.id, worker, row.attempt,
                                                             self._at(now) + lease)
@@ -587,6 +605,12 @@ class MemoryStore:
                                            dispatched_at=at if soon else None)
             return LimitedClaim([], WAITING_RATE, run_at, soon)
 
+    def _free_slots(self, job_name: str, key: str, n: int) -> tuple[list[int], bool]:
+        """The slot numbers below ``n`` no slot row holds (dead or alive, unreaped), and
+        whether one numbered ``n`` or more is there."""
+        free = [i for i in range(n) if (job_name, key, i) not in self.slots]
+        return free, any(k[:2] == (job_name, key) and k[2] >= n for k in self.slots)
+
     def _trim_rates(self, job_name: str, key: str, before: datetime) -> None:
         for k in [k for k in self.rates if k[:2] == (job_name, key) and k[2] < before]:
             del self.rates[k]
@@ -610,17 +634,23 @@ class MemoryStore:
             for k, holder in list(self.slots.items()):
                 if k[:2] == (job_name, skey) and holder[:2] == (fence.id, fence.claimed_by):
                     del self.slots[k]
-            live = [k for k, h in self.slots.items()
-                    if k[:2] == (job_name, skey) and self._live(h, self.lease_now())]
-            held = len(live) + (concurrency if any(k[2] >= concurrency for k in live) else 0)
-            waiting = sorted((r for r in self.rows.values()
-                              if r["job_name"] == job_name and r["concurrency_key"] == key
-                              and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
-                             key=lambda r: (r["priority"], r["created_at"], r["id"]))
-            if held >= concurrency or not waiting:
-                return []
-            waiting[0].update(waiting=None, dispatched_at=now, updated_at=now)
-            return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
+            return self._wake(job_name, key, concurrency, now)
+
+    def _wake(self, job_name: str, key: str | None, concurrency: int,
+              now: datetime) -> list[Due]:
+        """As the store's ``wake_waiting`` (caller holds the lock)."""
+        skey = slot_key(key=key)
+        live = [k for k, h in self.slots.items()
+                if k[:2] == (job_name, skey) and self._live(h, self.lease_now())]
+        held = len(live) + (concurrency if any(k[2] >= concurrency for k in live) else 0)
+        waiting = sorted((r for r in self.rows.values()
+                          if r["job_name"] == job_name and r["concurrency_key"] == key
+                          and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
+                         key=lambda r: (r["priority"], r["created_at"], r["id"]))
+        if held >= concurrency or not waiting:
+            return []
+        waiting[0].update(waiting=None, dispatched_at=now, updated_at=now)
+        return [Due(waiting[0]["id"], job_name, waiting[0]["priority"])]
 
     def _waiting_slot(self, job_name: str, key: str | None) -> list[dict[str, Any]]:
         return sorted((r for r in self.rows.values()
@@ -653,18 +683,17 @@ class MemoryStore:
             return [Due(r["id"], job_name, r["priority"]) for r in woke]
 
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
-                    lease: timedelta) -> int:
-        """As the store's: each slot still its holder's, its lease not run out, renewed to
-        ``now`` + ``lease``."""
+                    lease: timedelta) -> list[Slot]:
+        """As the store's: each slot still there under its holder, late or not, renewed to
+        ``now`` + ``lease``; those renewed (one missing was reaped)."""
         with self._op("renew_slots"):
-            renewed = 0
+            renewed: list[Slot] = []
             for x in slots:
                 holder = self.slots.get((x.job_name, x.key, x.number))
-                if holder is not None and holder[1] == x.holder_by \
-                        and holder[3] is not None and holder[3] >= self._at(now):
+                if holder is not None and holder[1] == x.holder_by:
                     self.slots[(x.job_name, x.key, x.number)] = (*holder[:3],
                                                                  self._at(now) + lease)
-                    renewed += 1
+                    renewed.append(x)
             return renewed
 
     def dispatchable(self, ids: Sequence[UUID]) -> list[Due]:

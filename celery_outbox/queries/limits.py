@@ -8,11 +8,12 @@ slot, or for the window it booked).
 A slot is held by the worker process running its handler, never derived from the
 execution row's status: its own ``lease_expires_at`` is written at the take (the database's
 time plus the job's lease), renewed by that process's heartbeat while the handler runs
-(:func:`renew_slots`), and the runner deletes it once the handler returned and its outcome
-is written or given up (:func:`free_slot`). A slot whose lease ran out in the database's
-clock is free (:func:`live` is false): a claim reaps it, and so does the trim
-(:func:`reap_dead_slots`), so a crashed worker's slot frees within a lease. A slot an older
-release took (no lease) is judged by its row's fence (:func:`alive`).
+(:func:`renew_slots`: late or not, while it is still there), and the runner deletes it once
+the handler returned and its outcome is written or given up (:func:`free_slot`). A slot
+whose lease ran out in the database's clock is free (:func:`live` is false): a claim reaps
+it, and so does the trim (:func:`reap_dead_slots`), so a crashed worker's slot frees within
+a lease; a holder whose slot was reaped has lost its attempt. A slot an older
+release took (no lease) is judged by its row's fence and that row's lease (:func:`alive`).
 
 Each statement that compares or writes a slot's lease comes in two forms (as the execution
 leases do, :mod:`celery_outbox.queries.clock`): the database's clock (``now`` None), or a
@@ -53,25 +54,30 @@ GLOBAL_KEY = ""
 """The ``concurrency_key`` / ``rate_key`` of a job's own limit (no key function)."""
 
 
-def alive(s: Table, t: Table) -> Any:
+def alive(s: Table, t: Table, now: Any) -> Any:
     """The old rule, for a slot an older release took (no lease of its own): its holder
-    still runs the attempt that took it: its row running under that fence, or cancelled
-    while that attempt still runs (lease set until the stop is confirmed)."""
+    still runs the attempt that took it: its row under that fence (``claimed_by``,
+    ``attempt``), running or cancelled while that attempt still runs (lease set until the
+    stop is confirmed), AND that row's lease has not run out at ``now`` (a SQL expression:
+    the database's time, or a bound stand-in). A cancelled row whose worker died keeps its
+    lease set forever: judged by its status alone, its slot was held forever."""
     return exists(select(literal(1)).where(
         t.c.id == s.c.holder_id,
         t.c.claimed_by == s.c.holder_by,
         t.c.attempt == s.c.holder_attempt,
-        or_(t.c.status == Status.RUNNING.value,
-            and_(t.c.status == Status.CANCELLED.value, t.c.lease_expires_at.is_not(None))),
+        t.c.status.in_([Status.RUNNING.value, Status.CANCELLED.value]),
+        t.c.lease_expires_at.is_not(None),
+        t.c.lease_expires_at >= now,
     ))
 
 
 def live(s: Table, t: Table, now: Any) -> Any:
     """The slot is held: its lease runs out at or after ``now`` (a SQL expression: the
     database's time, or a bound stand-in), or it has none (an older release took it) and its
-    holder still runs the attempt that took it (:func:`alive`). Never NULL."""
+    holder still runs the attempt that took it, its row's lease not run out at ``now``
+    (:func:`alive`). Never NULL."""
     return or_(and_(s.c.lease_expires_at.is_not(None), s.c.lease_expires_at >= now),
-               and_(s.c.lease_expires_at.is_(None), alive(s, t)))
+               and_(s.c.lease_expires_at.is_(None), alive(s, t, now)))
 
 
 def _now(s: Table, dialect: str, clocked: bool, name: str) -> Any:
@@ -194,14 +200,40 @@ def free_slot(s: Table, job: str, key: str, holder: UUID, by: str) -> Query[int]
                                             "free_id": holder, "free_by": by})
 
 
+@cache
+def _free_claim(s: Table) -> Any:
+    return (delete(s)
+            .where(s.c.job_name == bindparam("fc_job", type_=s.c.job_name.type),
+                   s.c.holder_id.in_(bindparam("fc_ids", expanding=True,
+                                                      type_=s.c.holder_id.type)),
+                   s.c.holder_by == bindparam("fc_by", type_=s.c.holder_by.type))
+            .returning(s.c.concurrency_key))
+
+
+@named("slots: free the slots a claim whose answer was lost took, by the claim's token, "
+       "with its release")
+def free_claim_slots(s: Table, job: str, ids: Sequence[UUID], by: str) -> Query[list[str]]:
+    """Answers the ``concurrency_key`` of each slot freed (none when the claim took none, or
+    has not landed yet). A range of the primary key (the job's slots), on the rare path of
+    a lost answer."""
+    return rows("free_claim_slots", _free_claim(s), _slot_key,
+                {"fc_job": job, "fc_ids": list(ids), "fc_by": by})
+
+
+def _slot_key(row: Row) -> str:
+    return str(row["concurrency_key"])
+
+
 @named("slots: the heartbeat renews the leases of the slots its process holds, found by "
-       "primary key and holder")
+       "primary key and holder, late or not (a slot still there is still held)")
 def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]],
-                now: datetime | None, lease: timedelta) -> Query[int]:
+                now: datetime | None, lease: timedelta) -> Query[list[tuple[str, str, int]]]:
     """The slots ``held`` (each ``(job, key, slot, holder_by)``: found by primary key, still
-    the holder's, its lease not run out) renewed: their leases run out ``lease`` after
-    ``now`` (None: the database's clock). Answers how many were renewed (a slot missing ran
-    out unrenewed: it is free, reaped or not)."""
+    the holder's) renewed: their leases run out ``lease`` after ``now`` (None: the
+    database's clock). A slot is renewed as its row is: while it is still there under its
+    holder, late or not (nobody reaped it: it is still held). Answers the ``(job, key,
+    slot)`` of each renewed; one missing was reaped (its lease ran out and a claim or the
+    trim freed it): its attempt is lost."""
     params: dict[str, Any] = {}
     matches = []
     for i, (job, key, slot, by) in enumerate(held):
@@ -213,12 +245,14 @@ def renew_slots(s: Table, dialect: str, held: Sequence[tuple[str, str, int, str]
             s.c.slot == bindparam(names[2], type_=Integer()),
             s.c.holder_by == bindparam(names[3], type_=s.c.holder_by.type)))
     params["rs_lease"] = _lease_value(dialect, now, lease)
-    params["rs_now"] = now
-    # A slot whose lease ran out is free, reaped yet or not: never held again.
-    stmt = (update(s).where(or_(*matches),
-                            s.c.lease_expires_at >= _now(s, dialect, now is not None, "rs_now"))
-            .values(lease_expires_at=_lease_end(s, dialect, now is not None, "rs_lease")))
-    return rowcount("renew_slots", stmt, params)
+    stmt = (update(s).where(or_(*matches))
+            .values(lease_expires_at=_lease_end(s, dialect, now is not None, "rs_lease"))
+            .returning(s.c.job_name, s.c.concurrency_key, s.c.slot))
+    return rows("renew_slots", stmt, _renewed, params)
+
+
+def _renewed(row: Row) -> tuple[str, str, int]:
+    return (str(row["job_name"]), str(row["concurrency_key"]), int(row["slot"]))
 
 
 @cache

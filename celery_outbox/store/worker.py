@@ -19,6 +19,7 @@ from celery_outbox.queries.limits import (
     GLOBAL_KEY,
     clear_waiting,
     defer_rate,
+    free_claim_slots,
     free_slot,
     held_slots,
     latest_rate_window,
@@ -425,20 +426,52 @@ class WorkerStore(StoreBase):
             woke += due
         return woke
 
+    def release_limited_claim(self, ids: Sequence[UUID], token: str, now: datetime,
+                              job_name: str, concurrency: int, keyed: bool
+                              ) -> tuple[list[UUID], list[Due] | None]:
+        """release claim (:meth:`release_claim`) of a limited job's claim whose answer was
+        lost, and the concurrency slots that claim took (held by its token: nobody renews
+        them, so each held the job for a whole lease) freed in the same transaction; then,
+        once that committed, the oldest row waiting for a slot of each limit freed
+        dispatched while one is free (as :meth:`free_limited` wakes). ``keyed``: the job
+        has a ``concurrency_key`` (a slot's key is its rows' key; else the rows' is None).
+        Answers the ids released and the rows woken (the caller dispatches both; None: the
+        wake failed after the release committed, the waiting rows left to the sweep's
+        redispatch). Raises :class:`StorageError` when the release failed."""
+        if not ids:
+            return [], []
+        released: list[UUID]
+        freed: list[str]
+        released, freed = self.executor.run_all([
+            release_claim_rows(self.t, ids, token, now),
+            free_claim_slots(self.tables.slots, job_name, ids, token)])
+        woke: list[Due] = []
+        try:
+            for key in dict.fromkeys(freed):
+                found: list[Due] = self.executor.run(wake_waiting(
+                    self.t, self.tables.slots, self.dialect, job_name,
+                    key if keyed else None, concurrency, now, self.lease_now()))
+                woke += found
+        except StorageError:
+            return released, None
+        return released, woke
+
     def renew_slots(self, slots: Sequence[Slot], now: datetime | None,
-                    lease: timedelta) -> int:
+                    lease: timedelta) -> list[Slot]:
         """renew slots: the leases of ``slots`` (held by this process's running handlers)
         run out ``lease`` after ``now`` (None: the database's clock; an aware datetime
         stands in for it), in one UPDATE by primary key. Guard per slot: its holder is still
-        the claim that took it and its lease has not run out (one that ran out is free,
-        reaped yet or not). Answers how many were renewed (one missing ran out: the process
-        was away longer than a lease)."""
+        the claim that took it. A slot is renewed as its row is: late or not, while it is
+        still there (nobody reaped it: it is still held). Answers those renewed; one
+        missing was reaped (its lease ran out and a claim or the trim freed it): its
+        attempt is lost, another claim may hold its number."""
         if not slots:
-            return 0
-        renewed: int = self.executor.run(renew_slots(
+            return []
+        found: list[tuple[str, str, int]] = self.executor.run(renew_slots(
             self.tables.slots, self.dialect,
             [(x.job_name, x.key, x.number, x.holder_by) for x in slots], now, lease))
-        return renewed
+        renewed = set(found)
+        return [x for x in slots if (x.job_name, x.key, x.number) in renewed]
 
     def reap_dead_slots(self, now: datetime | None) -> int:
         """reap: the slots of every job and key whose lease ran out before ``now`` (None:

@@ -11,9 +11,11 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy import select, update
 
 from celery_outbox import JobContext, JobRegistry, outbox_job
+from celery_outbox.errors import StorageError
 from celery_outbox.models import WAITING_SLOT
 from celery_outbox.states import Status
 from celery_outbox.store.worker import Limits
@@ -60,10 +62,11 @@ def test_a_dead_workers_slot_frees_when_its_lease_runs_out_even_cancelled_while_
     assert slots(outbox) == [("lease.d1", "", 0)]
 
 
-def test_a_renewed_slot_stays_held_and_one_that_ran_out_is_never_renewed(
+def test_a_renewed_slot_stays_held_late_or_not_and_one_reaped_is_never_renewed(
         db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
     """The heartbeat's renewal keeps a slot held past its first lease; a renewal after the
-    lease ran out renews nothing (the slot is free, reaped yet or not)."""
+    lease ran out renews it while it is still there (nobody reaped it: still held, as a
+    row's late renewal); once a claim reaped it, a renewal renews nothing."""
     @outbox_job(schema=Order, name="lease.renew", concurrency=1, registry=registry)
     def renew(ctx: JobContext[Order]) -> None:
         return None
@@ -75,14 +78,18 @@ def test_a_renewed_slot_stays_held_and_one_that_ran_out_is_never_renewed(
     got = store.claim_limited(first, "lease.renew", "w:1/a", now[0], LEASE, Limits(1))
     assert got.slot is not None
     now[0] = T0 + LEASE / 2
-    assert store.renew_slots([got.slot], now[0], LEASE) == 1
+    assert store.renew_slots([got.slot], now[0], LEASE) == [got.slot]
     now[0] = T0 + LEASE + timedelta(minutes=1)  # past the first lease, within the renewed
     refused = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
     assert refused.rows == [] and refused.waiting == WAITING_SLOT
-    now[0] = T0 + LEASE / 2 + LEASE + timedelta(seconds=1)
-    assert store.renew_slots([got.slot], now[0], LEASE) == 0, "ran out: never held again"
+    now[0] = T0 + LEASE / 2 + LEASE + timedelta(seconds=1)  # ran out, nobody reaped it
+    assert store.renew_slots([got.slot], now[0], LEASE) == [got.slot], "renewed late"
+    refused = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
+    assert refused.rows == [], "still held"
+    now[0] += LEASE + timedelta(seconds=1)  # ran out again: this claim reaps it
     taken = store.claim_limited(second, "lease.renew", "w:2/b", now[0], LEASE, Limits(1))
     assert [r.id for r in taken.rows] == [second]
+    assert store.renew_slots([got.slot], now[0], LEASE) == [], "reaped: never renewed"
 
 
 def test_the_trim_reaps_the_dead_slots_of_a_key_never_claimed_again(
@@ -220,7 +227,7 @@ def test_a_lowered_limit_is_exact_for_a_slot_an_older_release_took(
 def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
         db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
     """No lease (written before the upgrade): held while its holder's row runs the attempt
-    that took it, whatever the clock says; free once it no longer does."""
+    that took it, its lease not run out; free once it no longer does."""
     @outbox_job(schema=Order, name="lease.old", concurrency=1, registry=registry)
     def older(ctx: JobContext[Order]) -> None:
         return None
@@ -237,7 +244,7 @@ def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
                                        holder_id=holder, holder_by="old:1/a",
                                        holder_attempt=1, taken_at=T0))
     store = outbox.store
-    now[0] = T0 + 10 * LEASE
+    now[0] = T0 + LEASE  # its row's lease's last instant
     assert store.claim_limited(waiter, "lease.old", "new:2/b", now[0], LEASE,
                                Limits(1)).rows == []
     with outbox.engine.begin() as conn:  # its attempt ends
@@ -250,3 +257,137 @@ def test_a_slot_an_older_release_took_is_judged_by_its_holders_fence(
             s.c.job_name == "lease.old")).scalar()
     assert lease == now[0] + LEASE
 
+
+
+def test_a_slot_an_older_release_took_frees_once_its_holders_lease_ran_out(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """No lease of its own (written before the upgrade), its holder's row cancelled while it
+    ran, then its worker killed: the row stays cancelled with its lease set forever. The
+    slot is held while that lease has not run out in the database's clock, never after:
+    the claim reaps it, and so does the trim (it was held forever)."""
+    @outbox_job(schema=Order, name="lease.oldcancel", concurrency=1, registry=registry)
+    def oldcancel(ctx: JobContext[Order]) -> None:
+        return None
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher())
+    now = clocked(outbox)
+    holder, waiter = oldcancel.push_many([Order(order_id=1), Order(order_id=2)])
+    t, s = outbox.tables.executions, outbox.tables.slots
+    with outbox.engine.begin() as conn:
+        conn.execute(update(t).where(t.c.id == holder).values(
+            status=Status.CANCELLED.value, attempt=1, claimed_by="old:1/a", started_at=T0,
+            lease_expires_at=T0 + LEASE, finished_at=T0))
+        conn.execute(s.insert().values(job_name="lease.oldcancel", concurrency_key="",
+                                       slot=0, holder_id=holder, holder_by="old:1/a",
+                                       holder_attempt=1, taken_at=T0))
+    store = outbox.store
+    now[0] = T0 + LEASE  # the holder's lease's last instant: held
+    assert store.claim_limited(waiter, "lease.oldcancel", "new:2/b", now[0], LEASE,
+                               Limits(1)).rows == []
+    outbox.trim(now[0])
+    assert slots(outbox) == [("lease.oldcancel", "", 0)], "held: the trim keeps it"
+    now[0] = T0 + LEASE + timedelta(seconds=1)  # run out: free
+    outbox.trim(now[0])
+    assert slots(outbox) == [], "the trim reaps it"
+    with outbox.engine.begin() as conn:  # and a claim reaps it too
+        conn.execute(s.insert().values(job_name="lease.oldcancel", concurrency_key="",
+                                       slot=0, holder_id=holder, holder_by="old:1/a",
+                                       holder_attempt=1, taken_at=T0))
+    taken = store.claim_limited(waiter, "lease.oldcancel", "new:2/b", now[0], LEASE,
+                                Limits(1))
+    assert [r.id for r in taken.rows] == [waiter]
+    assert slots(outbox) == [("lease.oldcancel", "", 0)]
+
+
+def test_a_lost_limited_claims_release_frees_its_slot_and_wakes_the_oldest_waiting(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A limited claim whose answer was lost (its transaction committed: the row running,
+    the slot taken; the worker saw an error) is released by its token: the slot the same
+    transaction took is freed with it (nobody renews it: it held the job for a whole lease),
+    and the oldest row waiting for a slot is dispatched."""
+    @outbox_job(schema=Order, name="lease.lost", concurrency=1, registry=registry)
+    def lost_claim(ctx: JobContext[Order]) -> None:
+        return None
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording)
+    first, waiter = lost_claim.push_many([Order(order_id=1), Order(order_id=2)])
+    store = outbox.store
+    real = store.claim_limited
+    lose = [True]
+
+    def claim_limited(*args: Any, **kwargs: Any) -> Any:
+        done = real(*args, **kwargs)
+        if lose[0]:
+            lose[0] = False
+            # Meanwhile another worker's claim finds the slot held: its row waits.
+            refused = real(waiter, "lease.lost", "other:2/b", None, LEASE, Limits(1))
+            assert refused.waiting == WAITING_SLOT
+            raise StorageError("server closed the connection unexpectedly (answer lost)")
+        return done
+
+    store.claim_limited = claim_limited  # type: ignore[method-assign]
+    recording.calls.clear()
+    with pytest.raises(StorageError):
+        outbox.runner.run("lease.lost", [first])
+    assert rows(outbox, "lease.lost")[first] == (Status.PENDING.value, 0, None)
+    assert slots(outbox) == [], "the lost claim's slot freed with its release"
+    assert set(recording.ids) == {first, waiter}, "released, and the waiting row woken"
+    assert rows(outbox, "lease.lost")[waiter] == (Status.PENDING.value, 0, None)
+    assert outbox.runner.run("lease.lost", [waiter]).succeeded == 1
+    assert outbox.runner.run("lease.lost", [first]).succeeded == 1
+
+
+def test_a_late_beat_renews_a_slot_still_held_and_tells_the_handler_of_one_reaped(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A slot is renewed as its row is: a heartbeat late past the lease (the process
+    stalled: SIGSTOP, a VM pause) renews a slot nobody reaped (still held: the next claim is
+    refused, never runs beside it); a slot reaped before its holder's beat makes that
+    attempt lost: its handler is told (ctx.cancelled), never only logged."""
+    inside = threading.Event()
+    go = threading.Event()
+    running: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+    contexts: dict[int, JobContext[Order]] = {}
+
+    @outbox_job(schema=Order, name="lease.late", concurrency=1, registry=registry)
+    def late(ctx: JobContext[Order]) -> None:
+        with lock:
+            running.append(ctx.payload.order_id)
+            most[0] = max(most[0], len(running))
+        contexts[ctx.payload.order_id] = ctx
+        try:
+            if ctx.payload.order_id == 1:
+                inside.set()
+                assert go.wait(20)
+        finally:
+            with lock:
+                running.remove(ctx.payload.order_id)
+
+    outbox = make_outbox(db_url, registry, RecordingDispatcher(), lease=LEASE)
+    now = clocked(outbox, datetime.now(UTC))
+    start = now[0]
+    first, second = late.push_many([Order(order_id=1), Order(order_id=2)])
+    worker = threading.Thread(target=outbox.runner.run, args=("lease.late", [first]))
+    worker.start()
+    try:
+        assert inside.wait(20)
+        now[0] = start + LEASE + timedelta(seconds=1)  # away past a lease, nobody reaped
+        assert outbox.runner.heartbeat.beat() == 0, "the late beat renews row and slot"
+        assert not contexts[1].cancelled.is_set()
+        refused = outbox.runner.run("lease.late", [second])
+        assert refused.claimed == 0, "the slot, renewed late, is still held"
+        assert most[0] == 1
+
+        now[0] += LEASE + timedelta(seconds=1)  # away again: this time a claim reaps it
+        taken = outbox.store.claim_limited(second, "lease.late", "other:2/b", now[0], LEASE,
+                                           Limits(1))
+        assert [r.id for r in taken.rows] == [second]
+        assert outbox.runner.heartbeat.beat() == 1, "the reaped slot lost its attempt"
+        assert contexts[1].cancelled.is_set(), "its handler is told to stop"
+        assert outbox.runner.heartbeat.held_slots() == [], "a slot gone is renewed no more"
+    finally:
+        go.set()
+        worker.join(20)
+    assert not worker.is_alive()

@@ -449,4 +449,8 @@ PATHS: dict[str, Path] = {p.name: p for p in [
     Path("limit_waited", _seed_waiting, run_limited, {"jobs": (LIM,)}),
     # The sweep wakes a row waiting for a free slot (never resends it): its wake was lost.
     Path("sweep_wake", _seed_wake_lost, sweep, {"jobs": (LIM,)}),
+    # The limited claim applies (its slot taken), its answer is lost: the worker releases
+    # the claim by its token and frees the slot it took in the same transaction.
+    Path("lost_limited_claim", _seed_limited, run_limited, {"jobs": (LIM,)},
+         given=(Fault("take_slot", 1, "lost"),)),
 ]}

@@ -950,8 +950,12 @@ class OutboxMachine(RuleBasedStateMachine):
         for run in self.background:
             if run.slot is not slot:
                 continue
-            # Its slot renewed while its handler runs, whatever became of its row.
-            self.model.renew_slot(run.first, self.lease_base(slot))
+            # Its slot renewed while its handler runs, whatever became of its row, late or
+            # not; one a claim reaped makes its attempt lost: its handler is told.
+            if not self.model.renew_slot(run.first, self.lease_base(slot)):
+                self.stats.rules["slot_reaped"] += 1
+                run.cancelled.add(run.first.id)
+                expected_lost += 1
             for fence in list(run.held):
                 state = self.model.heartbeat(fence, self.lease_base(slot))
                 if state == "lost":

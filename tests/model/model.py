@@ -144,7 +144,11 @@ class Model:
     write made, after the commit)."""
     slots: dict[int, tuple[str, datetime]] = field(default_factory=dict)
     """The concurrency slots taken: per claim (``MFence.claim``), its job and when its
-    lease runs out in the database's clock."""
+    lease runs out in the database's clock (there until freed or reaped, run out or not)."""
+    reaped: set[int] = field(default_factory=set)
+    """The claims whose slot a claim reaped (its lease ran out, every slot number taken)
+    while their handler still ran: the holder's next renewal finds it gone, its attempt
+    lost."""
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -204,24 +208,45 @@ class Model:
     def holding(self, job: str, now: datetime) -> int:
         """How many of ``job``'s concurrency slots are held at ``now`` (the database's
         time): each taken by a claim (:meth:`take_slot`), held by its own lease (renewed by
-        its worker's heartbeat while the handler runs, never once it ran out), freed once
-        the handler returned (:meth:`free_slot`), whatever its row's status meanwhile."""
+        its worker's heartbeat while the handler runs, late or not while it is there),
+        freed once the handler returned (:meth:`free_slot`), whatever its row's status
+        meanwhile."""
         return sum(1 for name, end in self.slots.values() if name == job and end >= now)
 
+    def reap_slots(self, job: str, now: datetime) -> None:
+        """A claim of ``job`` (its row claimable at ``now``) found no slot number free
+        (every one taken, held or run out): the slots whose lease ran out are reaped."""
+        limit = self.jobs[job].concurrency
+        if limit is None or sum(1 for name, _ in self.slots.values() if name == job) < limit:
+            return
+        for claim, (name, end) in list(self.slots.items()):
+            if name == job and end < now:
+                del self.slots[claim]
+                self.reaped.add(claim)
+
     def take_slot(self, fence: MFence, job: str, now: datetime) -> None:
-        """A limited claim's slot, its lease running out a lease after ``now``."""
+        """A limited claim's slot (the dead reaped first when no number is free), its lease
+        running out a lease after ``now``."""
+        self.reap_slots(job, now)
         self.slots[fence.claim] = (job, now + self.lease_of(self.jobs[job]))
 
-    def renew_slot(self, fence: MFence, now: datetime) -> None:
-        """The heartbeat of the worker running ``fence``'s handler renews its slot, unless
-        its lease ran out (then it is free, reaped or not)."""
+    def renew_slot(self, fence: MFence, now: datetime) -> bool:
+        """The heartbeat of the worker running ``fence``'s handler renews its slot, late or
+        not, while it is there. False, once, when a claim reaped it: its attempt is lost
+        (the heartbeat tells its handler and renews it no more)."""
         held = self.slots.get(fence.claim)
-        if held is not None and held[1] >= now:
+        if held is not None:
             self.slots[fence.claim] = (held[0], now + self.lease_of(self.jobs[held[0]]))
+            return True
+        if fence.claim in self.reaped:
+            self.reaped.discard(fence.claim)
+            return False
+        return True
 
     def free_slot(self, fence: MFence) -> None:
         """The handler of ``fence``'s claim returned: its slot freed."""
         self.slots.pop(fence.claim, None)
+        self.reaped.discard(fence.claim)
 
     def active_holder(self, job: str, key: str) -> MRow | None:
         for row in self.rows.values():
@@ -303,6 +328,7 @@ class Model:
         waits pending whatever due state it was claimed from (a due scheduled row moves as
         the stager moves it, dispatched at ``now``: nothing published, a freed slot wakes
         it)."""
+        self.reap_slots(row.job, now)  # every number taken: the dead reaped, none live
         if row.status is Status.SCHEDULED:
             self.move(row, "stage", Status.PENDING)
             row.dispatched_at = now

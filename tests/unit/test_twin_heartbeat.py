@@ -136,29 +136,36 @@ def test_beat_renews_the_held_slots_in_one_write_also_after_their_rows_are_lost(
     store: MemoryStore, heartbeat: Heartbeat,
 ) -> None:
     """A slot is held by the process running its handler: renewed while held, whatever
-    became of its row (a transactional outcome committed, a cancel), until let go; one that
-    ran out is never renewed again."""
+    became of its row (a transactional outcome committed, a cancel), until let go; renewed
+    as its row is, late or not, while it is still there; one reaped before its holder's
+    beat makes that attempt lost: its ``on_lost`` fires once, and it is renewed no more."""
     fence = running(store)
     store.slots[("j", "", 0)] = (fence.id, fence.claimed_by, 1, T0 + LEASE)
     store.slots[("j", "k", 0)] = (fence.id, "w1/other", 1, T0 + LEASE)
     mine, theirs = Slot("j", "", 0, fence.claimed_by), Slot("j", "k", 0, "w1/other")
+    mine_lost, theirs_lost = Lost(), Lost()
     heartbeat.track(fence, LEASE, Lost())
-    heartbeat.hold_slot(mine, LEASE)
-    heartbeat.hold_slot(theirs, LEASE)
+    heartbeat.hold_slot(mine, LEASE, mine_lost)
+    heartbeat.hold_slot(theirs, LEASE, theirs_lost)
     heartbeat.untrack(fence)  # its row no longer this attempt's: the handler still runs
 
     now = T0 + LEASE / 2
     store.db_clock = lambda: now
-    heartbeat.beat()
+    assert heartbeat.beat() == 0
     assert store.calls.count("renew_slots") == 1 and "heartbeat" not in store.calls
     assert store.slots[("j", "", 0)][3] == store.slots[("j", "k", 0)][3] == now + LEASE
 
     heartbeat.let_go_slot(theirs)
-    later = now + 2 * LEASE  # ran out unrenewed: never held again
+    later = now + 2 * LEASE  # ran out unrenewed, nobody reaped it: still held, renewed late
     store.db_clock = lambda: later
+    assert heartbeat.beat() == 0
+    assert store.slots[("j", "", 0)][3] == later + LEASE
+    assert heartbeat.held_slots() == [mine] and mine_lost.calls == 0
+
+    del store.slots[("j", "", 0)]  # ran out again, and a claim reaped it
+    assert heartbeat.beat() == 1, "its attempt is lost"
+    assert (mine_lost.calls, theirs_lost.calls) == (1, 0)
+    assert heartbeat.held_slots() == [], "a slot gone is renewed no more"
     heartbeat.beat()
-    assert store.slots[("j", "", 0)][3] == now + LEASE
-    assert heartbeat.held_slots() == [mine]
-    heartbeat.let_go_slot(mine)
-    heartbeat.beat()
-    assert store.calls.count("renew_slots") == 2, "nothing held: no statement"
+    assert store.calls.count("renew_slots") == 3, "nothing held: no statement"
+    assert mine_lost.calls == 1, "told once"
