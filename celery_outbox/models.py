@@ -427,7 +427,8 @@ def rate_triggers(table: str, rates: str) -> tuple[dict[str, list[str]], dict[st
     and pending or scheduled: its start is counted in the window of ``<table>_rates`` that
     begins at its ``scheduled_at``, under its job and its rate key (``''`` for
     :data:`WAITING_RATE`, its ``concurrency_key`` for :data:`WAITING_RATE_KEY`). The
-    statement that takes it off that booking without claiming it (an UPDATE after which it
+    statement that takes it off that booking without claiming it (an UPDATE of its status,
+    mark, ``scheduled_at``, job or key after which it
     is neither running nor still pending or scheduled with the same mark, ``scheduled_at``,
     job and key: a cancel, a debounced replace, a run now, a reschedule, a slot's mark; or
     its DELETE) takes one off that window's ``used`` (never below 0), whoever writes it.
@@ -441,6 +442,7 @@ def rate_triggers(table: str, rates: str) -> tuple[dict[str, list[str]], dict[st
     holds = f"'{Status.PENDING.value}', '{Status.SCHEDULED.value}'"
     running = Status.RUNNING.value
     fn = f"{table}_rate_giveback"
+    moved = "UPDATE OF status, waiting, scheduled_at, job_name, concurrency_key"
     key = (f"CASE WHEN OLD.waiting = '{WAITING_RATE_KEY}' "
            "THEN COALESCE(OLD.concurrency_key, '') ELSE '' END")
     give = (f"UPDATE {rates} SET used = used - 1 WHERE job_name = OLD.job_name "
@@ -457,14 +459,14 @@ def rate_triggers(table: str, rates: str) -> tuple[dict[str, list[str]], dict[st
         f"CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
         f"BEGIN\n  {give}\n  RETURN NULL;\nEND\n$$",
         f"DROP TRIGGER IF EXISTS {table}_rate_left ON {table}",
-        f"CREATE TRIGGER {table}_rate_left AFTER UPDATE ON {table} FOR EACH ROW "
+        f"CREATE TRIGGER {table}_rate_left AFTER {moved} ON {table} FOR EACH ROW "
         f"WHEN ({booked} AND NOT ({kept('IS NOT DISTINCT FROM')})) EXECUTE FUNCTION {fn}()",
         f"DROP TRIGGER IF EXISTS {table}_rate_gone ON {table}",
         f"CREATE TRIGGER {table}_rate_gone AFTER DELETE ON {table} FOR EACH ROW "
         f"WHEN ({booked}) EXECUTE FUNCTION {fn}()",
     ]
     sqlite = [
-        f"CREATE TRIGGER IF NOT EXISTS {table}_rate_left AFTER UPDATE ON {table} "
+        f"CREATE TRIGGER IF NOT EXISTS {table}_rate_left AFTER {moved} ON {table} "
         f"FOR EACH ROW WHEN {booked} AND NOT ({kept('IS')}) BEGIN {give} END",
         f"CREATE TRIGGER IF NOT EXISTS {table}_rate_gone AFTER DELETE ON {table} "
         f"FOR EACH ROW WHEN {booked} BEGIN {give} END",
