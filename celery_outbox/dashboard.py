@@ -58,7 +58,7 @@ from celery_outbox.errors import (
     InvalidTransition,
     OutboxError,
 )
-from celery_outbox.models import WAITING_RATE, WAITING_SLOT
+from celery_outbox.models import RATE_BOOKINGS, WAITING_SLOT
 from celery_outbox.outcomes import Batch
 from celery_outbox.queries.clauses import unstorable
 from celery_outbox.registry import JobSpec
@@ -425,7 +425,7 @@ class Dashboard:
     def _waiting(self, row: dict[str, Any]) -> str | None:
         """Why ``row`` waits on a limit (:attr:`ExecutionDetail.waiting`), or None."""
         mark, status = row.get("waiting"), row["status"]
-        if mark == WAITING_RATE and status == Status.SCHEDULED.value \
+        if mark in RATE_BOOKINGS and status == Status.SCHEDULED.value \
                 and row["scheduled_at"] is not None:
             return f"rate limited until {row['scheduled_at']:%H:%M:%S} UTC"
         if mark != WAITING_SLOT or status != Status.PENDING.value:

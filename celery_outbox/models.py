@@ -293,7 +293,7 @@ def build_tables(metadata: MetaData, name: str = DEFAULT_TABLE) -> Tables:
                   pauses=pauses_table(metadata, name),
                   stats=stats_table(metadata, name),
                   slots=slots_table(metadata, name),
-                  rates=rates_table(metadata, name),
+                  rates=rates_table(metadata, name, executions),
                   batches=batches_table(metadata, executions))
 
 
@@ -347,7 +347,14 @@ slots were all taken. The runner that frees a slot dispatches the oldest such ro
 WAITING_RATE = "rate"
 """``<table>.waiting`` of a row its claim put back scheduled: its job's rate was spent for
 the window, and its start is booked (counted) in the window ``scheduled_at`` begins; its
-claim inside that window spends nothing more."""
+claim inside that window spends nothing more. Booked under the job's own rate (the rate
+key ``''``)."""
+WAITING_RATE_KEY = "rate_key"
+"""As :data:`WAITING_RATE`, booked under the rate of the row's ``concurrency_key`` (a job
+with ``rate_per_key``): the mark says which rate counts the booking, so the triggers that
+give a booking back (:func:`rate_triggers`) find its window in SQL."""
+RATE_BOOKINGS = (WAITING_RATE, WAITING_RATE_KEY)
+"""The marks of a row whose start is booked in a rate window."""
 RATE_KEEP = timedelta(hours=2)
 """The trim deletes the rate windows begun this long before its now: longer than the
 longest window (``/h``) by an hour, a margin for the clocks (the claims count by theirs)."""
@@ -378,13 +385,16 @@ def slots_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
     )
 
 
-def rates_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
+def rates_table(metadata: MetaData, name: str = DEFAULT_TABLE,
+                executions: Table | None = None) -> Table:
     """``<table>_rates``: the starts of a rate-limited job (per key: '' for the job's own
     rate) in one fixed window beginning at ``window_start``; a claim adds one while
     ``used`` is under the rate, and a row the rate refused books its start in a later
-    window the same way. Windows before the current one are deleted as new ones begin,
-    and by the trim (:data:`RATE_KEEP`)."""
-    return Table(
+    window the same way; the statement that takes a booked row off its booking gives it
+    back (the triggers of :func:`rate_triggers`, made with the table when ``executions``
+    is given). Windows before the current one are deleted as new ones begin, and by the
+    trim (:data:`RATE_KEEP`)."""
+    rates = Table(
         f"{name}_rates",
         metadata,
         Column("job_name", String(MAX_LENGTHS["job_name"]), primary_key=True),
@@ -392,6 +402,81 @@ def rates_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
         Column("window_start", UTCDateTime(), primary_key=True),
         Column("used", Integer(), nullable=False),
     )
+    if executions is not None:
+        rates.add_is_dependent_on(executions)  # created after it (its triggers)
+        _listen_ddl(rates, rate_triggers(executions.name, rates.name))
+    return rates
+
+
+def _listen_ddl(table: Table, ddl: tuple[dict[str, list[str]], dict[str, list[str]]]) -> None:
+    """Run ``ddl``'s ``(create, drop)`` statements after ``table`` is created / before it is
+    dropped, each on its own dialect."""
+    create, drop = ddl
+    for dialect in ("postgresql", "sqlite"):
+        for when, statements in (("after_create", create), ("before_drop", drop)):
+            for statement in statements[dialect]:  # DDL formats with %: a literal one doubled
+                event.listen(table, when, DDL(statement.replace("%", "%%"))  # type: ignore[no-untyped-call]
+                             .execute_if(dialect=dialect))
+
+
+def rate_triggers(table: str, rates: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """DDL of the triggers that give a rate booking back: ``(create, drop)``, each
+    ``{dialect: [statement, ...]}``; ``create`` may run again on a schema that has them.
+
+    A row holds a booking while it is marked booked (``waiting`` in :data:`RATE_BOOKINGS`)
+    and pending or scheduled: its start is counted in the window of ``<table>_rates`` that
+    begins at its ``scheduled_at``, under its job and its rate key (``''`` for
+    :data:`WAITING_RATE`, its ``concurrency_key`` for :data:`WAITING_RATE_KEY`). The
+    statement that takes it off that booking without claiming it (an UPDATE of its status,
+    mark, ``scheduled_at``, job or key after which it
+    is neither running nor still pending or scheduled with the same mark, ``scheduled_at``,
+    job and key: a cancel, a debounced replace, a run now, a reschedule, a slot's mark; or
+    its DELETE) takes one off that window's ``used`` (never below 0), whoever writes it.
+    The stager's move (scheduled -> pending, mark and ``scheduled_at`` kept) and the claim
+    (-> running: in its window it spends nothing; in a later one it spends anew, its
+    booking then past) give nothing back. A window of any age: a past one's count decides
+    nothing again, a current one's is a start that did not happen. Rows never booked pay
+    the triggers' WHEN test only.
+    """
+    marks = ", ".join(f"'{m}'" for m in RATE_BOOKINGS)
+    holds = f"'{Status.PENDING.value}', '{Status.SCHEDULED.value}'"
+    running = Status.RUNNING.value
+    fn = f"{table}_rate_giveback"
+    moved = "UPDATE OF status, waiting, scheduled_at, job_name, concurrency_key"
+    key = (f"CASE WHEN OLD.waiting = '{WAITING_RATE_KEY}' "
+           "THEN COALESCE(OLD.concurrency_key, '') ELSE '' END")
+    give = (f"UPDATE {rates} SET used = used - 1 WHERE job_name = OLD.job_name "
+            f"AND rate_key = {key} AND window_start = OLD.scheduled_at AND used > 0;")
+    booked = f"OLD.waiting IN ({marks}) AND OLD.status IN ({holds})"
+
+    def kept(distinct: str) -> str:
+        return (f"NEW.status = '{running}' OR (NEW.status IN ({holds}) AND "
+                + " AND ".join(f"NEW.{c} {distinct} OLD.{c}" for c in
+                               ("waiting", "scheduled_at", "job_name", "concurrency_key"))
+                + ")")
+
+    postgresql = [
+        f"CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        f"BEGIN\n  {give}\n  RETURN NULL;\nEND\n$$",
+        f"DROP TRIGGER IF EXISTS {table}_rate_left ON {table}",
+        f"CREATE TRIGGER {table}_rate_left AFTER {moved} ON {table} FOR EACH ROW "
+        f"WHEN ({booked} AND NOT ({kept('IS NOT DISTINCT FROM')})) EXECUTE FUNCTION {fn}()",
+        f"DROP TRIGGER IF EXISTS {table}_rate_gone ON {table}",
+        f"CREATE TRIGGER {table}_rate_gone AFTER DELETE ON {table} FOR EACH ROW "
+        f"WHEN ({booked}) EXECUTE FUNCTION {fn}()",
+    ]
+    sqlite = [
+        f"CREATE TRIGGER IF NOT EXISTS {table}_rate_left AFTER {moved} ON {table} "
+        f"FOR EACH ROW WHEN {booked} AND NOT ({kept('IS')}) BEGIN {give} END",
+        f"CREATE TRIGGER IF NOT EXISTS {table}_rate_gone AFTER DELETE ON {table} "
+        f"FOR EACH ROW WHEN {booked} BEGIN {give} END",
+    ]
+    drop = {
+        "postgresql": [f"DROP FUNCTION IF EXISTS {fn}() CASCADE"],
+        "sqlite": [f"DROP TRIGGER IF EXISTS {table}_rate_left",
+                   f"DROP TRIGGER IF EXISTS {table}_rate_gone"],
+    }
+    return {"postgresql": postgresql, "sqlite": sqlite}, drop
 
 
 PAUSE_KINDS = ("job", "queue")

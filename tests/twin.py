@@ -28,7 +28,13 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from celery_outbox.config import KEY_WAIT
 from celery_outbox.errors import StorageError
-from celery_outbox.models import WAITING_RATE, WAITING_SLOT, build_tables
+from celery_outbox.models import (
+    RATE_BOOKINGS,
+    WAITING_RATE,
+    WAITING_RATE_KEY,
+    WAITING_SLOT,
+    build_tables,
+)
 from celery_outbox.outcomes import (
     Batch,
     Cancelled,
@@ -142,6 +148,8 @@ class MemoryStore:
         fence)."""
         self.rates: dict[tuple[str, str, datetime], int] = {}
         """``<table>_rates``: (job, key, window start) -> starts counted."""
+        self._depth = 0
+        """Calls under way that may give a rate booking back (:meth:`_giving_back`)."""
 
     def lease_now(self) -> datetime | None:
         return None if self.db_clock is None else self.db_clock()
@@ -189,9 +197,43 @@ class MemoryStore:
                     self._faults.remove(fault)
                 if not fault.after:
                     raise fault.exc
-            yield
+            with self._giving_back():
+                yield
             if fault is not None:
                 raise fault.exc
+
+    @staticmethod
+    def _booking(row: dict[str, Any] | None) -> tuple[Any, ...] | None:
+        """What a booked row holds: (mark, job, concurrency_key, scheduled_at); None: none
+        (not marked booked, or neither pending nor scheduled)."""
+        if row is None or row.get("waiting") not in RATE_BOOKINGS \
+                or row["status"] not in (_PENDING, _SCHEDULED):
+            return None
+        return (row["waiting"], row["job_name"], row["concurrency_key"], row["scheduled_at"])
+
+    @contextmanager
+    def _giving_back(self, ids: Sequence[UUID] | None = None) -> Iterator[None]:
+        """As the database's triggers (``models.rate_triggers``), around the outermost call
+        that writes: a row that held a booking and after it neither runs nor holds that same
+        booking (changed, or deleted) takes one off its window's count (never below 0).
+        ``ids``: the rows the call may move (None: any). The twin's rollback of a joined
+        transaction does not restore a count so given back."""
+        self._depth += 1
+        try:
+            held = {} if self._depth > 1 or not self.rates else {
+                i: b for i in (self.rows if ids is None else ids)
+                if (b := self._booking(self.rows.get(i))) is not None}
+            yield
+        finally:
+            self._depth -= 1
+        for i, (mark, job, key, at) in held.items():
+            row = self.rows.get(i)
+            if row is not None and (row["status"] == _RUNNING
+                                    or self._booking(row) == (mark, job, key, at)):
+                continue
+            window = (job, (key or "") if mark == WAITING_RATE_KEY else "", at)
+            if self.rates.get(window, 0) > 0:
+                self.rates[window] -= 1
 
     def _write(self, row: dict[str, Any], values: dict[str, Any] | None) -> None:
         """``row.update(values)``; None deletes the row."""
@@ -544,7 +586,7 @@ class MemoryStore:
         a row booked in this window), all or nothing; a refusal marks the row waiting
         (pending, a due scheduled row too) or books its start in the first later window with
         room and puts it back scheduled at that window's start."""
-        with self._lock:
+        with self._lock, self._giving_back([execution_id]):
             before = dict(self.rows.get(execution_id) or {})
             got = self.claim([execution_id], job_name, worker, now, lease, queue=queue)
             if not got:
@@ -572,7 +614,7 @@ class MemoryStore:
                 assert limits.rate_window is not None
                 start = window_start(at, limits.rate_window)
                 used = self.rates.get((job_name, rkey, start), 0)
-                if row.waiting == WAITING_RATE and row.scheduled_at == start:
+                if row.waiting in RATE_BOOKINGS and row.scheduled_at == start:
                     pass  # booked in this window when it was refused: counted already
                 elif used >= limits.rate_starts:
                     refused = WAITING_RATE
@@ -592,8 +634,8 @@ class MemoryStore:
             assert limits.rate_starts is not None and limits.rate_window is not None
             window = limits.rate_window
             current = window_start(at, window)
-            run_at = max([current + window] + [w for j, k, w in self.rates
-                                              if (j, k) == (job_name, rkey)])
+            run_at = max([current + window] + [w for (j, k, w), used in self.rates.items()
+                                              if (j, k) == (job_name, rkey) and used > 0])
             while self.rates.get((job_name, rkey, run_at), 0) >= limits.rate_starts:
                 run_at += window
             self.rates[(job_name, rkey, run_at)] = self.rates.get((job_name, rkey, run_at),
@@ -601,7 +643,8 @@ class MemoryStore:
             self._trim_rates(job_name, rkey, current)
             soon = max_eta is None or run_at - at <= max_eta
             self.rows[execution_id].update(status=_SCHEDULED, scheduled_at=run_at,
-                                           waiting=WAITING_RATE, updated_at=at,
+                                           waiting=(WAITING_RATE_KEY if limits.rate_per_key
+                                                    else WAITING_RATE), updated_at=at,
                                            dispatched_at=at if soon else None)
             return LimitedClaim([], WAITING_RATE, run_at, soon)
 

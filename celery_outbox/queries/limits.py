@@ -43,7 +43,7 @@ from sqlalchemy import (
     update,
 )
 
-from celery_outbox.models import WAITING_RATE, WAITING_SLOT
+from celery_outbox.models import WAITING_RATE, WAITING_RATE_KEY, WAITING_SLOT
 from celery_outbox.queries.base import Query, Row, first, named, rowcount, rows
 from celery_outbox.queries.clauses import upsert
 from celery_outbox.queries.clock import db_after, db_now, lease_param
@@ -402,13 +402,16 @@ def trim_rates(r: Table, job: str, key: str, before: datetime) -> Query[int]:
 def _latest(r: Table) -> Any:
     return select(func.max(r.c.window_start).label("latest")).where(
         r.c.job_name == bindparam("lt_job", type_=r.c.job_name.type),
-        r.c.rate_key == bindparam("lt_key", type_=r.c.rate_key.type))
+        r.c.rate_key == bindparam("lt_key", type_=r.c.rate_key.type),
+        r.c.used > 0)
 
 
-@named("rates: the latest window a job's (or key's) rate counted or booked starts in")
+@named("rates: the latest window a job's (or key's) rate counted or booked starts in, of "
+       "the windows still counting one (every booking of an emptied one was given back)")
 def latest_rate_window(r: Table, job: str, key: str) -> Query[datetime | None]:
-    """Answers None when the rate holds no window (a primary key range: its one job and
-    key)."""
+    """Answers None when the rate holds no window counting a start (a primary key range:
+    its one job and key). A window every booking gave back (``used = 0``:
+    :func:`celery_outbox.models.rate_triggers`) pushes no later booking further."""
     return first("latest_rate_window", _latest(r), _latest_start,
                  {"lt_job": job, "lt_key": key})
 
@@ -445,14 +448,15 @@ def _defer(t: Table) -> Any:
 @named("rates: a row over its job's rate put back scheduled at the start of the window it "
        "booked, no attempt spent")
 def defer_rate(t: Table, execution_id: UUID, run_at: datetime, now: datetime,
-               dispatched: bool, booked: bool = True) -> Query[int]:
+               dispatched: bool, booked: bool = True, per_key: bool = False) -> Query[int]:
     """``dispatched``: the caller publishes it now with an eta (else the sweep stages it).
-    ``booked``: its start is counted in the window ``run_at`` begins (``waiting='rate'``:
-    its claim in that window spends nothing); False: not counted, its claim spends as
-    any."""
+    ``booked``: its start is counted in the window ``run_at`` begins (``waiting='rate'``,
+    ``'rate_key'`` when ``per_key``, counted under its ``concurrency_key``: its claim in
+    that window spends nothing); False: not counted, its claim spends as any."""
+    mark = (WAITING_RATE_KEY if per_key else WAITING_RATE) if booked else None
     return rowcount("defer_rate", _defer(t), {"d_id": execution_id, "d_at": run_at,
                                               "d_now": now,
-                                              "d_waiting": WAITING_RATE if booked else None,
+                                              "d_waiting": mark,
                                               "d_dispatched": now if dispatched else None})
 
 

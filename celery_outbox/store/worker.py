@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from celery_outbox.errors import StorageError
-from celery_outbox.models import WAITING_RATE, WAITING_SLOT
+from celery_outbox.models import RATE_BOOKINGS, WAITING_RATE, WAITING_SLOT
 from celery_outbox.outcomes import Finished, FinishedMany, Outcome, Write, deletes
 from celery_outbox.queries.admin import status_of
 from celery_outbox.queries.limits import (
@@ -329,7 +329,7 @@ class WorkerStore(StoreBase):
         assert limits.rate_starts is not None and limits.rate_window is not None
         key = self._rate_key(row, limits)
         start = window_start(now, limits.rate_window)
-        if row.waiting == WAITING_RATE and row.scheduled_at == start:
+        if row.waiting in RATE_BOOKINGS and row.scheduled_at == start:
             return
         used = tx.run(spend_rate(self.tables.rates, self.dialect, job_name, key, start,
                                  limits.rate_starts))
@@ -371,7 +371,8 @@ class WorkerStore(StoreBase):
                 if not booked:  # every window tried filled meanwhile: counted at its claim
                     at = current + window
                 soon = max_eta is None or at - now <= max_eta
-                if tx.run(defer_rate(self.t, execution_id, at, now, soon, booked)) != 1:
+                if tx.run(defer_rate(self.t, execution_id, at, now, soon, booked,
+                                     limits.rate_per_key)) != 1:
                     raise _Moved  # rolled back: its booking with it
                 tx.run(trim_rates(self.tables.rates, job_name, key, current))
         except _Moved:

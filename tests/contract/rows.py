@@ -39,7 +39,7 @@ def make_row(**overrides: Any) -> NewExecution:
         "max_attempts": 3, "payload": {"order_id": 7}, "created_at": T0,
         "scheduled_at": None, "dispatched_at": T0, "unique_key": None,
         "organization_id": "org-1", "triggered_by": "u1", "triggered_by_name": "Ann",
-        "retry_of": None,
+        "retry_of": None, "concurrency_key": None,
     }
     unknown = sorted(set(overrides) - set(fields))
     if unknown:

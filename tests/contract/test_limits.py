@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from celery_outbox.models import WAITING_RATE, WAITING_SLOT
+from celery_outbox.models import WAITING_RATE, WAITING_RATE_KEY, WAITING_SLOT
 from celery_outbox.outcomes import Fence, Succeeded
 from celery_outbox.queries.sweep import Due
 from celery_outbox.states import Status
@@ -65,3 +65,28 @@ def test_a_row_the_rate_refuses_books_the_first_window_with_room(
     assert store.claim_limited(e.id, JOB, f"u{e.id}", at, LEASE, rate).rows
     again = store.claim_limited(f.id, JOB, f"u{f.id}", at, LEASE, rate)
     assert (again.waiting, again.run_at) == (WAITING_RATE, W0 + 4 * HOUR)
+
+
+def test_a_cancelled_booking_is_given_back_and_pushes_no_later_row(
+        store: ExecutionStore) -> None:
+    """Rate 1 per hour: a starts, b and c book W1 and W2; both cancelled, their windows
+    count nothing, and d refused in W0 books W1 (not W3); a per-key booking (marked
+    ``rate_key``) is given back under its key."""
+    rate = Limits(rate_starts=1, rate_window=HOUR)
+    a, b, c, d = (add(store) for _ in range(4))
+    at = W0 + timedelta(minutes=30)
+    assert store.claim_limited(a.id, JOB, "wa", at, LEASE, rate).rows
+    assert [store.claim_limited(r.id, JOB, f"w{r.id}", at, LEASE, rate).run_at
+            for r in (b, c)] == [W0 + HOUR, W0 + 2 * HOUR]
+    for r in (b, c):
+        assert store.cancel(r.id, at, by=None, by_name=None) == JOB
+    refused = store.claim_limited(d.id, JOB, "wd", at, LEASE, rate)
+    assert (refused.waiting, refused.run_at) == (WAITING_RATE, W0 + HOUR)
+    keyed = Limits(rate_starts=1, rate_window=HOUR, rate_per_key=True)
+    e, f, g = (add(store, concurrency_key="k") for _ in range(3))
+    assert store.claim_limited(e.id, JOB, "we", at, LEASE, keyed).rows
+    assert store.claim_limited(f.id, JOB, "wf", at, LEASE, keyed).run_at == W0 + HOUR
+    assert_row(store, f.id, status="scheduled", waiting=WAITING_RATE_KEY)
+    assert store.cancel(f.id, at, by=None, by_name=None) == JOB
+    assert store.claim_limited(g.id, JOB, "wg", at, LEASE, keyed).run_at == W0 + HOUR, \
+        "the key's W1 given back (the global W1 holds d)"

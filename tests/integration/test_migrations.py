@@ -140,7 +140,8 @@ def reference_schema(new_database: Callable[[], str]) -> dict[str, Any]:
     assert {t for t, *_ in found["columns"]} == OUTBOX_TABLES
     assert {name for _, name, _ in found["triggers"]} == {
         "celery_outbox_executions_trim_gone", "celery_outbox_executions_trim_moved",
-        "celery_outbox_executions_batch_done", "celery_outbox_executions_batch_gone"}
+        "celery_outbox_executions_batch_done", "celery_outbox_executions_batch_gone",
+        "celery_outbox_executions_rate_left", "celery_outbox_executions_rate_gone"}
     return found
 
 
@@ -282,7 +283,9 @@ def test_sqlite_upgrade_head_equals_create_schema_and_downgrades(tmp_path: Path)
         ("trigger", "celery_outbox_executions_trim_gone"),
         ("trigger", "celery_outbox_executions_trim_moved"),
         ("trigger", "celery_outbox_executions_batch_done"),
-        ("trigger", "celery_outbox_executions_batch_gone")}
+        ("trigger", "celery_outbox_executions_batch_gone"),
+        ("trigger", "celery_outbox_executions_rate_left"),
+        ("trigger", "celery_outbox_executions_rate_gone")}
     assert sqlite_schema(migrated) == expected
     before = f"sqlite:///{tmp_path}/at_0007.db"
     upgrade(before, "celery_outbox_0007")

@@ -20,6 +20,7 @@ from celery_outbox.models import (
     analyze_statements,
     batch_triggers,
     build_tables,
+    rate_triggers,
     trim_triggers,
 )
 
@@ -43,6 +44,8 @@ def create_statements(tables: Tables, vendor: str) -> list[str]:
     out.extend(_escaped(s) for s in create[vendor])
     create, _ = batch_triggers(tables.executions.name, tables.batches.name)
     out.extend(_escaped(s) for s in create[vendor])
+    create, _ = rate_triggers(tables.executions.name, tables.rates.name)
+    out.extend(_escaped(s) for s in create[vendor])
     return out
 
 
@@ -52,6 +55,8 @@ def drop_statements(tables: Tables, vendor: str) -> list[str]:
     _, drop = trim_triggers(tables.executions.name, tables.trim_marks.name)
     out = [_escaped(s) for s in drop[vendor]]
     _, drop = batch_triggers(tables.executions.name, tables.batches.name)
+    out.extend(_escaped(s) for s in drop[vendor])
+    _, drop = rate_triggers(tables.executions.name, tables.rates.name)
     out.extend(_escaped(s) for s in drop[vendor])
     out.extend(str(DropTable(t, if_exists=True).compile(dialect=dialect)).strip()
                for t in reversed(tables.all()))
@@ -250,6 +255,24 @@ class CreateBatchTriggers(_OutboxOperation):
 
     def describe(self) -> str:
         return "Create the celery_outbox batch triggers"
+
+
+class CreateRateTriggers(_OutboxOperation):
+    """Create the triggers that give a rate booking back (replaced when ``0001_initial``
+    made them already); reversed, drop them."""
+
+    def forwards(self, vendor: str) -> list[str]:
+        tables = configured_tables()
+        create, _ = rate_triggers(tables.executions.name, tables.rates.name)
+        return [_escaped(s) for s in create[vendor]]
+
+    def backwards(self, vendor: str) -> list[str]:
+        tables = configured_tables()
+        _, drop = rate_triggers(tables.executions.name, tables.rates.name)
+        return [_escaped(s) for s in drop[vendor]]
+
+    def describe(self) -> str:
+        return "Create the celery_outbox rate give-back triggers"
 
 
 class CreateStatsTable(_CreateSideTable):
