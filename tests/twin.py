@@ -701,14 +701,23 @@ class MemoryStore:
                        and r["status"] == _PENDING and r["waiting"] == WAITING_SLOT),
                       key=lambda r: (r["priority"], r["created_at"], r["id"]))
 
-    def waiting_keys(self, job_name: str, scan: int) -> list[str | None]:
-        """As the store's: the keys of the ``scan`` oldest rows waiting for a slot."""
+    def waiting_keys(self, job_name: str, scan: int, concurrency: int) -> list[str | None]:
+        """As the store's: the keys with rows waiting for a slot and one free, the longest
+        waiting first, at most ``scan``."""
         with self._op("waiting_keys"):
             oldest = sorted((r for r in self.rows.values()
                              if r["job_name"] == job_name and r["status"] == _PENDING
                              and r["waiting"] == WAITING_SLOT),
-                            key=lambda r: (r["priority"], r["created_at"], r["id"]))[:scan]
-            return list(dict.fromkeys(r["concurrency_key"] for r in oldest))
+                            key=lambda r: (r["priority"], r["created_at"], r["id"]))
+            now = self.lease_now()
+            keys: list[str | None] = []
+            for key in dict.fromkeys(r["concurrency_key"] for r in oldest):
+                skey = slot_key(key=key)
+                held = sum(1 for k, h in self.slots.items()
+                           if k[:2] == (job_name, skey) and self._live(h, now))
+                if held < concurrency:
+                    keys.append(key)
+            return keys[:scan]
 
     def wake_free(self, job_name: str, key: str | None, concurrency: int,
                   now: datetime) -> list[Due]:

@@ -146,13 +146,14 @@ class Redispatcher:
                 if spec.name in wanted and spec.concurrency is not None}
 
     def wake(self, now: datetime, limited: dict[str, int]) -> int:
-        """Per job of ``limited`` and key with rows waiting for a slot (the keys of the
-        ``batch_size`` oldest waiting rows of each job: a bounded read), the wake a freeing
-        runner runs, once per free slot: the oldest waiting rows dispatched, at most as many
-        as slots are free. The number of rows dispatched."""
+        """Per job of ``limited`` and key with rows waiting for a slot and a slot free (at
+        most ``batch_size`` keys per job, the longest waiting first; a key whose slots are
+        all held takes no place), the wake a freeing runner runs, once per free slot: the
+        oldest waiting rows dispatched, at most as many as slots are free. The number of
+        rows dispatched."""
         woken = 0
         for job, concurrency in limited.items():
-            for key in self.store.waiting_keys(job, self.config.batch_size):
+            for key in self.store.waiting_keys(job, self.config.batch_size, concurrency):
                 due = self.store.wake_free(job, key, concurrency, now)
                 if due:
                     dispatch(self.dispatcher(), due)

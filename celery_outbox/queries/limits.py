@@ -461,26 +461,40 @@ def defer_rate(t: Table, execution_id: UUID, run_at: datetime, now: datetime,
 
 
 @cache
-def _waiting_keys(t: Table) -> Any:
-    # The oldest rows of the job waiting for a slot, in the wake's order, through
-    # ix_<table>_waiting (both databases prove its predicate, waiting IS NOT NULL, from the
-    # equality, as for the wake), at most w_scan of them: a bounded read whatever the
-    # backlog; then their distinct keys.
-    oldest = (select(t.c.concurrency_key)
-              .where(t.c.job_name == bindparam("w_job", type_=t.c.job_name.type),
-                     t.c.status == Status.PENDING.value, t.c.waiting == WAITING_SLOT)
-              .order_by(t.c.priority, t.c.created_at, t.c.id)
-              .limit(bindparam("w_scan", type_=Integer()))
-              .subquery("oldest"))
-    return select(oldest.c.concurrency_key).distinct()
+def _waiting_keys(t: Table, s: Table, dialect: str, clocked: bool) -> Any:
+    # Each key of the job's rows waiting for a slot (a read of ix_<table>_waiting: both
+    # databases prove its predicate, waiting IS NOT NULL, from the equality, as for the
+    # wake), kept only while its limit has a slot free, the keys whose oldest waiting row
+    # is oldest first, at most w_scan of them. A key whose slots are all held never takes a
+    # place of the bound: a key with a free slot behind any number of busy ones is found.
+    waiting = (select(t.c.concurrency_key.label("k"),
+                      func.min(t.c.priority).label("p"), func.min(t.c.created_at).label("c"))
+               .where(t.c.job_name == bindparam("w_job", type_=t.c.job_name.type),
+                      t.c.status == Status.PENDING.value, t.c.waiting == WAITING_SLOT)
+               .group_by(t.c.concurrency_key)
+               .subquery("waiting"))
+    held = (select(func.count()).select_from(s)
+            .where(s.c.job_name == bindparam("w_job", type_=s.c.job_name.type),
+                   s.c.concurrency_key == func.coalesce(waiting.c.k, literal(GLOBAL_KEY)),
+                   live(s, t, _now(s, dialect, clocked, "w_now")))
+            .scalar_subquery())
+    return (select(waiting.c.k.label("concurrency_key"))
+            .where(held < bindparam("w_n", type_=Integer()))
+            .order_by(waiting.c.p, waiting.c.c)
+            .limit(bindparam("w_scan", type_=Integer())))
 
 
-@named("slots: the keys of a job's oldest rows waiting for a slot (at most a bound of rows "
-       "read, by ix_<table>_waiting), for the sweep's wake")
-def waiting_keys(t: Table, job: str, scan: int) -> Query[list[str | None]]:
-    """Answers the distinct ``concurrency_key`` (None: the job's own limit) of the ``scan``
-    oldest rows of ``job`` waiting for a slot, in no order."""
-    return rows("waiting_keys", _waiting_keys(t), _key, {"w_job": job, "w_scan": scan})
+@named("slots: the keys of a job's rows waiting for a slot whose limit has one free (at "
+       "most a bound of keys, the longest waiting first), for the sweep's wake")
+def waiting_keys(t: Table, s: Table, dialect: str, job: str, n: int, scan: int,
+                 now: datetime | None) -> Query[list[str | None]]:
+    """Answers the ``concurrency_key`` (None: the job's own limit) of each key with rows of
+    ``job`` waiting for a slot and fewer than ``n`` slots held at ``now`` (None: the
+    database's clock), at most ``scan`` of them, the key whose oldest waiting row is oldest
+    first. Reads every waiting row of ``job`` once (by ``ix_<table>_waiting``): a sweep's
+    cost grows with the backlog, never its messages."""
+    return rows("waiting_keys", _waiting_keys(t, s, dialect, now is not None), _key,
+                {"w_job": job, "w_n": n, "w_scan": scan, "w_now": now})
 
 
 def _key(row: Row) -> str | None:

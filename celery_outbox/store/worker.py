@@ -399,11 +399,15 @@ class WorkerStore(StoreBase):
             self.lease_now()))
         return woke
 
-    def waiting_keys(self, job_name: str, scan: int) -> list[str | None]:
-        """The distinct ``concurrency_key`` (None: the job's own limit) of the ``scan``
-        oldest rows of ``job_name`` waiting for a slot (a bounded read of
-        ``ix_<table>_waiting``): the limits :meth:`wake_free` wakes."""
-        keys: list[str | None] = self.executor.run(waiting_keys(self.t, job_name, scan))
+    def waiting_keys(self, job_name: str, scan: int, concurrency: int) -> list[str | None]:
+        """The ``concurrency_key`` (None: the job's own limit) of each key with rows of
+        ``job_name`` waiting for a slot whose limit of ``concurrency`` has one free now, at
+        most ``scan`` keys, the longest waiting first: the limits :meth:`wake_free` wakes.
+        A key whose slots are all held is left out, so a free key behind any number of busy
+        ones is found."""
+        keys: list[str | None] = self.executor.run(waiting_keys(
+            self.t, self.tables.slots, self.dialect, job_name, concurrency, scan,
+            self.lease_now()))
         return keys
 
     def wake_free(self, job_name: str, key: str | None, concurrency: int,

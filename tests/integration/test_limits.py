@@ -371,3 +371,44 @@ def test_the_sweep_wakes_what_a_slot_holds_back_and_never_resends_it(
         go.set()
         worker.join(20)
     assert not worker.is_alive()
+
+
+def test_the_sweep_finds_a_free_key_behind_more_busy_keys_than_it_reads(
+        db_url: str, registry: JobRegistry, make_outbox: MakeOutbox) -> None:
+    """A per-key limit: more rows of a busy key (its slot held) wait than the sweep reads
+    (``batch_size``) ahead of one row of a cold key whose holder died (its slot's lease ran
+    out, its wake never made): the next sweep wakes the cold row. The sweep once read the
+    keys of the ``batch_size`` oldest waiting rows only, all the busy key's, and the cold row
+    waited until the busy backlog drained."""
+    @outbox_job(schema=Order, name="lim.coldkey", concurrency=1,
+                concurrency_key=lambda o: "cold" if o.order_id >= 1000 else "hot",
+                registry=registry)
+    def keyed(ctx: JobContext[Order]) -> None:
+        return None
+
+    recording = RecordingDispatcher()
+    outbox = make_outbox(db_url, registry, recording, batch_size=5)
+    holders = keyed.push_many([Order(order_id=900), Order(order_id=1900)])
+    hot = keyed.push_many([Order(order_id=i) for i in range(6)])
+    [cold] = keyed.push_many([Order(order_id=1000)])
+    t, s = outbox.tables.executions, outbox.tables.slots
+    now = outbox.store.db_now()
+    with outbox.engine.begin() as conn:  # each key's slot held by a running attempt
+        for holder, key in zip(holders, ("hot", "cold"), strict=True):
+            conn.execute(update(t).where(t.c.id == holder).values(
+                status=Status.RUNNING.value, attempt=1, claimed_by=f"w-{key}",
+                started_at=now, lease_expires_at=now + timedelta(hours=1)))
+            conn.execute(s.insert().values(
+                job_name="lim.coldkey", concurrency_key=key, slot=0, holder_id=holder,
+                holder_by=f"w-{key}", holder_attempt=1, taken_at=now,
+                lease_expires_at=now + timedelta(hours=1)))
+    for execution_id in [*hot, cold]:
+        assert outbox.runner.run("lim.coldkey", [execution_id]).claimed == 0
+    with outbox.engine.begin() as conn:  # the cold holder SIGKILLed: its slot's lease ran out
+        conn.execute(update(s).where(s.c.concurrency_key == "cold").values(
+            lease_expires_at=now - timedelta(minutes=1)))
+    recording.calls.clear()
+    result = outbox.sweep(now=now + timedelta(minutes=10))
+    assert recording.ids == [cold], recording.ids  # the busy key's rows stay unsent
+    assert result.woken == 1
+    assert rows(outbox, "lim.coldkey")[cold] == (Status.PENDING.value, 0, None)
