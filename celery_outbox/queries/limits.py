@@ -434,6 +434,28 @@ def purge_rates(r: Table, before: datetime) -> Query[int]:
 
 
 @cache
+def _lock_row(t: Table) -> Any:
+    return (select(t.c.id)
+            .where(t.c.id == bindparam("lk_id", type_=t.c.id.type),
+                   t.c.status.in_([Status.PENDING.value, Status.SCHEDULED.value]))
+            .with_for_update(key_share=True))
+
+
+def _found(row: Row) -> bool:
+    return True
+
+
+@named("rates: the row a booking puts back, locked before any window is (FOR NO KEY UPDATE "
+       "on PostgreSQL; SQLite has one writer): every writer locks a row, then its windows")
+def lock_for_booking(t: Table, execution_id: UUID) -> Query[bool | None]:
+    """Answers True when the row is still pending or scheduled (now locked until the
+    transaction ends), None when it moved. The give-back triggers lock a booked row's
+    window after its row; a booking that locked its window first and its row after could
+    deadlock with a writer of both (a bulk cancel of the row and a row booked there)."""
+    return first("lock_for_booking", _lock_row(t), _found, {"lk_id": execution_id})
+
+
+@cache
 def _defer(t: Table) -> Any:
     now = bindparam("d_now", type_=t.c.updated_at.type)
     return (update(t)

@@ -23,6 +23,7 @@ from celery_outbox.queries.limits import (
     free_slot,
     held_slots,
     latest_rate_window,
+    lock_for_booking,
     mark_waiting,
     reap_dead_slots,
     reap_slots,
@@ -357,6 +358,11 @@ class WorkerStore(StoreBase):
         current = window_start(now, window)
         try:
             with self.transaction() as tx:
+                # The row first, then its windows: the order of every writer (a claim, the
+                # give-back triggers), so a booking never waits on a window while holding
+                # what another writer holding that window waits for.
+                if tx.run(lock_for_booking(self.t, execution_id)) is None:
+                    raise _Moved
                 latest = tx.run(latest_rate_window(self.tables.rates, job_name, key))
                 at = current + window
                 if latest is not None:
